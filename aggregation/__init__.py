@@ -1,0 +1,48 @@
+"""Aggregation strategies and their registry (numpy only; no Flower, no FastAPI).
+
+Importing this package registers every built-in strategy. Look one up with
+`get_strategy(name, params)`; list them with `describe_strategies()`.
+"""
+
+from aggregation import fedavg as _fedavg  # noqa: F401  (registers "fedavg")
+from aggregation.base import (
+    AggregateResult,
+    AggregationReport,
+    AggregationStrategy,
+    SiteReport,
+    StrategyParams,
+)
+from aggregation.compat import check_compatible
+from aggregation.errors import (
+    AggregationError,
+    IncompatibleUpdatesError,
+    NotEnoughUpdatesError,
+    StrategyParamsError,
+    UnknownStrategyError,
+)
+from aggregation.registry import (
+    describe_strategies,
+    get_strategy,
+    parse_param_pairs,
+    register,
+    strategy_names,
+)
+
+__all__ = [
+    "AggregateResult",
+    "AggregationError",
+    "AggregationReport",
+    "AggregationStrategy",
+    "IncompatibleUpdatesError",
+    "NotEnoughUpdatesError",
+    "SiteReport",
+    "StrategyParams",
+    "StrategyParamsError",
+    "UnknownStrategyError",
+    "check_compatible",
+    "describe_strategies",
+    "get_strategy",
+    "parse_param_pairs",
+    "register",
+    "strategy_names",
+]

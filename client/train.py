@@ -1,0 +1,122 @@
+"""Local training and scoring of a `SiteModel` on one site's rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from client.models import SiteModel
+
+
+def pick_device(prefer: str = "auto") -> torch.device:
+    """Return ``cuda`` when available (or requested), else ``cpu``."""
+    if prefer == "cpu":
+        return torch.device("cpu")
+    if prefer.startswith("cuda") or prefer == "auto":
+        if torch.cuda.is_available():
+            return torch.device(prefer if prefer.startswith("cuda") else "cuda")
+        if prefer.startswith("cuda"):
+            raise RuntimeError(f"Device {prefer!r} was requested but CUDA is not available")
+    return torch.device("cpu")
+
+
+def set_statistics(
+    model: SiteModel,
+    mean: np.ndarray,
+    std: np.ndarray,
+    target_mean: float = 0.0,
+    target_std: float = 1.0,
+) -> None:
+    """Store standardisation statistics in the model's buffers (std floored at 1e-6)."""
+    with torch.no_grad():
+        model.norm.mean.copy_(torch.as_tensor(mean, dtype=torch.float32).reshape(model.norm.mean.shape))
+        safe = np.where(np.asarray(std) > 1e-6, std, 1.0)
+        model.norm.std.copy_(torch.as_tensor(safe, dtype=torch.float32).reshape(model.norm.std.shape))
+        model.target_mean.fill_(float(target_mean))
+        model.target_std.fill_(float(target_std) if target_std > 1e-6 else 1.0)
+
+
+def _targets(model: SiteModel, y: np.ndarray) -> torch.Tensor:
+    if model.spec.task == "classification":
+        return torch.as_tensor(y, dtype=torch.long)
+    scaled = (np.asarray(y, dtype=np.float32) - float(model.target_mean)) / float(model.target_std)
+    return torch.as_tensor(scaled, dtype=torch.float32).reshape(-1, 1)
+
+
+def _loss_fn(model: SiteModel) -> nn.Module:
+    return nn.CrossEntropyLoss() if model.spec.task == "classification" else nn.MSELoss()
+
+
+def fit(
+    model: SiteModel,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    device: torch.device | None = None,
+    proximal_mu: float = 0.0,
+) -> float:
+    """Train ``model`` in place with Adam; return the mean loss of the last epoch.
+
+    With ``proximal_mu > 0`` the FedProx term ``mu/2 * ||w - w_start||^2`` keeps the weights
+    near the ones training started from (the global model).
+    """
+    device = device or torch.device("cpu")
+    model.to(device).train()
+    xt = torch.as_tensor(x, dtype=torch.float32)
+    yt = _targets(model, y)
+    start = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    loss_fn = _loss_fn(model)
+    gen = torch.Generator().manual_seed(seed)
+    last = float("nan")
+    for _ in range(epochs):
+        order = torch.randperm(len(xt), generator=gen)
+        total, seen = 0.0, 0
+        for i in range(0, len(order), batch_size):
+            idx = order[i : i + batch_size]
+            xb, yb = xt[idx].to(device), yt[idx].to(device)
+            optimizer.zero_grad()
+            loss = loss_fn(model(xb), yb)
+            objective = loss
+            if start:
+                prox = sum(((p - s) ** 2).sum() for p, s in zip(model.parameters(), start, strict=True))
+                objective = loss + proximal_mu / 2 * prox
+            objective.backward()
+            optimizer.step()
+            total += float(loss) * len(idx)
+            seen += len(idx)
+        last = total / max(seen, 1)
+    model.cpu()
+    return last
+
+
+@torch.no_grad()
+def score(
+    model: SiteModel, x: np.ndarray, y: np.ndarray, device: torch.device | None = None
+) -> dict[str, float]:
+    """Return ``loss`` and ``accuracy`` (classification) or ``r2`` and ``rmse`` (regression)."""
+    device = device or torch.device("cpu")
+    model.to(device).eval()
+    xt = torch.as_tensor(x, dtype=torch.float32).to(device)
+    out = model(xt)
+    loss = float(_loss_fn(model)(out, _targets(model, y).to(device)))
+    if model.spec.task == "classification":
+        acc = float((out.argmax(1).cpu().numpy() == np.asarray(y)).mean())
+        result = {"loss": loss, "accuracy": acc}
+    else:
+        pred = model.predict(xt).cpu().numpy().astype(np.float64)
+        truth = np.asarray(y, dtype=np.float64)
+        ss_res = float(((truth - pred) ** 2).sum())
+        ss_tot = float(((truth - truth.mean()) ** 2).sum())
+        result = {
+            "loss": loss,
+            "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0,
+            "rmse": float(np.sqrt(ss_res / len(truth))),
+        }
+    model.cpu()
+    return result

@@ -1,0 +1,381 @@
+"""The fedsplit weight file: HDF5, ``format_version`` 1 (docs/weights-format.md).
+
+Layout::
+
+    / (root) attributes
+      format          = "fedsplit.weights"
+      format_version  = 1
+      num_examples    = integer >= 1      # the sample count these weights were trained on
+      site            = string            # optional
+      round           = integer           # optional
+      model           = string            # optional architecture id
+    /arrays           group, one dataset per parameter, named by its state_dict key
+                      dtype float16/float32/float64
+    /arrays attribute "order" = the parameter names in model order
+
+This module is the only code that reads or writes the format. The reader is strict: weight
+files come from other institutions, so anything that is not exactly the layout above (links,
+external storage, virtual datasets, nested groups, filter plugins, non-float data, NaN/Inf)
+is refused with a `WeightFileError` that names the problem. The writer is atomic: a reader
+never sees a half-written file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+import h5py
+import numpy as np
+
+from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
+from protocol.errors import UpdateError, WeightFileError
+from protocol.update import Update, UpdateHeader
+
+FORMAT = "fedsplit.weights"
+FORMAT_VERSION = 1
+ARRAYS_GROUP = "arrays"
+ORDER_ATTR = "order"
+SUFFIXES = (".h5", ".hdf5")
+
+# HDF5 filters a weight file may use: deflate (gzip), shuffle, fletcher32, lzf. Anything
+# else needs a plugin library loaded at read time, which is code execution we do not allow.
+_ALLOWED_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
+
+PathOrFile = str | os.PathLike[str] | IO[bytes]
+
+
+def _describe(source: PathOrFile) -> str:
+    return str(source) if isinstance(source, str | os.PathLike) else "<uploaded file>"
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "SUO":
+        return _text(value.item())
+    return None
+
+
+def _optional_int(attrs: h5py.AttributeManager, key: str, where: str) -> int | None:
+    if key not in attrs:
+        return None
+    value = attrs[key]
+    if isinstance(value, np.ndarray) and value.shape == ():
+        value = value.item()
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise WeightFileError(
+            f"{where}: root attribute {key!r} must be an integer. Received: {value!r}"
+        )
+    return int(value)
+
+
+class WeightFile:
+    """An open, structurally validated weight file; parameters are read on demand.
+
+    Use `open_weights`, not this constructor. Implements `protocol.update.UpdateSource`, so
+    strategies can stream parameters from disk one at a time.
+    """
+
+    def __init__(self, handle: h5py.File, header: UpdateHeader, where: str) -> None:
+        self._file = handle
+        self._header = header
+        self._where = where
+
+    @property
+    def header(self) -> UpdateHeader:
+        """Counts, names, shapes and dtypes (``num_examples`` 0 means the file carries none)."""
+        return self._header
+
+    def dataset(self, name: str) -> h5py.Dataset:
+        """Return the validated HDF5 dataset of parameter ``name`` (for block-wise reads)."""
+        if name not in self._header.names:
+            raise WeightFileError(
+                f"{self._where} has no parameter {name!r}. Its parameters: "
+                f"{', '.join(self._header.names)}. Received: {name!r}"
+            )
+        return self._file[ARRAYS_GROUP][name]
+
+    def array(self, name: str) -> np.ndarray:
+        """Return parameter ``name`` in native byte order, checked finite."""
+        raw = np.asarray(self.dataset(name)[()])
+        arr = raw.astype(raw.dtype.newbyteorder("="), copy=False)
+        try:
+            return check_array(name, arr, where=self._where)
+        except UpdateError as e:
+            raise WeightFileError(str(e)) from e
+
+    def to_update(self, num_examples: int | None = None) -> Update:
+        """Read every parameter and return an in-memory `Update`."""
+        h = self._header
+        count = num_examples if num_examples is not None else h.num_examples
+        try:
+            return Update(
+                arrays={name: self.array(name) for name in h.names},
+                num_examples=check_num_examples(count, where=self._where),
+                site=h.site,
+                round=h.round,
+                model=h.model,
+            )
+        except UpdateError as e:
+            raise WeightFileError(str(e)) from e
+
+    def close(self) -> None:
+        """Close the underlying HDF5 file."""
+        self._file.close()
+
+    def __enter__(self) -> WeightFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_weights(
+    source: PathOrFile,
+    *,
+    require_num_examples: bool = True,
+    max_elements: int | None = None,
+) -> WeightFile:
+    """Open and validate a weight file's structure; values are checked as they are read.
+
+    Parameters
+    ----------
+    source : path or binary file object
+        The file to read. A file object (e.g. an upload being processed) must be seekable.
+    require_num_examples : bool (default: True)
+        Refuse a file without ``num_examples``. When False, such a file opens with
+        ``header.num_examples == 0`` and the caller supplies the count.
+    max_elements : int | None (default: None)
+        Refuse files whose parameters hold more elements than this in total (shape bombs).
+    """
+    where = f"Weight file {_describe(source)}"
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        if not path.is_file():
+            raise WeightFileError(f"{where} does not exist or is not a file. Received: {path}")
+        if not h5py.is_hdf5(path):
+            raise WeightFileError(
+                f"{where} is not an HDF5 file. fedsplit weight files are HDF5 (.h5); write one "
+                f"with `fedsplit export` or protocol.write_weights. Received: {path.name}"
+            )
+    try:
+        handle = h5py.File(source, "r")
+    except (OSError, ValueError) as e:
+        raise WeightFileError(
+            f"{where} is not a readable HDF5 file ({e}). fedsplit weight files are HDF5 (.h5). "
+            f"Received: {_describe(source)}"
+        ) from e
+    try:
+        header = _validate(handle, where, require_num_examples, max_elements)
+    except BaseException:
+        handle.close()
+        raise
+    return WeightFile(handle, header, where)
+
+
+def _validate(
+    f: h5py.File, where: str, require_num_examples: bool, max_elements: int | None
+) -> UpdateHeader:
+    fmt = _text(f.attrs.get("format"))
+    if fmt != FORMAT:
+        raise WeightFileError(
+            f"{where} is HDF5 but not a fedsplit weight file: root attribute 'format' must be "
+            f"{FORMAT!r}. Keras or plain torch files must be converted first (`fedsplit export`). "
+            f"Received: format={fmt!r}"
+        )
+    version = _optional_int(f.attrs, "format_version", where)
+    if version != FORMAT_VERSION:
+        raise WeightFileError(
+            f"{where} has format_version {version}; this fedsplit reads version "
+            f"{FORMAT_VERSION}. Upgrade fedsplit or re-export the file. Received: {version!r}"
+        )
+    if "num_examples" in f.attrs:
+        raw = f.attrs["num_examples"]
+        if isinstance(raw, np.ndarray) and raw.shape == ():
+            raw = raw.item()
+        if isinstance(raw, bool | np.bool_) or not isinstance(raw, int | np.integer):
+            raise WeightFileError(
+                f"{where}: root attribute 'num_examples' must be an integer >= 1 (the number of "
+                f"training rows behind these weights). Received: {raw!r}"
+            )
+        try:
+            num_examples = check_num_examples(int(raw), where=where)
+        except UpdateError as e:
+            raise WeightFileError(str(e)) from e
+    elif require_num_examples:
+        raise WeightFileError(
+            f"{where} has no 'num_examples' root attribute; FedAvg weights every update by its "
+            f"sample count. Re-export with --num-examples N. Received: attributes "
+            f"{sorted(f.attrs.keys())}"
+        )
+    else:
+        num_examples = 0
+
+    # Links of any kind are refused before anything is dereferenced.
+    for name in f:
+        link = f.get(name, getlink=True)
+        if not isinstance(link, h5py.HardLink):
+            raise WeightFileError(
+                f"{where}: /{name} is a {type(link).__name__}; weight files may not contain links "
+                f"(they can point into other files). Received: /{name}"
+            )
+        if name != ARRAYS_GROUP:
+            raise WeightFileError(
+                f"{where}: unexpected object /{name} at the root; only /{ARRAYS_GROUP} is allowed. "
+                f"Received: /{name}"
+            )
+    if ARRAYS_GROUP not in f or not isinstance(f[ARRAYS_GROUP], h5py.Group):
+        raise WeightFileError(
+            f"{where} has no /{ARRAYS_GROUP} group holding the parameters. Received: root "
+            f"entries {list(f.keys())}"
+        )
+    group = f[ARRAYS_GROUP]
+    order_raw = group.attrs.get(ORDER_ATTR)
+    if order_raw is None:
+        raise WeightFileError(
+            f"{where}: /{ARRAYS_GROUP} lacks the {ORDER_ATTR!r} attribute listing parameter names "
+            f"in model order. Received: attributes {sorted(group.attrs.keys())}"
+        )
+    order = [_text(v) for v in np.atleast_1d(np.asarray(order_raw, dtype=object))]
+    if any(v is None for v in order):
+        raise WeightFileError(
+            f"{where}: /{ARRAYS_GROUP}.{ORDER_ATTR} must be a list of strings. "
+            f"Received: {order_raw!r}"
+        )
+    if len(set(order)) != len(order):
+        dup = next(n for n in order if order.count(n) > 1)
+        raise WeightFileError(
+            f"{where}: parameter {dup!r} is listed twice in {ORDER_ATTR}. Received: {order}"
+        )
+    present = list(group.keys())
+    for name in order:
+        if name not in present:
+            raise WeightFileError(
+                f"{where}: {name!r} is listed in {ORDER_ATTR} but has no dataset in "
+                f"/{ARRAYS_GROUP}. Received: datasets {present}"
+            )
+    for name in present:
+        if name not in order:
+            raise WeightFileError(
+                f"{where}: dataset /{ARRAYS_GROUP}/{name} is not listed in {ORDER_ATTR}; every "
+                f"parameter must be named there in model order. Received: order {order}"
+            )
+
+    specs = []
+    total = 0
+    for name in order:
+        specs.append(_check_dataset(group, name, where))
+        total += specs[-1].size
+        if max_elements is not None and total > max_elements:
+            raise WeightFileError(
+                f"{where} declares more than {max_elements} parameter values in total; this "
+                f"coordinator refuses models that large. Received: > {max_elements} at {name!r}"
+            )
+    return UpdateHeader(
+        num_examples=num_examples,
+        specs=tuple(specs),
+        site=_text(f.attrs.get("site")),
+        round=_optional_int(f.attrs, "round", where),
+        model=_text(f.attrs.get("model")),
+    )
+
+
+def _check_dataset(group: h5py.Group, name: str, where: str) -> ArraySpec:
+    path = f"/{ARRAYS_GROUP}/{name}"
+    link = group.get(name, getlink=True)
+    if not isinstance(link, h5py.HardLink):
+        raise WeightFileError(
+            f"{where}: {path} is a {type(link).__name__}; weight files may not contain links "
+            f"(they can point into other files). Received: {path}"
+        )
+    obj = group[name]
+    if not isinstance(obj, h5py.Dataset):
+        raise WeightFileError(
+            f"{where}: {path} is a {type(obj).__name__}, not a dataset; nested groups are not "
+            f"allowed (flatten names as 'layer.0.weight'). Received: {path}"
+        )
+    if obj.is_virtual:
+        raise WeightFileError(
+            f"{where}: {path} is a virtual dataset (it maps data from other files). Write the "
+            f"values into the file itself. Received: {path}"
+        )
+    if obj.external:
+        raise WeightFileError(
+            f"{where}: {path} uses external storage (its bytes live in another file). Write the "
+            f"values into the file itself. Received: external={obj.external!r}"
+        )
+    plist = obj.id.get_create_plist()
+    for i in range(plist.get_nfilters()):
+        code = plist.get_filter(i)[0]
+        if code not in _ALLOWED_FILTERS:
+            raise WeightFileError(
+                f"{where}: {path} uses HDF5 filter {code}, which needs a plugin library; only "
+                f"{', '.join(_ALLOWED_FILTERS.values())} are allowed. Received: filter {code}"
+            )
+    if obj.shape is None:
+        raise WeightFileError(f"{where}: {path} has a null dataspace. Received: shape None")
+    dtype = obj.dtype
+    if dtype.newbyteorder("=") not in ALLOWED_DTYPES:
+        raise WeightFileError(
+            f"{where}: {path} has dtype {dtype}; parameters must be float16, float32 or float64. "
+            f"Received: dtype={dtype}"
+        )
+    return ArraySpec(name, tuple(int(d) for d in obj.shape), dtype.newbyteorder("="))
+
+
+def read_weights(source: PathOrFile, *, num_examples: int | None = None) -> Update:
+    """Read and fully validate a weight file into an `Update`.
+
+    ``num_examples`` overrides (or supplies) the file's sample count.
+    """
+    with open_weights(source, require_num_examples=num_examples is None) as wf:
+        return wf.to_update(num_examples)
+
+
+def write_weights(update: Update, path: str | os.PathLike[str], *, compress: bool = False) -> Path:
+    """Write ``update`` to ``path`` atomically (temp file, fsync, rename) and return the path."""
+    target = Path(path)
+    if target.suffix.lower() not in SUFFIXES:
+        raise WeightFileError(
+            f"Weight files must end in {' or '.join(SUFFIXES)}. Received: {target.name}"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["format_version"] = np.int64(FORMAT_VERSION)
+            f.attrs["num_examples"] = np.int64(update.num_examples)
+            if update.site is not None:
+                f.attrs["site"] = str(update.site)
+            if update.round is not None:
+                f.attrs["round"] = np.int64(update.round)
+            if update.model is not None:
+                f.attrs["model"] = str(update.model)
+            group = f.create_group(ARRAYS_GROUP)
+            names = list(update.arrays)
+            group.attrs[ORDER_ATTR] = np.array(names, dtype=h5py.string_dtype())
+            for name, arr in update.arrays.items():
+                kwargs: dict[str, Any] = {"compression": "gzip"} if compress and arr.ndim else {}
+                group.create_dataset(name, data=arr, **kwargs)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+        with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
+            dir_fd = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
