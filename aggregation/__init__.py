@@ -27,6 +27,7 @@ from aggregation.registry import (
     register,
     strategy_names,
 )
+from aggregation.run import aggregate_updates
 
 __all__ = [
     "AggregateResult",
@@ -39,6 +40,7 @@ __all__ = [
     "StrategyParams",
     "StrategyParamsError",
     "UnknownStrategyError",
+    "aggregate_updates",
     "check_compatible",
     "describe_strategies",
     "get_strategy",

@@ -48,7 +48,7 @@ def aggregate(
         files = []
         for path in inputs:
             files.append(stack.enter_context(open_weights(path, default_site=path.stem)))
-        result = strat.aggregate(files)
+        result = aggregation.aggregate_updates(strat, files)
         model_ids = {f.header.model for f in files} - {None}
         model = model_ids.pop() if len(model_ids) == 1 else None
     write_weights(result.to_update(model=model, site="aggregate"), output)
