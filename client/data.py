@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from protocol.errors import ConfigError
+from protocol.stats import Moments, moments
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 IMAGE_SUFFIXES = (".npz",)
@@ -231,24 +232,7 @@ def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
     return np.sort(perm[k:]), np.sort(perm[:k])
 
 
-def feature_stats(data: Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def feature_stats(data: Dataset) -> Moments:
     """Return per-feature (count, sum, sum of squares) ignoring NaN; images pool all pixels."""
-    x = data.x.reshape(len(data.x), -1).astype(np.float64)
-    if data.kind == "cnn":
-        x = x.reshape(-1, 1)
-    finite = ~np.isnan(x)
-    xz = np.where(finite, x, 0.0)
-    return finite.sum(0).astype(np.float64), xz.sum(0), (xz**2).sum(0)
-
-
-def combine_stats(
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-) -> tuple[np.ndarray, np.ndarray]:
-    """Combine sites' (count, sum, sumsq) into the pooled mean and standard deviation."""
-    count = np.sum([p[0] for p in parts], axis=0)
-    total = np.sum([p[1] for p in parts], axis=0)
-    sumsq = np.sum([p[2] for p in parts], axis=0)
-    safe = np.maximum(count, 1.0)
-    mean = total / safe
-    var = np.maximum(sumsq / safe - mean**2, 0.0)
-    return mean, np.sqrt(var)
+    x = data.x.reshape(len(data.x), -1)
+    return moments(x.reshape(-1, 1) if data.kind == "cnn" else x)

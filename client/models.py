@@ -9,6 +9,7 @@ so a weight file scores raw features on its own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -151,3 +152,18 @@ def build_model(spec: ModelSpec | str, *, seed: int | None = None) -> SiteModel:
             torch.manual_seed(seed)
             return SiteModel(spec)
     return SiteModel(spec)
+
+
+def load_model(path: str | Path) -> SiteModel:
+    """Rebuild the model stored in a fedsplit weight file (needs its ``model`` attribute)."""
+    from protocol.weights import read_weights
+
+    update = read_weights(path)
+    if not update.model:
+        raise ConfigError(
+            f"{path} has no 'model' attribute, so its architecture is unknown. Use a model written "
+            f"by the fedsplit coordinator (global.h5). Received: model=None"
+        )
+    model = build_model(update.model)
+    model.load_state_dict(update.to_state_dict())
+    return model

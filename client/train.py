@@ -88,7 +88,7 @@ def fit(
                 objective = loss + proximal_mu / 2 * prox
             objective.backward()
             optimizer.step()
-            total += float(loss) * len(idx)
+            total += loss.item() * len(idx)
             seen += len(idx)
         last = total / max(seen, 1)
     model.cpu()

@@ -4,6 +4,7 @@ Imports nothing else of fedsplit; every other package builds on it.
 """
 
 from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
+from protocol.config import RunConfig
 from protocol.errors import ConfigError, FedsplitError, UpdateError, WeightFileError
 from protocol.update import Update, UpdateHeader, UpdateSource
 from protocol.weights import (
@@ -22,6 +23,7 @@ __all__ = [
     "ArraySpec",
     "ConfigError",
     "FedsplitError",
+    "RunConfig",
     "Update",
     "UpdateError",
     "UpdateHeader",

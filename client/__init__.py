@@ -1,0 +1,1 @@
+"""The hospital agent: Flower ClientApp (`client.app`), models, trainers and data loading."""

@@ -1,0 +1,133 @@
+"""The hospital agent: a Flower ClientApp that trains locally and ships only weights and counts.
+
+Handlers (Flower message types):
+
+- ``query.stats``: per-feature count, sum and sum of squares of the site's training rows (and of
+  the target for regression), so the federation agrees on one standardisation.
+- ``query.init``: build the initial model with the agreed statistics (asked of one site).
+- ``train``: load the global model, train ``local-epochs`` on local rows, reply with the weights,
+  ``num-examples`` and scalar metrics.
+- ``evaluate``: score the global model on the site's held-out rows.
+
+Rows, labels and IDs never leave: every reply holds arrays named like the model's parameters,
+numbers, and the site's name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from client.data import feature_stats
+from client.models import ModelSpec, build_model
+from client.site import load_site
+from client.train import fit, pick_device, score, set_statistics
+from protocol.config import RunConfig
+from protocol.update import Update
+
+torch.set_num_threads(1)  # one thread per hospital process: many small jobs share the cores
+
+app = ClientApp()
+
+
+def _config(msg: Message) -> ConfigRecord:
+    return msg.content.config_records.get("config", ConfigRecord())
+
+
+def _site_record(name: str) -> ConfigRecord:
+    return ConfigRecord({"name": name})
+
+
+@app.query("stats")
+def stats(msg: Message, context: Context) -> Message:
+    """Reply with aggregate feature (and target) statistics of the local training rows."""
+    cfg = RunConfig.from_flower(context.run_config)
+    site = load_site(context.node_config, context.node_id, cfg)
+    count, total, sumsq = feature_stats(site.train)
+    y = site.train.y.astype(np.float64)
+    metrics = MetricRecord({
+        "num-examples": len(site.train),
+        "count": count.tolist(),
+        "sum": total.tolist(),
+        "sumsq": sumsq.tolist(),
+        "label-max": int(site.train.y.max()) if site.train.task == "classification" else 0,
+        "y-sum": float(y.sum()),
+        "y-sumsq": float((y**2).sum()),
+    })
+    schema = ConfigRecord({
+        "name": site.name,
+        "kind": site.train.kind,
+        "task": site.train.task,
+        "input-shape": [int(d) for d in site.train.x.shape[1:]],
+        "features": site.train.feature_names,
+    })
+    return Message(RecordDict({"stats": metrics, "schema": schema}), reply_to=msg)
+
+
+@app.query("init")
+def init(msg: Message, context: Context) -> Message:
+    """Reply with a freshly initialised model that carries the agreed statistics."""
+    cfg = RunConfig.from_flower(context.run_config)
+    c = _config(msg)
+    spec = ModelSpec(
+        kind=str(c["kind"]),
+        task=str(c["task"]),
+        input_shape=tuple(int(d) for d in c["input-shape"]),
+        num_outputs=int(c["num-outputs"]),
+        hidden=cfg.hidden_widths,
+    )
+    model = build_model(spec, seed=cfg.seed)
+    set_statistics(model, np.asarray(c["mean"]), np.asarray(c["std"]),
+                   float(c["y-mean"]), float(c["y-std"]))
+    return Message(
+        RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                    "model": ConfigRecord({"model-id": spec.to_id()})}),
+        reply_to=msg,
+    )
+
+
+def _global_model(msg: Message) -> torch.nn.Module:
+    model = build_model(str(_config(msg)["model-id"]))
+    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    return model
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the global model on local rows; reply with weights, count and metrics."""
+    cfg = RunConfig.from_flower(context.run_config)
+    site = load_site(context.node_config, context.node_id, cfg)
+    c = _config(msg)
+    model = _global_model(msg)
+    device = pick_device(cfg.device)
+    server_round = int(c.get("server-round", 0))
+    loss = fit(
+        model, site.train.x, site.train.y,
+        epochs=cfg.local_epochs, lr=cfg.lr, batch_size=cfg.batch_size,
+        seed=cfg.seed * 100_003 + server_round, device=device,
+        proximal_mu=float(c.get("proximal-mu", cfg.proximal_mu)),
+    )
+    update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
+    metrics = MetricRecord({
+        "num-examples": update.num_examples,
+        "train-loss": loss,
+        "on-gpu": int(device.type == "cuda"),
+    })
+    return Message(
+        RecordDict({"arrays": update.to_array_record(), "metrics": metrics,
+                    "site": _site_record(site.name)}),
+        reply_to=msg,
+    )
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Score the global model on the site's held-out rows."""
+    cfg = RunConfig.from_flower(context.run_config)
+    site = load_site(context.node_config, context.node_id, cfg)
+    model = _global_model(msg)
+    result = score(model, site.val.x, site.val.y, pick_device(cfg.device))
+    metrics = MetricRecord({"num-examples": len(site.val), **result})
+    return Message(RecordDict({"metrics": metrics, "site": _site_record(site.name)}), reply_to=msg)

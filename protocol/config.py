@@ -1,0 +1,107 @@
+"""The run configuration the coordinator and every hospital agent read.
+
+Flower delivers it as ``context.run_config`` (``[tool.flwr.app.config]`` plus ``flwr run
+--run-config`` overrides); keys are kebab-case. One pydantic model validates it for both sides,
+so a typo or an out-of-range value fails at start with a message that names the key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from protocol.errors import ConfigError
+
+
+class RunConfig(BaseModel):
+    """Every knob of a horizontal federation, documented once."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    num_server_rounds: int = Field(3, ge=1, alias="num-server-rounds",
+                                   description="Federation rounds to run.")
+    strategy: str = Field("fedavg", description="Aggregation strategy name (`fedsplit strategies`).")
+    strategy_params: str = Field("{}", alias="strategy-params",
+                                 description="Strategy parameters as a JSON object string.")
+    local_epochs: int = Field(1, ge=1, alias="local-epochs",
+                              description="Epochs each hospital trains per round.")
+    lr: float = Field(0.01, gt=0, description="Adam learning rate of local training.")
+    batch_size: int = Field(32, ge=1, alias="batch-size", description="Local mini-batch size.")
+    proximal_mu: float = Field(0.0, ge=0, alias="proximal-mu",
+                               description="FedProx term mu/2*||w-w_global||^2 (0 = plain FedAvg).")
+    model: Literal["auto", "mlp", "cnn"] = Field(
+        "auto", description="Architecture: mlp (tables), cnn (images), auto (by data file type).")
+    hidden: str = Field("64-32", description="MLP hidden widths, dash-separated.")
+    task: Literal["auto", "classification", "regression"] = Field(
+        "auto", description="Learning task; auto infers it from the target.")
+    num_classes: int = Field(0, ge=0, alias="num-classes",
+                             description="Classes; 0 = one more than the largest label any site holds.")
+    target: str = Field("target", description="Target column in CSV/Parquet site files.")
+    seed: int = Field(0, description="Seed for the initial model, local shuffling and splits.")
+    val_fraction: float = Field(0.2, ge=0.05, lt=1, alias="val-fraction",
+                                description="Share of each site's rows held out for local evaluation.")
+    data_dir: str = Field("", alias="data-dir",
+                          description="Simulation only: site i reads DATA_DIR/site-i/ (node config "
+                                      "'data-path' takes precedence).")
+    out_dir: str = Field("fedsplit-run", alias="out-dir",
+                         description="Where the coordinator writes global models and history.json.")
+    initial_weights: str = Field("", alias="initial-weights",
+                                 description="Optional weight file to start from instead of a fresh model.")
+    min_nodes: int = Field(2, ge=1, alias="min-nodes",
+                           description="Hospitals that must be connected before round 1.")
+    fraction_train: float = Field(1.0, gt=0, le=1, alias="fraction-train",
+                                  description="Share of connected hospitals sampled per round.")
+    round_timeout: float = Field(3600.0, gt=0, alias="round-timeout",
+                                 description="Seconds to wait for replies in each phase of a round.")
+    device: str = Field("auto", description="auto (cuda if present), cpu or cuda[:N].")
+
+    @field_validator("strategy_params")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"must be a JSON object string, e.g. '{{\"beta\": 0.2}}' ({e})") from e
+        if not isinstance(parsed, dict):
+            raise ValueError("must be a JSON object string, e.g. '{\"beta\": 0.2}'")
+        return value
+
+    @field_validator("hidden")
+    @classmethod
+    def _widths(cls, value: str) -> str:
+        parts = value.split("-")
+        if not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError("must be positive widths joined by '-', e.g. '64-32'")
+        return value
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """``strategy_params`` parsed."""
+        return json.loads(self.strategy_params)
+
+    @property
+    def hidden_widths(self) -> tuple[int, ...]:
+        """``hidden`` parsed."""
+        return tuple(int(p) for p in self.hidden.split("-"))
+
+    @classmethod
+    def from_flower(cls, run_config: Mapping[str, Any]) -> RunConfig:
+        """Validate Flower's ``context.run_config``; unknown keys and bad values raise `ConfigError`."""
+        try:
+            return cls.model_validate(dict(run_config))
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+            )
+            raise ConfigError(
+                f"Invalid run configuration: {problems}. Known keys: "
+                f"{', '.join(sorted(f.alias or n for n, f in cls.model_fields.items()))}. "
+                f"Received: {dict(run_config)}"
+            ) from e
+
+    def to_flower(self) -> dict[str, Any]:
+        """Return the kebab-case dict Flower's ``--run-config`` and pyproject expect."""
+        return self.model_dump(by_alias=True)
