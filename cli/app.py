@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from cli import aggregate, strategies
+from cli import aggregate, simulate, strategies
 from cli.errors import run_guarded
 
 app = typer.Typer(
@@ -18,6 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+app.command("simulate")(simulate.simulate)
 app.command("aggregate")(aggregate.aggregate)
 app.command("strategies")(strategies.strategies)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -122,29 +123,33 @@ def load_site_file(path: str | Path, *, target: str, task: str | None = None) ->
         raise ConfigError(
             f"Site data must be .csv, .parquet or .npz. Received: {path.name}"
         )
-    df = read_table(path)
+    return dataset_from_frame(read_table(path), target=target, task=task, source=path)
+
+
+def dataset_from_frame(df: Any, *, target: str, task: str | None, source: Path) -> Dataset:
+    """Turn a site's table (a DataFrame) into a `Dataset`; ``source`` names it in errors."""
     if target not in df.columns:
         raise ConfigError(
-            f"{path} has no target column {target!r}; pass the right one with --target. "
+            f"{source} has no target column {target!r}; pass the right one with --target. "
             f"Columns: {', '.join(map(str, df.columns))}. Received: {target!r}"
         )
     features = df.drop(columns=[target])
     non_numeric = [str(c) for c in features.columns if features[c].dtype.kind not in "iufb"]
     if non_numeric:
         raise ConfigError(
-            f"{path}: feature columns must be numeric; encode these first (one-hot with a "
+            f"{source}: feature columns must be numeric; encode these first (one-hot with a "
             f"vocabulary shared by all sites) or drop them: {', '.join(non_numeric)}. "
             f"Received: {len(non_numeric)} non-numeric column(s)"
         )
     if df[target].isna().any():
         raise ConfigError(
-            f"{path}: target column {target!r} has {int(df[target].isna().sum())} missing "
+            f"{source}: target column {target!r} has {int(df[target].isna().sum())} missing "
             f"value(s); drop those rows first. Received: missing targets"
         )
     y = df[target].to_numpy()
     task = task or infer_task(y)
     return _finish(features.to_numpy(dtype=np.float32), y, task, "mlp",
-                   [str(c) for c in features.columns], path)
+                   [str(c) for c in features.columns], source)
 
 
 def _finish(x: np.ndarray, y: np.ndarray, task: str, kind: str, names: list[str],
