@@ -15,6 +15,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from client.models import SiteModel
 from protocol.errors import FedsplitError
 
 
@@ -109,3 +111,42 @@ def run_workers(fn: Callable[..., None], world: int, args: tuple[Any, ...], *, b
 def save_result(out_dir: Path, rank: int, result: dict[str, Any]) -> None:
     """What a worker hands back (tensors, numbers, strings), read by `run_workers`."""
     torch.save(result, out_dir / f"rank{rank}.pt")
+
+
+@dataclass(frozen=True)
+class WorkerRun:
+    """What a multi-process run hands back (the weights are already in the model)."""
+
+    loss: float
+    seconds: float
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def launch(model: SiteModel, worker: Callable[..., None], devices: list[torch.device],
+           *args: Any, start_method: str, timeout_s: float, what: str) -> dict[int, dict[str, Any]]:
+    """Run ``worker(rank, world, out_dir, model_id, state, *args)`` on one process per device."""
+    uses_cuda = devices[0].type == "cuda"
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return run_workers(
+        worker,
+        len(devices),
+        (model.spec.to_id(), state, *args),
+        backend="nccl" if uses_cuda else "gloo",
+        start_method=pick_start_method(start_method, uses_cuda),
+        timeout_s=timeout_s,
+        what=what,
+    )
+
+
+def collect(model: SiteModel, results: dict[int, dict[str, Any]]) -> WorkerRun:
+    """Load the workers' weights into ``model`` (on the CPU) and gather loss, time and grads."""
+    merged = {k: v.clone() for k, v in model.state_dict().items()}
+    grads: dict[str, torch.Tensor] = {}
+    for rank in sorted(results):
+        merged.update(results[rank].get("state", {}))
+        grads.update(results[rank].get("grads", {}))
+    model.load_state_dict(merged)
+    model.cpu().train()
+    loss = next(float(r["loss"]) for r in results.values() if "loss" in r)
+    seconds = max(float(r["seconds"]) for r in results.values())
+    return WorkerRun(loss, seconds, grads)

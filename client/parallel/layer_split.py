@@ -81,7 +81,7 @@ def fit_layer_split(
         objective.backward()
         optimizer.step()
         total = totals.setdefault(epoch, [0.0, 0])
-        total[0] += float(loss) * len(idx)
+        total[0] += float(loss.detach()) * len(idx)
         total[1] += len(idx)
     seconds = time.perf_counter() - began
     model.cpu()

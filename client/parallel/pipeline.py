@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from client.models import build_model
+from client.models import SiteModel, build_model
 from client.parallel.device_map import DeviceMap
-from client.parallel.launch import save_result
+from client.parallel.launch import WorkerRun, collect, launch, save_result
 from client.parallel.loop import IGNORE, add_proximal_grad, batch_order, loss_sum, targets
+from protocol.errors import ConfigError
 
 
 def padded_rows(n: int, batch_size: int, microbatches: int) -> int:
@@ -50,7 +51,7 @@ def pad(t: torch.Tensor, rows: int, fill: float) -> torch.Tensor:
 def pipeline_worker(rank: int, world: int, out_dir: Path, model_id: str,
                     state: dict[str, torch.Tensor], stages: tuple[tuple[str, ...], ...],
                     x: np.ndarray, y: np.ndarray, epochs: int, lr: float, batch_size: int, seed: int,
-                    proximal_mu: float, microbatches: int, devices: list[str]) -> None:
+                    proximal_mu: float, microbatches: int, devices: list[str], keep_grads: bool) -> None:
     """Stage ``rank``: run the GPipe schedule on every batch and step its own weights."""
     device = torch.device(devices[rank])
     if device.type == "cuda":
@@ -103,6 +104,27 @@ def pipeline_worker(rank: int, world: int, out_dir: Path, model_id: str,
         if owner.get(k.split(".")[0] if k.startswith("norm.") else ".".join(k.split(".")[:2])) == rank
     }
     result: dict[str, object] = {"state": mine, "seconds": seconds}
+    if keep_grads:
+        result["grads"] = {k: p.grad.detach().cpu() for k, p in model.named_parameters()
+                           if p.grad is not None}
     if last:
         result["loss"] = epoch_sum / len(xt) if epochs > 0 else float("nan")
     save_result(out_dir, rank, result)
+
+
+def train_pipeline(model: SiteModel, x: np.ndarray, y: np.ndarray, *, device_map: DeviceMap,
+                   devices: list[torch.device], microbatches: int, epochs: int, lr: float,
+                   batch_size: int, seed: int, proximal_mu: float, start_method: str,
+                   timeout_s: float, keep_grads: bool = False) -> WorkerRun:
+    """Train ``model`` in place, one pipeline stage per device; ``keep_grads`` also returns the
+    gradients of the last step (each stage's, merged)."""
+    if microbatches > min(batch_size, len(x)):
+        raise ConfigError(
+            f"A batch of {min(batch_size, len(x))} rows cannot fill {microbatches} micro-batches; "
+            f"use microbatches <= batch_size. Received: microbatches={microbatches}"
+        )
+    results = launch(model, pipeline_worker, devices, device_map.stages, x, y, epochs, lr,
+                     batch_size, seed, proximal_mu, microbatches, [str(d) for d in devices],
+                     keep_grads, start_method=start_method, timeout_s=timeout_s,
+                     what=f"pipeline training ({len(devices)} stages x {microbatches} micro-batches)")
+    return collect(model, results)

@@ -17,14 +17,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from client.models import build_model
-from client.parallel.launch import save_result
+from client.models import SiteModel, build_model
+from client.parallel.launch import WorkerRun, collect, launch, save_result
 from client.parallel.loop import batch_order, loss_sum, targets
 
 
 def data_worker(rank: int, world: int, out_dir: Path, model_id: str, state: dict[str, torch.Tensor],
                 x: np.ndarray, y: np.ndarray, epochs: int, lr: float, batch_size: int, seed: int,
-                proximal_mu: float, devices: list[str]) -> None:
+                proximal_mu: float, devices: list[str], keep_grads: bool) -> None:
     """One replica: train on shard ``rank`` of every batch; rank 0 saves the weights."""
     device = torch.device(devices[rank])
     if device.type == "cuda":
@@ -35,7 +35,7 @@ def data_worker(rank: int, world: int, out_dir: Path, model_id: str, state: dict
     ddp = DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
-        broadcast_buffers=False,  # the only buffers are standardisation statistics: never trained
+        forward_sync_buffers=False,  # the only buffers are standardisation statistics: never trained
     )
     params = list(model.parameters())
     start = [p.detach().clone() for p in params] if proximal_mu > 0 else []
@@ -65,9 +65,22 @@ def data_worker(rank: int, world: int, out_dir: Path, model_id: str, state: dict
     dist.all_reduce(epoch_sum)
     dist.barrier()
     seconds = time.perf_counter() - began
+    result: dict[str, object] = {"seconds": seconds}
     if rank == 0:
-        save_result(out_dir, rank, {
-            "state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "loss": float(epoch_sum) / len(xt) if epochs > 0 else float("nan"),
-            "seconds": seconds,
-        })
+        result["state"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        result["loss"] = float(epoch_sum) / len(xt) if epochs > 0 else float("nan")
+        if keep_grads:
+            result["grads"] = {k: p.grad.detach().cpu() for k, p in model.named_parameters()
+                               if p.grad is not None}
+    save_result(out_dir, rank, result)
+
+
+def train_replicas(model: SiteModel, x: np.ndarray, y: np.ndarray, *, devices: list[torch.device],
+                   epochs: int, lr: float, batch_size: int, seed: int, proximal_mu: float,
+                   start_method: str, timeout_s: float, keep_grads: bool = False) -> WorkerRun:
+    """Train ``model`` in place with one DDP replica per device; ``keep_grads`` also returns
+    the gradients of the last step (after the all-reduce)."""
+    results = launch(model, data_worker, devices, x, y, epochs, lr, batch_size, seed, proximal_mu,
+                     [str(d) for d in devices], keep_grads, start_method=start_method,
+                     timeout_s=timeout_s, what=f"data-parallel training ({len(devices)} replicas)")
+    return collect(model, results)
