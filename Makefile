@@ -1,0 +1,33 @@
+# fedsplit: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.fedsplit-installed
+
+.PHONY: setup demo test test-fast lint bench clean
+
+setup: $(STAMP)
+
+# torch 2.13.0 is installed first: its CPU wheel where one is provided, the platform's default
+# build elsewhere. A GPU site installs its CUDA build of torch 2.13 before running this.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "fedsplit needs Python >= 3.11: run make PYTHON=python3.11 ...")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet torch==2.13.0 || $(BIN)/python -m pip install --quiet "torch>=2.13.0,<3"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/fedsplit simulate --dataset breast-cancer --sites 3 --rounds 10 --out runs/demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,131 @@
+"""The hospital agent's replies carry only model-shaped arrays, counts and scalar metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from client.app import app
+from client.data import load_bundled
+from client.models import build_model
+from protocol import RunConfig
+from protocol.stats import combine_moments
+
+NODE_ID = 7
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    """Flower refuses to build Messages outside a running app unless this is set."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, NODE_ID, 1
+    yield
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> tuple[Path, pd.DataFrame]:
+    """A hospital file: 120 breast-cancer rows with a target column."""
+    data = load_bundled("breast-cancer")
+    frame = pd.DataFrame(data.x[:120], columns=data.feature_names)
+    frame["diagnosis"] = data.y[:120]
+    path = tmp_path / "hospital.csv"
+    frame.to_csv(path, index=False)
+    return path, frame
+
+
+def ask(message_type: str, context: Context, **records) -> Message:
+    """Send one instruction to the ClientApp and return its reply."""
+    content = RecordDict({"config": ConfigRecord({}), **records})
+    reply = app(Message(content, dst_node_id=NODE_ID, message_type=message_type), context)
+    assert not reply.has_error(), reply.error
+    return reply
+
+
+def assert_only_scalars(record: MetricRecord) -> None:
+    """Every metric is one number."""
+    for key, value in record.items():
+        assert isinstance(value, int | float), f"metric {key} is {type(value).__name__}"
+
+
+def test_every_reply_holds_only_model_arrays_counts_and_scalars(site) -> None:
+    """Stats, init, train and evaluate replies: no rows, no labels, no IDs."""
+    path, frame = site
+    cfg = RunConfig(target="diagnosis", local_epochs=1, num_server_rounds=1)
+    context = Context(run_id=1, node_id=NODE_ID, node_config={"data-path": str(path),
+                      "site-name": "st-mary"}, state=RecordDict(), run_config=cfg.to_flower())
+    num_features = frame.shape[1] - 1
+
+    # Stats: per-feature aggregates only (one value per column, never per row)
+    stats = ask("query.stats", context)
+    assert set(stats.content.keys()) == {"stats", "schema"}
+    record = stats.content.metric_records["stats"]
+    for key in ("count", "sum", "sumsq"):
+        assert len(record[key]) == num_features
+    assert set(record) == {"num-examples", "count", "sum", "sumsq", "label-max", "y-sum", "y-sumsq"}
+    schema = stats.content.config_records["schema"]
+    assert set(schema) == {"name", "kind", "task", "input-shape", "features"}
+    assert list(schema["features"]) == list(frame.columns[:-1])
+
+    # Init: a model built from pooled statistics
+    mean, std = combine_moments([(record["count"], record["sum"], record["sumsq"])])
+    init = ask("query.init", context, config=ConfigRecord({
+        "kind": "mlp", "task": "classification", "input-shape": [num_features], "num-outputs": 2,
+        "mean": mean.tolist(), "std": std.tolist(), "y-mean": 0.0, "y-std": 1.0}))
+    model_id = str(init.content.config_records["model"]["model-id"])
+    expected = {k: tuple(v.shape) for k, v in build_model(model_id).state_dict().items()}
+
+    # Train: arrays named and shaped exactly like the model, a count, scalar metrics, the site name
+    arrays = init.content.array_records["arrays"]
+    train = ask("train", context, arrays=arrays,
+                config=ConfigRecord({"model-id": model_id, "server-round": 1}))
+    assert set(train.content.keys()) == {"arrays", "metrics", "site"}
+    sent = train.content.array_records["arrays"]
+    assert {k: tuple(a.shape) for k, a in sent.items()} == expected
+    metrics = train.content.metric_records["metrics"]
+    assert_only_scalars(metrics)
+    assert metrics["num-examples"] == 96  # 120 rows minus the 20% local evaluation split
+    assert set(metrics) == {"num-examples", "train-loss", "on-gpu"}
+    assert dict(train.content.config_records["site"]) == {"name": "st-mary"}
+    # No array is row-shaped: nothing has the table's row count along any axis
+    assert all(96 not in a.shape and 120 not in a.shape for a in sent.values())
+
+    # Evaluate: scalar metrics on the local held-out rows only
+    evaluate = ask("evaluate", context, arrays=sent,
+                   config=ConfigRecord({"model-id": model_id}))
+    assert set(evaluate.content.keys()) == {"metrics", "site"}
+    eval_metrics = evaluate.content.metric_records["metrics"]
+    assert_only_scalars(eval_metrics)
+    assert eval_metrics["num-examples"] == 24
+    assert 0.5 < eval_metrics["accuracy"] <= 1.0
+
+
+def test_agent_without_data_path_fails_with_clear_error(site) -> None:
+    """A SuperNode started without --node-config data-path gets told how to fix it."""
+    cfg = RunConfig()
+    context = Context(run_id=1, node_id=NODE_ID, node_config={}, state=RecordDict(),
+                      run_config=cfg.to_flower())
+    msg = Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=NODE_ID,
+                  message_type="query.stats")
+    with pytest.raises(Exception, match="data-path"):
+        app(msg, context)
+
+
+def test_train_reply_round_trips_into_an_update(site) -> None:
+    """The server side's conversion accepts what the agent sends."""
+    from server.strategy import reply_to_update
+
+    path, _ = site
+    cfg = RunConfig(target="diagnosis")
+    context = Context(run_id=1, node_id=NODE_ID, node_config={"data-path": str(path)},
+                      state=RecordDict(), run_config=cfg.to_flower())
+    model_id = "mlp/classification/30/2/64-32"
+    arrays = ArrayRecord(build_model(model_id, seed=0).state_dict())
+    reply = ask("train", context, arrays=arrays,
+                config=ConfigRecord({"model-id": model_id, "server-round": 2}))
+    update, metrics = reply_to_update(reply, server_round=2)
+    assert update.num_examples == 96 and update.round == 2 and update.site == f"node-{NODE_ID}"
+    assert np.isfinite(metrics["train-loss"])

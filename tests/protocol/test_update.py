@@ -1,0 +1,77 @@
+"""`Update`: validation and conversions to Flower records and torch state_dicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from protocol import RunConfig, Update, UpdateError
+from protocol.errors import ConfigError
+
+
+def test_array_record_round_trip_keeps_order_and_values() -> None:
+    """Update -> ArrayRecord -> Update is lossless and ordered."""
+    update = Update({"b": np.ones((2, 2), np.float32), "a": np.zeros(3, np.float64)}, num_examples=4)
+    back = Update.from_array_record(update.to_array_record(), num_examples=4)
+    assert list(back.arrays) == ["b", "a"]
+    np.testing.assert_array_equal(back.arrays["b"], update.arrays["b"])
+    assert back.arrays["a"].dtype == np.float64
+
+
+def test_state_dict_round_trip_loads_into_torch_module() -> None:
+    """A torch module's state_dict survives the trip through an Update."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    update = Update.from_state_dict(net.state_dict(), num_examples=10)
+    other = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    other.load_state_dict(update.to_state_dict())
+    for p, q in zip(net.parameters(), other.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert list(update.arrays) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+@pytest.mark.parametrize(
+    ("count", "match"),
+    [(0, ">= 1"), (-3, ">= 1"), (2.5, "integer"), ("7", "integer"), (True, "integer"), (None, "integer")],
+)
+def test_bad_counts_are_refused(count, match) -> None:
+    """The sample count must be an integer >= 1."""
+    with pytest.raises(UpdateError, match=match):
+        Update({"w": np.ones(2, np.float32)}, num_examples=count)
+
+
+def test_integral_float_count_is_accepted() -> None:
+    """Flower carries counts as numbers; 120.0 means 120."""
+    assert Update({"w": np.ones(2, np.float32)}, num_examples=120.0).num_examples == 120
+
+
+@pytest.mark.parametrize(
+    ("arrays", "match"),
+    [
+        ({}, "no parameters"),
+        ({"w": np.array([1, 2])}, "dtype int64"),
+        ({"w": np.array([np.nan], np.float32)}, "NaN/Inf"),
+        ({"": np.ones(1, np.float32)}, "non-empty string name"),
+    ],
+)
+def test_bad_arrays_are_refused(arrays, match) -> None:
+    """Empty updates, integer arrays, NaN and unnamed arrays are refused."""
+    with pytest.raises(UpdateError, match=match):
+        Update(arrays, num_examples=1)
+
+
+def test_metrics_must_be_scalars() -> None:
+    """Metrics are numbers only: nothing else can leave a site as a metric."""
+    with pytest.raises(UpdateError, match="scalar numbers"):
+        Update({"w": np.ones(1, np.float32)}, num_examples=1, metrics={"ids": [1, 2, 3]})
+
+
+def test_run_config_rejects_unknown_keys_and_bad_values() -> None:
+    """A typo or an out-of-range value names the key."""
+    assert RunConfig.from_flower({"num-server-rounds": 4}).num_server_rounds == 4
+    with pytest.raises(ConfigError, match="num-rounds"):
+        RunConfig.from_flower({"num-rounds": 4})
+    with pytest.raises(ConfigError, match="lr"):
+        RunConfig.from_flower({"lr": 0})
+    with pytest.raises(ConfigError, match="JSON object"):
+        RunConfig.from_flower({"strategy-params": "beta=0.2"})
