@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from cli import aggregate, simulate, strategies
+from cli import aggregate, pipeline_schedule, simulate, strategies
 from cli.errors import run_guarded
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app = typer.Typer(
 app.command("simulate")(simulate.simulate)
 app.command("aggregate")(aggregate.aggregate)
 app.command("strategies")(strategies.strategies)
+app.command("pipeline-schedule")(pipeline_schedule.pipeline_schedule)
 
 
 def main() -> None:
