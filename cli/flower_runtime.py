@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +76,26 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def stage_app(dest: Path, cfg: RunConfig) -> Path:
-    """Write a Flower app directory for this run (code + pyproject carrying ``cfg``)."""
+def stage_app(
+    dest: Path,
+    cfg: RunConfig,
+    *,
+    components: tuple[str, str] = ("server.app:app", "client.app:app"),
+    extra_modules: Sequence[Path] = (),
+) -> Path:
+    """Write a Flower app directory for this run (code + pyproject carrying ``cfg``).
+
+    ``components`` are the (serverapp, clientapp) references; ``extra_modules`` are single
+    ``.py`` files copied beside the packages (e.g. a benchmark's reference app).
+    """
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for package in APP_PACKAGES:
         src = Path(__import__(package).__file__).parent
         shutil.copytree(src, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for module in extra_modules:
+        shutil.copy2(module, dest / Path(module).name)
     config = "\n".join(f"{key} = {_toml_value(v)}" for key, v in cfg.to_flower().items())
     (dest / "pyproject.toml").write_text(
         f"""[build-system]
@@ -104,8 +116,8 @@ packages = ["."]
 publisher = "fedsplit"
 
 [tool.flwr.app.components]
-serverapp = "server.app:app"
-clientapp = "client.app:app"
+serverapp = "{components[0]}"
+clientapp = "{components[1]}"
 
 [tool.flwr.app.config]
 {config}
