@@ -21,13 +21,29 @@ class StrategyParams(BaseModel):
 
 @dataclass
 class SiteReport:
-    """How one update took part in an aggregation."""
+    """How one update took part in an aggregation.
+
+    ``num_examples`` is the count used (after any cohort cap); ``claimed_examples`` is what the
+    site sent when a cap changed it. ``weight`` is the update's share of the aggregate (0 when
+    excluded or not selected). ``trimmed_fraction`` (median, trimmed mean): share of
+    coordinates at which this update's value was dropped (fractional weight counts for the
+    weighted variants); ``trimmed_most`` marks the update(s) dropped most often. ``selected``
+    and ``score`` (Krum, multi-Krum): whether the update was chosen and its Krum score.
+    ``l2_to_aggregate``: Euclidean distance from this update to the aggregate, all parameters.
+    """
 
     site: str
     num_examples: int
     weight: float
     excluded: bool = False
     reason: str | None = None
+    claimed_examples: int | None = None
+    flags: list[str] = field(default_factory=list)
+    trimmed_fraction: float | None = None
+    trimmed_most: bool = False
+    selected: bool | None = None
+    score: float | None = None
+    l2_to_aggregate: float | None = None
 
 
 @dataclass
@@ -38,6 +54,15 @@ class AggregationReport:
     params: dict[str, Any]
     num_examples: int
     sites: list[SiteReport] = field(default_factory=list)
+    #: working-memory budget the aggregation ran under (bytes), when it is bounded
+    memory_budget: int | None = None
+    #: working memory the stacked passes actually planned for (bytes), at most the budget
+    working_bytes: int | None = None
+
+    @property
+    def excluded(self) -> list[SiteReport]:
+        """Sites whose update was left out, with their reasons."""
+        return [s for s in self.sites if s.excluded]
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-friendly dict."""
@@ -75,6 +100,16 @@ class AggregationStrategy(ABC):
     @abstractmethod
     def aggregate(self, updates: Sequence[UpdateSource]) -> AggregateResult:
         """Merge ``updates`` (same names, shapes and dtypes) into one model."""
+
+    def aggregate_bounded(
+        self, updates: Sequence[UpdateSource], *, memory_budget: int
+    ) -> AggregateResult:
+        """Like `aggregate`, keeping working memory under ``memory_budget`` bytes.
+
+        Strategies that stack updates (median, trimmed mean, Krum) override this; streaming
+        ones (FedAvg) need one model-sized accumulator whatever the budget and inherit it.
+        """
+        return self.aggregate(updates)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.model_dump().items())

@@ -1,17 +1,109 @@
-"""The one entry point every path (Flower, REST, CLI) aggregates through."""
+"""The one entry point every path (Flower, REST, CLI) aggregates through.
+
+`aggregate_updates` guards the inputs (`aggregation.guard`: layout, count, cohort cap, finite
+values; failures are excluded with a reason, not fatal), runs the strategy within the memory
+budget, and returns the aggregate with a report holding one entry per input update: the count
+used, its weight, whether and why it was excluded, how often it was trimmed or whether it was
+selected, and its L2 distance to the aggregate.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from aggregation.base import AggregateResult, AggregationStrategy
-from aggregation.compat import check_compatible
+import numpy as np
+
+from aggregation._blocks import DEFAULT_MEMORY_BUDGET, BlockReader, plan_blocks
+from aggregation.base import AggregateResult, AggregationStrategy, SiteReport
+from aggregation.errors import NotEnoughUpdatesError
+from aggregation.guard import Expected, guard_updates
 from protocol.update import UpdateSource
 
 
 def aggregate_updates(
-    strategy: AggregationStrategy, updates: Sequence[UpdateSource]
+    strategy: AggregationStrategy,
+    updates: Sequence[UpdateSource],
+    *,
+    expected: Expected | None = None,
+    cohort_caps: Mapping[str, int] | None = None,
+    cap_policy: str = "clip",
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> AggregateResult:
-    """Check that ``updates`` fit together, then merge them with ``strategy``."""
-    check_compatible([u.header for u in updates])
-    return strategy.aggregate(updates)
+    """Guard ``updates``, merge the accepted ones with ``strategy``, and report per site.
+
+    Parameters
+    ----------
+    strategy : AggregationStrategy
+        From `aggregation.get_strategy`.
+    updates : Sequence[UpdateSource]
+        In-memory `protocol.Update` objects or open `protocol.WeightFile` objects.
+    expected : specs, header, update or name -> array, optional
+        The round's model layout. Default: the layout shared by more than half the updates.
+    cohort_caps : Mapping[str, int], optional
+        Registered cohort size per site label; a larger claimed count is clipped or refused.
+    cap_policy : {"clip", "refuse"} (default: "clip")
+        What happens to a count above its site's cap; the site is flagged either way.
+    memory_budget : int (default: 512 MiB)
+        Working memory (bytes) the strategy may use beyond its output.
+    """
+    if not updates:
+        raise NotEnoughUpdatesError("No updates to aggregate. Received: 0 updates")
+    guard = guard_updates(
+        updates,
+        expected=expected,
+        cohort_caps=cohort_caps,
+        cap_policy=cap_policy,
+        memory_budget=memory_budget,
+    )
+    if not guard.accepted:
+        reasons = "; ".join(f"{r.site}: {r.reason}" for r in guard.reports)
+        raise NotEnoughUpdatesError(
+            f"Every update was excluded by the input checks, so there is nothing to aggregate. "
+            f"Fix the sites' exports and resend. Received: {reasons}"
+        )
+    result = strategy.aggregate_bounded(guard.accepted, memory_budget=memory_budget)
+    missing = [
+        i for i, s in enumerate(result.report.sites) if s.l2_to_aggregate is None
+    ]
+    if missing:
+        dists = distances_to(
+            [guard.accepted[i] for i in missing], result.arrays, memory_budget=memory_budget
+        )
+        for i, d in zip(missing, dists, strict=True):
+            result.report.sites[i].l2_to_aggregate = d
+    merged: list[SiteReport] = list(guard.reports)
+    for k, site in zip(guard.accepted_index, result.report.sites, strict=True):
+        pre = guard.reports[k]
+        site.flags = [*pre.flags, *site.flags]
+        site.claimed_examples = pre.claimed_examples
+        merged[k] = site
+    result.report.sites = merged
+    if result.report.memory_budget is None:
+        result.report.memory_budget = memory_budget
+    return result
+
+
+def distances_to(
+    updates: Sequence[UpdateSource],
+    arrays: Mapping[str, np.ndarray],
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> list[float]:
+    """Return each update's L2 distance to ``arrays`` (all parameters), one update at a time."""
+    specs = updates[0].header.specs
+    itemsize = 8
+    values = max(1, min(memory_budget // (3 * itemsize), max(s.size for s in specs), 1 << 22))
+    buf = np.empty(values, dtype=np.float64)
+    out = []
+    for u in updates:
+        reader = BlockReader(u)
+        total = 0.0
+        for block in plan_blocks(specs, values):
+            vals = buf[: block.size]
+            reader.read(block, vals)
+            ref = np.asarray(arrays[block.name]).reshape(-1)[block.start : block.stop]
+            vals -= ref
+            total += float(np.dot(vals, vals))
+        reader.release()
+        out.append(float(np.sqrt(total)))
+    return out

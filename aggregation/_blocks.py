@@ -1,0 +1,301 @@
+"""Parameter blocks across all N updates, under a memory budget.
+
+Robust rules (median, trimmed mean, Krum) need, for every coordinate, the values of all N
+updates at once. Flower stacks all N copies of every layer (and Krum flattens a second full
+copy of every update). Here the model is cut into flat, contiguous blocks of coordinates and,
+for each block, the N updates' values are read into one reusable ``(N, b)`` buffer: straight
+from the HDF5 dataset when the update is an open `protocol.WeightFile`, by slicing when it is
+an in-memory `protocol.Update`. The block length ``b`` is chosen so that the buffer plus the
+reducer's own working memory stay under the budget, whatever N. Strategies supply only the
+reducer that turns a stacked block into aggregate values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from aggregation.errors import AggregationError
+from protocol.arrays import ArraySpec
+from protocol.update import Update, UpdateHeader, UpdateSource
+from protocol.weights import WeightFile
+
+#: Default working-memory budget of a robust aggregation (bytes): 512 MiB.
+DEFAULT_MEMORY_BUDGET = 512 * 1024**2
+
+#: Largest stacked buffer worth allocating even when the budget allows more: bigger blocks
+#: only add page faults, while reads (one per update per block) are already large.
+BLOCK_CAP_BYTES = 64 * 1024**2
+
+
+def work_dtype(dtype: np.dtype) -> np.dtype:
+    """Precision robust reducers compute in: float16 is widened to float32, others kept.
+
+    Widening float16 to float32 is exact and monotone, so order statistics are unchanged, and
+    it is what numpy's ``median``/``mean`` do internally for float16 (Flower's reference too).
+    """
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+
+
+class Recounted:
+    """An `UpdateSource` whose sample count was replaced (e.g. clipped to a cohort cap).
+
+    Reads go to the wrapped source; `base` unwraps so block reads still reach the file.
+    """
+
+    def __init__(self, source: UpdateSource, num_examples: int) -> None:
+        self.source = source
+        self._header = replace(source.header, num_examples=int(num_examples))
+
+    @property
+    def header(self) -> UpdateHeader:
+        """The wrapped header with the replaced count."""
+        return self._header
+
+    def array(self, name: str) -> np.ndarray:
+        """Return the wrapped source's parameter ``name``."""
+        return self.source.array(name)
+
+
+def base(source: UpdateSource) -> UpdateSource:
+    """Return the source under any `Recounted` wrappers."""
+    while isinstance(source, Recounted):
+        source = source.source
+    return source
+
+
+@dataclass(frozen=True)
+class Block:
+    """A contiguous range ``[start, stop)`` of one parameter's flattened values.
+
+    ``selection`` is the basic index (ints then one slice) that selects exactly these values
+    from the parameter array or HDF5 dataset; the selected array has shape ``sel_shape``.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+    selection: tuple[Any, ...]
+    sel_shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        """Number of coordinates in the block."""
+        return self.stop - self.start
+
+
+def plan_blocks(specs: Sequence[ArraySpec], max_values: int) -> list[Block]:
+    """Cut every parameter into blocks of at most ``max_values`` contiguous coordinates.
+
+    A parameter that fits is one block. A larger one is cut along its first axis whose
+    trailing sub-array fits, so each block is a hyperslab (readable from HDF5 in one call)
+    and a contiguous range of the flattened parameter.
+    """
+    if max_values < 1:
+        raise ValueError(f"max_values must be >= 1. Received: {max_values}")
+    blocks: list[Block] = []
+    for spec in specs:
+        shape = spec.shape
+        size = spec.size
+        if size == 0:
+            continue
+        if size <= max_values:
+            blocks.append(Block(spec.name, shape, 0, size, (), shape))
+            continue
+        # first axis a whose trailing product fits in one block
+        axis = next(a for a in range(len(shape)) if math.prod(shape[a + 1 :]) <= max_values)
+        inner = math.prod(shape[axis + 1 :])
+        rows = max(1, max_values // inner)
+        for outer in np.ndindex(*shape[:axis]):
+            outer_flat = int(np.ravel_multi_index(outer, shape[:axis])) if axis else 0
+            for j in range(0, shape[axis], rows):
+                k = min(j + rows, shape[axis])
+                start = (outer_flat * shape[axis] + j) * inner
+                blocks.append(
+                    Block(
+                        spec.name,
+                        shape,
+                        start,
+                        start + (k - j) * inner,
+                        (*(int(i) for i in outer), slice(j, k)),
+                        (k - j, *shape[axis + 1 :]),
+                    )
+                )
+    return blocks
+
+
+class BlockReader:
+    """Reads blocks of one update into caller-provided 1-D buffers."""
+
+    def __init__(self, source: UpdateSource) -> None:
+        self.source = base(source)
+        self._file = self.source if isinstance(self.source, WeightFile) else None
+        self._update = self.source if isinstance(self.source, Update) else None
+        self._cached: tuple[str, np.ndarray] | None = None
+
+    def _flat(self, name: str) -> np.ndarray:
+        if self._update is not None:
+            return self._update.arrays[name].reshape(-1)
+        # Any other UpdateSource: one parameter at a time, kept while its blocks are read.
+        if self._cached is None or self._cached[0] != name:
+            self._cached = None  # drop the previous parameter before materialising the next
+            self._cached = (name, np.asarray(self.source.array(name)).reshape(-1))
+        return self._cached[1]
+
+    def read(self, block: Block, out: np.ndarray) -> None:
+        """Fill ``out`` (1-D, ``block.size`` values, any float dtype) with the block's values."""
+        if self._file is not None:
+            ds = self._file.dataset(block.name)
+            if ds.dtype.newbyteorder("=") == out.dtype and out.flags.c_contiguous:
+                sel = block.selection if block.selection else None
+                ds.read_direct(out.reshape(block.sel_shape), source_sel=sel)
+            else:
+                np.copyto(out, np.asarray(ds[block.selection]).reshape(-1), casting="same_kind")
+            return
+        np.copyto(out, self._flat(block.name)[block.start : block.stop], casting="same_kind")
+
+    def release(self) -> None:
+        """Forget a cached parameter (for sources that materialise arrays)."""
+        self._cached = None
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """How a stacked pass over N updates is laid out in memory."""
+
+    num_updates: int
+    values_per_block: int
+    dtype: np.dtype
+    working_bytes: int
+
+
+def plan_stack(
+    num_updates: int,
+    specs: Sequence[ArraySpec],
+    *,
+    memory_budget: int,
+    dtype: np.dtype | None = None,
+    bytes_per_value: int = 0,
+    bytes_per_coordinate: int = 0,
+    fixed_bytes: int = 0,
+) -> BlockPlan:
+    """Choose the block length so that the stacked pass stays under ``memory_budget`` bytes.
+
+    Working memory = ``N * b * (itemsize + bytes_per_value) + b * bytes_per_coordinate +
+    fixed_bytes``: the stacked buffer, the reducer's per-value and per-coordinate temporaries,
+    and its fixed-size scratch (tiles).
+    """
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
+        raise AggregationError(
+            f"The memory budget must be a positive number of bytes (e.g. 512MB). "
+            f"Received: {memory_budget!r}"
+        )
+    if num_updates < 1:
+        raise AggregationError(f"A stacked pass needs at least one update. Received: {num_updates}")
+    work = np.dtype(dtype) if dtype is not None else max(
+        (work_dtype(s.dtype) for s in specs), key=lambda d: d.itemsize
+    )
+    # + one native-precision row for reads that convert (float16 files into float32 stacks)
+    native = max((s.dtype.itemsize for s in specs), default=0)
+    per_coord = num_updates * (work.itemsize + bytes_per_value) + bytes_per_coordinate + native
+    largest = max((s.size for s in specs), default=1)
+    available = memory_budget - fixed_bytes
+    if available < per_coord:
+        need = fixed_bytes + per_coord
+        raise AggregationError(
+            f"A memory budget of {memory_budget} bytes cannot hold even one coordinate of "
+            f"{num_updates} updates with this strategy (needs at least {need} bytes). Raise "
+            f"--memory-budget (e.g. 512MB). Received: {memory_budget}"
+        )
+    cap = max(1, BLOCK_CAP_BYTES // (num_updates * work.itemsize))
+    values = max(1, min(available // per_coord, cap, largest))
+    return BlockPlan(
+        num_updates=num_updates,
+        values_per_block=values,
+        dtype=work,
+        working_bytes=fixed_bytes + values * per_coord,
+    )
+
+
+def iter_stacks(
+    updates: Sequence[UpdateSource], specs: Sequence[ArraySpec], plan: BlockPlan
+) -> Iterator[tuple[Block, np.ndarray]]:
+    """Yield ``(block, stack)`` for every block; ``stack`` is ``(N, block.size)``, C-contiguous.
+
+    Row k holds update k's values in ``plan.dtype``. The buffer is reused: a reducer must
+    finish with (or copy) a stack before asking for the next one.
+    """
+    if len(updates) != plan.num_updates:
+        raise ValueError(f"plan is for {plan.num_updates} updates. Received: {len(updates)}")
+    readers = [BlockReader(u) for u in updates]
+    buffer = np.empty(plan.num_updates * plan.values_per_block, dtype=plan.dtype)
+    current = None
+    for block in plan_blocks(specs, plan.values_per_block):
+        if block.name != current:
+            for r in readers:
+                r.release()
+            current = block.name
+        stack = buffer[: plan.num_updates * block.size].reshape(plan.num_updates, block.size)
+        for k, reader in enumerate(readers):
+            reader.read(block, stack[k])
+        yield block, stack
+    for r in readers:
+        r.release()
+
+
+class StackReducer:
+    """What a strategy supplies to `run_stacked`: per-block work and its memory needs."""
+
+    #: extra bytes per stacked value (per update per coordinate) the reducer allocates
+    bytes_per_value: int = 0
+    #: extra bytes per coordinate of a block (results, thresholds)
+    bytes_per_coordinate: int = 0
+
+    def __call__(self, block: Block, stack: np.ndarray, out: np.ndarray | None) -> None:
+        """Reduce ``stack`` (N, block.size); write results to ``out`` (flat, or None)."""
+        raise NotImplementedError
+
+
+def run_stacked(
+    updates: Sequence[UpdateSource],
+    specs: Sequence[ArraySpec],
+    reducer: StackReducer,
+    *,
+    memory_budget: int,
+    outputs: dict[str, np.ndarray] | None = None,
+) -> BlockPlan:
+    """Feed every stacked block of ``updates`` to ``reducer``; return the plan it ran under.
+
+    With ``outputs`` (from `empty_like_specs`), the reducer gets the block's flat output range.
+    """
+    plan = plan_stack(
+        len(updates),
+        specs,
+        memory_budget=memory_budget,
+        bytes_per_value=reducer.bytes_per_value,
+        bytes_per_coordinate=reducer.bytes_per_coordinate,
+    )
+    for block, stack in iter_stacks(updates, specs, plan):
+        reducer(block, stack, flat_view(outputs, block) if outputs is not None else None)
+    return plan
+
+
+def tiles(length: int, size: int) -> Iterator[slice]:
+    """Yield consecutive slices of at most ``size`` covering ``range(length)``."""
+    for j in range(0, length, size):
+        yield slice(j, min(j + size, length))
+
+
+def empty_like_specs(specs: Sequence[ArraySpec]) -> dict[str, np.ndarray]:
+    """Allocate one output array per parameter (shape and dtype of the spec)."""
+    return {s.name: np.empty(s.shape, dtype=s.dtype) for s in specs}
+
+
+def flat_view(arrays: dict[str, np.ndarray], block: Block) -> np.ndarray:
+    """Return the writable flat range of ``block`` in an output array from `empty_like_specs`."""
+    return arrays[block.name].reshape(-1)[block.start : block.stop]
