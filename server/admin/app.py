@@ -1,0 +1,94 @@
+"""The admin API's FastAPI app factory and its one domain-error handler."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from aggregation.errors import (
+    AggregationError,
+    IncompatibleUpdatesError,
+    NotEnoughUpdatesError,
+    StrategyParamsError,
+    UnknownStrategyError,
+)
+from protocol.errors import ConfigError, FedsplitError, UpdateError, WeightFileError
+from server.admin.config import AdminSettings
+from server.admin.context import AdminContext
+from server.admin.errors import (
+    AuthenticationError,
+    ConflictError,
+    NotFoundError,
+    PermissionDeniedError,
+    UploadRefusedError,
+    UploadTooLargeError,
+)
+from server.admin.routes import health, rounds, uploads
+
+API_PREFIX = "/api/v1"
+
+#: Domain error -> HTTP status; the first class in an error's MRO that is listed wins.
+STATUS_OF: dict[type[FedsplitError], int] = {
+    AuthenticationError: 401,
+    PermissionDeniedError: 403,
+    NotFoundError: 404,
+    ConflictError: 409,
+    UploadTooLargeError: 413,
+    UploadRefusedError: 422,
+    WeightFileError: 422,
+    UpdateError: 422,
+    ConfigError: 422,
+    UnknownStrategyError: 422,
+    StrategyParamsError: 422,
+    IncompatibleUpdatesError: 422,
+    NotEnoughUpdatesError: 409,
+    AggregationError: 422,
+    FedsplitError: 400,
+}
+
+
+def status_of(error: FedsplitError) -> int:
+    """HTTP status for a fedsplit error."""
+    for cls in type(error).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]  # type: ignore[index]
+    return 400
+
+
+async def handle_fedsplit_error(request: Request, error: Exception) -> JSONResponse:
+    """Turn a fedsplit error into ``{"detail", "error", "reason"}`` with its status."""
+    assert isinstance(error, FedsplitError)
+    status = status_of(error)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 413:
+        headers = {"Connection": "close"}  # the rest of the body is not read
+    body = {"detail": str(error), "error": type(error).__name__, "reason": getattr(error, "reason", None)}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def create_app(settings: AdminSettings) -> FastAPI:
+    """Return the admin API for ``settings`` (creates the data directory and the database)."""
+    ctx = AdminContext.open(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        ctx.close()
+
+    app = FastAPI(
+        title="fedsplit admin API",
+        summary="Authenticated HDF5 weight uploads, aggregation rounds and model downloads.",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.admin = ctx
+    app.add_exception_handler(FedsplitError, handle_fedsplit_error)
+    api = APIRouter(prefix=API_PREFIX)
+    api.include_router(rounds.router)
+    api.include_router(uploads.router)
+    app.include_router(api)
+    app.include_router(health.router)
+    return app

@@ -1,0 +1,120 @@
+"""`AdminSettings`: the admin service's configuration, read once from the environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from protocol.errors import ConfigError
+
+ADMIN_TOKEN_ENV = "FEDSPLIT_ADMIN_TOKEN"
+ADMIN_TOKEN_FILE_ENV = "FEDSPLIT_ADMIN_TOKEN_FILE"
+_PLACEHOLDERS = {"changethis", "changeme", "admin", "password", "secret", "token"}
+MIN_TOKEN_CHARS = 16
+
+
+class AdminSettings(BaseModel):
+    """Configuration of one admin API process.
+
+    Parameters
+    ----------
+    data_dir : Path
+        Holds the SQLite database (unless ``database_url`` is set) and every stored file.
+    admin_token : SecretStr
+        The admin's bearer token (``FEDSPLIT_ADMIN_TOKEN`` or the file ``FEDSPLIT_ADMIN_TOKEN_FILE``
+        names). At least 16 characters; placeholders such as "changethis" are refused.
+    database_url : str | None (default: None)
+        SQLAlchemy URL of the metadata store; None means ``sqlite:///DATA_DIR/fedsplit-admin.db``.
+    max_upload_mb : float (default: 512)
+        Largest accepted weight file, enforced while the body streams in (HTTP 413 past it).
+    parse_timeout_s : float (default: 120)
+        Wall-clock limit of the sandboxed process that parses one upload.
+    parse_memory_mb : int (default: 4096)
+        Address-space limit added on top of the sandbox process's start size.
+    parse_workers : int (default: 2)
+        Uploads parsed at the same time; further uploads wait their turn.
+    max_group_depth : int (default: 12)
+        Deepest group tree a Keras file may have.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_dir: Path
+    admin_token: SecretStr
+    database_url: str | None = None
+    max_upload_mb: float = Field(default=512.0, gt=0)
+    parse_timeout_s: float = Field(default=120.0, gt=0)
+    parse_memory_mb: int = Field(default=4096, ge=256)
+    parse_workers: int = Field(default=2, ge=1)
+    max_group_depth: int = Field(default=12, ge=2, le=64)
+
+    @field_validator("admin_token")
+    @classmethod
+    def _refuse_weak_token(cls, value: SecretStr) -> SecretStr:
+        token = value.get_secret_value().strip()
+        if len(token) < MIN_TOKEN_CHARS or token.lower() in _PLACEHOLDERS:
+            raise ValueError(
+                f"the admin token must be a random secret of at least {MIN_TOKEN_CHARS} characters "
+                f"(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`). "
+                f"Received: {len(token)} characters"
+            )
+        return SecretStr(token)
+
+    @property
+    def max_upload_bytes(self) -> int:
+        """The upload limit in bytes."""
+        return int(self.max_upload_mb * 1024 * 1024)
+
+    @property
+    def files_dir(self) -> Path:
+        """Where uploads, templates and models live."""
+        return self.data_dir / "files"
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to SQLite inside ``data_dir``."""
+        return self.database_url or default_database_url(self.data_dir)
+
+    @classmethod
+    def from_env(cls, **values: Any) -> AdminSettings:
+        """Build settings from keyword values plus the admin token from the environment."""
+        if "admin_token" not in values:
+            values["admin_token"] = read_admin_token()
+        if values.get("database_url") is None and os.environ.get("FEDSPLIT_DATABASE_URL"):
+            values["database_url"] = os.environ["FEDSPLIT_DATABASE_URL"]
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+            )
+            raise ConfigError(f"Invalid admin API settings: {problems}") from e
+
+
+def default_database_url(data_dir: Path) -> str:
+    """Return the SQLite URL used when none is configured."""
+    return f"sqlite:///{(Path(data_dir) / 'fedsplit-admin.db').resolve()}"
+
+
+def read_admin_token() -> str:
+    """Return the admin token from ``FEDSPLIT_ADMIN_TOKEN`` or the file ``FEDSPLIT_ADMIN_TOKEN_FILE``."""
+    token = os.environ.get(ADMIN_TOKEN_ENV)
+    if token:
+        return token
+    token_file = os.environ.get(ADMIN_TOKEN_FILE_ENV)
+    if token_file:
+        try:
+            return Path(token_file).read_text().strip()
+        except OSError as e:
+            raise ConfigError(
+                f"{ADMIN_TOKEN_FILE_ENV} names a file that cannot be read ({e.strerror}). Point it "
+                f"at a readable file holding the admin token. Received: {token_file}"
+            ) from e
+    raise ConfigError(
+        f"The admin API needs an admin token: set {ADMIN_TOKEN_ENV} to a random secret of at least "
+        f"{MIN_TOKEN_CHARS} characters, or {ADMIN_TOKEN_FILE_ENV} to a file holding it. "
+        f"Received: neither is set"
+    )

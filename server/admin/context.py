@@ -1,0 +1,54 @@
+"""`AdminContext`: the settings and shared services one admin API process holds."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.admin.config import AdminSettings
+from server.admin.metrics import AdminMetrics
+from server.admin.sandbox import Sandbox
+from server.admin.security import hash_token
+from server.admin.storage import FileStore
+from server.admin.store import make_engine, make_sessionmaker
+
+
+@dataclass
+class AdminContext:
+    """Everything a request handler needs beyond its request."""
+
+    settings: AdminSettings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    files: FileStore
+    sandbox: Sandbox
+    metrics: AdminMetrics
+    admin_token_hash: str
+    # Serialises the short "rename files + commit rows" step of uploads.
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
+    # One aggregation at a time: bounds memory to one strategy's working set.
+    aggregate_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def open(cls, settings: AdminSettings) -> AdminContext:
+        """Create directories, the database and the sandbox."""
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        files = FileStore(settings.files_dir)
+        files.prepare()
+        engine = make_engine(settings.resolved_database_url)
+        return cls(
+            settings=settings,
+            engine=engine,
+            sessions=make_sessionmaker(engine),
+            files=files,
+            sandbox=Sandbox(workers=settings.parse_workers, timeout_s=settings.parse_timeout_s),
+            metrics=AdminMetrics(),
+            admin_token_hash=hash_token(settings.admin_token.get_secret_value()),
+        )
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self.engine.dispose()

@@ -1,0 +1,58 @@
+"""Dependencies of the admin routes, as `Annotated` aliases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from server.admin.auth import Principal, authenticate, require_admin, require_site
+from server.admin.context import AdminContext
+
+_bearer = HTTPBearer(auto_error=False, description="Admin token or a site token.")
+
+
+def get_context(request: Request) -> AdminContext:
+    """The process's `AdminContext`."""
+    return request.app.state.admin
+
+
+ContextDep = Annotated[AdminContext, Depends(get_context)]
+
+
+def get_session(ctx: ContextDep) -> Iterator[Session]:
+    """A database session for one request."""
+    with ctx.sessions() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_principal(
+    ctx: ContextDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    """The caller, from the bearer token (401 if none or unknown)."""
+    token = credentials.credentials if credentials is not None else None
+    with ctx.sessions() as session:
+        return authenticate(token, session=session, admin_token_hash=ctx.admin_token_hash)
+
+
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+
+
+def get_admin(principal: CurrentPrincipal) -> Principal:
+    """The caller, who must be the admin (403 otherwise)."""
+    return require_admin(principal)
+
+
+def get_site(principal: CurrentPrincipal) -> Principal:
+    """The caller, who must be a site (403 otherwise)."""
+    return require_site(principal)
+
+
+AdminPrincipal = Annotated[Principal, Depends(get_admin)]
+SitePrincipal = Annotated[Principal, Depends(get_site)]

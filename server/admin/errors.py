@@ -1,0 +1,55 @@
+"""Admin API errors (the `protocol.errors.FedsplitError` tree's admin branch).
+
+    FedsplitError
+    └── AdminError                     exit code 4, HTTP 400
+        ├── AuthenticationError        HTTP 401  no token, or a token nobody was issued
+        ├── PermissionDeniedError      HTTP 403  valid token, wrong role or wrong site
+        ├── NotFoundError              HTTP 404  no such round, model or start model
+        ├── ConflictError              HTTP 409  the round's state forbids it (aggregated, deadline)
+        ├── UploadTooLargeError        HTTP 413  body over the size limit (checked while streaming)
+        └── UploadRefusedError         HTTP 422  the file or its count is refused; `reason` names why
+
+`server.admin.app` maps these (and protocol/aggregation errors) to HTTP in one handler.
+"""
+
+from __future__ import annotations
+
+from protocol.errors import FedsplitError
+
+
+class AdminError(FedsplitError):
+    """The admin API refused a request."""
+
+    exit_code = 4
+
+
+class AuthenticationError(AdminError):
+    """No bearer token, or one that matches no admin or site."""
+
+
+class PermissionDeniedError(AdminError):
+    """The token is valid but may not do this (site on an admin route, or another site's upload)."""
+
+
+class NotFoundError(AdminError):
+    """The round, model or start model does not exist."""
+
+
+class ConflictError(AdminError):
+    """The round's state forbids the request (already aggregated, past deadline, too few uploads)."""
+
+
+class UploadTooLargeError(AdminError):
+    """The upload is larger than the server's limit."""
+
+
+class UploadRefusedError(AdminError):
+    """An uploaded weight file or its sample count was refused; nothing was stored.
+
+    ``reason`` is a short machine-readable code (``non_finite``, ``external_link``, ...), the
+    label of the ``fedsplit_uploads_refused_total`` metric.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -1,0 +1,1 @@
+"""Route modules of the admin API, one per resource."""

@@ -1,0 +1,61 @@
+"""The round's aggregate and start model as files, in fedsplit or Keras layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from protocol.weights import read_weights
+from server.admin.context import AdminContext
+from server.admin.errors import ConflictError, NotFoundError
+from server.admin.keras_layout import KERAS3, write_keras
+from server.admin.tables import Round
+
+FEDSPLIT_FORMAT = "fedsplit"
+KERAS_FORMAT = "keras"
+FORMATS = (FEDSPLIT_FORMAT, KERAS_FORMAT)
+
+
+def model_file(ctx: AdminContext, rnd: Round, fmt: str) -> tuple[Path, str]:
+    """Return the aggregate's path and download name."""
+    if rnd.model_file is None:
+        raise NotFoundError(
+            f"Round {rnd.id} has no model yet: it is {rnd.status}. The admin aggregates it with POST "
+            f"/api/v1/rounds/{rnd.id}/aggregate. Received: status {rnd.status!r}"
+        )
+    return _in_format(ctx, rnd, ctx.files.absolute(rnd.model_file), fmt, f"round-{rnd.id}-model")
+
+
+def start_model_file(ctx: AdminContext, rnd: Round, continued: Round | None, fmt: str) -> tuple[Path, str]:
+    """Return the start model's path (template, or the continued round's aggregate)."""
+    if rnd.template_file is not None:
+        source = ctx.files.absolute(rnd.template_file)
+    elif continued is not None and continued.model_file is not None:
+        source = ctx.files.absolute(continued.model_file)
+    else:
+        raise NotFoundError(
+            f"Round {rnd.id} has no start model: the admin has uploaded no template (PUT "
+            f"/api/v1/rounds/{rnd.id}/template) and it continues no aggregated round. Sites must "
+            f"share one starting point; ask the coordinator for it. Received: round {rnd.id}"
+        )
+    return _in_format(ctx, rnd, source, fmt, f"round-{rnd.id}-start")
+
+
+def _in_format(ctx: AdminContext, rnd: Round, source: Path, fmt: str, stem: str) -> tuple[Path, str]:
+    if fmt == FEDSPLIT_FORMAT:
+        return source, f"{stem}.h5"
+    if fmt != KERAS_FORMAT:
+        raise NotFoundError(
+            f"Unknown download format; use ?format=fedsplit (default) or ?format=keras. "
+            f"Received: {fmt!r}"
+        )
+    if rnd.keras_layout is None:
+        raise ConflictError(
+            f"Round {rnd.id} has no Keras layout: no upload or template of it was a Keras weights "
+            f"file. Download ?format=fedsplit instead. Received: format={fmt!r}"
+        )
+    target = source.with_name(source.stem + ".keras.h5")
+    if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
+        update = read_weights(source)
+        write_keras(rnd.keras_layout, update.arrays, target)
+    suffix = ".weights.h5" if rnd.keras_layout["kind"] == KERAS3 else ".h5"
+    return target, f"{stem}{suffix}"

@@ -1,0 +1,101 @@
+"""Create, list and describe rounds."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+import aggregation
+from server.admin.errors import ConflictError, NotFoundError
+from server.admin.schemas import ParameterPublic, RoundCreate, RoundPublic, UploadPublic
+from server.admin.tables import Round, Upload
+from server.admin.timeutil import as_utc
+
+OPEN = "open"
+AGGREGATED = "aggregated"
+
+
+def get_round(session: Session, round_id: int) -> Round:
+    """Return round ``round_id`` or raise `NotFoundError`."""
+    rnd = session.get(Round, round_id)
+    if rnd is None:
+        raise NotFoundError(
+            f"There is no round {round_id}; list rounds with GET /api/v1/rounds. Received: {round_id}"
+        )
+    return rnd
+
+
+def create_round(session: Session, body: RoundCreate) -> Round:
+    """Validate the strategy and the continued round, then store a new open round."""
+    aggregation.get_strategy(body.strategy, body.params)  # unknown name / bad params -> 422
+    rnd = Round(
+        strategy=body.strategy,
+        params=dict(body.params),
+        min_uploads=body.min_uploads,
+        deadline=as_utc(body.deadline),
+        continues=body.continues,
+        status=OPEN,
+    )
+    if body.continues is not None:
+        previous = session.get(Round, body.continues)
+        if previous is None:
+            raise NotFoundError(
+                f"'continues' names round {body.continues}, which does not exist; give the id of an "
+                f"aggregated round. Received: {body.continues}"
+            )
+        if previous.status != AGGREGATED:
+            raise ConflictError(
+                f"'continues' names round {body.continues}, which is not aggregated yet, so it has no "
+                f"model to start from. Aggregate it first. Received: status {previous.status!r}"
+            )
+        rnd.model_specs = previous.model_specs
+        rnd.model_source = "continues"
+        rnd.keras_layout = previous.keras_layout
+    session.add(rnd)
+    session.commit()
+    return rnd
+
+
+def list_rounds(session: Session) -> list[Round]:
+    """Every round, newest first."""
+    return list(session.scalars(select(Round).order_by(Round.id.desc())))
+
+
+def upload_public(upload: Upload) -> UploadPublic:
+    """Response body of one upload."""
+    return UploadPublic(
+        id=upload.id,
+        site=upload.site.name,
+        num_examples=upload.num_examples,
+        count_source=upload.count_source,
+        sha256=upload.sha256,
+        size=upload.size_bytes,
+        layout=upload.layout,
+        current=upload.current,
+        created_at=as_utc(upload.created_at),  # type: ignore[arg-type]
+        replaced_at=as_utc(upload.replaced_at),
+    )
+
+
+def round_public(rnd: Round) -> RoundPublic:
+    """Response body of one round."""
+    return RoundPublic(
+        id=rnd.id,
+        strategy=rnd.strategy,
+        params=rnd.params,
+        min_uploads=rnd.min_uploads,
+        deadline=as_utc(rnd.deadline),
+        continues=rnd.continues,
+        status=rnd.status,
+        model_source=rnd.model_source,
+        keras_layout=rnd.keras_layout["kind"] if rnd.keras_layout else None,
+        parameters=[ParameterPublic(**s) for s in rnd.model_specs] if rnd.model_specs else None,
+        has_start_model=rnd.template_file is not None or rnd.continues is not None,
+        uploads=[upload_public(u) for u in rnd.uploads if u.current],
+        history=[upload_public(u) for u in rnd.uploads if not u.current],
+        num_examples=rnd.num_examples,
+        aggregation_seconds=rnd.aggregation_seconds,
+        report=rnd.report,
+        created_at=as_utc(rnd.created_at),  # type: ignore[arg-type]
+        aggregated_at=as_utc(rnd.aggregated_at),
+    )

@@ -1,0 +1,221 @@
+"""Accept a site's weight file (or the admin's template) for a round: check, store, record.
+
+Order of events, so that a crash at any point leaves no visible partial upload and loses no
+acknowledged one: the body is streamed to ``files/tmp`` and fsynced; the sandbox parses it and
+writes a canonical copy (fsynced); both are renamed into the round's directory (directory
+fsynced); only then is the row committed, and only after the commit is the receipt sent.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from server.admin.auth import Principal
+from server.admin.context import AdminContext
+from server.admin.errors import ConflictError, PermissionDeniedError, UploadRefusedError
+from server.admin.inspect_worker import InspectRequest
+from server.admin.model_match import first_difference, total_elements
+from server.admin.receive import ReceivedUpload
+from server.admin.schemas import ParameterPublic, UploadReceipt
+from server.admin.services.rounds import AGGREGATED, get_round, upload_public
+from server.admin.tables import Round, Site, Upload, utcnow
+from server.admin.timeutil import as_utc
+
+#: No hospital cohort is larger; a bigger count is a bug or an attempt to dominate the average.
+MAX_NUM_EXAMPLES = 10**9
+NUM_EXAMPLES_FIELD = "num_examples"
+
+
+def parse_form_count(raw: str | None) -> int | None:
+    """Return the form's ``num_examples`` as an int >= 1, None if absent; refuse anything else."""
+    if raw is None or raw.strip() == "":
+        return None
+    text = raw.strip()
+    if not text.isdigit() or int(text) < 1:
+        raise UploadRefusedError(
+            "Form field num_examples must be an integer >= 1: the number of training rows behind "
+            f"these weights (FedAvg's weight). Received: {raw!r}",
+            "num_examples",
+        )
+    return int(text)
+
+
+def check_count(count: int, principal: Principal) -> None:
+    """Refuse a count above the site's registered cohort size or above 10^9."""
+    if count > MAX_NUM_EXAMPLES:
+        raise UploadRefusedError(
+            f"num_examples {count} is over {MAX_NUM_EXAMPLES}, which no hospital cohort reaches; it "
+            f"would swamp every other site in the average. Send the number of training rows. "
+            f"Received: {count}",
+            "num_examples",
+        )
+    if principal.cohort_size is not None and count > principal.cohort_size:
+        raise UploadRefusedError(
+            f"num_examples {count} is above site {principal.site_name!r}'s registered cohort size "
+            f"{principal.cohort_size}; a site cannot train on more rows than it has. Send the real "
+            f"count, or ask the coordinator to register the site with the right --cohort-size. "
+            f"Received: {count}",
+            "num_examples",
+        )
+
+
+def _check_open(rnd: Round, now: datetime) -> None:
+    if rnd.status == AGGREGATED:
+        raise ConflictError(
+            f"Round {rnd.id} is already aggregated and takes no more uploads. Upload to the round "
+            f"that continues it (GET /api/v1/rounds). Received: status {rnd.status!r}"
+        )
+    deadline = as_utc(rnd.deadline)
+    if deadline is not None and now > deadline:
+        raise ConflictError(
+            f"Round {rnd.id}'s deadline {deadline.isoformat()} has passed; uploads are closed. Ask "
+            f"the coordinator for the next round. Received: upload at {now.isoformat()}"
+        )
+
+
+def _request(ctx: AdminContext, rnd: Round, **fields: Any) -> InspectRequest:
+    settings = ctx.settings
+    limit_elements = settings.max_upload_bytes // 2  # float16 is the smallest parameter dtype
+    if rnd.model_specs:
+        limit_elements = min(limit_elements, total_elements(rnd.model_specs))
+    return InspectRequest(
+        max_elements=max(limit_elements, 1),
+        max_depth=settings.max_group_depth,
+        expected=rnd.model_specs,
+        memory_mb=settings.parse_memory_mb,
+        cpu_s=int(settings.parse_timeout_s) + 1,
+        max_output_bytes=limit_elements * 8 + 64 * 1024 * 1024,
+        round=rnd.id,
+        **fields,
+    )
+
+
+def _fix_model(rnd: Round, result: dict[str, Any], source: str) -> None:
+    """Fix the round's expected model (first upload or template), or re-check it (races)."""
+    if rnd.model_specs is None:
+        rnd.model_specs = result["specs"]
+        rnd.model_source = source
+    else:
+        problem = first_difference(rnd.model_specs, result["specs"])
+        if problem is not None:
+            raise UploadRefusedError(problem, "model_mismatch")
+    if rnd.keras_layout is None and result["keras_layout"] is not None:
+        rnd.keras_layout = result["keras_layout"]
+
+
+def store_upload(
+    ctx: AdminContext, *, round_id: int, principal: Principal, received: ReceivedUpload
+) -> UploadReceipt:
+    """Check and store one site's upload; replace its earlier upload of this round, if any."""
+    canonical = ctx.files.tmp / f"{uuid.uuid4().hex}.h5"
+    placed: list[Path] = []
+    try:
+        with ctx.sessions() as session:
+            rnd = get_round(session, round_id)
+            _check_open(rnd, utcnow())
+            form_count = parse_form_count(received.fields.get(NUM_EXAMPLES_FIELD))
+            if form_count is not None:
+                check_count(form_count, principal)
+            request = _request(
+                ctx, rnd, num_examples=form_count, require_count=True, site=principal.site_name
+            )
+        result = ctx.sandbox.inspect(received.path, canonical, request)
+        if result["file_site"] and result["file_site"] != principal.site_name:
+            raise PermissionDeniedError(
+                f"The file says it was trained by site {result['file_site']!r} but the token is site "
+                f"{principal.site_name!r}'s; a site uploads only its own weights. Upload with that "
+                f"site's token, or re-export without --site. Received: site={result['file_site']!r}"
+            )
+        check_count(result["num_examples"], principal)
+        with ctx.write_lock, ctx.sessions() as session:
+            rnd = get_round(session, round_id)
+            _check_open(rnd, utcnow())
+            _fix_model(rnd, result, "first_upload")
+            previous = session.scalar(
+                select(Upload).where(
+                    Upload.round_id == round_id, Upload.site_id == principal.site_id, Upload.current
+                )
+            )
+            if previous is not None:
+                previous.current = False
+                previous.replaced_at = utcnow()
+                session.flush()
+            upload = Upload(
+                round_id=round_id,
+                site_id=principal.site_id,
+                num_examples=result["num_examples"],
+                count_source=result["count_source"],
+                sha256=received.sha256,
+                size_bytes=received.size,
+                layout=result["layout"],
+                original_file="",
+                weights_file="",
+                current=True,
+            )
+            session.add(upload)
+            session.flush()
+            folder = ctx.files.round_dir(round_id) / "uploads"
+            original, weights = folder / f"{upload.id}.upload", folder / f"{upload.id}.h5"
+            ctx.files.place(received.path, original)
+            placed.append(original)
+            ctx.files.place(canonical, weights)
+            placed.append(weights)
+            upload.original_file = ctx.files.relative(original)
+            upload.weights_file = ctx.files.relative(weights)
+            upload.site = session.get_one(Site, principal.site_id)
+            session.commit()
+            placed.clear()
+            receipt = UploadReceipt(
+                **upload_public(upload).model_dump(),
+                round_id=round_id,
+                replaced=previous.id if previous is not None else None,
+                parameters=[ParameterPublic(**s) for s in result["specs"]],
+            )
+    finally:
+        for path in placed:  # committed nothing: remove what was renamed into place
+            path.unlink(missing_ok=True)
+        canonical.unlink(missing_ok=True)
+    return receipt
+
+
+def store_template(ctx: AdminContext, *, round_id: int, received: ReceivedUpload) -> Round:
+    """Store the admin's template: it fixes the round's model and is its start model."""
+    canonical = ctx.files.tmp / f"{uuid.uuid4().hex}.h5"
+    try:
+        with ctx.sessions() as session:
+            rnd = get_round(session, round_id)
+            _check_open(rnd, utcnow())
+            if rnd.model_specs is not None:
+                raise ConflictError(
+                    f"Round {round_id}'s model is already fixed (by {rnd.model_source}); a template "
+                    f"must come before the first upload. Create a new round for a new model. "
+                    f"Received: model_source {rnd.model_source!r}"
+                )
+            request = _request(
+                ctx, rnd, num_examples=parse_form_count(received.fields.get(NUM_EXAMPLES_FIELD)),
+                require_count=False, site="template",
+            )
+        result = ctx.sandbox.inspect(received.path, canonical, request)
+        with ctx.write_lock, ctx.sessions() as session:
+            rnd = get_round(session, round_id)
+            if rnd.model_specs is not None:
+                raise ConflictError(
+                    f"Round {round_id}'s model was fixed by {rnd.model_source} while the template "
+                    f"was being checked. Create a new round. Received: model_source {rnd.model_source!r}"
+                )
+            _fix_model(rnd, result, "template")
+            folder = ctx.files.round_dir(round_id)
+            ctx.files.place(received.path, folder / "template.upload")
+            ctx.files.place(canonical, folder / "template.h5")
+            rnd.template_file = ctx.files.relative(folder / "template.h5")
+            session.commit()
+            session.refresh(rnd)
+            _ = rnd.uploads
+    finally:
+        canonical.unlink(missing_ok=True)
+    return rnd

@@ -1,0 +1,87 @@
+"""Database tables of the admin API (SQLAlchemy 2.0 ORM). Never returned by a route directly."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the admin tables."""
+
+
+# A hospital that may upload; only the SHA-256 of its token is stored.
+class Site(Base):
+    __tablename__ = "sites"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    cohort_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# One aggregation round: its strategy, expected model, uploads and, once aggregated, the result.
+class Round(Base):
+    __tablename__ = "rounds"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    strategy: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    min_uploads: Mapped[int] = mapped_column(Integer, default=1)
+    deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    continues: Mapped[int | None] = mapped_column(ForeignKey("rounds.id"), nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    # expected parameters [{name, shape, dtype}], fixed by template, continued round or first upload
+    model_specs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    model_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    keras_layout: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    template_file: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    model_file: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    num_examples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    aggregation_seconds: Mapped[float | None] = mapped_column(nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    aggregated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    uploads: Mapped[list[Upload]] = relationship(back_populates="round", order_by="Upload.id")
+
+
+# One accepted upload. A re-upload sets `current` False on the earlier one, which stays as history.
+class Upload(Base):
+    __tablename__ = "uploads"
+    __table_args__ = (
+        Index(
+            "one_current_upload_per_site",
+            "round_id",
+            "site_id",
+            unique=True,
+            sqlite_where=text("current = 1"),
+            postgresql_where=text("current"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
+    num_examples: Mapped[int] = mapped_column(Integer)
+    count_source: Mapped[str] = mapped_column(String(8))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    layout: Mapped[str] = mapped_column(String(16))
+    original_file: Mapped[str] = mapped_column(String(512))
+    weights_file: Mapped[str] = mapped_column(String(512))
+    current: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    replaced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    round: Mapped[Round] = relationship(back_populates="uploads")
+    site: Mapped[Site] = relationship()
