@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from cli import aggregate, pipeline_schedule, simulate, strategies
+from cli import admin, aggregate, export, pipeline_schedule, simulate, strategies, upload
 from cli.errors import run_guarded
 
 app = typer.Typer(
@@ -22,6 +22,9 @@ app.command("simulate")(simulate.simulate)
 app.command("aggregate")(aggregate.aggregate)
 app.command("strategies")(strategies.strategies)
 app.command("pipeline-schedule")(pipeline_schedule.pipeline_schedule)
+app.add_typer(admin.admin_app, name="admin")
+app.command("upload")(upload.upload)
+app.command("export")(export.export)
 
 
 def main() -> None:

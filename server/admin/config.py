@@ -38,6 +38,8 @@ class AdminSettings(BaseModel):
         Uploads parsed at the same time; further uploads wait their turn.
     max_group_depth : int (default: 12)
         Deepest group tree a Keras file may have.
+    aggregation_memory_mb : int (default: 512)
+        Working memory a strategy may use beyond its output (``aggregate_updates``'s budget).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -50,6 +52,7 @@ class AdminSettings(BaseModel):
     parse_memory_mb: int = Field(default=4096, ge=256)
     parse_workers: int = Field(default=2, ge=1)
     max_group_depth: int = Field(default=12, ge=2, le=64)
+    aggregation_memory_mb: int = Field(default=512, ge=16)
 
     @field_validator("admin_token")
     @classmethod

@@ -5,12 +5,23 @@ from __future__ import annotations
 import contextlib
 import time
 
+import numpy as np
+
 import aggregation
+from protocol.arrays import ArraySpec
 from protocol.weights import open_weights, write_weights
 from server.admin.context import AdminContext
 from server.admin.errors import ConflictError
 from server.admin.services.rounds import AGGREGATED, get_round
 from server.admin.tables import Round, utcnow
+
+
+def _expected(rnd: Round) -> tuple[ArraySpec, ...] | None:
+    if not rnd.model_specs:
+        return None
+    return tuple(
+        ArraySpec(s["name"], tuple(s["shape"]), np.dtype(s["dtype"])) for s in rnd.model_specs
+    )
 
 
 def aggregate_round(ctx: AdminContext, round_id: int) -> Round:
@@ -40,7 +51,14 @@ def aggregate_round(ctx: AdminContext, round_id: int) -> Round:
                 )
                 for u in current
             ]
-            result = aggregation.aggregate_updates(strategy, files)
+            result = aggregation.aggregate_updates(
+                strategy,
+                files,
+                expected=_expected(rnd),
+                cohort_caps={u.site.name: u.site.cohort_size for u in current if u.site.cohort_size},
+                cap_policy="refuse",
+                memory_budget=ctx.settings.aggregation_memory_mb * 1024 * 1024,
+            )
             models = {f.header.model for f in files} - {None}
         target = ctx.files.round_dir(round_id) / "model.h5"
         write_weights(

@@ -1,0 +1,109 @@
+"""``fedsplit upload``: send a weight file to a round of the admin API, with a progress bar."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from protocol.errors import FedsplitError
+
+CHUNK = 1024 * 1024
+
+
+class UploadFailedError(FedsplitError):
+    """The server refused the upload, or could not be reached."""
+
+    exit_code = 4
+
+
+def multipart_parts(filename: str, num_examples: int | None) -> tuple[str, bytes, bytes]:
+    """Return (boundary, bytes before the file, bytes after it) of the multipart body."""
+    boundary = secrets.token_hex(16)
+    safe = filename.replace('"', "_").replace("\r", "_").replace("\n", "_")
+    head = b""
+    if num_examples is not None:
+        head += (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="num_examples"\r\n\r\n'
+            f"{num_examples}\r\n"
+        ).encode()
+    head += (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{safe}"\r\n'
+        f"Content-Type: application/x-hdf5\r\n\r\n"
+    ).encode()
+    return boundary, head, f"\r\n--{boundary}--\r\n".encode()
+
+
+def upload(
+    file: Annotated[Path, typer.Argument(help="Weight file (.h5), fedsplit or Keras layout.")],
+    server: Annotated[str, typer.Option(help="Admin API base URL, e.g. https://coord:8080.")],
+    token: Annotated[str, typer.Option(help="This site's token (from `fedsplit admin add-site`).")],
+    round_id: Annotated[int, typer.Option("--round", help="Round id to upload to.")],
+    num_examples: Annotated[
+        int | None, typer.Option(help="Training rows; required if the file carries none.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the server's answer.")] = 600.0,
+) -> None:
+    """Upload FILE to round --round; prints the server's receipt (sha256 checked)."""
+    import httpx
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    if not file.is_file():
+        raise UploadFailedError(f"{file} does not exist or is not a file. Received: {file}")
+    size = file.stat().st_size
+    boundary, head, tail = multipart_parts(file.name, num_examples)
+    digest = hashlib.sha256()
+    url = f"{server.rstrip('/')}/api/v1/rounds/{round_id}/uploads"
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn()
+    ) as progress:
+        task = progress.add_task(f"upload {file.name}", total=size)
+
+        def body() -> Iterator[bytes]:
+            yield head
+            with open(file, "rb") as fh:
+                while chunk := fh.read(CHUNK):
+                    digest.update(chunk)
+                    progress.update(task, advance=len(chunk))
+                    yield chunk
+            yield tail
+
+        try:
+            response = httpx.post(
+                url,
+                content=body(),
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": f"multipart/form-data; boundary={boundary}",
+                    "Content-Length": str(len(head) + size + len(tail)),
+                },
+                timeout=httpx.Timeout(timeout, connect=30.0),
+            )
+        except httpx.HTTPError as e:
+            raise UploadFailedError(
+                f"Could not upload to {url} ({type(e).__name__}: {e}). Check --server and that the "
+                f"admin API is running. Received: {server}"
+            ) from e
+    if response.status_code != 201:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise UploadFailedError(f"The server refused the upload (HTTP {response.status_code}): {detail}")
+    receipt = response.json()
+    if receipt["sha256"] != digest.hexdigest():
+        raise UploadFailedError(
+            "The server stored different bytes than were sent (sha256 mismatch); upload again. "
+            f"Received: server {receipt['sha256']} vs local {digest.hexdigest()}"
+        )
+    replaced = f", replaced upload {receipt['replaced']}" if receipt.get("replaced") else ""
+    typer.echo(
+        f"uploaded {file.name} to round {round_id}: upload {receipt['id']}, "
+        f"{len(receipt['parameters'])} parameters, num_examples={receipt['num_examples']}, "
+        f"{receipt['size']} bytes{replaced}"
+    )
+    typer.echo(f"sha256 {receipt['sha256']}")
