@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 from client.models import SiteModel
 from protocol.errors import FedsplitError
@@ -95,9 +96,13 @@ def run_workers(fn: Callable[..., None], world: int, args: tuple[Any, ...], *, b
                         f"(e.g. timeout=7200) or train on fewer rows per round. "
                         f"Received: timeout={timeout_s:g}"
                     )
-        except mp.ProcessException as e:
+        except ProcessException as e:
+            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            last = lines[-1].strip() if lines else type(e).__name__
             raise ParallelRunError(
-                f"A worker of {what} failed; its traceback follows. Received: {e}"
+                f"A worker of {what} failed; its traceback:\n{str(e).strip()}\n"
+                f"Fix the cause named in the last line (the other workers were stopped). "
+                f"Received: {last}"
             ) from None
         finally:
             for proc in ctx.processes:
