@@ -82,7 +82,7 @@ def run_workers(fn: Callable[..., None], world: int, args: tuple[Any, ...], *, b
     with tempfile.TemporaryDirectory(prefix="fedsplit-parallel-") as tmp:
         ctx = mp.start_processes(
             _entry,
-            args=(fn, world, free_port(), backend, timeout_s, tmp, args),
+            args=(fn, world, free_port(), backend, max(timeout_s, 30.0), tmp, args),
             nprocs=world,
             join=False,
             start_method=start_method,

@@ -139,3 +139,10 @@ def test_a_failing_worker_is_reported_not_hung() -> None:
     with pytest.raises(ParallelRunError, match="Target 7 is out of bounds"):
         fit_parallel(build_model(MLP, seed=0), x, bad, epochs=1, lr=1e-3, batch_size=4, seed=0,
                      parallel="data:replicas=2,timeout=60")
+
+
+def test_a_run_past_its_timeout_is_stopped() -> None:
+    x, y = _data(MLP, 64)
+    with pytest.raises(ParallelRunError, match=r"did not finish within 0\.5 s"):
+        fit_parallel(build_model(MLP, seed=0), x, y, epochs=10_000, lr=1e-3, batch_size=4, seed=0,
+                     parallel="data:replicas=2,timeout=0.5")
