@@ -50,5 +50,6 @@ class AdminContext:
         )
 
     def close(self) -> None:
-        """Release the database connections."""
+        """Stop the sandbox and release the database connections."""
+        self.sandbox.close()
         self.engine.dispose()

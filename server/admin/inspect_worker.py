@@ -1,6 +1,6 @@
-"""Parses one untrusted upload; runs only inside a sandbox process (see `server.admin.sandbox`).
+"""Parses one untrusted upload; runs only in a sandbox child (see `server.admin.sandbox`).
 
-The process limits its own address space, CPU time and file size, empties HDF5's plugin
+The child process limits its own address space, CPU time and file size, empties HDF5's plugin
 search path, checks the file's structure (`h5safety.walk`) before reading any value, compares
 names and shapes with the round's model, reads and checks every value (finite floats), and
 writes a canonical fedsplit weight file with the protocol's writer. The coordinator only ever
@@ -10,6 +10,8 @@ opens files this canonical writer produced. The result is a small JSON-friendly 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import resource
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +46,8 @@ class InspectRequest:
     max_output_bytes: int
 
 
-def run(conn: Any, source: str, dest: str, request: InspectRequest) -> None:
-    """Process entry point: limit resources, inspect, send the result dict over ``conn``."""
+def run(source: str, dest: str, request: InspectRequest, result_path: str) -> None:
+    """Child-process entry point: limit resources, inspect, write the result as JSON."""
     _limit_resources(request)
     try:
         result = inspect(Path(source), Path(dest), request)
@@ -71,8 +73,9 @@ def run(conn: Any, source: str, dest: str, request: InspectRequest) -> None:
                 f"{_short(e)}). Re-export it and upload again. Received: {type(e).__name__}"
             ),
         }
-    conn.send(result)
-    conn.close()
+    tmp = Path(result_path + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_path)
 
 
 def inspect(source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]:

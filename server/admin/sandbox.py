@@ -1,25 +1,32 @@
 """Runs `inspect_worker` on an untrusted upload in a fresh, resource-limited process.
 
-Each upload gets its own process, forked from a forkserver that has already imported h5py and
-numpy (so a parse costs milliseconds of start-up, not an interpreter launch). A crash of the
-HDF5 library (segfault, abort), an exhausted memory limit or a hang kills only that process:
-the parent waits at most ``timeout_s`` and turns every such end into a refusal. At most
-``workers`` parses run at once.
+Each upload is parsed by its own child of the zygote process (`server.admin.zygote`), which
+has h5py and numpy imported already, so a parse starts in milliseconds. A crash of the HDF5
+library (segfault, abort), an exhausted memory limit or a hang ends only that child: the
+parent waits at most ``timeout_s``, kills it, and turns every such end into a refusal. At most
+``workers`` parses run at once. If the zygote itself dies it is started again.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
+import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from server.admin.errors import UploadRefusedError
 from server.admin.inspect_worker import InspectRequest
 
-_PRELOAD = ["server.admin.inspect_worker"]
-_CTX = multiprocessing.get_context("forkserver")
+_POLL_S = 0.005
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class Sandbox:
@@ -28,9 +35,10 @@ class Sandbox:
     def __init__(self, *, workers: int, timeout_s: float) -> None:
         self._slots = threading.BoundedSemaphore(workers)
         self._timeout_s = timeout_s
-        # Disable HDF5 plugins for the forkserver (inherits the environment when it starts).
-        os.environ["HDF5_PLUGIN_PRELOAD"] = "::"
-        _CTX.set_forkserver_preload(_PRELOAD)
+        self._lock = threading.Lock()
+        self._zygote: subprocess.Popen[str] | None = None
+        with self._lock:
+            self._ensure_zygote()
 
     def inspect(self, source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]:
         """Return the worker's result for ``source``; raise `UploadRefusedError` on refusal."""
@@ -40,46 +48,119 @@ class Sandbox:
             raise UploadRefusedError(result["message"], result["reason"])
         return result
 
-    def _run(self, source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]:
-        from server.admin import inspect_worker
-
-        receiver, sender = _CTX.Pipe(duplex=False)
-        proc = _CTX.Process(
-            target=inspect_worker.run, args=(sender, str(source), str(dest), request), daemon=True
-        )
-        proc.start()
-        sender.close()
+    def close(self) -> None:
+        """Stop the zygote (running children finish on their own)."""
+        with self._lock:
+            zygote, self._zygote = self._zygote, None
+        if zygote is None:
+            return
+        with contextlib.suppress(OSError):
+            zygote.stdin.close()  # type: ignore[union-attr]
         try:
-            if receiver.poll(self._timeout_s):
+            zygote.wait(5)
+        except subprocess.TimeoutExpired:
+            zygote.kill()
+            zygote.wait(5)
+        with contextlib.suppress(OSError):
+            zygote.stdout.close()  # type: ignore[union-attr]
+
+    # -- internals -----------------------------------------------------------------------
+    def _ensure_zygote(self) -> subprocess.Popen[str]:
+        if self._zygote is not None and self._zygote.poll() is None:
+            return self._zygote
+        env = dict(os.environ)
+        env["HDF5_PLUGIN_PRELOAD"] = "::"  # HDF5: never load a plugin library
+        env["HDF5_PLUGIN_PATH"] = ""
+        env["PYTHONPATH"] = os.pathsep.join([str(_REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env["OMP_NUM_THREADS"] = "1"
+        self._zygote = subprocess.Popen(
+            [sys.executable, "-m", "server.admin.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=str(_REPO_ROOT),
+        )
+        return self._zygote
+
+    def _fork(self, job: dict[str, Any]) -> int:
+        line = json.dumps(job) + "\n"
+        with self._lock:
+            for attempt in range(2):
+                zygote = self._ensure_zygote()
                 try:
-                    return receiver.recv()
-                except (EOFError, OSError):
-                    proc.join(5)
-                    return _crashed(proc.exitcode)
-            return {
-                "ok": False,
-                "reason": "timeout",
-                "message": (
-                    f"Parsing the uploaded file took longer than {self._timeout_s:g} s and was "
-                    f"stopped; a weight file parses in seconds. Check the file (a crafted or "
-                    f"damaged HDF5 file can make the reader loop). Received: > {self._timeout_s:g} s"
-                ),
-            }
+                    zygote.stdin.write(line)  # type: ignore[union-attr]
+                    zygote.stdin.flush()  # type: ignore[union-attr]
+                    reply = zygote.stdout.readline()  # type: ignore[union-attr]
+                except (BrokenPipeError, OSError, ValueError):
+                    reply = ""
+                if reply:
+                    return int(json.loads(reply)["pid"])
+                with contextlib.suppress(OSError):
+                    zygote.kill()
+                zygote.wait(5)
+                self._zygote = None
+                if attempt == 1:
+                    break
+        raise UploadRefusedError(
+            "The upload sandbox could not start a parser process; the upload was not stored. Try "
+            "again; if it persists the coordinator's logs say why. Received: sandbox unavailable",
+            "sandbox_unavailable",
+        )
+
+    def _run(self, source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]:
+        result_path = dest.with_name(f"{dest.name}.{uuid.uuid4().hex}.result.json")
+        job = {
+            "source": str(source),
+            "dest": str(dest),
+            "result": str(result_path),
+            "request": asdict(request),
+        }
+        pid = self._fork(job)
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            while True:
+                if result_path.exists():
+                    return json.loads(result_path.read_text())
+                if not _alive(pid):
+                    if result_path.exists():
+                        return json.loads(result_path.read_text())
+                    return _crashed()
+                if time.monotonic() > deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    return {
+                        "ok": False,
+                        "reason": "timeout",
+                        "message": (
+                            f"Parsing the uploaded file took longer than {self._timeout_s:g} s and was "
+                            f"stopped; a weight file parses in seconds. Check the file (a crafted or "
+                            f"damaged HDF5 file can make the reader loop). Received: > "
+                            f"{self._timeout_s:g} s"
+                        ),
+                    }
+                time.sleep(_POLL_S)
         finally:
-            if proc.is_alive():
-                proc.kill()
-            proc.join(5)
-            receiver.close()
-            proc.close() if proc.exitcode is not None else None
+            result_path.unlink(missing_ok=True)
 
 
-def _crashed(exitcode: int | None) -> dict[str, Any]:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _crashed() -> dict[str, Any]:
     return {
         "ok": False,
         "reason": "parser_crash",
         "message": (
-            "The HDF5 reader crashed on the uploaded file (the sandbox process ended without an "
-            "answer), so the file is damaged or crafted. Re-export it and upload again. "
-            f"Received: exit code {exitcode}"
+            "The HDF5 reader crashed on the uploaded file (its sandbox process ended without an "
+            "answer, e.g. killed by the memory limit), so the file is damaged or crafted. Re-export "
+            "it and upload again. Received: no answer from the parser"
         ),
     }

@@ -1,0 +1,119 @@
+"""Admin API fixtures: a real app over a real SQLite database in tmp_path, sites, weight files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from protocol import Update, write_weights
+from server.admin.app import create_app
+from server.admin.config import AdminSettings
+from server.admin.store import add_site
+
+ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """The admin API's data directory."""
+    return tmp_path / "admin-data"
+
+
+@pytest.fixture
+def make_client(data_dir: Path) -> Iterator[Callable[..., TestClient]]:
+    """Factory of TestClients over one data directory (settings overridable)."""
+    clients: list[TestClient] = []
+
+    def make(**overrides: Any) -> TestClient:
+        values: dict[str, Any] = {"data_dir": data_dir, "admin_token": ADMIN_TOKEN, "max_upload_mb": 1.0}
+        values.update(overrides)
+        client = TestClient(create_app(AdminSettings(**values)))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: Callable[..., TestClient]) -> TestClient:
+    """A TestClient with a 1 MiB upload limit."""
+    return make_client()
+
+
+@pytest.fixture
+def site_token(data_dir: Path) -> Callable[..., str]:
+    """Register a site (through the same store the CLI uses) and return its token."""
+
+    def make(name: str, cohort_size: int | None = None) -> str:
+        return add_site(data_dir=data_dir, name=name, cohort_size=cohort_size)
+
+    return make
+
+
+def bearer(token: str) -> dict[str, str]:
+    """Authorization header."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+ADMIN = bearer(ADMIN_TOKEN)
+
+
+def model_arrays(value: float = 0.0, *, hidden: int = 3) -> dict[str, np.ndarray]:
+    """A tiny two-layer model filled with ``value``."""
+    return {
+        "layer.0.weight": np.full((hidden, 4), value, dtype=np.float32),
+        "layer.0.bias": np.full((hidden,), value, dtype=np.float32),
+        "layer.1.weight": np.full((2, hidden), value, dtype=np.float32),
+    }
+
+
+def write_model(path: Path, value: float = 0.0, *, num_examples: int = 10, **fields: Any) -> Path:
+    """A valid fedsplit weight file."""
+    hidden = fields.pop("hidden", 3)
+    return write_weights(
+        Update(arrays=model_arrays(value, hidden=hidden), num_examples=num_examples, **fields), path
+    )
+
+
+def raw_weights(path: Path, build: Callable[[h5py.File, h5py.Group], None], **attrs: Any) -> Path:
+    """A fedsplit-looking file whose /arrays content ``build`` writes (for malicious variants)."""
+    with h5py.File(path, "w") as f:
+        f.attrs["format"] = "fedsplit.weights"
+        f.attrs["format_version"] = np.int64(1)
+        for key, value in {"num_examples": np.int64(10), **attrs}.items():
+            if value is not None:
+                f.attrs[key] = value
+        group = f.create_group("arrays")
+        build(f, group)
+        group.attrs["order"] = np.array(list(group.keys()), dtype=h5py.string_dtype())
+    return path
+
+
+def create_round(client: TestClient, **body: Any) -> dict[str, Any]:
+    """POST a round as admin and return it."""
+    response = client.post("/api/v1/rounds", json={"strategy": "fedavg", **body}, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def post_file(
+    client: TestClient, round_id: int, token: str, path: Path, num_examples: int | str | None = None
+) -> Any:
+    """Upload ``path`` as multipart to a round."""
+    data = {"num_examples": str(num_examples)} if num_examples is not None else None
+    with open(path, "rb") as fh:
+        return client.post(
+            f"/api/v1/rounds/{round_id}/uploads",
+            files={"file": (path.name, fh, "application/x-hdf5")},
+            data=data,
+            headers=bearer(token),
+        )
