@@ -1,0 +1,103 @@
+"""Block planning, the memory budget, and reading blocks straight from weight files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aggregation
+from aggregation._blocks import DEFAULT_MEMORY_BUDGET, plan_blocks, plan_stack
+from aggregation.errors import AggregationError
+from protocol import open_weights, write_weights
+from protocol.arrays import ArraySpec
+
+ROBUST = [
+    ("median", {}),
+    ("median", {"weighted": True}),
+    ("trimmed-mean", {"beta": 0.25}),
+    ("trimmed-mean", {"beta": 0.2, "weighted": True}),
+    ("krum", {"f": 1}),
+    ("multi-krum", {"f": 1, "m": 3}),
+    ("fedavg", {}),
+]
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5), (4, 3, 5), (2, 1, 6, 3)])
+@pytest.mark.parametrize("max_values", [1, 2, 4, 7, 16, 1000])
+def test_blocks_tile_each_parameter_exactly_once(shape, max_values) -> None:
+    """Blocks are contiguous, in order, cover every coordinate, and their selection matches."""
+    spec = ArraySpec("w", shape, np.dtype(np.float32))
+    arr = np.arange(spec.size, dtype=np.float32).reshape(shape)
+    blocks = plan_blocks([spec], max_values)
+    pos = 0
+    for b in blocks:
+        assert b.start == pos and 0 < b.size <= max(max_values, 1)
+        np.testing.assert_array_equal(arr[b.selection].reshape(-1), np.arange(b.start, b.stop))
+        assert arr[b.selection].shape == b.sel_shape
+        pos = b.stop
+    assert pos == spec.size
+
+
+@pytest.mark.parametrize("name,params", ROBUST)
+def test_tiny_budget_equals_default_budget_and_files_equal_memory(
+    h, tmp_path: Path, name, params
+) -> None:
+    """A budget that splits every parameter into many blocks gives the same bits, from files too."""
+    updates = h.make_updates(7, shapes=[(6, 9), (4, 3, 5), (11,), ()], seed=3)
+    strat = aggregation.get_strategy(name, params)
+    full = aggregation.aggregate_updates(strat, updates)
+    tiny = aggregation.aggregate_updates(strat, updates, memory_budget=7 * 4 * 40 + 4096)
+    paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
+    files = [open_weights(p) for p in paths]
+    try:
+        from_files = aggregation.aggregate_updates(strat, files, memory_budget=7 * 4 * 40 + 4096)
+    finally:
+        for f in files:
+            f.close()
+    for key, arr in full.arrays.items():
+        np.testing.assert_array_equal(tiny.arrays[key], arr)
+        np.testing.assert_array_equal(from_files.arrays[key], arr)
+    if name != "fedavg":
+        assert tiny.report.working_bytes <= 7 * 4 * 40 + 4096
+    for a, b in zip(full.report.sites, from_files.report.sites, strict=True):
+        assert a.l2_to_aggregate == pytest.approx(b.l2_to_aggregate, rel=1e-5, abs=1e-6)
+
+
+def test_float16_file_blocks_equal_memory(h, tmp_path: Path) -> None:
+    """float16 datasets are widened to float32 while reading blocks; same median as in memory."""
+    updates = h.make_updates(6, dtype=np.float16, shapes=[(5, 8), (3,)], seed=4)
+    paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
+    strat = aggregation.get_strategy("median")
+    files = [open_weights(p) for p in paths]
+    try:
+        got = aggregation.aggregate_updates(strat, files, memory_budget=6 * 6 * 10 + 2048)
+    finally:
+        for f in files:
+            f.close()
+    ref = aggregation.aggregate_updates(strat, updates)
+    for key, arr in ref.arrays.items():
+        assert got.arrays[key].dtype == np.float16
+        np.testing.assert_array_equal(got.arrays[key], arr)
+
+
+def test_working_memory_stays_under_budget_for_large_n() -> None:
+    """The planned stacked pass fits the budget at N=100 x ResNet-18 size."""
+    specs = [ArraySpec("w", (11_700_000,), np.dtype(np.float32))]
+    for reducer_bytes in (0, 9, 48):
+        plan = plan_stack(100, specs, memory_budget=DEFAULT_MEMORY_BUDGET,
+                          bytes_per_value=reducer_bytes)
+        assert plan.working_bytes <= DEFAULT_MEMORY_BUDGET
+        assert plan.values_per_block >= 1000
+
+
+def test_budget_too_small_is_a_clear_error(h) -> None:
+    """A budget below one coordinate of N updates names the minimum and the received value."""
+    updates = h.make_updates(5)
+    with pytest.raises(AggregationError, match=r"--memory-budget.*Received: 10"):
+        aggregation.aggregate_updates(aggregation.get_strategy("median"), updates,
+                                      memory_budget=10)
+    with pytest.raises(AggregationError, match="positive number of bytes"):
+        aggregation.aggregate_updates(aggregation.get_strategy("median"), updates,
+                                      memory_budget=0)
