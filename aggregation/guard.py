@@ -25,7 +25,7 @@ import numpy as np
 
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET, BlockReader, Recounted, plan_blocks
 from aggregation.base import SiteReport
-from aggregation.compat import _VERTICAL_HINT
+from aggregation.compat import _VERTICAL_HINT, check_compatible
 from aggregation.errors import AggregationError, IncompatibleUpdatesError
 from protocol.arrays import ArraySpec, check_num_examples
 from protocol.errors import FedsplitError
@@ -80,6 +80,7 @@ def infer_expected(headers: Sequence[UpdateHeader]) -> tuple[ArraySpec, ...]:
     votes = Counter(_signature(h.specs) for h in headers)
     sig, count = votes.most_common(1)[0]
     if 2 * count <= len(headers):
+        check_compatible(headers)  # names the first differing parameter between two updates
         layouts = "; ".join(
             f"{h.label}: {len(h.specs)} parameters, first {h.specs[0].name!r} {h.specs[0].shape}"
             if h.specs else f"{h.label}: no parameters"
