@@ -27,6 +27,7 @@ from server.admin.errors import (
     UploadTooLargeError,
 )
 from server.admin.routes import health, rounds, uploads
+from server.admin.sandbox import Sandbox
 
 API_PREFIX = "/api/v1"
 
@@ -69,9 +70,12 @@ async def handle_fedsplit_error(request: Request, error: Exception) -> JSONRespo
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(settings: AdminSettings) -> FastAPI:
-    """Return the admin API for ``settings`` (creates the data directory and the database)."""
-    ctx = AdminContext.open(settings)
+def create_app(settings: AdminSettings, *, sandbox: Sandbox | None = None) -> FastAPI:
+    """Return the admin API for ``settings`` (creates the data directory and the database).
+
+    ``sandbox`` shares one upload sandbox between apps (tests); by default the app starts its own.
+    """
+    ctx = AdminContext.open(settings, sandbox)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -27,14 +27,15 @@ class AdminContext:
     sandbox: Sandbox
     metrics: AdminMetrics
     admin_token_hash: str
+    owns_sandbox: bool = True
     # Serialises the short "rename files + commit rows" step of uploads.
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # One aggregation at a time: bounds memory to one strategy's working set.
     aggregate_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def open(cls, settings: AdminSettings) -> AdminContext:
-        """Create directories, the database and the sandbox."""
+    def open(cls, settings: AdminSettings, sandbox: Sandbox | None = None) -> AdminContext:
+        """Create directories, the database and (unless one is shared in) the sandbox."""
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         files = FileStore(settings.files_dir)
         files.prepare()
@@ -44,12 +45,20 @@ class AdminContext:
             engine=engine,
             sessions=make_sessionmaker(engine),
             files=files,
-            sandbox=Sandbox(workers=settings.parse_workers, timeout_s=settings.parse_timeout_s),
+            sandbox=sandbox or _started_sandbox(settings),
+            owns_sandbox=sandbox is None,
             metrics=AdminMetrics(),
             admin_token_hash=hash_token(settings.admin_token.get_secret_value()),
         )
 
     def close(self) -> None:
         """Stop the sandbox and release the database connections."""
-        self.sandbox.close()
+        if self.owns_sandbox:
+            self.sandbox.close()
         self.engine.dispose()
+
+
+def _started_sandbox(settings: AdminSettings) -> Sandbox:
+    sandbox = Sandbox(workers=settings.parse_workers, timeout_s=settings.parse_timeout_s)
+    sandbox.start()
+    return sandbox

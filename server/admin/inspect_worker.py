@@ -35,6 +35,7 @@ class InspectRequest:
     """What the coordinator tells the worker about one upload."""
 
     max_elements: int
+    max_total_elements: int
     max_depth: int
     expected: list[dict[str, Any]] | None
     num_examples: int | None
@@ -103,7 +104,9 @@ def inspect(source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]
             tree = h5safety.walk(f, max_depth=request.max_depth, max_elements=request.max_elements)
             descriptor = None
             if layout != keras_layout.FEDSPLIT:
-                descriptor, specs = keras_layout.describe_keras(f, layout, tree, request.max_elements)
+                descriptor, specs = keras_layout.describe_keras(
+                    f, layout, tree, request.max_total_elements
+                )
                 spec_json = specs_to_json(specs)
                 _check_expected(request, spec_json)
                 file_count, file_site, model = 0, None, None
@@ -115,7 +118,7 @@ def inspect(source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]
         if layout == keras_layout.FEDSPLIT:
             fh.seek(0)
             with open_weights(
-                fh, require_num_examples=False, max_elements=request.max_elements
+                fh, require_num_examples=False, max_elements=request.max_total_elements
             ) as wf:
                 header = wf.header
                 spec_json = specs_to_json(header.specs)

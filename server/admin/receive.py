@@ -184,11 +184,11 @@ async def receive_upload(request: Request, tmp_dir: Path, limit: int) -> Receive
     try:
         async for chunk in request.stream():
             body += len(chunk)
-            if body > limit + BODY_OVERHEAD:
-                raise too_large(limit, f"a body of more than {limit + BODY_OVERHEAD} bytes")
             parser.write(chunk)
             if collector.error is not None:
                 raise collector.error
+            if body > limit + BODY_OVERHEAD:
+                raise too_large(limit, f"a body of more than {limit + BODY_OVERHEAD} bytes")
         parser.finalize()
         if collector.error is not None:
             raise collector.error

@@ -37,6 +37,9 @@ class Sandbox:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._zygote: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        """Start the zygote now (it imports h5py in the background) instead of at the first upload."""
         with self._lock:
             self._ensure_zygote()
 

@@ -14,9 +14,18 @@ from fastapi.testclient import TestClient
 from protocol import Update, write_weights
 from server.admin.app import create_app
 from server.admin.config import AdminSettings
+from server.admin.sandbox import Sandbox
 from server.admin.store import add_site
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[Sandbox]:
+    """One upload sandbox (zygote process) shared by every test app."""
+    shared = Sandbox(workers=2, timeout_s=60)
+    yield shared
+    shared.close()
 
 
 @pytest.fixture
@@ -26,14 +35,14 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_client(data_dir: Path) -> Iterator[Callable[..., TestClient]]:
+def make_client(data_dir: Path, sandbox: Sandbox) -> Iterator[Callable[..., TestClient]]:
     """Factory of TestClients over one data directory (settings overridable)."""
     clients: list[TestClient] = []
 
     def make(**overrides: Any) -> TestClient:
         values: dict[str, Any] = {"data_dir": data_dir, "admin_token": ADMIN_TOKEN, "max_upload_mb": 1.0}
         values.update(overrides)
-        client = TestClient(create_app(AdminSettings(**values)))
+        client = TestClient(create_app(AdminSettings(**values), sandbox=sandbox))
         client.__enter__()
         clients.append(client)
         return client

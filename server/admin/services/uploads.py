@@ -85,11 +85,12 @@ def _request(ctx: AdminContext, rnd: Round, **fields: Any) -> InspectRequest:
         limit_elements = min(limit_elements, total_elements(rnd.model_specs))
     return InspectRequest(
         max_elements=max(limit_elements, 1),
+        max_total_elements=settings.max_upload_bytes // 2,
         max_depth=settings.max_group_depth,
         expected=rnd.model_specs,
         memory_mb=settings.parse_memory_mb,
         cpu_s=int(settings.parse_timeout_s) + 1,
-        max_output_bytes=limit_elements * 8 + 64 * 1024 * 1024,
+        max_output_bytes=settings.max_upload_bytes * 4 + 64 * 1024 * 1024,
         round=rnd.id,
         **fields,
     )
