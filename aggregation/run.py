@@ -15,7 +15,7 @@ import numpy as np
 
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET, BlockReader, plan_blocks
 from aggregation.base import AggregateResult, AggregationStrategy, SiteReport
-from aggregation.errors import NotEnoughUpdatesError
+from aggregation.errors import AggregationError, NotEnoughUpdatesError
 from aggregation.guard import Expected, guard_updates
 from protocol.update import UpdateSource
 
@@ -48,6 +48,11 @@ def aggregate_updates(
     """
     if not updates:
         raise NotEnoughUpdatesError("No updates to aggregate. Received: 0 updates")
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
+        raise AggregationError(
+            f"The memory budget must be a positive number of bytes (e.g. 512MB). "
+            f"Received: {memory_budget!r}"
+        )
     guard = guard_updates(
         updates,
         expected=expected,

@@ -1,0 +1,243 @@
+"""Aggregation benchmark: fedsplit's strategies vs Flower's reference functions, one run.
+
+For each rule it times ours and ``flwr.server.strategy.aggregate``'s on the same N in-memory
+updates of a ResNet-18-shaped model, and prints time, throughput (input GB/s), peak extra
+memory (tracemalloc: numpy reports its buffers) and the ratios. FedAvg is also compared with
+the machine's memory read bandwidth (a float32 sum over the same updates). ``--files`` adds
+our rules reading the updates block-wise from weight files (page cache).
+
+Quick default (about a minute on 2 cores)::
+
+    .venv/bin/python bench/aggregation.py
+
+The issue's sizes (N=50 x 11.7M parameters; several GB of RAM, Flower's Krum alone minutes)::
+
+    .venv/bin/python bench/aggregation.py --n 50 --params 11.7M
+    .venv/bin/python bench/aggregation.py --n 100 --params 11.7M --no-flower   # budget held
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aggregation
+from aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from protocol import Update, open_weights, write_weights
+
+RESNET18_PARAMS = 11_689_512
+
+
+def resnet18_shapes(scale: float = 1.0) -> list[tuple[int, ...]]:
+    """ResNet-18's parameter shapes (conv, batch-norm, fc) with channel widths times ``scale``."""
+
+    def c(ch: int) -> int:
+        return max(1, round(ch * scale))
+
+    shapes: list[tuple[int, ...]] = [(c(64), 3, 7, 7), (c(64),), (c(64),)]
+    cin = 64
+    for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        for block in range(2):
+            first_in = cin if block == 0 else cout
+            shapes += [(c(cout), c(first_in), 3, 3), (c(cout),), (c(cout),)]
+            shapes += [(c(cout), c(cout), 3, 3), (c(cout),), (c(cout),)]
+            if block == 0 and (stride != 1 or cin != cout):
+                shapes += [(c(cout), c(cin), 1, 1), (c(cout),), (c(cout),)]
+        cin = cout
+    shapes += [(1000, c(512)), (1000,)]
+    return shapes
+
+
+def shapes_for(params: int) -> list[tuple[int, ...]]:
+    """ResNet-18 layout scaled so the model has about ``params`` parameters."""
+    scale = math.sqrt(params / RESNET18_PARAMS)
+    for _ in range(30):
+        total = sum(math.prod(s) for s in resnet18_shapes(scale))
+        if abs(total - params) / params < 0.01:
+            break
+        scale *= math.sqrt(params / total)
+    return resnet18_shapes(scale)
+
+
+def make_updates(n: int, shapes: list[tuple[int, ...]], seed: int = 0) -> list[Update]:
+    """n float32 updates: a shared model plus a small, different perturbation each."""
+    rng = np.random.default_rng(seed)
+    size = sum(math.prod(s) for s in shapes)
+    base = rng.standard_normal(size, dtype=np.float32)
+    pool = rng.standard_normal(size + 1009 * n, dtype=np.float32)
+    updates = []
+    for k in range(n):
+        flat = base + 0.05 * pool[1009 * k : 1009 * k + size]
+        arrays, pos = {}, 0
+        for i, s in enumerate(shapes):
+            m = math.prod(s)
+            arrays[f"layer{i}"] = flat[pos : pos + m].reshape(s)
+            pos += m
+        updates.append(Update(arrays=arrays, num_examples=int(rng.integers(100, 1000)),
+                              site=f"site{k}"))
+    return updates
+
+
+def measure(fn: Callable[[], Any], repeat: int) -> tuple[float, int, Any]:
+    """Best wall time over ``repeat`` runs and the peak traced memory of the first run."""
+    best, peak, out = math.inf, 0, None
+    for r in range(repeat):
+        gc.collect()
+        if r == 0:
+            tracemalloc.start()
+        t0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - t0
+        if r == 0:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        best = min(best, dt)
+        if r < repeat - 1:
+            out = None
+    return best, peak, out
+
+
+def read_bandwidth(updates: list[Update]) -> float:
+    """Bytes per second of a float32 sum over every update (best of 3): memory read speed."""
+    arrays = [a for u in updates for a in u.arrays.values()]
+    nbytes = sum(a.nbytes for a in arrays)
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for a in arrays:
+            np.add.reduce(a, axis=None)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
+
+
+def flower_functions(n: int, f: int, m: int, beta: float) -> dict[str, Callable[[list], Any]]:
+    """Flower's reference function for each rule (legacy ``aggregate`` module)."""
+    from flwr.server.strategy.aggregate import (
+        aggregate,
+        aggregate_krum,
+        aggregate_median,
+        aggregate_trimmed_avg,
+    )
+
+    return {
+        "fedavg": aggregate,
+        "median": aggregate_median,
+        "trimmed-mean": lambda r: aggregate_trimmed_avg(r, beta),
+        "krum": lambda r: aggregate_krum(r, f, 0),
+        "multi-krum": lambda r: aggregate_krum(r, f, m),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print a table; optionally save JSON."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=20, help="number of updates (default 20)")
+    p.add_argument("--params", default="1M",
+                   help="model size, e.g. 1M or 11.7M (ResNet-18 layout scaled; default 1M)")
+    p.add_argument("--strategies", default="fedavg,median,trimmed-mean,krum,multi-krum")
+    p.add_argument("--beta", type=float, default=0.2, help="trimmed-mean beta (default 0.2)")
+    p.add_argument("--f", type=int, default=2, help="Krum's f (default 2)")
+    p.add_argument("--memory-budget", default="512MB", help="our working-memory budget")
+    p.add_argument("--repeat", type=int, default=2, help="runs of ours; best time kept")
+    p.add_argument("--no-flower", action="store_true", help="skip Flower's reference functions")
+    p.add_argument("--files", action="store_true",
+                   help="also time ours reading the updates from weight files")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    args = p.parse_args(argv)
+
+    from cli.aggregate import parse_bytes
+
+    budget = parse_bytes(args.memory_budget) if args.memory_budget else DEFAULT_MEMORY_BUDGET
+    params = int(float(args.params.rstrip("Mm")) * 1e6) if args.params[-1] in "Mm" else int(
+        args.params)
+    shapes = shapes_for(params)
+    n = args.n
+    m = n - args.f
+    updates = make_updates(n, shapes)
+    size = sum(math.prod(s) for s in shapes)
+    input_bytes = n * size * 4
+    bw = read_bandwidth(updates)
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"numpy {np.__version__}; N={n} updates x {size / 1e6:.2f}M float32 parameters "
+          f"({input_bytes / 1e9:.2f} GB in); memory read bandwidth {bw / 1e9:.1f} GB/s; "
+          f"our budget {budget / 2**20:.0f} MiB", flush=True)
+    params_of = {"trimmed-mean": {"beta": args.beta}, "krum": {"f": args.f},
+                 "multi-krum": {"f": args.f, "m": m}}
+    flower = {} if args.no_flower else flower_functions(n, args.f, m, args.beta)
+    results: dict[str, Any] = {
+        "n": n, "params": size, "input_bytes": input_bytes, "read_bandwidth": bw,
+        "memory_budget": budget, "cpu_count": os.cpu_count(), "rules": {},
+    }
+    header = (f"{'rule':<13}{'ours s':>9}{'GB/s':>7}{'peak MB':>9}{'e2e s':>8}"
+              f"{'flower s':>10}{'peak MB':>9}{'speedup':>9}{'mem ratio':>10}")
+    print(header, flush=True)
+    tmpdir = tempfile.TemporaryDirectory() if args.files else None
+    paths = []
+    if tmpdir is not None:
+        paths = [write_weights(u, Path(tmpdir.name) / f"{u.site}.h5") for u in updates]
+    for name in args.strategies.split(","):
+        strat = aggregation.get_strategy(name, params_of.get(name, {}))
+        t_ours, peak_ours, res = measure(
+            lambda s=strat: s.aggregate_bounded(updates, memory_budget=budget), args.repeat)
+        t_e2e, _, res_e2e = measure(
+            lambda s=strat: aggregation.aggregate_updates(s, updates, memory_budget=budget), 1)
+        row: dict[str, Any] = {
+            "ours_s": t_ours, "ours_peak_bytes": peak_ours, "ours_gbps": input_bytes / t_ours / 1e9,
+            "end_to_end_s": t_e2e, "working_bytes": res.report.working_bytes,
+        }
+        del res_e2e
+        line = (f"{name:<13}{t_ours:>9.2f}{input_bytes / t_ours / 1e9:>7.2f}"
+                f"{peak_ours / 2**20:>9.0f}{t_e2e:>8.2f}")
+        if name in flower:
+            pairs = [(list(u.arrays.values()), u.num_examples) for u in updates]
+            t_fl, peak_fl, ref = measure(lambda fn=flower[name], pr=pairs: fn(pr), 1)
+            diff = max(float(np.max(np.abs(np.asarray(r, np.float64) - res.arrays[k])))
+                       for r, k in zip(ref, res.arrays, strict=True))
+            del ref, pairs
+            row.update(flower_s=t_fl, flower_peak_bytes=peak_fl, speedup=t_fl / t_ours,
+                       memory_ratio=peak_fl / max(peak_ours, 1), max_abs_diff=diff)
+            line += (f"{t_fl:>10.2f}{peak_fl / 2**20:>9.0f}{t_fl / t_ours:>8.1f}x"
+                     f"{peak_fl / max(peak_ours, 1):>9.1f}x  (max |ours-flower| {diff:.1e})")
+        if name == "fedavg":
+            row["fraction_of_read_bandwidth"] = input_bytes / t_ours / bw
+            line += f"  [{100 * input_bytes / t_ours / bw:.0f}% of read bandwidth]"
+        if paths:
+            files = [open_weights(pth) for pth in paths]
+            try:
+                t_f, peak_f, _ = measure(
+                    lambda s=strat, fs=files: aggregation.aggregate_updates(
+                        s, fs, memory_budget=budget), 1)
+            finally:
+                for fh in files:
+                    fh.close()
+            row.update(files_end_to_end_s=t_f, files_peak_bytes=peak_f)
+            line += f"\n{'  from files':<13}{t_f:>9.2f}{'':>7}{peak_f / 2**20:>9.0f}"
+        del res
+        results["rules"][name] = row
+        print(line, flush=True)
+    if tmpdir is not None:
+        tmpdir.cleanup()
+    print("ours s: strategy only (best of --repeat); e2e s: aggregate_updates = guard + "
+          "strategy + per-site report; peak MB: extra memory during the call, output included.")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
