@@ -32,7 +32,7 @@ from aggregation.errors import NotEnoughUpdatesError
 from protocol.update import UpdateSource
 
 #: Coordinates per sorted tile: N values each, sized to stay in the CPU's L2 cache.
-TILE = 8192
+TILE = 4096
 
 
 class _OrderReducer(StackReducer):
@@ -44,6 +44,15 @@ class _OrderReducer(StackReducer):
         self.dropped = np.zeros(self.n, dtype=np.float64)
         self.dist2 = np.zeros(self.n, dtype=np.float64)
         self.coords = 0
+        self._scratch: dict[str, np.ndarray] = {}
+
+    def scratch(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A reusable C-contiguous buffer of ``shape`` (grown to the largest tile seen)."""
+        size = int(np.prod(shape))
+        buf = self._scratch.get(key)
+        if buf is None or buf.dtype != dtype or buf.size < size:
+            buf = self._scratch[key] = np.empty(size, dtype=dtype)
+        return buf[:size].reshape(shape)
 
     def _tile(self, stack_tile: np.ndarray, out: np.ndarray) -> None:
         raise NotImplementedError
@@ -53,9 +62,10 @@ class _OrderReducer(StackReducer):
         for sl in tiles(block.size, TILE):
             orig = stack[:, sl]
             self._tile(orig, out[sl])
-            agg = out[sl].astype(stack.dtype, copy=False)
-            diff = orig - agg
-            self.dist2 += np.einsum("ij,ij->i", diff, diff, dtype=np.float64)
+            diff = self.scratch("diff", orig.shape, orig.dtype)
+            np.subtract(orig, out[sl], out=diff, casting="unsafe")
+            np.square(diff, out=diff)
+            self.dist2 += diff.sum(axis=1, dtype=np.float64)
         self.coords += block.size
 
 
@@ -73,7 +83,8 @@ class TrimReducer(_OrderReducer):
 
     def _tile(self, orig: np.ndarray, out: np.ndarray) -> None:
         n, k = self.n, self.cut
-        srt = np.ascontiguousarray(orig.T)
+        srt = self.scratch("sorted", orig.shape[::-1], orig.dtype)
+        np.copyto(srt, orig.T)
         srt.sort(axis=1)
         width = n - 2 * k
         if width == 1:
