@@ -66,6 +66,10 @@ def simulate(
         float, typer.Option(min=0.05, max=0.9, help="Share of rows held out for scoring only.")
     ] = 0.2,
     seed: Annotated[int, typer.Option(help="Seed for partitions, splits and initial weights.")] = 0,
+    parallel: Annotated[
+        str, typer.Option(help="Split each hospital's training: none, data:replicas=R, "
+                               "model:map=..., pipeline:stages=S,microbatches=M.")
+    ] = "none",
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
@@ -80,10 +84,13 @@ def simulate(
         )
     params = aggregation.parse_param_pairs(param or [])
     aggregation.get_strategy(strategy, params)  # fail fast on a bad name or value
+    from client.parallel import ParallelConfig
+
+    ParallelConfig.parse(parallel)
     cfg = RunConfig(
         num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
-        task=task, target=target, seed=seed,
+        task=task, target=target, seed=seed, parallel=parallel,
     )
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [],
                      num_sites=len(site) if site else sites, partition=partition,

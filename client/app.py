@@ -22,8 +22,9 @@ from flwr.clientapp import ClientApp
 
 from client.data import feature_stats
 from client.models import ModelSpec, build_model
+from client.parallel import fit_parallel
 from client.site import load_site
-from client.train import fit, pick_device, score, set_statistics
+from client.train import pick_device, score, set_statistics
 from protocol.config import RunConfig
 from protocol.update import Update
 
@@ -103,21 +104,24 @@ def train(msg: Message, context: Context) -> Message:
     model = _global_model(msg)
     device = pick_device(cfg.device)
     server_round = int(c.get("server-round", 0))
-    loss = fit(
+    result = fit_parallel(
         model, site.train.x, site.train.y,
         epochs=cfg.local_epochs, lr=cfg.lr, batch_size=cfg.batch_size,
         seed=cfg.seed * 100_003 + server_round, device=device,
-        proximal_mu=float(c.get("proximal-mu", cfg.proximal_mu)),
+        proximal_mu=float(c.get("proximal-mu", cfg.proximal_mu)), parallel=cfg.parallel,
     )
     update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
+    info = result.metrics()
     metrics = MetricRecord({
         "num-examples": update.num_examples,
-        "train-loss": loss,
+        "train-loss": result.loss,
         "on-gpu": int(device.type == "cuda"),
+        **{k: v for k, v in info.items() if isinstance(v, int | float)},
     })
+    site_record = ConfigRecord({"name": site.name, "device": str(device),
+                                **{k: v for k, v in info.items() if isinstance(v, str)}})
     return Message(
-        RecordDict({"arrays": update.to_array_record(), "metrics": metrics,
-                    "site": _site_record(site.name)}),
+        RecordDict({"arrays": update.to_array_record(), "metrics": metrics, "site": site_record}),
         reply_to=msg,
     )
 

@@ -88,8 +88,10 @@ def test_every_reply_holds_only_model_arrays_counts_and_scalars(site) -> None:
     metrics = train.content.metric_records["metrics"]
     assert_only_scalars(metrics)
     assert metrics["num-examples"] == 96  # 120 rows minus the 20% local evaluation split
-    assert set(metrics) == {"num-examples", "train-loss", "on-gpu"}
-    assert dict(train.content.config_records["site"]) == {"name": "st-mary"}
+    assert set(metrics) == {"num-examples", "train-loss", "on-gpu", "parallel-workers",
+                            "parallel-samples-per-s"}
+    assert dict(train.content.config_records["site"]) == {
+        "name": "st-mary", "device": "cpu", "parallel-mode": "none", "parallel-config": "none"}
     # No array is row-shaped: nothing has the table's row count along any axis
     assert all(96 not in a.shape and 120 not in a.shape for a in sent.values())
 
