@@ -9,8 +9,11 @@ Two layouts are read (inside the upload sandbox) and written back (for ``?format
 - ``keras-legacy``: Keras 2 / tf.keras ``save_weights("x.h5")``: root attribute ``layer_names``,
   each layer group lists its datasets in attribute ``weight_names``.
 
-A parameter's name is its dataset path with ``/`` replaced by ``.`` (``layers.dense.vars.0``);
-the `KerasLayout` descriptor keeps the real paths, groups and their attributes so the
+A Keras 3 parameter's name is its dataset path with ``/`` replaced by ``.``
+(``layers.dense.vars.0``; Keras 3 derives these paths from the model's structure). A legacy
+parameter is named by position, ``LAYER.WEIGHT.basename`` (``0.1.bias``), because legacy
+loading matches layers by order and their names (``dense_7``) depend on the process. The
+`KerasLayout` descriptor keeps the real paths, groups and their attributes so the
 aggregate can be written back in the layout the sites uploaded.
 """
 
@@ -80,9 +83,10 @@ def describe_keras(
     if kind == KERAS3:
         groups = [g for g in tree.groups if g.split("/")[0] != _OPTIMIZER]
         paths = [d.path for d in tree.datasets if d.path.split("/")[0] != _OPTIMIZER]
+        names = [param_name(p) for p in paths]
     else:
         groups = list(tree.groups)
-        paths = []
+        paths, names = [], []
         for layer in _str_list(f.attrs, "layer_names", "/"):
             if layer not in f or not isinstance(f[layer], h5py.Group):
                 raise UploadRefusedError(
@@ -91,7 +95,10 @@ def describe_keras(
                     f"Received: {layer!r}",
                     "corrupt",
                 )
-            for weight in _str_list(f[layer].attrs, "weight_names", f"/{layer}"):
+            weights = _str_list(f[layer].attrs, "weight_names", f"/{layer}")
+            # Legacy loading matches layers by position, not by their (auto-generated) names.
+            position = len({n.split(".", 1)[0] for n in names})
+            for j, weight in enumerate(weights):
                 path = f"{layer}/{weight}"
                 if path not in by_path:
                     raise UploadRefusedError(
@@ -100,25 +107,25 @@ def describe_keras(
                         "corrupt",
                     )
                 paths.append(path)
+                names.append(f"{position}.{j}.{weight.rsplit('/', 1)[-1]}")
     specs: list[ArraySpec] = []
-    names: set[str] = set()
+    seen: set[str] = set()
     total = 0
-    for path in paths:
+    for path, name in zip(paths, names, strict=True):
         info = by_path[path]
-        name = param_name(path)
         if info.dtype not in ALLOWED_DTYPES:
             raise UploadRefusedError(
                 f"{WHERE}: /{path} has dtype {info.dtype}; model parameters must be float16, "
                 f"float32 or float64. Received: dtype={info.dtype}",
                 "dtype",
             )
-        if name in names:
+        if name in seen:
             raise UploadRefusedError(
                 f"{WHERE}: two datasets map to the parameter name {name!r}; rename the layers so "
                 f"that no name differs only by '/' versus '.'. Received: /{path}",
                 "wrong_format",
             )
-        names.add(name)
+        seen.add(name)
         total += int(np.prod(info.shape, dtype=np.int64))
         if total > max_elements:
             raise UploadRefusedError(
@@ -138,7 +145,7 @@ def describe_keras(
         "kind": kind,
         "root_attrs": _encode_attrs(f.attrs),
         "groups": [{"path": g, "attrs": _encode_attrs(f[g].attrs)} for g in groups],
-        "datasets": [{"path": p, "name": param_name(p)} for p in paths],
+        "datasets": [{"path": p, "name": n} for p, n in zip(paths, names, strict=True)],
     }
     return layout, specs
 
