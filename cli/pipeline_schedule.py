@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from client.parallel.schedule import GPipeTable, gpipe_table
 from protocol.errors import ConfigError
+
+if TYPE_CHECKING:  # importing client.parallel loads torch; only the command needs it
+    from client.parallel.schedule import GPipeTable
 
 _PHASE_STYLE = {"fill": "yellow", "steady": "green", "drain": "magenta"}
 
@@ -101,6 +103,8 @@ def pipeline_schedule(
     png: Annotated[Path | None, typer.Option("--png", help="Also draw the table to this PNG.")] = None,
 ) -> None:
     """Print the GPipe tick table of S stages x M micro-batches: fill, steady state, drain."""
+    from client.parallel.schedule import gpipe_table
+
     table = gpipe_table(stages, microbatches)
     console = Console()
     if not console.is_terminal:  # piped or redirected: print wide tables whole
