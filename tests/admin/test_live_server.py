@@ -1,0 +1,206 @@
+"""One real uvicorn server on 127.0.0.1, driven over HTTP and by `fedsplit upload`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.app import app as fedsplit_app
+from cli.errors import run_guarded
+from server.admin.store import add_site
+from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, raw_weights, write_model
+
+REPO = Path(__file__).resolve().parents[2]
+# The `fedsplit admin` sub-app itself (cli.app imports every other command too, which is slow).
+SERVE = (
+    "import sys; from cli.admin import admin_app; from cli.errors import run_guarded; "
+    "sys.exit(run_guarded(admin_app, sys.argv[1:]))"
+)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """`fedsplit admin serve` in a subprocess; start, stop (graceful or SIGKILL), restart."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "FEDSPLIT_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": str(REPO)}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SERVE,
+                "serve",
+                "--data-dir",
+                str(self.data_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--max-upload-mb",
+                "2",
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # bounded wait for /healthz
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not answer /healthz within 60 s")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc.stderr.close()  # type: ignore[union-attr]
+        self.proc = None
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    """A running admin API over a fresh data directory."""
+    live = LiveServer(tmp_path / "data")
+    live.start()
+    yield live
+    live.stop()
+
+
+def test_live_server_end_to_end(server: LiveServer, tmp_path: Path, capsys):
+    """CLI add-site + upload, auth, a refusal, 413, 50 concurrent uploads, SIGKILL and restart."""
+    # add-site prints the token alone on its last line
+    code = run_guarded(
+        fedsplit_app,
+        ["admin", "add-site", "hospital-a", "--data-dir", str(server.data_dir), "--cohort-size", "500"],
+    )
+    assert code == 0
+    token = capsys.readouterr().out.strip().splitlines()[-1]
+    assert token.startswith("fss_")
+
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.post("/api/v1/rounds", json={}).status_code == 401
+        assert http.post("/api/v1/rounds", json={}, headers=bearer(token)).status_code == 403
+        rnd = http.post("/api/v1/rounds", json={"strategy": "fedavg"}, headers=ADMIN).json()
+
+        # fedsplit upload, with --num-examples overriding the file's count
+        path = write_model(tmp_path / "a.h5", 1.0, num_examples=10)
+        code = run_guarded(
+            fedsplit_app,
+            [
+                "upload",
+                "--server",
+                server.url,
+                "--token",
+                token,
+                "--round",
+                str(rnd["id"]),
+                str(path),
+                "--num-examples",
+                "120",
+            ],
+        )
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}" in out
+
+        # a refused upload through the CLI: exit code 4 and the server's detail
+        bad = raw_weights(tmp_path / "bad.h5", lambda f, g: g.__setitem__("x", h5py_external()))
+        code = run_guarded(
+            fedsplit_app,
+            ["upload", "--server", server.url, "--token", token, "--round", str(rnd["id"]), str(bad)],
+        )
+        assert code == 4
+        assert "is an external link" in capsys.readouterr().err
+
+        # over the 2 MiB limit: 413 from the declared length
+        big = tmp_path / "big.h5"
+        big.write_bytes(b"\0" * (3 * 1024 * 1024))
+        with open(big, "rb") as fh:
+            response = http.post(
+                f"/api/v1/rounds/{rnd['id']}/uploads", files={"file": fh}, headers=bearer(token)
+            )
+        assert response.status_code == 413
+
+        # 50 concurrent uploads from 50 sites, all stored with the right sha256
+        many = http.post("/api/v1/rounds", json={"min_uploads": 50}, headers=ADMIN).json()
+        tokens = {f"s{i}": add_site(data_dir=server.data_dir, name=f"s{i}") for i in range(50)}
+        files = {
+            name: write_model(tmp_path / f"{name}.h5", i / 10, num_examples=i + 1)
+            for i, name in enumerate(tokens)
+        }
+
+        def send(name: str) -> tuple[int, str]:
+            with open(files[name], "rb") as fh:
+                r = httpx.post(
+                    f"{server.url}/api/v1/rounds/{many['id']}/uploads",
+                    files={"file": (f"{name}.h5", fh)},
+                    headers=bearer(tokens[name]),
+                    timeout=60,
+                )
+            return r.status_code, r.json().get("sha256", r.text)
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            results = dict(zip(tokens, pool.map(send, tokens), strict=True))
+        elapsed = time.perf_counter() - started
+        print(f"50 concurrent uploads: {elapsed:.2f} s")
+        want = {n: hashlib.sha256(files[n].read_bytes()).hexdigest() for n in tokens}
+        assert results == {n: (201, want[n]) for n in tokens}
+        metrics = http.get("/metrics").text
+        assert "fedsplit_uploads_accepted_total 51" in metrics
+        assert 'fedsplit_uploads_refused_total{reason="link"} 1' in metrics
+        assert 'fedsplit_uploads_refused_total{reason="too_large"} 1' in metrics
+
+    # crash (SIGKILL) and restart: every acknowledged upload is still there, nothing partial
+    server.stop(signal.SIGKILL)
+    server.start()
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        stored = http.get(f"/api/v1/rounds/{many['id']}", headers=ADMIN).json()["uploads"]
+        assert {u["site"]: u["sha256"] for u in stored} == want
+        first = http.get(f"/api/v1/rounds/{rnd['id']}", headers=ADMIN).json()["uploads"]
+        assert [(u["site"], u["num_examples"]) for u in first] == [("hospital-a", 120)]
+        aggregated = http.post(f"/api/v1/rounds/{many['id']}/aggregate", headers=ADMIN)
+        assert aggregated.status_code == 200
+        assert aggregated.json()["num_examples"] == sum(range(1, 51))
+
+
+def h5py_external():
+    """An external link into a file of the server's (refused before it is followed)."""
+    import h5py
+
+    return h5py.ExternalLink("/etc/passwd", "/")
