@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from cli import admin, aggregate, export, pipeline_schedule, simulate, strategies, upload
+from cli import admin, aggregate, certs, export, pipeline_schedule, simulate, site, strategies, up, upload
 from cli.errors import run_guarded
 
 app = typer.Typer(
@@ -25,6 +25,9 @@ app.command("pipeline-schedule")(pipeline_schedule.pipeline_schedule)
 app.add_typer(admin.admin_app, name="admin")
 app.command("upload")(upload.upload)
 app.command("export")(export.export)
+app.command("up")(up.up)
+app.add_typer(site.app, name="site")
+app.command("certs")(certs.certs)
 
 
 def main() -> None:

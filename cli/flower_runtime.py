@@ -16,10 +16,12 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +139,7 @@ def write_connection(flwr_home: Path, address: str, *, root_cert: Path | None = 
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None,
-              verify: bool | str = True) -> None:
+              verify: bool | str | ssl.SSLContext = True) -> None:
     """Poll ``url`` until it answers 2xx (bounded); fail early if ``proc`` died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -207,11 +209,13 @@ def run_app(
         cmd += ["--federation-config", federation_config]
     proc = spawn(cmd, env, log_path)
     deadline = time.monotonic() + timeout
+    submitted = time.time() - 1.0
     history: dict[str, Any] = {}
     try:
         while True:
             done = proc.poll() is not None
-            if history_path.exists():
+            # Only this run's history: an older one left in the out-dir must not end the wait.
+            if history_path.exists() and history_path.stat().st_mtime >= submitted:
                 with contextlib.suppress(json.JSONDecodeError, OSError):
                     history = json.loads(history_path.read_text())
                     if on_progress:
@@ -251,3 +255,93 @@ def simulation(
                                f"client-resources-num-gpus=0"),
             timeout=timeout, on_progress=on_progress,
         )
+
+
+# --- deployment runtime: SuperLink + SuperExec + SuperNodes (fedsplit up, site run, compose) ---
+
+
+@dataclass(frozen=True)
+class LinkTls:
+    """TLS material of a SuperLink: CA bundle, server certificate and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def superlink_command(port: int, *, host: str = "127.0.0.1", tls: LinkTls | None = None,
+                      node_auth: bool = False, database: Path | None = None,
+                      isolation: str = "process") -> list[str]:
+    """``flower-superlink`` for deployment: one HTTP(S) port, no runtime dependency installation.
+
+    With ``isolation="process"`` the ServerApp runs in a separate SuperExec (the coordinator),
+    which can be stopped and restarted without the SuperLink losing its hospitals.
+    """
+    if node_auth and tls is None:
+        raise FlowerRunError("SuperNode authentication needs TLS on the SuperLink: pass the "
+                             "certificates (fedsplit certs) too. Received: node_auth without TLS")
+    cmd = [tool("flower-superlink"), "--host", host, "--port", str(port),
+           "--isolation", isolation, "--disable-runtime-dependency-installation"]
+    if tls is None:
+        cmd.append("--insecure")
+    else:
+        cmd += ["--ssl-ca-certfile", str(tls.ca), "--ssl-certfile", str(tls.cert),
+                "--ssl-keyfile", str(tls.key)]
+    if node_auth:
+        cmd.append("--enable-supernode-auth")
+    if database is not None:
+        cmd += ["--database", str(database)]
+    return cmd
+
+
+def superexec_command(runtime_address: str, *, root_cert: Path | None = None) -> list[str]:
+    """``flower-superexec`` that runs the ServerApp (or ClientApp) of a ``process``-isolated peer."""
+    cmd = [tool("flower-superexec"), "--runtime-api-address", runtime_address]
+    return cmd + (["--root-certificates", str(root_cert)] if root_cert else ["--insecure"])
+
+
+def node_config(data_path: Path | str, site_name: str) -> str:
+    """The ``--node-config`` string telling our ClientApp where its data is and what it is called."""
+    for value in (str(data_path), site_name):
+        if "'" in value or '"' in value:
+            raise FlowerRunError("Data paths and site names cannot contain quotes (Flower's node "
+                                 f"config syntax). Rename it. Received: {value!r}")
+    return f"data-path='{data_path}' site-name='{site_name}'"
+
+
+def supernode_command(superlink: str, *, data_path: Path | str, site_name: str, port: int,
+                      host: str = "127.0.0.1", root_cert: Path | None = None,
+                      key: Path | None = None, isolation: str = "subprocess") -> list[str]:
+    """``flower-supernode`` for one hospital, retrying the SuperLink forever when it drops."""
+    cmd = [tool("flower-supernode"), "--superlink", superlink, "--host", host, "--port", str(port),
+           "--isolation", isolation, "--node-config", node_config(data_path, site_name)]
+    cmd += ["--root-certificates", str(root_cert)] if root_cert else ["--insecure"]
+    if key is not None:
+        cmd += ["--auth-supernode-private-key", str(key)]
+    return cmd
+
+
+def health_url(address: str, tls: bool) -> str:
+    """The SuperLink's health endpoint."""
+    return f"{'https' if tls else 'http'}://{address}/health"
+
+
+def tls_context(ca: Path | None) -> bool | ssl.SSLContext:
+    """What httpx should verify against: our CA when given, else the system default."""
+    return ssl.create_default_context(cafile=str(ca)) if ca else True
+
+
+def register_supernode(env: dict[str, str], public_key: Path, name: str,
+                       timeout: float = 60.0) -> None:
+    """``flwr supernode register`` a hospital's public key on the ``fedsplit`` connection."""
+    try:
+        done = subprocess.run(
+            [tool("flwr"), "supernode", "register", str(public_key), CONNECTION, "--name", name],
+            env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise FlowerRunError(f"Registering {name} with the SuperLink did not finish within "
+                             f"{timeout:.0f} s. Is the SuperLink up? Received: timeout") from e
+    if done.returncode != 0:
+        out = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        raise FlowerRunError(f"`flwr supernode register` refused {name}'s key {public_key}: "
+                             f"{' | '.join(out)}. Received: exit {done.returncode}")

@@ -57,6 +57,17 @@ class RunConfig(BaseModel):
     round_timeout: float = Field(3600.0, gt=0, alias="round-timeout",
                                  description="Seconds to wait for replies in each phase of a round.")
     device: str = Field("auto", description="auto (cuda if present), cpu or cuda[:N].")
+    parallel: str = Field("none", description="How each hospital splits its own training: none, "
+                          "data:replicas=R, model:map=..., pipeline:stages=S,microbatches=M "
+                          "(docs/site-parallel.md).")
+    quorum: int = Field(0, ge=0,
+                        description="Fewest hospitals a round needs (k of n): it starts once k are "
+                                    "connected and updates the global model only from at least k valid "
+                                    "training replies received within round-timeout; a short round is "
+                                    "recorded in the history and the run goes on. 0 = min-nodes.")
+    resume: bool = Field(True,
+                         description="If out-dir holds an unfinished run (history.json + global.h5), "
+                                     "continue after its last completed round instead of starting over.")
 
     @field_validator("strategy_params")
     @classmethod

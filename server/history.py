@@ -14,11 +14,20 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aggregation.base import AggregateResult
-from protocol.weights import write_weights
+from protocol.errors import ConfigError
+from protocol.weights import read_weights, write_weights
+
+if TYPE_CHECKING:
+    from flwr.app import ArrayRecord
+
+# Run-config keys that may change when a coordinator resumes an unfinished run in the same out-dir.
+RESUMABLE_CHANGES = frozenset({"num-server-rounds", "round-timeout", "resume", "quorum", "min-nodes",
+                               "device"})
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -39,7 +48,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 class RunHistory:
     """Accumulates what happened in each round and persists it."""
 
-    def __init__(self, out_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, out_dir: Path, config: dict[str, Any],
+                 previous: dict[str, Any] | None = None) -> None:
         self.out_dir = out_dir
         self.path = out_dir / "history.json"
         self.data: dict[str, Any] = {
@@ -49,6 +59,15 @@ class RunHistory:
             "started_at": time.time(),
             "rounds": [],
         }
+        if previous is not None:  # a restarted coordinator continues the same history
+            done = completed_rounds(previous)
+            self.data.update({k: v for k, v in previous.items()
+                              if k not in ("status", "error", "finished_at")})
+            self.data["status"] = "running"
+            self.data["config"] = config
+            self.data["rounds"] = [r for r in previous.get("rounds", []) if r["round"] <= done]
+            self.data["resumed"] = [*previous.get("resumed", []),
+                                    {"after_round": done, "at": time.time()}]
         self._round_started = time.monotonic()
         self.save()
 
@@ -114,3 +133,56 @@ class RunHistory:
             self.data["error"] = error
         self.data["finished_at"] = time.time()
         self.save()
+
+
+def completed_rounds(history: dict[str, Any]) -> int:
+    """The last round whose training phase was recorded (its model, if any, is in global.h5)."""
+    return max((int(r["round"]) for r in history.get("rounds", []) if "train" in r), default=0)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where an unfinished run in an out-dir stopped."""
+
+    history: dict[str, Any]
+    last_round: int
+    model_id: str
+    global_model: Path
+
+    def arrays(self) -> ArrayRecord:
+        """The saved global model as a Flower ``ArrayRecord``."""
+        return read_weights(self.global_model).to_array_record()
+
+
+def find_resume_point(out_dir: Path, config: dict[str, Any]) -> ResumePoint | None:
+    """Return where to continue an unfinished run in ``out_dir``, or None to start over.
+
+    A run is resumable when history.json is not ``finished``, records at least one completed
+    round, and global.h5 exists. Its configuration must match ``config`` except for the keys in
+    `RESUMABLE_CHANGES`; anything else raises `ConfigError` rather than mixing two runs.
+    """
+    path = out_dir / "history.json"
+    model = out_dir / "global.h5"
+    if not path.exists():
+        return None
+    try:
+        history = json.loads(path.read_text())
+    except (json.JSONDecodeError, OSError) as e:
+        raise ConfigError(
+            f"{path} is not readable JSON ({e}), so the run there cannot be resumed. Move it away "
+            f"or set resume=false. Received: {path}"
+        ) from e
+    last = completed_rounds(history)
+    if history.get("status") == "finished" or last == 0 or not model.exists() \
+            or not history.get("model_id"):
+        return None
+    before = history.get("config", {})
+    differs = sorted(k for k in set(before) | set(config)
+                     if k not in RESUMABLE_CHANGES and before.get(k) != config.get(k))
+    if differs:
+        raise ConfigError(
+            f"{out_dir} holds an unfinished run ({last} rounds done) with a different configuration, "
+            f"so it cannot be resumed: use a new out-dir, or set resume=false to start over there. "
+            f"Received: differing keys {differs}"
+        )
+    return ResumePoint(history, last, str(history["model_id"]), model)

@@ -10,10 +10,12 @@ fails is excluded with its reason instead of ending the run, and the merge itsel
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 import aggregation
@@ -85,29 +87,108 @@ class RegistryStrategy(FedAvg):
         The registry strategy that merges training replies (``aggregation.get_strategy``).
     history : RunHistory
         Where each round's sites, report, metrics and global model are recorded.
+    quorum : int (default: 1)
+        Fewest hospitals a round needs: it waits (at most ``deadline``) for that many to be
+        connected, and updates the global model only from at least that many valid replies.
+    deadline : float | None (default: None)
+        The per-phase reply deadline (the run's ``round-timeout``), used to bound the wait for a
+        quorum and named in the history when a sampled hospital did not answer in time.
+    round_offset : int (default: 0)
+        Rounds already completed by an earlier coordinator (resume): Flower's round ``r`` is
+        recorded and sent to hospitals as ``r + round_offset``.
     **kwargs
         Passed to Flower's `FedAvg` (``fraction_train``, ``min_train_nodes``, ...).
     """
 
-    def __init__(self, aggregator: AggregationStrategy, history: RunHistory, **kwargs: Any) -> None:
+    def __init__(self, aggregator: AggregationStrategy, history: RunHistory, *, quorum: int = 1,
+                 deadline: float | None = None, round_offset: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.aggregator = aggregator
         self.history = history
+        self.quorum = max(1, quorum)
+        self.deadline = deadline
+        self.round_offset = round_offset
+        self.site_names: dict[int, str] = {}
+        self._sent: dict[tuple[str, int], list[Message]] = {}
+        self._skipped: dict[tuple[str, int], str] = {}
+
+    # --- quorum and deadline bookkeeping (sampling stays Flower's) ---------------------------
+
+    def _await_quorum(self, grid: Grid) -> str | None:
+        """Wait (bounded by the deadline) until ``quorum`` hospitals are connected; else why not."""
+        wait = self.deadline if self.deadline is not None else 3600.0
+        limit = time.monotonic() + wait
+        while len(nodes := list(grid.get_node_ids())) < self.quorum:
+            if time.monotonic() > limit:
+                return (f"only {len(nodes)} hospital(s) connected within round-timeout={wait:.0f} s, "
+                        f"fewer than the quorum of {self.quorum}; phase skipped, model unchanged")
+            time.sleep(1.0)
+        return None
+
+    def _configure(self, phase: str, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                   grid: Grid) -> list[Message]:
+        if (reason := self._await_quorum(grid)) is not None:
+            log.warning("Round %s (%s): %s", server_round, phase, reason)
+            self._skipped[(phase, server_round)] = reason
+            return []
+        configure = super().configure_train if phase == "train" else super().configure_evaluate
+        msgs = list(configure(server_round, arrays, config, grid))
+        self._sent[(phase, server_round)] = msgs  # Flower sets their message ids when it pushes them
+        return msgs
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> list[Message]:
+        """Flower's sampling, once a quorum is connected; rounds continue after a resume."""
+        return self._configure("train", server_round + self.round_offset, arrays, config, grid)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> list[Message]:
+        """Flower's sampling for evaluation, once a quorum is connected."""
+        return self._configure("evaluate", server_round + self.round_offset, arrays, config, grid)
+
+    def _site(self, msg: Message, senders: dict[str, int]) -> str:
+        """Site name of a reply, also for errors the SuperLink wrote on a hospital's behalf."""
+        node = senders.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+        if msg.has_content() and "site" in msg.content.config_records:
+            self.site_names[node] = reply_site(msg)
+        return self.site_names.get(node, f"node-{node}")
+
+    def _missing(self, phase: str, server_round: int,
+                 replies: list[Message]) -> tuple[dict[str, int], list[dict[str, Any]]]:
+        """(message id -> node, history entries for sampled hospitals that did not answer)."""
+        sent = self._sent.pop((phase, server_round), [])
+        senders = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
+        answered = {senders.get(r.metadata.reply_to_message_id, r.metadata.src_node_id)
+                    for r in replies}
+        limit = f"{self.deadline:.0f} s" if self.deadline is not None else "the deadline"
+        missing = [
+            {"site": self.site_names.get(m.metadata.dst_node_id, f"node-{m.metadata.dst_node_id}"),
+             "excluded": True, "late": True,
+             "reason": f"no {phase} reply within round-timeout ({limit})"}
+            for m in sent if m.metadata.dst_node_id not in answered
+        ]
+        for entry in missing:
+            log.warning("Round %s: %s: %s", server_round, entry["site"], entry["reason"])
+        return senders, missing
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, exclude bad ones, and merge the rest with the registry strategy."""
-        valid, failed = self._check_and_log_replies(list(replies), is_train=True, validate=False)
+        server_round += self.round_offset
+        replies = list(replies)
+        senders, missing = self._missing("train", server_round, replies)
+        valid, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
         updates: list[Update] = []
         rows: list[tuple[int, dict[str, float]]] = []
         sites: list[dict[str, Any]] = []
         excluded: list[SiteReport] = []
         for msg in failed:
             reason = f"the site's ClientApp failed: {msg.error.reason}"
-            excluded.append(SiteReport(site=reply_site(msg), num_examples=0, weight=0.0,
+            excluded.append(SiteReport(site=self._site(msg, senders), num_examples=0, weight=0.0,
                                        excluded=True, reason=reason))
         for msg in valid:
+            self._site(msg, senders)
             try:
                 update, metrics = reply_to_update(msg, server_round)
             except FedsplitError as e:
@@ -121,9 +202,19 @@ class RegistryStrategy(FedAvg):
         for rep in excluded:
             log.warning("Round %s: excluded %s: %s", server_round, rep.site, rep.reason)
             sites.append({"site": rep.site, "excluded": True, "reason": rep.reason})
+        sites.extend(missing)
+        if (skipped := self._skipped.pop(("train", server_round), None)) is not None:
+            self.history.record_train(server_round, None, sites, {}, error=skipped)
+            return None, None
         if not updates:
             self.history.record_train(server_round, None, sites, {},
                                       error="no usable training replies; global model unchanged")
+            return None, None
+        if len(updates) < self.quorum:
+            error = (f"only {len(updates)} valid training replies, fewer than the quorum of "
+                     f"{self.quorum}; global model unchanged")
+            log.warning("Round %s: %s", server_round, error)
+            self.history.record_train(server_round, None, sites, {}, error=error)
             return None, None
         try:
             result = aggregation.aggregate_updates(self.aggregator, updates)
@@ -141,7 +232,10 @@ class RegistryStrategy(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Count-weighted mean of the sites' held-out metrics."""
-        valid, failed = self._check_and_log_replies(list(replies), is_train=False, validate=False)
+        server_round += self.round_offset
+        replies = list(replies)
+        senders, missing = self._missing("evaluate", server_round, replies)
+        valid, failed = self._check_and_log_replies(replies, is_train=False, validate=False)
         rows: list[tuple[int, dict[str, float]]] = []
         sites: list[dict[str, Any]] = []
         for msg in valid:
@@ -155,7 +249,11 @@ class RegistryStrategy(FedAvg):
             sites.append({"site": reply_site(msg), "num_examples": int(metrics[NUM_EXAMPLES_KEY]),
                           "metrics": metrics})
         for msg in failed:
-            sites.append({"site": reply_site(msg), "excluded": True, "reason": msg.error.reason})
+            sites.append({"site": self._site(msg, senders), "excluded": True,
+                          "reason": msg.error.reason})
+        sites.extend(missing)
+        if (skipped := self._skipped.pop(("evaluate", server_round), None)) is not None:
+            sites.append({"excluded": True, "reason": skipped})
         metrics = weighted_mean(rows)
         metrics.pop(NUM_EXAMPLES_KEY, None)
         self.history.record_evaluate(server_round, sites, metrics)

@@ -1,0 +1,216 @@
+"""``fedsplit site``: what a hospital runs, and test partitions for simulated hospitals.
+
+``fedsplit site run`` is the hospital agent: a Flower SuperNode whose ClientApp is fedsplit's
+(``client/app.py``; Flower ships the code to it, the data never leaves). It supervises the
+SuperNode: the SuperNode itself retries a dropped SuperLink connection, and if it exits
+unexpectedly it is restarted with backoff; a refused key or bad arguments stop the agent with a
+clear error instead. Training uses the GPU when torch sees one (run config ``device=auto``).
+
+``fedsplit site prepare`` cuts a bundled dataset into one folder per simulated hospital, which is
+how ``fedsplit up`` and the compose init service give every hospital only its own rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import IO, Annotated
+
+import typer
+from rich.console import Console
+
+from cli.flower_runtime import flower_env, supernode_command
+from protocol.config import RunConfig
+from protocol.errors import ConfigError, FedsplitError
+
+console = Console(stderr=True, highlight=False)
+app = typer.Typer(help="Run a hospital agent, or prepare simulated hospitals' data.",
+                  no_args_is_help=True)
+
+# Exit codes of flower-supernode that retrying cannot fix (flwr.supercore.exit.ExitCode).
+FATAL_EXIT_CODES = {302: "its private key is invalid", 303: "node auth needs TLS (--root-cert)",
+                    304: "the trusted-entities file is invalid"}
+REFUSED = re.compile(r"Failed to activate|must be registered|code: ?20\d\d|UNAUTHORIZED|401",
+                     re.IGNORECASE)
+
+
+class SiteAgentError(FedsplitError):
+    """The hospital agent cannot run (refused by the SuperLink, or misconfigured)."""
+
+    exit_code = 5
+
+
+def check_key(key: Path) -> None:
+    """Fail early unless ``key`` is an OpenSSH NIST-EC private key, as Flower requires."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+    try:
+        loaded = load_ssh_private_key(key.read_bytes(), password=None)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"--key must be a readable OpenSSH private key without passphrase, NIST-EC (P-256/384/"
+            f"521), e.g. from `fedsplit certs` or `ssh-keygen -t ecdsa -b 384`. ({e}) Received: {key}"
+        ) from e
+    if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"Flower SuperNode keys must be NIST elliptic-curve keys (ecdsa), not "
+                          f"{type(loaded).__name__}. Received: {key}")
+
+
+def describe_device() -> str:
+    """Which device the ClientApp will train on here (run config ``device=auto``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"GPU: {torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    return f"CPU (torch {torch.__version__}; no CUDA device visible)"
+
+
+def _pump(stream: IO[bytes], seen: list[str]) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip()
+        seen.append(line)
+        del seen[:-200]
+        print(line, flush=True)
+
+
+def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: str) -> int:
+    """Run the SuperNode, restarting it on unexpected exits; return 0 when asked to stop."""
+    stopping = threading.Event()
+    current: list[subprocess.Popen[bytes]] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stopping.set()
+        for proc in current:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    restarts, backoff = 0, 2.0
+    try:
+        while True:
+            seen: list[str] = []
+            started = time.monotonic()
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+            current[:] = [proc]
+            pump = threading.Thread(target=_pump, args=(proc.stdout, seen), daemon=True)
+            pump.start()
+            try:
+                rc = proc.wait()
+            finally:
+                pump.join(5)
+            if stopping.is_set():
+                return 0
+            tail = " | ".join(seen[-4:])
+            if rc in FATAL_EXIT_CODES:
+                raise SiteAgentError(f"{name}: the SuperNode stopped because "
+                                     f"{FATAL_EXIT_CODES[rc]}. Received: exit {rc}: {tail}")
+            if any(REFUSED.search(line) for line in seen[-20:]):
+                raise SiteAgentError(
+                    f"{name}: the SuperLink refused this hospital. Its public key must be registered "
+                    f"by the coordinator (`flwr supernode register KEY.pub <connection>`), and --key "
+                    f"must be the matching private key. Received: exit {rc}: {tail}")
+            if time.monotonic() - started > 120:
+                restarts, backoff = 0, 2.0  # it ran fine for a while: a fresh failure
+            restarts += 1
+            if restarts > max_restarts:
+                raise SiteAgentError(f"{name}: the SuperNode exited {restarts} times in a row; giving "
+                                     f"up. Check the SuperLink address and the log above. "
+                                     f"Received: exit {rc}: {tail}")
+            console.print(f"[yellow]{name}: SuperNode exited with code {rc}; restarting in "
+                          f"{backoff:.0f} s ({restarts}/{max_restarts})[/]")
+            if stopping.wait(backoff):
+                return 0
+            backoff = min(backoff * 2, 30.0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@app.command("run")
+def run(
+    superlink: Annotated[str, typer.Option(help="The coordinator's SuperLink, HOST:PORT.")],
+    data: Annotated[Path, typer.Option(help="This hospital's data: a CSV/Parquet/NPZ file, or a "
+                                            "folder holding exactly one.")],
+    root_cert: Annotated[Path | None, typer.Option(help="CA certificate that signed the "
+                                                        "SuperLink's certificate (TLS).")] = None,
+    key: Annotated[Path | None, typer.Option(help="This hospital's NIST-EC OpenSSH private key, "
+                                                  "registered with the SuperLink (node auth).")] = None,
+    insecure: Annotated[bool, typer.Option(help="Connect without TLS (tests on one machine only).")] = False,
+    name: Annotated[str | None, typer.Option(help="Site name in reports (default: data folder).")] = None,
+    port: Annotated[int, typer.Option(help="Port of this SuperNode's local Runtime API.")] = 9094,
+    host: Annotated[str, typer.Option(help="Address of this SuperNode's local Runtime API.")] = "127.0.0.1",
+    isolation: Annotated[str, typer.Option(help="subprocess: the agent runs the ClientApp itself; "
+                                                "process: a separate flower-superexec does.")] = "subprocess",
+    flwr_home: Annotated[Path | None, typer.Option(help="Flower state directory of this agent "
+                                                        "(default ~/.fedsplit/<name>).")] = None,
+    max_restarts: Annotated[int, typer.Option(min=0, help="Consecutive SuperNode restarts before "
+                                                          "giving up.")] = 10,
+) -> None:
+    """Run this hospital's agent: a Flower SuperNode with fedsplit's ClientApp."""
+    from client.site import resolve_data_path
+
+    if root_cert is None and not insecure:
+        raise ConfigError("Give --root-cert CA.crt to reach the SuperLink over TLS, or --insecure for "
+                          "a plaintext test set-up. Received: neither")
+    if root_cert is not None and insecure:
+        raise ConfigError(f"--root-cert and --insecure exclude each other. Received: both ({root_cert})")
+    if key is not None and root_cert is None:
+        raise ConfigError("Node authentication (--key) needs TLS: add --root-cert. Received: --key "
+                          f"{key} with --insecure")
+    if isolation not in ("subprocess", "process"):
+        raise ConfigError(f"--isolation must be subprocess or process. Received: {isolation!r}")
+    if root_cert is not None and not root_cert.is_file():
+        raise ConfigError(f"--root-cert must be a readable CA certificate file. Received: {root_cert}")
+    if key is not None:
+        check_key(key)
+    data_file = resolve_data_path({"data-path": str(data.resolve())}, RunConfig())
+    if not data_file.is_file():
+        raise ConfigError(f"--data must be this hospital's data file or a folder holding it. "
+                          f"Received: {data}")
+    site_name = name or (data.name if data.is_dir() else data.stem)
+    home = flwr_home or Path.home() / ".fedsplit" / site_name
+    env = flower_env(home)
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = supernode_command(superlink, data_path=data_file.resolve(), site_name=site_name, port=port,
+                            host=host, root_cert=root_cert.resolve() if root_cert else None,
+                            key=key.resolve() if key else None, isolation=isolation)
+    console.print(f"{site_name}: SuperNode -> {superlink} ({'TLS' if root_cert else 'insecure'}"
+                  f"{', node auth' if key else ''}); data {data_file}; trains on {describe_device()}")
+    supervise(cmd, env, max_restarts=max_restarts, name=site_name)
+
+
+@app.command("prepare")
+def prepare(
+    out: Annotated[Path, typer.Option(help="Writes OUT/hospital-1/, OUT/hospital-2/, ...")],
+    dataset: Annotated[str, typer.Option(help="Bundled dataset to split.")] = "breast-cancer",
+    sites: Annotated[int, typer.Option(min=1, help="Simulated hospitals.")] = 3,
+    partition: Annotated[str, typer.Option(help="iid, dirichlet:ALPHA or sizes:n1,n2,...")] = "iid",
+    seed: Annotated[int, typer.Option(help="Seed of the split.")] = 0,
+) -> None:
+    """Split a bundled dataset into one data folder per simulated hospital."""
+    for folder in prepare_partitions(out, dataset, sites, partition, seed):
+        console.print(f"wrote {folder}")
+
+
+def prepare_partitions(out: Path, dataset: str, sites: int, partition: str = "iid",
+                       seed: int = 0) -> list[Path]:
+    """Write hospital-i/data.* under ``out`` (each folder holds one hospital's rows only)."""
+    from cli.certs import site_names
+    from cli.experiment import Experiment, prepare_sites, write_site
+
+    cfg = RunConfig(seed=seed)
+    parts, _test = prepare_sites(Experiment(cfg=cfg, out=out, dataset=dataset, num_sites=sites,
+                                            partition=partition))
+    folders = []
+    for name, part in zip(site_names(sites), parts, strict=True):
+        write_site(part, out / name, cfg.target)
+        folders.append(out / name)
+    return folders

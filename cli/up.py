@@ -1,0 +1,138 @@
+"""``fedsplit up``: a federation of simulated hospitals as local processes, in one command.
+
+The same topology as ``docker/compose.yaml`` on 127.0.0.1: a SuperLink, the coordinator
+(SuperExec running the ServerApp), one ``fedsplit site run`` agent per hospital, each with its own
+partition and FLWR_HOME, and the admin API. It prints one line per round; Ctrl-C or the end of
+the run stops every process it started.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+import aggregation
+from client.data import DATASETS
+from protocol.config import RunConfig
+
+console = Console(highlight=False)
+
+
+def round_line(entry: dict[str, Any], total: int) -> str:
+    """One progress line for a finished round of the history."""
+    train = entry.get("train", {})
+    sites = train.get("sites", [])
+    used = [s["site"] for s in sites if not s.get("excluded")]
+    left = [f"{s.get('site', '?')} ({'late' if s.get('late') else 'failed'})"
+            for s in sites if s.get("excluded")]
+    metrics = entry.get("evaluate", {}).get("metrics", {})
+    shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k in ("accuracy", "loss", "r2"))
+    parts = [f"round {entry['round']}/{total}", f"{len(used)} hospitals", shown or "no evaluation"]
+    if "error" in entry:
+        parts.append(f"[yellow]{entry['error']}[/]")
+    if left:
+        parts.append(f"[yellow]without {', '.join(left)}[/]")
+    if "seconds" in entry:
+        parts.append(f"{entry['seconds']:.1f} s")
+    return " | ".join(parts)
+
+
+class RoundPrinter:
+    """Prints each round once, when its evaluation is recorded, and every resume."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.printed: set[int] = set()
+        self.resumes = 0
+
+    def __call__(self, history: dict[str, Any]) -> None:
+        """Print what is new in ``history``."""
+        resumed = history.get("resumed", [])
+        for event in resumed[self.resumes:]:
+            console.print(f"[cyan]coordinator resumed after round {event['after_round']} "
+                          f"(saved global model and history)[/]")
+        self.resumes = len(resumed)
+        for entry in history.get("rounds", []):
+            if "evaluate" in entry and entry["round"] not in self.printed:
+                self.printed.add(entry["round"])
+                console.print(round_line(entry, self.total))
+
+
+def up(
+    sites: Annotated[int, typer.Option(min=1, help="Simulated hospitals.")] = 3,
+    rounds: Annotated[int, typer.Option(min=1, help="Federation rounds.")] = 3,
+    tls: Annotated[bool, typer.Option(help="TLS on the SuperLink and SuperNode authentication "
+                                           "(certificates and keys made in WORK/certs).")] = False,
+    strategy: Annotated[str, typer.Option(help="Aggregation strategy (`fedsplit strategies`).")] = "fedavg",
+    param: Annotated[list[str] | None, typer.Option("--param", help="Strategy parameter key=value.")] = None,
+    dataset: Annotated[str, typer.Option(help=f"Bundled dataset: {', '.join(DATASETS)}.")] = "breast-cancer",
+    partition: Annotated[str, typer.Option(help="iid, dirichlet:ALPHA or sizes:n1,n2,...")] = "iid",
+    quorum: Annotated[int, typer.Option(min=0, help="Hospitals a round needs (0 = all).")] = 0,
+    round_timeout: Annotated[float, typer.Option(min=1, help="Seconds each round phase waits for "
+                                                             "replies.")] = 120.0,
+    local_epochs: Annotated[int, typer.Option(min=1, help="Local epochs per round.")] = 1,
+    lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate.")] = 0.01,
+    seed: Annotated[int, typer.Option(help="Seed of partitions and initial weights.")] = 0,
+    work: Annotated[Path, typer.Option(help="Working directory: data, certs, logs, FLWR_HOMEs, "
+                                            "and OUT = WORK/out.")] = Path("fedsplit-up"),
+    port: Annotated[int, typer.Option(help="SuperLink port on 127.0.0.1 (0 = a free one).")] = 0,
+    admin: Annotated[bool, typer.Option(help="Also start the admin API.")] = True,
+    admin_port: Annotated[int, typer.Option(help="Admin API port (0 = a free one).")] = 0,
+    timeout: Annotated[float, typer.Option(min=1, help="Give up after this many seconds.")] = 3600,
+    superlink: Annotated[str | None, typer.Option(help="Attach to a running SuperLink HOST:PORT "
+                                                       "instead (compose): only submit the run.")] = None,
+    root_cert: Annotated[Path | None, typer.Option(help="With --superlink: its CA certificate.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Where the coordinator writes history and models "
+                                                  "(default WORK/out; with --superlink a path the "
+                                                  "coordinator and this command both see).")] = None,
+) -> None:
+    """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
+    from cli.certs import site_names
+    from cli.federation import LocalFederation, Site
+    from cli.site import prepare_partitions
+
+    params = aggregation.parse_param_pairs(param or [])
+    aggregation.get_strategy(strategy, params)  # fail fast on a bad name or value
+    work = work.resolve()
+    out = (out or work / "out").resolve()
+    cfg = RunConfig(
+        num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
+        local_epochs=local_epochs, lr=lr, seed=seed, out_dir=str(out), min_nodes=sites,
+        quorum=quorum, round_timeout=round_timeout,
+    )
+    started = time.monotonic()
+    if superlink is not None:
+        history = attach(cfg, superlink, root_cert, work)
+        console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: "
+                      f"{len(history['rounds'])} rounds; history {out / 'history.json'}")
+        return
+    prepare_partitions(work / "sites", dataset, sites, partition, seed)
+    federation = LocalFederation(
+        work, [Site(n, work / "sites" / n) for n in site_names(sites)], tls=tls, port=port,
+        admin_port=admin_port if admin else None,
+        say=lambda msg: console.print(f"[dim]{msg}[/]"),
+    )
+    with federation:
+        federation.start()
+        console.print(f"[bold]federation[/]: {sites} hospitals, {strategy}, {rounds} rounds, quorum "
+                      f"{quorum or sites}; logs in {federation.logs}")
+        history = federation.run(cfg, timeout=timeout, on_progress=RoundPrinter(rounds))
+    console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history['rounds'])} "
+                  f"rounds; global model {out / 'global.h5'}, history {out / 'history.json'}")
+
+
+def attach(cfg: RunConfig, superlink: str, root_cert: Path | None, work: Path) -> dict[str, Any]:
+    """Submit ``cfg`` to a running SuperLink and follow its history (compose's federation job)."""
+    from cli.flower_runtime import flower_env, run_app, stage_app, write_connection
+
+    home = work / "flwr-home"
+    write_connection(home, superlink, root_cert=root_cert.resolve() if root_cert else None)
+    app_dir = stage_app(work / "app", cfg)
+    console.print(f"[bold]federation[/] on {superlink}: {cfg.strategy}, {cfg.num_server_rounds} rounds")
+    return run_app(app_dir, flower_env(home), work / "flwr-run.log",
+                   Path(cfg.out_dir) / "history.json", on_progress=RoundPrinter(cfg.num_server_rounds))
