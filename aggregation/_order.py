@@ -14,7 +14,11 @@ input precision exactly as ``np.median`` does). Weighted rules are in `weighted_
 
 from __future__ import annotations
 
+import functools
+import os
+import queue
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -28,15 +32,71 @@ from aggregation._blocks import (
 )
 from aggregation.base import AggregateResult, AggregationReport, AggregationStrategy, SiteReport
 from aggregation.compat import check_compatible
-from aggregation.errors import NotEnoughUpdatesError
+from aggregation.errors import AggregationError, NotEnoughUpdatesError
 from protocol.update import UpdateSource
 
 #: Coordinates per sorted tile: N values each, sized to stay in the CPU's L2 cache.
 TILE = 4096
 
 
+def worker_count() -> int:
+    """Threads the order-statistic reducers use: ``FEDSPLIT_AGG_THREADS``, else the usable cores.
+
+    numpy's sort and element-wise loops release the GIL, so tiles of one block run in
+    parallel. Set ``FEDSPLIT_AGG_THREADS=1`` on a coordinator whose cores are busy elsewhere.
+    """
+    raw = os.environ.get("FEDSPLIT_AGG_THREADS", "")
+    if raw.strip():
+        if not raw.strip().isdigit() or int(raw) < 1:
+            raise AggregationError(
+                f"FEDSPLIT_AGG_THREADS must be a whole number >= 1 (threads for median and "
+                f"trimmed mean). Received: {raw!r}"
+            )
+        return int(raw)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 8))
+
+
+@functools.cache
+def _executor(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedsplit-agg")
+
+
+class _Scratch:
+    """One worker's reusable C-contiguous buffers (grown to the largest tile seen)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        size = int(np.prod(shape))
+        buf = self._bufs.get(key)
+        if buf is None or buf.dtype != dtype or buf.size < size:
+            buf = self._bufs[key] = np.empty(size, dtype=dtype)
+        return buf[:size].reshape(shape)
+
+
+def transposed(orig: np.ndarray, scratch: _Scratch, key: str = "sorted") -> np.ndarray:
+    """Copy ``orig`` (N, t) into a (t, N) scratch buffer, one update at a time.
+
+    Column-by-column assignment is about 3x faster than numpy's transposing ``copyto`` for
+    these shapes (the destination tile stays in cache while each source row streams in).
+    """
+    n, t = orig.shape
+    out = scratch.get(key, (t, n), orig.dtype)
+    for k in range(n):
+        out[:, k] = orig[k]
+    return out
+
+
 class _OrderReducer(StackReducer):
-    """Shared bookkeeping: per-update dropped share and squared distance to the aggregate."""
+    """Shared driver: tiles (in parallel threads), per-update dropped share and distance."""
+
+    #: scratch bytes per stacked value of one tile (set by subclasses)
+    scratch_per_value: int = 0
 
     def __init__(self, counts: np.ndarray) -> None:
         self.n = len(counts)
@@ -44,28 +104,40 @@ class _OrderReducer(StackReducer):
         self.dropped = np.zeros(self.n, dtype=np.float64)
         self.dist2 = np.zeros(self.n, dtype=np.float64)
         self.coords = 0
-        self._scratch: dict[str, np.ndarray] = {}
+        self.workers = worker_count()
+        self._pool = queue.SimpleQueue()
+        for _ in range(self.workers):
+            self._pool.put(_Scratch())
+        # every worker's tile scratch is at most one block's share of values, so counting it
+        # per stacked value keeps the total within the plan
+        self.bytes_per_value = self.workers * self.scratch_per_value
 
-    def scratch(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """A reusable C-contiguous buffer of ``shape`` (grown to the largest tile seen)."""
-        size = int(np.prod(shape))
-        buf = self._scratch.get(key)
-        if buf is None or buf.dtype != dtype or buf.size < size:
-            buf = self._scratch[key] = np.empty(size, dtype=dtype)
-        return buf[:size].reshape(shape)
-
-    def _tile(self, stack_tile: np.ndarray, out: np.ndarray) -> None:
+    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: _Scratch) -> np.ndarray:
+        """Write the aggregate of ``orig`` (N, t) to ``out``; return each update's dropped share."""
         raise NotImplementedError
+
+    def _run_tile(self, orig: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        scratch = self._pool.get()
+        try:
+            dropped = self._tile(orig, out, scratch)
+            diff = scratch.get("diff", orig.shape, orig.dtype)
+            np.subtract(orig, out, out=diff, casting="unsafe")
+            np.square(diff, out=diff)
+            return dropped, diff.sum(axis=1, dtype=np.float64)
+        finally:
+            self._pool.put(scratch)
 
     def __call__(self, block: Block, stack: np.ndarray, out: np.ndarray | None) -> None:
         assert out is not None
-        for sl in tiles(block.size, TILE):
-            orig = stack[:, sl]
-            self._tile(orig, out[sl])
-            diff = self.scratch("diff", orig.shape, orig.dtype)
-            np.subtract(orig, out[sl], out=diff, casting="unsafe")
-            np.square(diff, out=diff)
-            self.dist2 += diff.sum(axis=1, dtype=np.float64)
+        size = max(1, min(TILE, -(-block.size // self.workers)))
+        parts = [(stack[:, sl], out[sl]) for sl in tiles(block.size, size)]
+        if self.workers > 1 and len(parts) > 1:
+            results = list(_executor(self.workers).map(lambda p: self._run_tile(*p), parts))
+        else:
+            results = [self._run_tile(*p) for p in parts]
+        for dropped, dist2 in results:
+            self.dropped += dropped
+            self.dist2 += dist2
         self.coords += block.size
 
 
@@ -73,18 +145,17 @@ class TrimReducer(_OrderReducer):
     """Mean of the sorted values ``cut .. N-cut-1`` at each coordinate."""
 
     def __init__(self, counts: np.ndarray, cut: int, itemsize: int) -> None:
+        # sorted tile copy + difference to the aggregate + dropped mask
+        self.scratch_per_value = 2 * itemsize + 1
+        self.bytes_per_coordinate = 3 * 8
         super().__init__(counts)
         if not 0 <= 2 * cut < self.n:
             raise ValueError(f"cut must satisfy 0 <= 2*cut < N={self.n}. Received: {cut}")
         self.cut = cut
-        # sorted tile copy + difference to the aggregate + dropped mask
-        self.bytes_per_value = 2 * itemsize + 1
-        self.bytes_per_coordinate = 3 * 8
 
-    def _tile(self, orig: np.ndarray, out: np.ndarray) -> None:
+    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: _Scratch) -> np.ndarray:
         n, k = self.n, self.cut
-        srt = self.scratch("sorted", orig.shape[::-1], orig.dtype)
-        np.copyto(srt, orig.T)
+        srt = transposed(orig, scratch)
         srt.sort(axis=1)
         width = n - 2 * k
         if width == 1:
@@ -94,25 +165,31 @@ class TrimReducer(_OrderReducer):
             out[...] = (srt[:, k] + srt[:, k + 1]) / 2
         else:
             out[...] = srt[:, k : n - k].sum(axis=1, dtype=np.float64) / width
-        if k:
-            lo, hi = srt[:, k], srt[:, n - k - 1]
-            dropped = (orig < lo) | (orig > hi)
-            self.dropped += np.count_nonzero(dropped, axis=1)
+        if not k:
+            return np.zeros(n)
+        lo, hi = srt[:, k], srt[:, n - k - 1]
+        mask = scratch.get("mask", orig.shape, np.dtype(bool))
+        other = scratch.get("mask2", orig.shape, np.dtype(bool))
+        np.less(orig, lo, out=mask)
+        np.greater(orig, hi, out=other)
+        mask |= other
+        # summing the bytes is ~3x faster than count_nonzero along an axis
+        return np.add.reduce(mask.view(np.uint8), axis=1, dtype=np.uint32).astype(np.float64)
 
 
 class WeightedMedianReducer(_OrderReducer):
     """Sample-count-weighted median at each coordinate (see `weighted_median`)."""
 
     def __init__(self, counts: np.ndarray, itemsize: int) -> None:
+        # transposed copy, sorted values, order (int64), weights and cumulative weights, diff
+        self.scratch_per_value = 3 * itemsize + 3 * 8
+        self.bytes_per_coordinate = 6 * 8
         super().__init__(counts)
         self.total = int(counts.sum())
-        # sorted copy, order (int64), weights and cumulative weights (int64), difference
-        self.bytes_per_value = 2 * itemsize + 3 * 8
-        self.bytes_per_coordinate = 6 * 8
 
-    def _tile(self, orig: np.ndarray, out: np.ndarray) -> None:
+    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: _Scratch) -> np.ndarray:
         t = orig.shape[1]
-        tr = orig.T
+        tr = transposed(orig, scratch)
         order = np.argsort(tr, axis=1)
         v = np.take_along_axis(tr, order, axis=1)
         cum = np.cumsum(self.counts[order], axis=1)
@@ -124,22 +201,22 @@ class WeightedMedianReducer(_OrderReducer):
         out[...] = np.where(tie, (lo + hi) / 2, lo)
         used = np.bincount(order[rows, k], minlength=self.n)
         used += np.bincount(order[rows, k1][tie], minlength=self.n)
-        self.dropped += t - used
+        return (t - used).astype(np.float64)
 
 
 class WeightedTrimReducer(_OrderReducer):
     """Sample-count-weighted trimmed mean at each coordinate (see `weighted_trimmed_mean`)."""
 
     def __init__(self, counts: np.ndarray, beta: float, itemsize: int) -> None:
+        # transposed copy, sorted values, order, weights, cumulative, kept mass (8 B each), diff
+        self.scratch_per_value = 3 * itemsize + 5 * 8
+        self.bytes_per_coordinate = 3 * 8
         super().__init__(counts)
         total = float(counts.sum())
         self.lo, self.hi = beta * total, (1.0 - beta) * total
-        # sorted copy, order, weights, cumulative, kept mass (8 bytes each), difference
-        self.bytes_per_value = 2 * itemsize + 5 * 8
-        self.bytes_per_coordinate = 3 * 8
 
-    def _tile(self, orig: np.ndarray, out: np.ndarray) -> None:
-        tr = orig.T
+    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: _Scratch) -> np.ndarray:
+        tr = transposed(orig, scratch)
         order = np.argsort(tr, axis=1)
         v = np.take_along_axis(tr, order, axis=1)
         w = self.counts[order].astype(np.float64)
@@ -148,7 +225,7 @@ class WeightedTrimReducer(_OrderReducer):
         np.maximum(kept, 0.0, out=kept)
         out[...] = np.einsum("ij,ij->i", v, kept, dtype=np.float64) / kept.sum(axis=1)
         share = 1.0 - kept / w
-        self.dropped += np.bincount(order.ravel(), weights=share.ravel(), minlength=self.n)
+        return np.bincount(order.ravel(), weights=share.ravel(), minlength=self.n)
 
 
 def weighted_median(values: np.ndarray, counts: np.ndarray) -> float:
