@@ -42,9 +42,9 @@ ARRAYS_GROUP = "arrays"
 ORDER_ATTR = "order"
 SUFFIXES = (".h5", ".hdf5")
 
-# HDF5 filters a weight file may use: deflate (gzip), shuffle, fletcher32, lzf. Anything
-# else needs a plugin library loaded at read time, which is code execution we do not allow.
-_ALLOWED_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
+# HDF5 filters a weight file may use: deflate (gzip), shuffle, fletcher32. Anything else
+# needs a filter library at read time (plugins are code execution we do not allow).
+_ALLOWED_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32"}
 
 PathOrFile = str | os.PathLike[str] | IO[bytes]
 
@@ -67,7 +67,7 @@ def _optional_int(attrs: h5py.AttributeManager, key: str, where: str) -> int | N
     if key not in attrs:
         return None
     value = attrs[key]
-    if isinstance(value, np.ndarray) and value.shape == ():
+    if isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0:
         value = value.item()
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
         raise WeightFileError(
@@ -104,7 +104,14 @@ class WeightFile:
 
     def array(self, name: str) -> np.ndarray:
         """Return parameter ``name`` in native byte order, checked finite."""
-        raw = np.asarray(self.dataset(name)[()])
+        dataset = self.dataset(name)
+        try:
+            raw = np.asarray(dataset[()])
+        except (OSError, RuntimeError) as e:  # damaged or unreadable chunks
+            raise WeightFileError(
+                f"{self._where}: parameter {name!r} could not be read ({e}); the file is damaged. "
+                f"Re-export or re-upload it. Received: {name!r}"
+            ) from e
         arr = raw.astype(raw.dtype.newbyteorder("="), copy=False)
         try:
             return check_array(name, arr, where=self._where)
@@ -203,7 +210,7 @@ def _validate(
         )
     if "num_examples" in f.attrs:
         raw = f.attrs["num_examples"]
-        if isinstance(raw, np.ndarray) and raw.shape == ():
+        if isinstance(raw, np.ndarray | np.generic) and np.ndim(raw) == 0:
             raw = raw.item()
         if isinstance(raw, bool | np.bool_) or not isinstance(raw, int | np.integer):
             raise WeightFileError(
