@@ -148,15 +148,17 @@ def certs(
     sites: Annotated[int, typer.Option(min=0, help="SuperNode key pairs to make (hospital-1..N).")] = 3,
     san: Annotated[
         list[str] | None,
-        typer.Option("--san", help="Extra host name or IP the SuperLink is reached at (repeatable); "
+        typer.Option("--san", help="Extra host names or IPs the SuperLink is reached at (repeatable or "
+                                   "comma-separated); "
                                    "127.0.0.1 and localhost are always included."),
     ] = None,
 ) -> None:
     """Make a CA, a SuperLink certificate and SuperNode keys for a test deployment."""
-    paths = make_certs(out, site_names(sites), san or [])
+    san = [name.strip() for entry in san or [] for name in entry.split(",") if name.strip()]
+    paths = make_certs(out, site_names(sites), san)
     console.print(f"CA            {paths.ca}")
     console.print(f"SuperLink     {paths.server_cert} + {paths.server_key} "
-                  f"(SAN: {', '.join([*DEFAULT_SANS, *(san or [])])})")
+                  f"(SAN: {', '.join([*DEFAULT_SANS, *san])})")
     for site, key in paths.supernode_keys.items():
         console.print(f"{site:<13} {key} + {key.name}.pub  (register: flwr supernode register "
                       f"{key}.pub <connection>)")

@@ -38,7 +38,7 @@ from cli.flower_runtime import (
     flower_env,
     free_port,
     health_url,
-    register_supernode,
+    register_supernodes,
     spawn,
     stage_app,
     stop,
@@ -152,8 +152,7 @@ class LocalFederation:
         wait_http(health_url(self.address, self.tls), 60, proc, verify=tls_context(self.root_cert))
         write_connection(self.homes / "cli", self.address, root_cert=self.root_cert)
         if self.certs is not None:
-            for site in self.sites:
-                register_supernode(self.cli_env, self.certs.public_key(site.name), site.name)
+            register_supernodes(self.cli_env, {s.name: self.certs.public_key(s.name) for s in self.sites})
         self.say(f"SuperLink on {self.address} ({'TLS + SuperNode auth' if self.tls else 'insecure'})")
 
     def start_coordinator(self) -> None:

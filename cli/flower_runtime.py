@@ -331,17 +331,28 @@ def tls_context(ca: Path | None) -> bool | ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca)) if ca else True
 
 
-def register_supernode(env: dict[str, str], public_key: Path, name: str,
-                       timeout: float = 60.0) -> None:
-    """``flwr supernode register`` a hospital's public key on the ``fedsplit`` connection."""
+def register_supernodes(env: dict[str, str], keys: dict[str, Path], timeout: float = 90.0) -> None:
+    """``flwr supernode register`` each hospital's public key (name -> .pub), in parallel."""
+    procs = {
+        name: subprocess.Popen(
+            [tool("flwr"), "supernode", "register", str(key), CONNECTION, "--name", name],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        for name, key in keys.items()
+    }
+    deadline = time.monotonic() + timeout
     try:
-        done = subprocess.run(
-            [tool("flwr"), "supernode", "register", str(public_key), CONNECTION, "--name", name],
-            env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise FlowerRunError(f"Registering {name} with the SuperLink did not finish within "
-                             f"{timeout:.0f} s. Is the SuperLink up? Received: timeout") from e
-    if done.returncode != 0:
-        out = (done.stdout + done.stderr).strip().splitlines()[-5:]
-        raise FlowerRunError(f"`flwr supernode register` refused {name}'s key {public_key}: "
-                             f"{' | '.join(out)}. Received: exit {done.returncode}")
+        for name, proc in procs.items():
+            try:
+                out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired as e:
+                raise FlowerRunError(f"Registering {name} with the SuperLink did not finish within "
+                                     f"{timeout:.0f} s. Is the SuperLink up? Received: timeout") from e
+            if proc.returncode != 0:
+                lines = out.decode(errors="replace").strip().splitlines()[-5:]
+                raise FlowerRunError(f"`flwr supernode register` refused {name}'s key {keys[name]}: "
+                                     f"{' | '.join(lines)}. Received: exit {proc.returncode}")
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)

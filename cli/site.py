@@ -36,8 +36,12 @@ app = typer.Typer(help="Run a hospital agent, or prepare simulated hospitals' da
 # Exit codes of flower-supernode that retrying cannot fix (flwr.supercore.exit.ExitCode).
 FATAL_EXIT_CODES = {302: "its private key is invalid", 303: "node auth needs TLS (--root-cert)",
                     304: "the trusted-entities file is invalid"}
-REFUSED = re.compile(r"Failed to activate|must be registered|code: ?20\d\d|UNAUTHORIZED|401",
-                     re.IGNORECASE)
+# "must be registered": the SuperLink wants node auth and this agent has no --key. Fatal at once.
+NO_KEY = re.compile(r"must be registered", re.IGNORECASE)
+# Refused activation: the key is not registered, or this node's previous session (a crash) is still
+# counted online; Flower drops it after 2 missed heartbeats (<= 60 s), so retry that long first.
+NOT_ACTIVATED = re.compile(r"Failed to activate|code: ?20\d\d|UNAUTHORIZED", re.IGNORECASE)
+ACTIVATION_GRACE_S = 90.0
 
 
 class SiteAgentError(FedsplitError):
@@ -93,6 +97,7 @@ def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: s
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     restarts, backoff = 0, 2.0
+    refused_since: float | None = None
     try:
         while True:
             seen: list[str] = []
@@ -112,11 +117,25 @@ def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: s
             if rc in FATAL_EXIT_CODES:
                 raise SiteAgentError(f"{name}: the SuperNode stopped because "
                                      f"{FATAL_EXIT_CODES[rc]}. Received: exit {rc}: {tail}")
-            if any(REFUSED.search(line) for line in seen[-20:]):
+            recent = seen[-20:]
+            if any(NO_KEY.search(line) for line in recent):
                 raise SiteAgentError(
-                    f"{name}: the SuperLink refused this hospital. Its public key must be registered "
-                    f"by the coordinator (`flwr supernode register KEY.pub <connection>`), and --key "
-                    f"must be the matching private key. Received: exit {rc}: {tail}")
+                    f"{name}: the SuperLink requires node authentication: start the agent with "
+                    f"--key (this hospital's registered private key). Received: exit {rc}: {tail}")
+            if any(NOT_ACTIVATED.search(line) for line in recent):
+                refused_since = refused_since or started
+                if time.monotonic() - refused_since > ACTIVATION_GRACE_S:
+                    raise SiteAgentError(
+                        f"{name}: the SuperLink refused this hospital for "
+                        f"{ACTIVATION_GRACE_S:.0f} s. Its public key must be registered by the "
+                        f"coordinator (`flwr supernode register KEY.pub <connection>`) and --key must "
+                        f"be the matching private key. Received: exit {rc}: {tail}")
+                console.print(f"[yellow]{name}: activation refused (key not registered, or the "
+                              f"previous session is still counted online); retrying[/]")
+                if stopping.wait(5.0):
+                    return 0
+                continue
+            refused_since = None
             if time.monotonic() - started > 120:
                 restarts, backoff = 0, 2.0  # it ran fine for a while: a fresh failure
             restarts += 1

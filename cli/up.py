@@ -57,8 +57,11 @@ class RoundPrinter:
             console.print(f"[cyan]coordinator resumed after round {event['after_round']} "
                           f"(saved global model and history)[/]")
         self.resumes = len(resumed)
-        for entry in history.get("rounds", []):
-            if "evaluate" in entry and entry["round"] not in self.printed:
+        rounds = history.get("rounds", [])
+        last = max((r["round"] for r in rounds), default=0)
+        for entry in rounds:
+            done = "evaluate" in entry or entry["round"] < last or history.get("status") == "finished"
+            if done and entry["round"] not in self.printed:
                 self.printed.add(entry["round"])
                 console.print(round_line(entry, self.total))
 

@@ -1,0 +1,91 @@
+"""`fedsplit certs` material, the site agent's refusals of bad arguments, and resume rules."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from cli.app import app
+from cli.certs import make_certs
+from cli.errors import run_guarded
+from protocol.errors import ConfigError
+from server.history import RunHistory, find_resume_point
+
+
+def test_certs_chain_san_and_node_keys(tmp_path: Path) -> None:
+    """The server cert is signed by the CA, names 127.0.0.1/localhost/extra SANs; node keys are P-384."""
+    assert run_guarded(app, ["certs", "--out", str(tmp_path), "--sites", "2",
+                             "--san", "superlink,linkhost"]) == 0
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    server = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
+    server.verify_directly_issued_by(ca)
+    san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in san.get_values_for_type(x509.IPAddress)
+    assert {"localhost", "superlink", "linkhost"} <= set(san.get_values_for_type(x509.DNSName))
+    assert (tmp_path / "server.key").stat().st_mode & 0o777 == 0o600
+    for site in ("hospital-1", "hospital-2"):
+        key = serialization.load_ssh_private_key((tmp_path / "supernodes" / site).read_bytes(), None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+        public = serialization.load_ssh_public_key((tmp_path / "supernodes" / f"{site}.pub").read_bytes())
+        assert public.public_numbers() == key.public_key().public_numbers()
+
+
+def _site(tmp_path: Path, *extra: str) -> int:
+    data = tmp_path / "hospital"
+    data.mkdir(exist_ok=True)
+    (data / "data.csv").write_text("a,target\n1,0\n2,1\n")
+    return run_guarded(app, ["site", "run", "--superlink", "127.0.0.1:9", "--data", str(data), *extra])
+
+
+def test_site_agent_refuses_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No TLS choice, a key without TLS, or a non-EC key: exit 2 before any process starts."""
+    assert _site(tmp_path) == 2
+    assert "--root-cert CA.crt" in capsys.readouterr().err
+    paths = make_certs(tmp_path / "certs", ["hospital-1"])
+    assert _site(tmp_path, "--insecure", "--key", str(paths.supernode_keys["hospital-1"])) == 2
+    assert "needs TLS" in capsys.readouterr().err
+    ed = tmp_path / "ed25519"
+    ed.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    assert _site(tmp_path, "--root-cert", str(paths.ca), "--key", str(ed)) == 2
+    assert "NIST elliptic-curve" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_guarded(app, ["site", "run", "--superlink", "h:1", "--insecure", "--data", str(empty)]) == 2
+
+
+def _history(out: Path, status: str, rounds: int, strategy: str = "fedavg") -> dict:
+    data = {"status": status, "config": {"strategy": strategy, "num-server-rounds": 5},
+            "model_id": "mlp:x", "rounds": [{"round": r, "train": {}, "evaluate": {}}
+                                            for r in range(1, rounds + 1)]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "history.json").write_text(json.dumps(data))
+    (out / "global.h5").write_bytes(b"")
+    return data
+
+
+def test_resume_point_rules(tmp_path: Path) -> None:
+    """Unfinished runs resume after their last trained round; finished ones start over;
+    a different configuration is refused instead of mixed in."""
+    cfg = {"strategy": "fedavg", "num-server-rounds": 8}
+    assert find_resume_point(tmp_path / "none", cfg) is None
+    _history(tmp_path / "done", "finished", 3)
+    assert find_resume_point(tmp_path / "done", cfg) is None
+    _history(tmp_path / "empty", "running", 0)
+    assert find_resume_point(tmp_path / "empty", cfg) is None
+    previous = _history(tmp_path / "cut", "running", 2)
+    previous["rounds"].append({"round": 3})  # started, never trained
+    (tmp_path / "cut" / "history.json").write_text(json.dumps(previous))
+    point = find_resume_point(tmp_path / "cut", cfg)
+    assert point is not None and point.last_round == 2 and point.model_id == "mlp:x"
+    history = RunHistory(tmp_path / "cut", cfg, previous=point.history)
+    assert [r["round"] for r in history.data["rounds"]] == [1, 2]
+    assert history.data["resumed"][-1]["after_round"] == 2 and history.data["status"] == "running"
+    with pytest.raises(ConfigError, match="strategy"):
+        find_resume_point(tmp_path / "cut", {**cfg, "strategy": "median"})

@@ -1,0 +1,188 @@
+"""docker/compose.yaml (+ compose.tls.yaml): services, volumes, ports, and commands that point at
+real entry points with options those entry points accept. Docker cannot run here, so `docker
+compose config` / `docker-compose config` validation runs only where one of them is installed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import typer
+import yaml
+
+from cli.app import app as fedsplit_app
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")
+FLOWER_SCRIPTS = ("flower-superlink", "flower-superexec", "flower-supernode", "flwr")
+
+
+def load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((DOCKER / name).read_text())
+
+
+def env_file() -> dict[str, str]:
+    pairs = [line.split("=", 1) for line in (DOCKER / ".env").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    return {k: v for k, v in pairs}
+
+
+def substitute(value: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)(?::?[-?][^}]*)?\}", lambda m: env.get(m.group(1), "X"), value)
+
+
+def fedsplit_command(args: list[str]) -> click.Command:
+    """Resolve `fedsplit a b ...` to its click command; fail on an unknown (sub)command."""
+    command: click.Command = typer.main.get_command(fedsplit_app)
+    rest = list(args)
+    while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
+        name = rest.pop(0)
+        sub = command.get_command(click.Context(command), name)
+        assert sub is not None, f"`fedsplit {' '.join(args)}`: no command {name!r}"
+        command = sub
+    return command
+
+
+def check_fedsplit_options(args: list[str]) -> None:
+    command = fedsplit_command(args)
+    known = {opt for p in command.params for opt in getattr(p, "opts", [])}
+    known |= {opt for p in command.params for opt in getattr(p, "secondary_opts", [])}
+    used = [a for a in args if a.startswith("--")]
+    assert set(used) <= known, f"`fedsplit {' '.join(args)}`: unknown {sorted(set(used) - known)}"
+
+
+def flower_help(script: str) -> str:
+    exe = Path(sys.executable).parent / script
+    return subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"}).stdout
+
+
+def check_command(command: list[str], helps: dict[str, str]) -> None:
+    if command[0] == "fedsplit":
+        check_fedsplit_options(command[1:])
+    elif command[0] in FLOWER_SCRIPTS:
+        for flag in (a for a in command if a.startswith("--")):
+            assert flag in helps[command[0]], f"{command[0]} has no flag {flag}"
+    elif command[0] == "sh":
+        segments = [seg.strip() for seg in re.split(r"&&|\|\||[();]", command[-1])]
+        fedsplit_calls = [seg.replace('"', "").split()[1:] for seg in segments
+                          if seg.startswith("fedsplit ")]
+        for words in fedsplit_calls:
+            check_fedsplit_options([w for w in words if not w.startswith("$")])
+    else:
+        pytest.fail(f"unknown entry point {command[0]}")
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, str]:
+    return {s: flower_help(s) for s in ("flower-superlink", "flower-superexec", "flower-supernode")}
+
+
+def test_compose_services_volumes_ports(helps: dict[str, str]) -> None:
+    """The base file has the issue's topology, each hospital sees only its own data volume."""
+    compose = load("compose.yaml")
+    services = compose["services"]
+    expected = {"init", "superlink", "coordinator", "federation", "admin", *HOSPITALS,
+                *(f"{h}-clientapp" for h in HOSPITALS)}
+    assert expected <= set(services)
+    assert {f"{h}-data" for h in HOSPITALS} | {"coordinator-out", "superlink-state"} <= set(compose["volumes"])
+
+    link = services["superlink"]["command"]
+    assert link[0] == "flower-superlink" and "--disable-runtime-dependency-installation" in link
+    assert link[link.index("--port") + 1] == "8000" and "--isolation" in link
+    assert not any(a in link for a in ("--fleet-api-address", "--control-api-address"))  # pre-1.42
+    assert services["superlink"]["ports"] == ["${SUPERLINK_PORT}:8000"]
+    assert services["admin"]["command"][:3] == ["fedsplit", "admin", "serve"]
+
+    for hospital in HOSPITALS:
+        for name in (hospital, f"{hospital}-clientapp"):
+            mounts = services[name]["volumes"]
+            data = [m for m in mounts if m.split(":")[0].endswith("-data")]
+            assert data == [f"{hospital}-data:/data/{hospital}:ro"], (name, mounts)
+        cmd = services[hospital]["command"]
+        assert cmd[:3] == ["fedsplit", "site", "run"]
+        assert cmd[cmd.index("--superlink") + 1] == "superlink:8000"
+        assert cmd[cmd.index("--data") + 1] == f"/data/{hospital}"
+        runner = services[f"{hospital}-clientapp"]["command"]
+        assert runner[runner.index("--runtime-api-address") + 1] == f"{hospital}:9094"
+        assert services[hospital]["environment"]["FEDSPLIT_HEALTH_URL"].endswith(":9094/health")
+    init_mounts = services["init"]["volumes"]
+    assert sorted(init_mounts) == sorted(f"{h}-data:/data/{h}" for h in HOSPITALS)
+
+    for name, service in services.items():
+        check_command(service["command"], helps)
+        assert service.get("image") == "${FEDSPLIT_IMAGE:-fedsplit:latest}", name
+
+
+def test_tls_overlay_wires_certificates_and_registration(helps: dict[str, str]) -> None:
+    """The TLS overlay turns on TLS + node auth everywhere and registers every hospital's key."""
+    tls = load("compose.tls.yaml")["services"]
+    link = tls["superlink"]["command"]
+    assert "--enable-supernode-auth" in link and "--insecure" not in link
+    assert {"--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certfile"} <= set(link)
+    assert "fedsplit certs" in tls["init"]["command"][-1]
+    assert "flwr supernode register" in tls["register"]["command"][-1]
+    for hospital in HOSPITALS:
+        cmd = tls[hospital]["command"]
+        assert cmd[cmd.index("--key") + 1] == f"/certs/supernodes/{hospital}"
+        assert "--insecure" not in cmd
+        assert tls[hospital]["depends_on"]["register"]["condition"] == "service_completed_successfully"
+    for service in tls.values():
+        check_command(service["command"], helps)
+
+
+def test_env_file_and_dockerfile() -> None:
+    """.env defines every variable the compose files use; the image is non-root with a healthcheck."""
+    env = env_file()
+    used = set()
+    for name in ("compose.yaml", "compose.tls.yaml"):
+        used |= set(re.findall(r"\$\{(\w+)", (DOCKER / name).read_text()))
+    assert used - {"FEDSPLIT_IMAGE"} <= set(env), sorted(used - set(env))
+    assert env["SITES"] == "3"
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert re.search(r"^USER fedsplit$", dockerfile, re.M)
+    assert "HEALTHCHECK" in dockerfile and "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in dockerfile
+    assert "python:3.11-slim" in dockerfile
+    for copied in re.findall(r"^COPY (\S+)", dockerfile, re.M):
+        assert (DOCKER.parent / copied).exists(), copied
+
+
+def test_healthcheck_script(tmp_path: Path) -> None:
+    """The container healthcheck fails on a dead URL and passes without one."""
+    script = DOCKER / "healthcheck.py"
+    env = {**os.environ, "PYTHONPATH": str(DOCKER.parent)}
+    ok = subprocess.run([sys.executable, str(script)], env=env, timeout=60)
+    assert ok.returncode == 0
+    dead = subprocess.run([sys.executable, str(script)], timeout=60, capture_output=True, text=True,
+                          env={**env, "FEDSPLIT_HEALTH_URL": "http://127.0.0.1:9/health"})
+    assert dead.returncode == 1 and "unhealthy" in dead.stderr
+
+
+def compose_cli() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+@pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "compose.tls.yaml"]])
+def test_compose_config_validates(files: list[str]) -> None:
+    """`docker compose config` accepts the files (only where a compose CLI exists)."""
+    cli = compose_cli()
+    if cli is None:
+        pytest.skip("no docker compose plugin or docker-compose binary on this machine")
+    args = [a for f in files for a in ("-f", str(DOCKER / f))]
+    env = {**os.environ, "FEDSPLIT_ADMIN_TOKEN": "x" * 40}
+    done = subprocess.run([*cli, *args, "config", "--quiet"], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=DOCKER)
+    assert done.returncode == 0, done.stderr
