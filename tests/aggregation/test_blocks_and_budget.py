@@ -101,3 +101,21 @@ def test_budget_too_small_is_a_clear_error(h) -> None:
     with pytest.raises(AggregationError, match="positive number of bytes"):
         aggregation.aggregate_updates(aggregation.get_strategy("median"), updates,
                                       memory_budget=0)
+
+
+@pytest.mark.parametrize("name,params", ROBUST[:4])
+def test_worker_threads_give_the_same_bits(h, monkeypatch, name, params) -> None:
+    """FEDSPLIT_AGG_THREADS=3 splits blocks into parallel tiles: identical result and report."""
+    updates = h.make_updates(9, shapes=[(40, 300), (7,)], seed=21)
+    strat = aggregation.get_strategy(name, params)
+    one = aggregation.aggregate_updates(strat, updates)
+    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "3")
+    three = aggregation.aggregate_updates(strat, updates)
+    for key, arr in one.arrays.items():
+        np.testing.assert_array_equal(three.arrays[key], arr)
+    for a, b in zip(one.report.sites, three.report.sites, strict=True):
+        assert a.trimmed_fraction == pytest.approx(b.trimmed_fraction, rel=1e-12)
+        assert a.l2_to_aggregate == pytest.approx(b.l2_to_aggregate, rel=1e-6)
+    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "many")
+    with pytest.raises(AggregationError, match="Received: 'many'"):
+        aggregation.aggregate_updates(strat, updates)
