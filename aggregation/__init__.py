@@ -8,6 +8,7 @@ from aggregation import fedavg as _fedavg  # noqa: F401  (registers "fedavg")
 from aggregation import krum as _krum  # noqa: F401  (registers "krum", "multi-krum")
 from aggregation import median as _median  # noqa: F401  (registers "median")
 from aggregation import trimmed_mean as _trimmed_mean  # noqa: F401  (registers "trimmed-mean")
+from aggregation import vertical_fusion as _vertical_fusion  # noqa: F401  (registers "vertical-fusion")
 from aggregation.base import (
     AggregateResult,
     AggregationReport,

@@ -29,6 +29,7 @@ import httpx
 
 from protocol.config import RunConfig
 from protocol.errors import FedsplitError
+from protocol.vertical_config import VerticalConfig
 
 APP_PACKAGES = ("protocol", "aggregation", "server", "client")
 CONNECTION = "fedsplit"
@@ -80,7 +81,7 @@ def _toml_value(value: Any) -> str:
 
 def stage_app(
     dest: Path,
-    cfg: RunConfig,
+    cfg: RunConfig | VerticalConfig,
     *,
     components: tuple[str, str] = ("server.app:app", "client.app:app"),
     extra_modules: Sequence[Path] = (),
