@@ -101,8 +101,8 @@ def print_report(report: AggregationReport, console: Console | None = None) -> N
             row.append("" if s.selected is None else ("yes" if s.selected else "no"))
             row.append("" if s.score is None else f"{s.score:.4g}")
         row.append("" if s.l2_to_aggregate is None else f"{s.l2_to_aggregate:.4g}")
-        notes = [f"excluded: {s.reason}"] if s.excluded else []
-        notes += [f for f in s.flags if not s.excluded or f not in (s.reason or "")]
+        notes = ["excluded (see below)"] if s.excluded else []
+        notes += [f for f in s.flags if not s.excluded]
         row.append("; ".join(notes))
         table.add_row(*row, style="red" if s.excluded else None)
     total_row = ["[bold]total[/]", f"[bold]{report.num_examples}[/]", "1.0000"]
@@ -110,6 +110,9 @@ def print_report(report: AggregationReport, console: Console | None = None) -> N
     table.add_row(*total_row)
     console = console or Console()
     console.print(table)
+    for s in report.sites:
+        if s.excluded:
+            console.print(f"[red]excluded[/] {s.site}: {s.reason}", soft_wrap=True)
     if report.working_bytes is not None:
         console.print(f"working memory {report.working_bytes / 2**20:.1f} MiB of a "
                       f"{(report.memory_budget or 0) / 2**20:.0f} MiB budget")
