@@ -45,7 +45,7 @@ class Median(AggregationStrategy):
 
     name = "median"
     summary = (
-        "Coordinate-wise median (Yin et al. 2018): tolerates up to half the sites sending "
+        "Coordinate-wise median (Yin et al. 2018): tolerates fewer than half the sites sending "
         "arbitrary values. Same numbers as Flower's FedMedian; weighted=true for the "
         "count-weighted median."
     )
