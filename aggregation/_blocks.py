@@ -178,12 +178,13 @@ class BlockReader:
         self._dsids: dict[str, Any] = _DATASET_IDS.setdefault(self.source, {}) if self._file else {}
 
     def _flat(self, name: str) -> np.ndarray:
-        if self._update is not None:
-            return self._update.arrays[name].reshape(-1)
-        # Any other UpdateSource: one parameter at a time, kept while its blocks are read.
+        if self._update is not None and self._update.arrays[name].flags.c_contiguous:
+            return self._update.arrays[name].reshape(-1)  # a view
+        # Other sources (and non-contiguous arrays): one parameter at a time, kept while its
+        # blocks are read.
         if self._cached is None or self._cached[0] != name:
             self._cached = None  # drop the previous parameter before materialising the next
-            self._cached = (name, np.asarray(self.source.array(name)).reshape(-1))
+            self._cached = (name, np.ascontiguousarray(self.source.array(name)).reshape(-1))
         return self._cached[1]
 
     def _read_file(self, block: Block, out: np.ndarray) -> None:
@@ -207,6 +208,12 @@ class BlockReader:
             self._read_file(block, out)
             return
         np.copyto(out, self._flat(block.name)[block.start : block.stop], casting="same_kind")
+
+    def view(self, block: Block) -> np.ndarray | None:
+        """The block's values without copying when the update is in memory, else None."""
+        if self._update is None:
+            return None
+        return self._flat(block.name)[block.start : block.stop]
 
     def release(self) -> None:
         """Forget a cached parameter (for sources that materialise arrays)."""

@@ -123,8 +123,10 @@ def _first_non_finite(source: UpdateSource, specs: Sequence[ArraySpec], budget: 
     buf = np.empty(values * itemsize, dtype=np.uint8)
     for block in plan_blocks(specs, values):
         spec_dtype = dtypes[block.name]
-        out = buf[: block.size * spec_dtype.itemsize].view(spec_dtype)
-        reader.read(block, out)
+        out = reader.view(block)
+        if out is None:  # not in memory: read the block into the buffer
+            out = buf[: block.size * spec_dtype.itemsize].view(spec_dtype)
+            reader.read(block, out)
         # fast path: a finite sum proves every value finite; otherwise count exactly
         total = np.add.reduce(out, dtype=np.float32 if spec_dtype == np.float16 else None)
         if not np.isfinite(total):

@@ -119,3 +119,16 @@ def test_worker_threads_give_the_same_bits(h, monkeypatch, name, params) -> None
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "many")
     with pytest.raises(AggregationError, match="Received: 'many'"):
         aggregation.aggregate_updates(strat, updates)
+
+
+def test_non_contiguous_in_memory_arrays_read_correctly(h) -> None:
+    """A transposed (non-contiguous) parameter gives the same result as its contiguous copy."""
+    updates = h.make_updates(5, shapes=[(30, 20)], seed=22)
+    copies = [type(u)({"p0": np.ascontiguousarray(u.arrays["p0"].T)}, num_examples=u.num_examples)
+              for u in updates]
+    views = [type(u)({"p0": u.arrays["p0"].T}, num_examples=u.num_examples) for u in updates]
+    assert not views[0].arrays["p0"].flags.c_contiguous
+    strat = aggregation.get_strategy("median")
+    a = aggregation.aggregate_updates(strat, views, memory_budget=5 * 4 * 100 + 8192)
+    b = aggregation.aggregate_updates(strat, copies)
+    np.testing.assert_array_equal(a.arrays["p0"], b.arrays["p0"])
