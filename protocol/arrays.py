@@ -54,12 +54,14 @@ def check_num_examples(value: Any, *, where: str = "update") -> int:
             return int(value)
         raise UpdateError(
             f"The {where}'s sample count (num_examples) must be an integer >= 1: it weights the "
-            f"update in the average. Send the number of training rows used. Received: {value!r}"
+            f"update in the average. Send the number of training rows used. Received: {value!r}",
+            reason="num_examples",
         )
     if int(value) < 1:
         raise UpdateError(
             f"The {where}'s sample count (num_examples) must be >= 1: an update trained on no rows "
-            f"carries no information. Received: {int(value)}"
+            f"carries no information. Received: {int(value)}",
+            reason="num_examples",
         )
     return int(value)
 
@@ -69,21 +71,24 @@ def check_array(name: str, array: Any, *, where: str = "update") -> np.ndarray:
     if not isinstance(name, str) or not name:
         raise UpdateError(
             f"Every parameter in the {where} needs a non-empty string name (its state_dict key). "
-            f"Received: {name!r}"
+            f"Received: {name!r}",
+            reason="name",
         )
     arr = np.asarray(array)
     if arr.dtype not in ALLOWED_DTYPES:
         raise UpdateError(
             f"Parameter {name!r} in the {where} has dtype {arr.dtype}; weights must be float16, "
             f"float32 or float64. Convert integer buffers (e.g. BatchNorm's num_batches_tracked) "
-            f"to float or leave them out. Received: dtype={arr.dtype}"
+            f"to float or leave them out. Received: dtype={arr.dtype}",
+            reason="dtype",
         )
     if not np.all(np.isfinite(arr)):
         bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
         raise UpdateError(
             f"Parameter {name!r} in the {where} holds {bad} NaN/Inf value(s); a diverged or "
             f"corrupted update cannot be aggregated. Retrain with a lower learning rate or check "
-            f"the site's data. Received: {bad} non-finite of {arr.size}"
+            f"the site's data. Received: {bad} non-finite of {arr.size}",
+            reason="non_finite",
         )
     return arr
 
@@ -91,7 +96,7 @@ def check_array(name: str, array: Any, *, where: str = "update") -> np.ndarray:
 def check_arrays(arrays: Mapping[str, Any], *, where: str = "update") -> dict[str, np.ndarray]:
     """Check every named array (see `check_array`) and return them in order."""
     if not arrays:
-        raise UpdateError(f"The {where} holds no parameters. Received: 0 arrays")
+        raise UpdateError(f"The {where} holds no parameters. Received: 0 arrays", reason="empty")
     return {name: check_array(name, arr, where=where) for name, arr in arrays.items()}
 
 

@@ -15,21 +15,33 @@ from __future__ import annotations
 
 
 class FedsplitError(Exception):
-    """Base class of every error fedsplit raises on purpose."""
+    """Base class of every error fedsplit raises on purpose.
+
+    ``reason`` is a short machine-readable code (``link``, ``non_finite``, ``num_examples``, ...)
+    for metrics and API clients; the message is for people.
+    """
 
     exit_code: int = 1
+    reason: str | None = None
+
+    def __init__(self, *args: object, reason: str | None = None) -> None:
+        super().__init__(*args)
+        if reason is not None:
+            self.reason = reason
 
 
 class WeightFileError(FedsplitError, ValueError):
     """A weight file is not a valid, safe fedsplit weight file."""
 
     exit_code = 2
+    reason = "invalid"
 
 
 class UpdateError(FedsplitError, ValueError):
     """An update (named arrays plus sample count) is invalid."""
 
     exit_code = 2
+    reason = "invalid"
 
 
 class ConfigError(FedsplitError, ValueError):

@@ -34,6 +34,7 @@ import numpy as np
 
 from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
 from protocol.errors import UpdateError, WeightFileError
+from protocol.h5safety import walk
 from protocol.update import Update, UpdateHeader
 
 FORMAT = "fedsplit.weights"
@@ -42,9 +43,7 @@ ARRAYS_GROUP = "arrays"
 ORDER_ATTR = "order"
 SUFFIXES = (".h5", ".hdf5")
 
-# HDF5 filters a weight file may use: deflate (gzip), shuffle, fletcher32. Anything else
-# needs a filter library at read time (plugins are code execution we do not allow).
-_ALLOWED_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32"}
+_NO_LIMIT = 2**62  # per-parameter size limit when the caller sets none
 
 PathOrFile = str | os.PathLike[str] | IO[bytes]
 
@@ -71,7 +70,8 @@ def _optional_int(attrs: h5py.AttributeManager, key: str, where: str) -> int | N
         value = value.item()
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
         raise WeightFileError(
-            f"{where}: root attribute {key!r} must be an integer. Received: {value!r}"
+            f"{where}: root attribute {key!r} must be an integer. Received: {value!r}",
+            reason="wrong_format",
         )
     return int(value)
 
@@ -110,13 +110,14 @@ class WeightFile:
         except (OSError, RuntimeError) as e:  # damaged or unreadable chunks
             raise WeightFileError(
                 f"{self._where}: parameter {name!r} could not be read ({e}); the file is damaged. "
-                f"Re-export or re-upload it. Received: {name!r}"
+                f"Re-export or re-upload it. Received: {name!r}",
+                reason="corrupt",
             ) from e
         arr = raw.astype(raw.dtype.newbyteorder("="), copy=False)
         try:
             return check_array(name, arr, where=self._where)
         except UpdateError as e:
-            raise WeightFileError(str(e)) from e
+            raise WeightFileError(str(e), reason=e.reason) from e
 
     def to_update(self, num_examples: int | None = None) -> Update:
         """Read every parameter and return an in-memory `Update`."""
@@ -131,7 +132,7 @@ class WeightFile:
                 model=h.model,
             )
         except UpdateError as e:
-            raise WeightFileError(str(e)) from e
+            raise WeightFileError(str(e), reason=e.reason) from e
 
     def close(self) -> None:
         """Close the underlying HDF5 file."""
@@ -169,18 +170,21 @@ def open_weights(
     if isinstance(source, str | os.PathLike):
         path = Path(source)
         if not path.is_file():
-            raise WeightFileError(f"{where} does not exist or is not a file. Received: {path}")
+            raise WeightFileError(f"{where} does not exist or is not a file. Received: {path}",
+                                  reason="missing")
         if not h5py.is_hdf5(path):
             raise WeightFileError(
                 f"{where} is not an HDF5 file. fedsplit weight files are HDF5 (.h5); write one "
-                f"with `fedsplit export` or protocol.write_weights. Received: {path.name}"
+                f"with `fedsplit export` or protocol.write_weights. Received: {path.name}",
+                reason="not_hdf5",
             )
     try:
         handle = h5py.File(source, "r")
     except (OSError, ValueError) as e:
         raise WeightFileError(
             f"{where} is not a readable HDF5 file ({e}). fedsplit weight files are HDF5 (.h5). "
-            f"Received: {_describe(source)}"
+            f"Received: {_describe(source)}",
+            reason="corrupt",
         ) from e
     try:
         header = _validate(handle, where, require_num_examples, max_elements)
@@ -200,13 +204,15 @@ def _validate(
         raise WeightFileError(
             f"{where} is HDF5 but not a fedsplit weight file: root attribute 'format' must be "
             f"{FORMAT!r}. Keras or plain torch files must be converted first (`fedsplit export`). "
-            f"Received: format={fmt!r}"
+            f"Received: format={fmt!r}",
+            reason="wrong_format",
         )
     version = _optional_int(f.attrs, "format_version", where)
     if version != FORMAT_VERSION:
         raise WeightFileError(
             f"{where} has format_version {version}; this fedsplit reads version "
-            f"{FORMAT_VERSION}. Upgrade fedsplit or re-export the file. Received: {version!r}"
+            f"{FORMAT_VERSION}. Upgrade fedsplit or re-export the file. Received: {version!r}",
+            reason="wrong_format",
         )
     if "num_examples" in f.attrs:
         raw = f.attrs["num_examples"]
@@ -215,80 +221,106 @@ def _validate(
         if isinstance(raw, bool | np.bool_) or not isinstance(raw, int | np.integer):
             raise WeightFileError(
                 f"{where}: root attribute 'num_examples' must be an integer >= 1 (the number of "
-                f"training rows behind these weights). Received: {raw!r}"
+                f"training rows behind these weights). Received: {raw!r}",
+                reason="num_examples",
             )
         try:
             num_examples = check_num_examples(int(raw), where=where)
         except UpdateError as e:
-            raise WeightFileError(str(e)) from e
+            raise WeightFileError(str(e), reason=e.reason) from e
     elif require_num_examples:
         raise WeightFileError(
             f"{where} has no 'num_examples' root attribute; FedAvg weights every update by its "
             f"sample count. Re-export with --num-examples N. Received: attributes "
-            f"{sorted(f.attrs.keys())}"
+            f"{sorted(f.attrs.keys())}",
+            reason="num_examples",
         )
     else:
         num_examples = 0
 
-    # Links of any kind are refused before anything is dereferenced.
-    for name in f:
-        link = f.get(name, getlink=True)
-        if not isinstance(link, h5py.HardLink):
+    # Links, storage, filters, dtype kinds and declared sizes: checked before any value is read.
+    tree = walk(f, where=where, max_depth=2, max_elements=max_elements or _NO_LIMIT)
+    prefix = f"{ARRAYS_GROUP}/"
+    for group_path in tree.groups:
+        if group_path.startswith(prefix):
             raise WeightFileError(
-                f"{where}: /{name} is a {type(link).__name__}; weight files may not contain links "
-                f"(they can point into other files). Received: /{name}"
+                f"{where}: /{group_path} is a group; nested groups are not allowed in "
+                f"/{ARRAYS_GROUP} (flatten names as 'layer.0.weight'). Received: /{group_path}",
+                reason="nested_group",
             )
-        if name != ARRAYS_GROUP:
+        if group_path != ARRAYS_GROUP:
             raise WeightFileError(
-                f"{where}: unexpected object /{name} at the root; only /{ARRAYS_GROUP} is allowed. "
-                f"Received: /{name}"
+                f"{where}: unexpected object /{group_path} at the root; only /{ARRAYS_GROUP} is "
+                f"allowed. Received: /{group_path}",
+                reason="unexpected_object",
             )
-    if ARRAYS_GROUP not in f or not isinstance(f[ARRAYS_GROUP], h5py.Group):
+    for info in tree.datasets:
+        if not info.path.startswith(prefix):
+            raise WeightFileError(
+                f"{where}: unexpected object /{info.path} at the root; only /{ARRAYS_GROUP} is "
+                f"allowed. Received: /{info.path}",
+                reason="unexpected_object",
+            )
+    if ARRAYS_GROUP not in tree.groups:
         raise WeightFileError(
             f"{where} has no /{ARRAYS_GROUP} group holding the parameters. Received: root "
-            f"entries {list(f.keys())}"
+            f"entries {list(f.keys())}",
+            reason="wrong_format",
         )
     group = f[ARRAYS_GROUP]
+    datasets = {info.path[len(prefix):]: info for info in tree.datasets}
     order_raw = group.attrs.get(ORDER_ATTR)
     if order_raw is None:
         raise WeightFileError(
             f"{where}: /{ARRAYS_GROUP} lacks the {ORDER_ATTR!r} attribute listing parameter names "
-            f"in model order. Received: attributes {sorted(group.attrs.keys())}"
+            f"in model order. Received: attributes {sorted(group.attrs.keys())}",
+            reason="order",
         )
     order = [_text(v) for v in np.atleast_1d(np.asarray(order_raw, dtype=object))]
     if any(v is None for v in order):
         raise WeightFileError(
             f"{where}: /{ARRAYS_GROUP}.{ORDER_ATTR} must be a list of strings. "
-            f"Received: {order_raw!r}"
+            f"Received: {order_raw!r}",
+            reason="order",
         )
     if len(set(order)) != len(order):
         dup = next(n for n in order if order.count(n) > 1)
         raise WeightFileError(
-            f"{where}: parameter {dup!r} is listed twice in {ORDER_ATTR}. Received: {order}"
+            f"{where}: parameter {dup!r} is listed twice in {ORDER_ATTR}. Received: {order}",
+            reason="order",
         )
-    present = list(group.keys())
     for name in order:
-        if name not in present:
+        if name not in datasets:
             raise WeightFileError(
                 f"{where}: {name!r} is listed in {ORDER_ATTR} but has no dataset in "
-                f"/{ARRAYS_GROUP}. Received: datasets {present}"
+                f"/{ARRAYS_GROUP}. Received: datasets {list(datasets)}",
+                reason="order",
             )
-    for name in present:
+    for name in datasets:
         if name not in order:
             raise WeightFileError(
                 f"{where}: dataset /{ARRAYS_GROUP}/{name} is not listed in {ORDER_ATTR}; every "
-                f"parameter must be named there in model order. Received: order {order}"
+                f"parameter must be named there in model order. Received: order {order}",
+                reason="order",
             )
 
     specs = []
     total = 0
     for name in order:
-        specs.append(_check_dataset(group, name, where))
+        info = datasets[name]
+        if info.dtype not in ALLOWED_DTYPES:
+            raise WeightFileError(
+                f"{where}: /{info.path} has dtype {info.dtype}; parameters must be float16, "
+                f"float32 or float64. Received: dtype={info.dtype}",
+                reason="dtype",
+            )
+        specs.append(ArraySpec(name, info.shape, info.dtype))
         total += specs[-1].size
         if max_elements is not None and total > max_elements:
             raise WeightFileError(
                 f"{where} declares more than {max_elements} parameter values in total; this "
-                f"coordinator refuses models that large. Received: > {max_elements} at {name!r}"
+                f"coordinator refuses models that large. Received: > {max_elements} at {name!r}",
+                reason="too_large",
             )
     return UpdateHeader(
         num_examples=num_examples,
@@ -297,49 +329,6 @@ def _validate(
         round=_optional_int(f.attrs, "round", where),
         model=_text(f.attrs.get("model")),
     )
-
-
-def _check_dataset(group: h5py.Group, name: str, where: str) -> ArraySpec:
-    path = f"/{ARRAYS_GROUP}/{name}"
-    link = group.get(name, getlink=True)
-    if not isinstance(link, h5py.HardLink):
-        raise WeightFileError(
-            f"{where}: {path} is a {type(link).__name__}; weight files may not contain links "
-            f"(they can point into other files). Received: {path}"
-        )
-    obj = group[name]
-    if not isinstance(obj, h5py.Dataset):
-        raise WeightFileError(
-            f"{where}: {path} is a {type(obj).__name__}, not a dataset; nested groups are not "
-            f"allowed (flatten names as 'layer.0.weight'). Received: {path}"
-        )
-    if obj.is_virtual:
-        raise WeightFileError(
-            f"{where}: {path} is a virtual dataset (it maps data from other files). Write the "
-            f"values into the file itself. Received: {path}"
-        )
-    if obj.external:
-        raise WeightFileError(
-            f"{where}: {path} uses external storage (its bytes live in another file). Write the "
-            f"values into the file itself. Received: external={obj.external!r}"
-        )
-    plist = obj.id.get_create_plist()
-    for i in range(plist.get_nfilters()):
-        code = plist.get_filter(i)[0]
-        if code not in _ALLOWED_FILTERS:
-            raise WeightFileError(
-                f"{where}: {path} uses HDF5 filter {code}, which needs a plugin library; only "
-                f"{', '.join(_ALLOWED_FILTERS.values())} are allowed. Received: filter {code}"
-            )
-    if obj.shape is None:
-        raise WeightFileError(f"{where}: {path} has a null dataspace. Received: shape None")
-    dtype = obj.dtype
-    if dtype.newbyteorder("=") not in ALLOWED_DTYPES:
-        raise WeightFileError(
-            f"{where}: {path} has dtype {dtype}; parameters must be float16, float32 or float64. "
-            f"Received: dtype={dtype}"
-        )
-    return ArraySpec(name, tuple(int(d) for d in obj.shape), dtype.newbyteorder("="))
 
 
 def read_weights(source: PathOrFile, *, num_examples: int | None = None) -> Update:

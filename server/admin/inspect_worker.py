@@ -21,11 +21,12 @@ import h5py
 import h5py.h5pl
 import numpy as np
 
+from protocol import h5safety
 from protocol.arrays import check_array
 from protocol.errors import FedsplitError, UpdateError, WeightFileError
 from protocol.update import Update
 from protocol.weights import open_weights, write_weights
-from server.admin import h5safety, keras_layout
+from server.admin import keras_layout
 from server.admin.errors import UploadRefusedError
 from server.admin.model_match import first_difference, specs_to_json
 
@@ -55,7 +56,7 @@ def run(source: str, dest: str, request: InspectRequest, result_path: str) -> No
     except UploadRefusedError as e:
         result = {"ok": False, "reason": e.reason, "message": str(e)}
     except (WeightFileError, UpdateError) as e:
-        result = {"ok": False, "reason": classify(str(e)), "message": str(e)}
+        result = {"ok": False, "reason": e.reason, "message": str(e)}
     except MemoryError:
         result = {
             "ok": False,
@@ -101,7 +102,8 @@ def inspect(source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]
             ) from None
         with f:
             layout = keras_layout.detect_layout(f)
-            tree = h5safety.walk(f, max_depth=request.max_depth, max_elements=request.max_elements)
+            tree = h5safety.walk(f, where=keras_layout.WHERE, max_depth=request.max_depth,
+                                max_elements=request.max_elements)
             descriptor = None
             if layout != keras_layout.FEDSPLIT:
                 descriptor, specs = keras_layout.describe_keras(
@@ -142,27 +144,6 @@ def inspect(source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]
     }
 
 
-def classify(message: str) -> str:
-    """Metric label of a protocol error message."""
-    rules = (
-        ("NaN/Inf", "non_finite"),
-        ("links", "link"),
-        ("external storage", "external_storage"),
-        ("virtual dataset", "virtual_dataset"),
-        ("filter", "filter"),
-        ("nested groups", "nested_group"),
-        ("parameter values in total", "too_large"),
-        ("num_examples", "num_examples"),
-        ("sample count", "num_examples"),
-        ("dtype", "dtype"),
-        ("format", "wrong_format"),
-    )
-    for needle, reason in rules:
-        if needle in message:
-            return reason
-    return "invalid"
-
-
 def _check_expected(request: InspectRequest, specs: list[dict[str, Any]]) -> None:
     if request.expected is None:
         return
@@ -191,7 +172,7 @@ def _checked(name: str, arr: np.ndarray) -> np.ndarray:
     try:
         return check_array(name, arr, where="uploaded file")
     except UpdateError as e:
-        raise UploadRefusedError(str(e), classify(str(e))) from None
+        raise UploadRefusedError(str(e), e.reason) from None
 
 
 def _limit_resources(request: InspectRequest) -> None:

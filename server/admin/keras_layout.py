@@ -30,8 +30,10 @@ import h5py
 import numpy as np
 
 from protocol.arrays import ALLOWED_DTYPES, ArraySpec
+from protocol.h5safety import Tree
 from server.admin.errors import UploadRefusedError
-from server.admin.h5safety import WHERE, Tree
+
+WHERE = "The uploaded file"
 
 KERAS3 = "keras3"
 KERAS_LEGACY = "keras-legacy"

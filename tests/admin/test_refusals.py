@@ -97,8 +97,8 @@ CASES: list[tuple[str, Callable[[h5py.File, h5py.Group], None], str, str]] = [
     ),
     (
         "nested group", _nested, "nested_group",
-        "Weight file <uploaded file>: /arrays/sub is a Group, not a dataset; nested groups are not "
-        "allowed (flatten names as 'layer.0.weight'). Received: /arrays/sub",
+        "Weight file <uploaded file>: /arrays/sub is a group; nested groups are not allowed in "
+        "/arrays (flatten names as 'layer.0.weight'). Received: /arrays/sub",
     ),
     (
         "deep tree", _deep, "too_deep",
@@ -345,7 +345,7 @@ def test_dataset_larger_than_the_round_model_is_refused_before_reading(client, s
         (
             None, 0,
             "Weight file <uploaded file>: root attribute 'num_examples' must be an integer >= 1 (the "
-            "number of training rows behind these weights). Received: np.float64(0.0)",
+            "number of training rows behind these weights). Received: 0.0",
         ),
     ],
 )

@@ -150,8 +150,20 @@ def test_links_of_every_kind_are_refused(tmp_path: Path) -> None:
                 f["arrays"].attrs["order"] = ["w", "stolen"]
             else:
                 f["elsewhere"] = h5py.ExternalLink(str(other), "/arrays")
-        with pytest.raises(WeightFileError, match="Link"):
+        with pytest.raises(WeightFileError, match="link") as err:
             read_weights(path)
+        assert err.value.reason == "link"
+
+
+def test_hard_link_aliases_are_refused(tmp_path: Path) -> None:
+    """A second hard link to the same dataset (a repeated parameter) is refused."""
+    path = write_raw(tmp_path / "alias.h5")
+    with h5py.File(path, "a") as f:
+        f["arrays"]["copy"] = f["arrays"]["w"]
+        f["arrays"].attrs["order"] = ["w", "copy"]
+    with pytest.raises(WeightFileError, match="second hard link") as err:
+        read_weights(path)
+    assert err.value.reason == "link"
 
 
 def test_external_storage_is_refused(tmp_path: Path) -> None:
@@ -164,8 +176,9 @@ def test_external_storage_is_refused(tmp_path: Path) -> None:
         g = f.create_group("arrays")
         g.create_dataset("w", shape=(4,), dtype="f4", external=[(str(raw), 0, 16)])
         g.attrs["order"] = ["w"]
-    with pytest.raises(WeightFileError, match="external storage"):
+    with pytest.raises(WeightFileError, match="external raw storage") as err:
         read_weights(path)
+    assert err.value.reason == "external_storage"
 
 
 def test_virtual_dataset_is_refused(tmp_path: Path) -> None:
@@ -179,8 +192,9 @@ def test_virtual_dataset_is_refused(tmp_path: Path) -> None:
         g = f.create_group("arrays")
         g.create_virtual_dataset("w", layout)
         g.attrs["order"] = ["w"]
-    with pytest.raises(WeightFileError, match="virtual dataset"):
+    with pytest.raises(WeightFileError, match="virtual dataset") as err:
         read_weights(path)
+    assert err.value.reason == "virtual_dataset"
 
 
 def test_nested_group_and_stray_root_objects_are_refused(tmp_path: Path) -> None:
@@ -198,11 +212,28 @@ def test_nested_group_and_stray_root_objects_are_refused(tmp_path: Path) -> None
         read_weights(stray)
 
 
+def test_plugin_filters_are_refused(tmp_path: Path) -> None:
+    """lzf (or any filter beyond gzip, shuffle, fletcher32) is refused before reading."""
+    path = write_raw(tmp_path / "w.h5")
+    with h5py.File(path, "a") as f:
+        del f["arrays"]["w"]
+        f["arrays"].create_dataset("w", data=np.ones(64, np.float32), compression="lzf")
+    with pytest.raises(WeightFileError, match="filter 32000") as err:
+        read_weights(path)
+    assert err.value.reason == "filter"
+
+
 def test_shape_bomb_limit(tmp_path: Path) -> None:
     """max_elements refuses files declaring more parameter values than allowed."""
     path = write_raw(tmp_path / "w.h5", arrays={"w": np.zeros((100, 100), np.float32)})
-    with pytest.raises(WeightFileError, match="more than 1000 parameter values"):
+    with pytest.raises(WeightFileError, match=r"\(10000 values\), more than the 1000") as err:
         open_weights(path, max_elements=1000)
+    assert err.value.reason == "too_large"
+    # the total over all parameters is capped too
+    two = write_raw(tmp_path / "two.h5", arrays={"a": np.zeros(600, np.float32),
+                                                 "b": np.zeros(600, np.float32)})
+    with pytest.raises(WeightFileError, match="more than 1000 parameter values in total"):
+        open_weights(two, max_elements=1000)
 
 
 def test_writer_refuses_wrong_suffix(tmp_path: Path) -> None:
