@@ -52,7 +52,7 @@ class Branch:
         """Parameters and Adam moments as named arrays (kept in Flower's ``context.state``)."""
         out = {f"param.{k}": v.detach().numpy().copy() for k, v in self.module.state_dict().items()}
         for i, st in self.optimizer.state_dict()["state"].items():
-            out[f"adam.{i}.step"] = np.asarray(float(st["step"]), dtype=np.float64)
+            out[f"adam.{i}.step"] = np.asarray([float(st["step"])], dtype=np.float64)
             out[f"adam.{i}.exp_avg"] = st["exp_avg"].numpy().copy()
             out[f"adam.{i}.exp_avg_sq"] = st["exp_avg_sq"].numpy().copy()
         return out
@@ -66,7 +66,7 @@ class Branch:
         steps = sorted({int(k.split(".")[1]) for k in arrays if k.startswith("adam.")})
         for i in steps:
             opt["state"][i] = {
-                "step": torch.tensor(float(arrays[f"adam.{i}.step"])),
+                "step": torch.tensor(float(np.asarray(arrays[f"adam.{i}.step"]).reshape(-1)[0])),
                 "exp_avg": torch.from_numpy(np.array(arrays[f"adam.{i}.exp_avg"])),
                 "exp_avg_sq": torch.from_numpy(np.array(arrays[f"adam.{i}.exp_avg_sq"])),
             }
