@@ -28,6 +28,7 @@ app.command("export")(export.export)
 app.command("up")(up.up)
 app.add_typer(site.app, name="site")
 app.command("certs")(certs.certs)
+app.add_typer(__import__("cli.vertical", fromlist=["app"]).app, name="vertical")  # issue 5
 
 
 def main() -> None:
