@@ -38,6 +38,14 @@ def reply_site(msg: Message) -> str:
     return f"node-{msg.metadata.src_node_id}"
 
 
+def reply_info(msg: Message) -> dict[str, str]:
+    """Text the site reports about how it trained (device, parallel mode), besides its name."""
+    record = msg.content.config_records.get("site")
+    if record is None:
+        return {}
+    return {k: str(v) for k, v in record.items() if k != "name" and isinstance(v, str)}
+
+
 def _scalars(record: MetricRecord) -> dict[str, float]:
     return {k: float(v) for k, v in record.items() if isinstance(v, int | float)}
 
@@ -198,7 +206,7 @@ class RegistryStrategy(FedAvg):
             updates.append(update)
             rows.append((update.num_examples, metrics))
             sites.append({"site": update.site, "num_examples": update.num_examples,
-                          "metrics": metrics})
+                          "metrics": metrics, "info": reply_info(msg)})
         for rep in excluded:
             log.warning("Round %s: excluded %s: %s", server_round, rep.site, rep.reason)
             sites.append({"site": rep.site, "excluded": True, "reason": rep.reason})

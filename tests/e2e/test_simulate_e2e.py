@@ -35,6 +35,8 @@ def test_simulate_breast_cancer_three_sites(tmp_path: Path) -> None:
     assert history["status"] == "finished"
     sites = {s["site"] for r in history["rounds"] for s in r["train"]["sites"]}
     assert sites == {"site-0", "site-1", "site-2"}
+    infos = [s["info"] for r in history["rounds"] for s in r["train"]["sites"]]
+    assert all(i["device"] == "cpu" and i["parallel-mode"] == "none" for i in infos)
     # No Flower process outlives the run
     leftover = subprocess.run(["pgrep", "-f", str(out / "flower")], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
