@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET, BlockReader, plan_blocks
+from aggregation._blocks import DEFAULT_MEMORY_BUDGET, BlockReader, plan_blocks, work_dtype
 from aggregation.base import AggregateResult, AggregationStrategy, SiteReport
 from aggregation.errors import AggregationError, NotEnoughUpdatesError
 from aggregation.guard import Expected, guard_updates
@@ -94,21 +94,29 @@ def distances_to(
     *,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> list[float]:
-    """Return each update's L2 distance to ``arrays`` (all parameters), one update at a time."""
+    """Return each update's L2 distance to ``arrays`` (all parameters), one update at a time.
+
+    Differences are taken in the working precision (float32 for float16/32 models) block by
+    block and summed in float64 across blocks.
+    """
     specs = updates[0].header.specs
-    itemsize = 8
-    values = max(1, min(memory_budget // (3 * itemsize), max(s.size for s in specs), 1 << 22))
-    buf = np.empty(values, dtype=np.float64)
+    work = max((work_dtype(s.dtype) for s in specs), key=lambda d: d.itemsize)
+    values = max(1, min(memory_budget // (2 * work.itemsize), max(s.size for s in specs), 1 << 20))
+    buf = np.empty(values, dtype=work)
     out = []
     for u in updates:
         reader = BlockReader(u)
         total = 0.0
         for block in plan_blocks(specs, values):
-            vals = buf[: block.size]
-            reader.read(block, vals)
+            diff = buf[: block.size]
             ref = np.asarray(arrays[block.name]).reshape(-1)[block.start : block.stop]
-            vals -= ref
-            total += float(np.dot(vals, vals))
+            vals = reader.view(block)
+            if vals is None:
+                reader.read(block, diff)
+                np.subtract(diff, ref, out=diff, casting="unsafe")
+            else:
+                np.subtract(vals, ref, out=diff, casting="unsafe")
+            total += float(np.dot(diff, diff))
         reader.release()
         out.append(float(np.sqrt(total)))
     return out

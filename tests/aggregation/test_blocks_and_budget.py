@@ -132,3 +132,15 @@ def test_non_contiguous_in_memory_arrays_read_correctly(h) -> None:
     a = aggregation.aggregate_updates(strat, views, memory_budget=5 * 4 * 100 + 8192)
     b = aggregation.aggregate_updates(strat, copies)
     np.testing.assert_array_equal(a.arrays["p0"], b.arrays["p0"])
+
+
+def test_report_distances_equal_direct_computation(h) -> None:
+    """l2_to_aggregate (FedAvg's separate pass and median's in-pass sum) equals numpy's norm."""
+    updates = h.make_updates(6, seed=23)
+    for name in ("fedavg", "median"):
+        res = aggregation.aggregate_updates(aggregation.get_strategy(name), updates,
+                                            memory_budget=6 * 4 * 50 + 8192)
+        agg = np.concatenate([a.reshape(-1) for a in res.arrays.values()]).astype(np.float64)
+        for u, site in zip(updates, res.report.sites, strict=True):
+            flat = np.concatenate([a.reshape(-1) for a in u.arrays.values()]).astype(np.float64)
+            assert site.l2_to_aggregate == pytest.approx(np.linalg.norm(flat - agg), rel=1e-5)
