@@ -23,6 +23,7 @@ from h5py import h5d, h5s
 
 from aggregation.errors import AggregationError
 from protocol.arrays import ArraySpec
+from protocol.errors import WeightFileError
 from protocol.update import Update, UpdateHeader, UpdateSource
 from protocol.weights import WeightFile
 
@@ -193,12 +194,20 @@ class BlockReader:
         if dsid is None:
             dsid = self._dsids[block.name] = _dataset_id(self._file, block.name)
         dest = out if out.flags.c_contiguous else np.empty(block.size, dtype=out.dtype)
-        if not block.selection:
-            dsid.read(h5s.ALL, h5s.ALL, dest.reshape(block.shape))
-        else:
-            fspace = dsid.get_space()
-            fspace.select_hyperslab(block.hyperslab_start, block.hyperslab_count)
-            dsid.read(h5s.create_simple((block.size,)), fspace, dest)
+        try:
+            if not block.selection:
+                dsid.read(h5s.ALL, h5s.ALL, dest.reshape(block.shape))
+            else:
+                fspace = dsid.get_space()
+                fspace.select_hyperslab(block.hyperslab_start, block.hyperslab_count)
+                dsid.read(h5s.create_simple((block.size,)), fspace, dest)
+        except (OSError, RuntimeError) as e:  # damaged or unreadable chunks
+            raise WeightFileError(
+                f"Weight file of {self._file.header.label}: parameter {block.name!r} could not be "
+                f"read ({e}); the file is damaged. Re-export or re-upload it. "
+                f"Received: {block.name!r}",
+                reason="corrupt",
+            ) from e
         if dest is not out:
             out[...] = dest
 

@@ -151,3 +151,22 @@ def test_all_excluded_is_not_enough_updates(h) -> None:
         _poison(u, "p0", float("inf"))
     with pytest.raises(NotEnoughUpdatesError, match=r"s0: values:.*s1: values:"):
         aggregation.aggregate_updates(aggregation.get_strategy("median"), updates)
+
+
+def test_damaged_chunk_in_weight_file_is_excluded(h, tmp_path: Path) -> None:
+    """A file whose compressed chunk is corrupt: excluded as unreadable, the round goes on."""
+    updates = h.make_updates(3, shapes=[(64, 64)], seed=30)
+    paths = [write_weights(u, tmp_path / f"{u.site}.h5", compress=True) for u in updates]
+    with h5py.File(paths[2], "r") as f:
+        offset = f["arrays/p0"].id.get_chunk_info(0).byte_offset
+    raw = bytearray(paths[2].read_bytes())
+    raw[offset : offset + 64] = b"\xff" * 64
+    paths[2].write_bytes(bytes(raw))
+    files = [open_weights(p) for p in paths]
+    try:
+        got = aggregation.aggregate_updates(aggregation.get_strategy("median"), files)
+    finally:
+        for f in files:
+            f.close()
+    assert got.report.sites[2].excluded and "damaged" in got.report.sites[2].reason
+    assert not got.report.sites[0].excluded
