@@ -72,3 +72,27 @@ def write_bundled(name: str, num_sites: int, folder: Path, *, overlap: float = 1
     labels = folder / "labels.csv"
     pd.DataFrame({ID_COLUMN: ids, TARGET: y}).to_csv(labels, index=False)
     return SiteFiles(paths, labels)
+
+
+TITANIC_GROUPS = (("Pclass", "Sex", "Age"), ("SibSp", "Parch", "Ticket", "Fare", "Embarked"))
+
+
+def write_titanic(train_csv: Path, folder: Path) -> SiteFiles:
+    """Cut Kaggle's Titanic ``train.csv`` into the seed lecture's two column groups.
+
+    Site one: class, sex, age. Site two: siblings/spouses, parents/children, ticket, fare,
+    embarked. The label file holds PassengerId and Survived. Missing values stay missing
+    (sites impute them from their training rows).
+    """
+    import pandas as pd
+
+    frame = pd.read_csv(train_csv)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k, cols in enumerate(TITANIC_GROUPS):
+        path = folder / f"site-{k}.csv"
+        frame[["PassengerId", *cols]].sample(frac=1.0, random_state=k).to_csv(path, index=False)
+        paths.append(path)
+    labels = folder / "labels.csv"
+    frame[["PassengerId", "Survived"]].to_csv(labels, index=False)
+    return SiteFiles(paths, labels, "PassengerId", "Survived")
