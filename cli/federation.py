@@ -20,6 +20,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -103,6 +104,7 @@ class LocalFederation:
         self.homes = self.work / "homes"
         self.cli_env = flower_env(self.homes / "cli")
         self._restarts: dict[str, int] = {}
+        self._run_log_offset = 0
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -207,7 +209,25 @@ class LocalFederation:
         """``flwr run`` the staged app on this federation (streams its log to logs/flwr-run.log)."""
         if RUN in self.procs:
             stop(self.procs[RUN], grace=5)
+        self._run_log_offset = (self.logs / f"{RUN}.log").stat().st_size \
+            if (self.logs / f"{RUN}.log").exists() else 0
         self._start(RUN, [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream"], self.cli_env)
+
+    def current_run_id(self) -> str | None:
+        """The id of the run last submitted, once ``flwr run`` has printed it."""
+        log = self.logs / f"{RUN}.log"
+        if not log.exists():
+            return None
+        with open(log, "rb") as fh:
+            fh.seek(self._run_log_offset)
+            found = re.findall(rb"Successfully started run (\d+)", fh.read())
+        return found[-1].decode() if found else None
+
+    def stop_run(self, run_id: str) -> None:
+        """``flwr stop`` a run whose coordinator died, so hospitals drop its pending messages."""
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            subprocess.run([tool("flwr"), "stop", run_id, CONNECTION], env=self.cli_env,
+                           capture_output=True, timeout=60, check=False)
 
     # --- supervision -----------------------------------------------------------------------
 
@@ -263,6 +283,8 @@ class LocalFederation:
             if coordinator.poll() is not None or (
                     run_ended_at is not None and time.monotonic() - run_ended_at > 15):
                 stop(coordinator, grace=5)
+                if (run_id := self.current_run_id()) is not None:
+                    self.stop_run(run_id)
                 done = max((r["round"] for r in history.get("rounds", []) if "train" in r), default=0)
                 reason = (f"exited with code {coordinator.returncode}" if coordinator.returncode
                           is not None else "its run ended without finishing")

@@ -42,6 +42,7 @@ NO_KEY = re.compile(r"must be registered", re.IGNORECASE)
 # counted online; Flower drops it after 2 missed heartbeats (<= 60 s), so retry that long first.
 NOT_ACTIVATED = re.compile(r"Failed to activate|code: ?20\d\d|UNAUTHORIZED", re.IGNORECASE)
 ACTIVATION_GRACE_S = 90.0
+ACTIVATION_RETRY_S = 10.0
 
 
 class SiteAgentError(FedsplitError):
@@ -81,7 +82,7 @@ def _pump(stream: IO[bytes], seen: list[str]) -> None:
         line = raw.decode(errors="replace").rstrip()
         seen.append(line)
         del seen[:-200]
-        print(line, flush=True)
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}", flush=True)
 
 
 def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: str) -> int:
@@ -132,7 +133,7 @@ def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: s
                         f"be the matching private key. Received: exit {rc}: {tail}")
                 console.print(f"[yellow]{name}: activation refused (key not registered, or the "
                               f"previous session is still counted online); retrying[/]")
-                if stopping.wait(5.0):
+                if stopping.wait(ACTIVATION_RETRY_S):
                     return 0
                 continue
             refused_since = None

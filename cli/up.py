@@ -9,8 +9,10 @@ the run stops every process it started.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -64,6 +66,10 @@ class RoundPrinter:
             if done and entry["round"] not in self.printed:
                 self.printed.add(entry["round"])
                 console.print(round_line(entry, self.total))
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def up(
@@ -120,11 +126,15 @@ def up(
         admin_port=admin_port if admin else None,
         say=lambda msg: console.print(f"[dim]{msg}[/]"),
     )
-    with federation:
-        federation.start()
-        console.print(f"[bold]federation[/]: {sites} hospitals, {strategy}, {rounds} rounds, quorum "
-                      f"{quorum or sites}; logs in {federation.logs}")
-        history = federation.run(cfg, timeout=timeout, on_progress=RoundPrinter(rounds))
+    previous = signal.signal(signal.SIGTERM, _terminate)  # `kill` stops everything, like Ctrl-C
+    try:
+        with federation:
+            federation.start()
+            console.print(f"[bold]federation[/]: {sites} hospitals, {strategy}, {rounds} rounds, "
+                          f"quorum {quorum or sites}; logs in {federation.logs}")
+            history = federation.run(cfg, timeout=timeout, on_progress=RoundPrinter(rounds))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history['rounds'])} "
                   f"rounds; global model {out / 'global.h5'}, history {out / 'history.json'}")
 

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 app = ServerApp()
 
+RESUME_GRACE_S = 60.0  # a resumed run waits this long for all min-nodes, then goes on with a quorum
+
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
@@ -37,7 +39,10 @@ def main(grid: Grid, context: Context) -> None:
     try:
         if resume is not None:
             log.info("Resuming after round %d from %s", resume.last_round, resume.global_model)
-            wait_for_nodes(grid, quorum, cfg.round_timeout)
+            try:  # give hospitals restarted with the coordinator a short grace to reconnect
+                wait_for_nodes(grid, cfg.min_nodes, min(cfg.round_timeout, RESUME_GRACE_S))
+            except FedsplitError:
+                wait_for_nodes(grid, quorum, cfg.round_timeout)
             setup = ModelSetup(resume.arrays(), resume.model_id)
             done = resume.last_round
         else:

@@ -92,7 +92,8 @@ def test_compose_services_volumes_ports(helps: dict[str, str]) -> None:
     expected = {"init", "superlink", "coordinator", "federation", "admin", *HOSPITALS,
                 *(f"{h}-clientapp" for h in HOSPITALS)}
     assert expected <= set(services)
-    assert {f"{h}-data" for h in HOSPITALS} | {"coordinator-out", "superlink-state"} <= set(compose["volumes"])
+    volumes = {f"{h}-data" for h in HOSPITALS} | {"coordinator-out", "superlink-state"}
+    assert volumes <= set(compose["volumes"])
 
     link = services["superlink"]["command"]
     assert link[0] == "flower-superlink" and "--disable-runtime-dependency-installation" in link
@@ -148,7 +149,8 @@ def test_env_file_and_dockerfile() -> None:
     assert env["SITES"] == "3"
     dockerfile = (DOCKER / "Dockerfile").read_text()
     assert re.search(r"^USER fedsplit$", dockerfile, re.M)
-    assert "HEALTHCHECK" in dockerfile and "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in dockerfile
+    assert "HEALTHCHECK" in dockerfile
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in dockerfile
     assert "python:3.11-slim" in dockerfile
     for copied in re.findall(r"^COPY (\S+)", dockerfile, re.M):
         assert (DOCKER.parent / copied).exists(), copied
