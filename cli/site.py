@@ -123,7 +123,9 @@ def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: s
                 raise SiteAgentError(
                     f"{name}: the SuperLink requires node authentication: start the agent with "
                     f"--key (this hospital's registered private key). Received: exit {rc}: {tail}")
-            if any(NOT_ACTIVATED.search(line) for line in recent):
+            refusal = next((line for line in recent if NOT_ACTIVATED.search(line)), None)
+            if refusal is not None:
+                tail = refusal.strip()
                 refused_since = refused_since or started
                 if time.monotonic() - refused_since > ACTIVATION_GRACE_S:
                     raise SiteAgentError(
