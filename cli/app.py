@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
@@ -33,6 +32,4 @@ app.add_typer(__import__("cli.vertical", fromlist=["app"]).app, name="vertical")
 
 def main() -> None:
     """Console-script entry point."""
-    # Torch: one thread per simulated hospital (measured 20-70x faster on small shared CPUs).
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(run_guarded(app))
+    sys.exit(run_guarded(app))  # thread limits: see cli/__init__.py

@@ -50,6 +50,7 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "RAY_DEDUP_LOGS": "0",
     })
