@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 import aggregation
 from aggregation.base import AggregationStrategy, SiteReport
-from protocol.arrays import check_num_examples
+from protocol.arrays import ArraySpec, check_num_examples
 from protocol.errors import FedsplitError
 from protocol.update import Update
 from server.history import RunHistory
@@ -109,8 +110,13 @@ class RegistryStrategy(FedAvg):
     """
 
     def __init__(self, aggregator: AggregationStrategy, history: RunHistory, *, quorum: int = 1,
-                 deadline: float | None = None, round_offset: int = 0, **kwargs: Any) -> None:
+                 deadline: float | None = None, round_offset: int = 0,
+                 cohort_caps: dict[str, int] | None = None, cap_policy: str = "clip",
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.cohort_caps = cohort_caps or {}
+        self.cap_policy = cap_policy
+        self._expected: dict[int, list[ArraySpec]] = {}
         self.aggregator = aggregator
         self.history = history
         self.quorum = max(1, quorum)
@@ -147,6 +153,11 @@ class RegistryStrategy(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:
         """Flower's sampling, once a quorum is connected; rounds continue after a resume."""
+        # Every reply must match the model sent out this round (names, shapes, dtypes).
+        self._expected[server_round + self.round_offset] = [
+            ArraySpec(name, tuple(int(d) for d in a.shape), np.dtype(a.dtype))
+            for name, a in arrays.items()
+        ]
         return self._configure("train", server_round + self.round_offset, arrays, config, grid)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -165,7 +176,7 @@ class RegistryStrategy(FedAvg):
                  replies: list[Message]) -> tuple[dict[str, int], list[dict[str, Any]]]:
         """(message id -> node, history entries for sampled hospitals that did not answer)."""
         sent = self._sent.pop((phase, server_round), [])
-        senders = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
+        senders = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
         answered = {senders.get(r.metadata.reply_to_message_id, r.metadata.src_node_id)
                     for r in replies}
         limit = f"{self.deadline:.0f} s" if self.deadline is not None else "the deadline"
@@ -225,12 +236,21 @@ class RegistryStrategy(FedAvg):
             self.history.record_train(server_round, None, sites, {}, error=error)
             return None, None
         try:
-            result = aggregation.aggregate_updates(self.aggregator, updates)
+            result = aggregation.aggregate_updates(
+                self.aggregator, updates, expected=self._expected.pop(server_round, None),
+                cohort_caps=self.cohort_caps, cap_policy=self.cap_policy,
+            )
         except FedsplitError as e:
             log.error("Round %s: aggregation failed: %s", server_round, e)
             self.history.record_train(server_round, None, sites, {}, error=str(e))
             return None, None
         result.report.sites.extend(excluded)
+        # Updates the guard excluded (wrong layout, capped-and-refused count) leave the metrics too.
+        refused = {r.site: r.reason for r in result.report.sites if r.excluded}
+        for entry in sites:
+            if entry["site"] in refused and not entry.get("excluded"):
+                entry.update(excluded=True, reason=refused[entry["site"]])
+        rows = [row for row, update in zip(rows, updates, strict=True) if update.site not in refused]
         metrics = weighted_mean(rows)
         metrics.pop(NUM_EXAMPLES_KEY, None)
         self.history.record_train(server_round, result, sites, metrics)
