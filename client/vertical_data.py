@@ -45,6 +45,12 @@ def read_site_table(path: str | Path, id_column: str) -> SiteTable:
     return SiteTable(ids=ids, frame=features.reset_index(drop=True), source=str(path))
 
 
+def _ranked(values: Any) -> list[str]:
+    """Distinct values, most frequent first, ties in value order."""
+    counts = values.value_counts()
+    return [str(v) for v, _ in sorted(counts.items(), key=lambda kv: (-int(kv[1]), str(kv[0])))]
+
+
 @dataclass
 class Preprocessor:
     """Imputation, scaling and one-hot vocabularies fitted on training rows only."""
@@ -73,12 +79,11 @@ class Preprocessor:
             stds.append(std if std > 1e-12 else 1.0)
         modes, vocab = [], []
         for col in categorical:
-            values = frame[col].dropna().astype(str)
-            counts = values.value_counts(sort=True)
-            modes.append(str(counts.index[0]) if len(counts) else "")
+            # ties broken by value, so the result never depends on the order of the rows
+            counts = _ranked(frame[col].dropna().astype(str))
+            modes.append(counts[0] if counts else "")
             filled = frame[col].astype(object).where(frame[col].notna(), modes[-1]).astype(str)
-            top = filled.value_counts(sort=True)
-            vocab.append(sorted(str(v) for v in top.index[:MAX_CATEGORIES]))
+            vocab.append(sorted(_ranked(filled)[:MAX_CATEGORIES]))
         return cls(numeric, medians, means, stds, categorical, modes, vocab)
 
     @property

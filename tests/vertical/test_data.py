@@ -48,3 +48,10 @@ def test_site_statistics_come_from_training_rows_only(tmp_path: Path) -> None:
     assert prep["medians"] == [expected]
     assert len(coord.train_rows) + len(coord.test_rows) == n
     assert expected != everything or len(coord.test_rows) == 0  # the split changes the median here
+
+
+def test_preprocessing_does_not_depend_on_row_order(rng: np.random.Generator) -> None:
+    frame = pd.DataFrame({"ticket": [f"T{i % 37}" for i in range(60)] + [None] * 3})
+    a = Preprocessor.fit(frame)
+    b = Preprocessor.fit(frame.sample(frac=1.0, random_state=3).reset_index(drop=True))
+    assert a == b
