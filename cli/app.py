@@ -6,7 +6,19 @@ import sys
 
 import typer
 
-from cli import admin, aggregate, certs, export, pipeline_schedule, simulate, site, strategies, up, upload
+from cli import (
+    admin,
+    aggregate,
+    certs,
+    compare_strategies,
+    export,
+    pipeline_schedule,
+    simulate,
+    site,
+    strategies,
+    up,
+    upload,
+)
 from cli.errors import run_guarded
 
 app = typer.Typer(
@@ -18,6 +30,7 @@ app = typer.Typer(
 )
 
 app.command("simulate")(simulate.simulate)
+app.command("compare-strategies")(compare_strategies.compare_strategies)
 app.command("aggregate")(aggregate.aggregate)
 app.command("strategies")(strategies.strategies)
 app.command("pipeline-schedule")(pipeline_schedule.pipeline_schedule)

@@ -215,8 +215,10 @@ def run_experiment(
          "metrics": train_baseline(t, test, num_outputs, cfg)}
         for i, t in enumerate(trains)
     ]
+    hostile = [f"site-{i}" for i in range(len(sites))][len(sites) - cfg.attackers:] if cfg.attackers else []
     summary = {
         "task": final.spec.task,
+        "attack": {"kind": cfg.attack, "hostile_sites": hostile} if hostile else None,
         "dataset": exp.dataset or [str(p) for p in exp.site_files],
         "strategy": cfg.strategy,
         "strategy_params": cfg.params,

@@ -38,6 +38,20 @@ def print_summary(summary: dict[str, Any]) -> None:
     console.print(table)
 
 
+def check_attack(attack: str, attackers: int, num_sites: int) -> list[int]:
+    """Validate --attack/--attackers together; return the hostile site indices."""
+    from client.attacks import hostile_sites, parse_attack
+
+    parsed = parse_attack(attack)
+    hostile = hostile_sites(num_sites, attackers)
+    if (parsed is None) != (not hostile):
+        raise ConfigError(
+            "--attack and --attackers go together: name the attack and how many sites play it "
+            f"(e.g. --attack signflip --attackers 1). Received: --attack {attack} --attackers {attackers}"
+        )
+    return hostile
+
+
 def simulate(
     out: Annotated[Path, typer.Option(help="Output directory (summary.json, rounds.png, models).")],
     dataset: Annotated[
@@ -66,6 +80,11 @@ def simulate(
         float, typer.Option(min=0.05, max=0.9, help="Share of rows held out for scoring only.")
     ] = 0.2,
     seed: Annotated[int, typer.Option(help="Seed for partitions, splits and initial weights.")] = 0,
+    attack: Annotated[
+        str, typer.Option(help="Make --attackers sites hostile: signflip[:K], scale:K, gaussian:SIGMA, "
+                               "nan, labelflip (none = honest).")
+    ] = "none",
+    attackers: Annotated[int, typer.Option(min=0, help="How many sites (the last ones) are hostile.")] = 0,
     parallel: Annotated[
         str, typer.Option(help="Split each hospital's training: none, data:replicas=R, "
                                "model:map=..., pipeline:stages=S,microbatches=M.")
@@ -87,10 +106,11 @@ def simulate(
     from client.parallel import ParallelConfig
 
     ParallelConfig.parse(parallel)
+    check_attack(attack, attackers, len(site) if site else sites)
     cfg = RunConfig(
         num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
-        task=task, target=target, seed=seed, parallel=parallel,
+        task=task, target=target, seed=seed, parallel=parallel, attack=attack, attackers=attackers,
     )
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [],
                      num_sites=len(site) if site else sites, partition=partition,

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client.attacks import Attack, hostile_sites, parse_attack
 from client.data import feature_stats
 from client.models import ModelSpec, build_model
 from client.parallel import fit_parallel
 from client.site import load_site
 from client.train import pick_device, score, set_statistics
 from protocol.config import RunConfig
+from protocol.errors import ConfigError
 from protocol.update import Update
 
 torch.set_num_threads(1)  # one thread per hospital process: many small jobs share the cores
@@ -95,6 +97,22 @@ def _global_model(msg: Message) -> torch.nn.Module:
     return model
 
 
+def _hostile(context: Context, cfg: RunConfig) -> Attack | None:
+    """The attack this simulated site plays, if it is one of the last ``attackers`` sites."""
+    attack = parse_attack(cfg.attack)
+    if attack is None or cfg.attackers == 0:
+        return None
+    if "partition-id" not in context.node_config:
+        raise ConfigError(
+            "attack/attackers make simulated sites hostile and need Flower's simulation engine "
+            "(which numbers sites with partition-id). Received: node config "
+            f"{dict(context.node_config)}"
+        )
+    sites = int(context.node_config["num-partitions"])
+    hostile = hostile_sites(sites, cfg.attackers)
+    return attack if int(context.node_config["partition-id"]) in hostile else None
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the global model on local rows; reply with weights, count and metrics."""
@@ -104,13 +122,22 @@ def train(msg: Message, context: Context) -> Message:
     model = _global_model(msg)
     device = pick_device(cfg.device)
     server_round = int(c.get("server-round", 0))
+    attack = _hostile(context, cfg)
+    y = site.train.y
+    if attack is not None:  # a simulated hostile hospital (attack/attackers in the run config)
+        y = attack.poison_labels(y, model.spec.num_outputs)
+        start = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     result = fit_parallel(
-        model, site.train.x, site.train.y,
+        model, site.train.x, y,
         epochs=cfg.local_epochs, lr=cfg.lr, batch_size=cfg.batch_size,
         seed=cfg.seed * 100_003 + server_round, device=device,
         proximal_mu=float(c.get("proximal-mu", cfg.proximal_mu)), parallel=cfg.parallel,
     )
     update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
+    record = update.to_array_record()
+    if attack is not None:  # poisoned weights skip the sender's own checks: the coordinator's guard
+        poisoned = attack.poison_update(update.arrays, start, seed=cfg.seed * 7919 + server_round)
+        record = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in poisoned.items()})
     info = result.metrics()
     metrics = MetricRecord({
         "num-examples": update.num_examples,
@@ -121,7 +148,7 @@ def train(msg: Message, context: Context) -> Message:
     site_record = ConfigRecord({"name": site.name, "device": str(device),
                                 **{k: v for k, v in info.items() if isinstance(v, str)}})
     return Message(
-        RecordDict({"arrays": update.to_array_record(), "metrics": metrics, "site": site_record}),
+        RecordDict({"arrays": record, "metrics": metrics, "site": site_record}),
         reply_to=msg,
     )
 

@@ -60,6 +60,16 @@ class RunConfig(BaseModel):
     parallel: str = Field("none", description="How each hospital splits its own training: none, "
                           "data:replicas=R, model:map=..., pipeline:stages=S,microbatches=M "
                           "(docs/site-parallel.md).")
+    cohort_caps: str = Field("{}", alias="cohort-caps",
+                             description="Registered cohort size per site as a JSON object "
+                                         "('{\"site-0\": 1200}'); a claimed count above it is clipped "
+                                         "or refused (cap-policy) and flagged.")
+    cap_policy: Literal["clip", "refuse"] = Field("clip", alias="cap-policy",
+                                                  description="What a count above its cohort cap gets.")
+    attack: str = Field("none", description="Simulation only: how hostile sites behave: signflip[:K], "
+                        "scale:K, gaussian:SIGMA, nan, labelflip (client/attacks.py).")
+    attackers: int = Field(0, ge=0,
+                           description="Simulation only: how many sites (the last ones) are hostile.")
     quorum: int = Field(0, ge=0,
                         description="Fewest hospitals a round needs (k of n): it starts once k are "
                                     "connected and updates the global model only from at least k valid "
@@ -69,7 +79,7 @@ class RunConfig(BaseModel):
                          description="If out-dir holds an unfinished run (history.json + global.h5), "
                                      "continue after its last completed round instead of starting over.")
 
-    @field_validator("strategy_params")
+    @field_validator("strategy_params", "cohort_caps")
     @classmethod
     def _json_object(cls, value: str) -> str:
         try:
@@ -92,6 +102,11 @@ class RunConfig(BaseModel):
     def params(self) -> dict[str, Any]:
         """``strategy_params`` parsed."""
         return json.loads(self.strategy_params)
+
+    @property
+    def caps(self) -> dict[str, int]:
+        """``cohort_caps`` parsed."""
+        return {str(k): int(v) for k, v in json.loads(self.cohort_caps).items()}
 
     @property
     def hidden_widths(self) -> tuple[int, ...]:

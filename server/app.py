@@ -56,6 +56,8 @@ def main(grid: Grid, context: Context) -> None:
             quorum=quorum,
             deadline=cfg.round_timeout,
             round_offset=done,
+            cohort_caps=cfg.caps,
+            cap_policy=cfg.cap_policy,
             fraction_train=cfg.fraction_train,
             fraction_evaluate=1.0,
             min_train_nodes=quorum,

@@ -1,0 +1,147 @@
+"""``fedsplit compare-strategies``: the same (possibly hostile) federation under several rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import aggregation
+from cli.simulate import check_attack
+from client.data import DATASETS
+from protocol.config import RunConfig
+from protocol.errors import ConfigError
+from server.history import write_json_atomic
+
+console = Console()
+
+
+def parse_strategy_params(names: list[str], pairs: list[str]) -> dict[str, dict[str, str]]:
+    """``["trimmed-mean:beta=0.3"]`` -> ``{"trimmed-mean": {"beta": "0.3"}}`` (validated)."""
+    params: dict[str, dict[str, str]] = {name: {} for name in names}
+    for pair in pairs:
+        name, sep, rest = pair.partition(":")
+        if not sep or name not in params:
+            raise ConfigError(
+                f"--param here is STRATEGY:key=value for one of {', '.join(names)} "
+                f"(e.g. trimmed-mean:beta=0.3). Received: {pair!r}"
+            )
+        params[name].update(aggregation.parse_param_pairs([rest]))
+    for name, values in params.items():
+        aggregation.get_strategy(name, values)  # fail fast on bad names and values
+    return params
+
+
+def metric_key(summary: dict[str, Any]) -> str:
+    """The metric compared: accuracy (classification) or r2 (regression)."""
+    return "accuracy" if summary["task"] == "classification" else "r2"
+
+
+def plot_comparison(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """One line per run: the test metric per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for label, summary in results.items():
+        key = metric_key(summary)
+        rounds = [r["round"] for r in summary["rounds"]]
+        style = "--" if label.startswith("clean") else "o-"
+        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], style, label=label, lw=2)
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"test {metric_key(next(iter(results.values())))}")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def compare_strategies(
+    out: Annotated[Path, typer.Option(help="Output directory: one folder per run, comparison.json/.png.")],
+    strategies: Annotated[
+        str, typer.Option(help="Comma-separated strategies, e.g. fedavg,median,trimmed-mean,krum.")
+    ] = "fedavg,median,trimmed-mean,krum",
+    dataset: Annotated[str, typer.Option(help=f"Bundled dataset: {', '.join(DATASETS)}.")] = "digits",
+    sites: Annotated[int, typer.Option(min=2, help="Hospitals.")] = 5,
+    partition: Annotated[str, typer.Option(help="iid, dirichlet:ALPHA or sizes:n1,...")] = "iid",
+    attack: Annotated[str, typer.Option(help="signflip[:K], scale:K, gaussian:SIGMA, nan, labelflip, none.")]
+    = "none",
+    attackers: Annotated[int, typer.Option(min=0, help="Hostile sites (the last ones).")] = 0,
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="STRATEGY:key=value (repeatable).")
+    ] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Federation rounds per run.")] = 10,
+    local_epochs: Annotated[int, typer.Option(min=1, help="Local epochs per round.")] = 1,
+    lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate.")] = 0.01,
+    proximal_mu: Annotated[float, typer.Option(min=0.0, help="FedProx mu for every run.")] = 0.0,
+    clean: Annotated[
+        bool, typer.Option(help="Also run clean FedAvg (no hostile site) as the reference.")
+    ] = True,
+    seed: Annotated[int, typer.Option(help="Seed (same partition for every run).")] = 0,
+) -> None:
+    """Run one federation per strategy on the same sites (and attack); compare accuracy per round."""
+    import torch
+
+    from cli.experiment import Experiment, run_experiment
+
+    torch.set_num_threads(1)
+    names = [n.strip() for n in strategies.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        raise ConfigError(f"--strategies needs distinct strategy names. Received: {strategies!r}")
+    params = parse_strategy_params(names, param or [])
+    hostile = check_attack(attack, attackers, sites)
+
+    runs: list[tuple[str, str, dict[str, str], str, int]] = []
+    if clean and hostile:
+        runs.append(("clean fedavg", "fedavg", {}, "none", 0))
+    label = f" under {attack} x{attackers}" if hostile else ""
+    runs += [(f"{name}{label}", name, params[name], attack, attackers) for name in names]
+
+    results: dict[str, dict[str, Any]] = {}
+    for i, (run_label, name, values, run_attack, run_attackers) in enumerate(runs, start=1):
+        console.print(f"[bold]run {i}/{len(runs)}[/]: {run_label}")
+        cfg = RunConfig(num_server_rounds=rounds, strategy=name, strategy_params=json.dumps(values),
+                        local_epochs=local_epochs, lr=lr, proximal_mu=proximal_mu, seed=seed,
+                        attack=run_attack, attackers=run_attackers)
+        folder = out / run_label.replace(" ", "-").replace(":", "")
+        exp = Experiment(cfg=cfg, out=folder, dataset=dataset, num_sites=sites, partition=partition)
+        results[run_label] = run_experiment(exp)
+
+    first = next(iter(results.values()))
+    key = metric_key(first)
+    table = Table(title=f"{dataset}, {sites} sites ({partition}){label}: test {key} after {rounds} rounds")
+    table.add_column("run")
+    table.add_column(f"final {key}", justify="right")
+    table.add_column(f"best {key}", justify="right")
+    table.add_column("centralized", justify="right")
+    for run_label, summary in results.items():
+        per_round = [r["metrics"][key] for r in summary["rounds"]]
+        table.add_row(run_label, f"{summary['federated']['metrics'][key]:.4f}", f"{max(per_round):.4f}",
+                      f"{summary['centralized']['metrics'][key]:.4f}")
+    console.print(table)
+    comparison = {
+        "dataset": dataset, "sites": sites, "partition": partition, "attack": attack,
+        "hostile_sites": [f"site-{i}" for i in hostile], "rounds": rounds, "metric": key,
+        "runs": {
+            run_label: {
+                "strategy": summary["strategy"], "strategy_params": summary["strategy_params"],
+                "final": summary["federated"]["metrics"][key],
+                "per_round": [r["metrics"][key] for r in summary["rounds"]],
+                "centralized": summary["centralized"]["metrics"][key],
+            }
+            for run_label, summary in results.items()
+        },
+    }
+    write_json_atomic(out / "comparison.json", comparison)
+    plot_comparison(results, out / "comparison.png", f"{dataset}: {sites} sites{label}")
+    console.print(f"wrote {out / 'comparison.json'} and {out / 'comparison.png'}")
