@@ -131,3 +131,37 @@ def test_train_reply_round_trips_into_an_update(site) -> None:
     update, metrics = reply_to_update(reply, server_round=2)
     assert update.num_examples == 96 and update.round == 2 and update.site == f"node-{NODE_ID}"
     assert np.isfinite(metrics["train-loss"])
+
+
+def test_hostile_simulated_site_scales_its_step_and_honest_sites_do_not(site) -> None:
+    """attack=scale:10 with attackers=1: only the last site sends g + 10 (w - g)."""
+    path, _ = site
+    model_id = "mlp/classification/30/2/64-32"
+    start = build_model(model_id, seed=0).state_dict()
+    sent = {}
+    for partition in (0, 2):  # site 2 of 3 is the hostile one; site 0 trains honestly
+        cfg = RunConfig(target="diagnosis", attack="scale:10", attackers=1)
+        context = Context(run_id=1, node_id=NODE_ID, state=RecordDict(), run_config=cfg.to_flower(),
+                          node_config={"data-path": str(path), "partition-id": partition,
+                                       "num-partitions": 3})
+        reply = ask("train", context, arrays=ArrayRecord(start),
+                    config=ConfigRecord({"model-id": model_id, "server-round": 1}))
+        sent[partition] = {k: a.numpy() for k, a in reply.content.array_records["arrays"].items()}
+    # Same data and seed: the honest site's weights are w; the hostile one sent g + 10 (w - g)
+    for name, g in start.items():
+        g = g.numpy()
+        np.testing.assert_allclose(sent[2][name], g + 10 * (sent[0][name] - g), rtol=1e-4, atol=1e-5)
+
+
+def test_attack_outside_simulation_is_refused(site) -> None:
+    """A deployed agent (no partition-id) refuses to play a simulated attack."""
+    path, _ = site
+    cfg = RunConfig(target="diagnosis", attack="nan", attackers=1)
+    context = Context(run_id=1, node_id=NODE_ID, node_config={"data-path": str(path)},
+                      state=RecordDict(), run_config=cfg.to_flower())
+    model_id = "mlp/classification/30/2/64-32"
+    msg = Message(RecordDict({"arrays": ArrayRecord(build_model(model_id, seed=0).state_dict()),
+                              "config": ConfigRecord({"model-id": model_id})}),
+                  dst_node_id=NODE_ID, message_type="train")
+    with pytest.raises(Exception, match="simulation engine"):
+        app(msg, context)
