@@ -84,7 +84,7 @@ def test_site_cannot_upload_another_sites_weights(client, site_token, tmp_path: 
     response = post_file(client, rnd["id"], token, write_model(tmp_path / "m.h5", site="hospital-b"))
     assert response.status_code == 403
     assert response.json()["detail"] == (
-        "The file says it was trained by site 'hospital-b' but the token is site 'hospital-a''s; a "
+        "The file says it was trained by site 'hospital-b' but the token belongs to site 'hospital-a'; a "
         "site uploads only its own weights. Upload with that site's token, or re-export without "
         "--site. Received: site='hospital-b'"
     )

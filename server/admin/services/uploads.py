@@ -128,8 +128,8 @@ def store_upload(
         result = ctx.sandbox.inspect(received.path, canonical, request)
         if result["file_site"] and result["file_site"] != principal.site_name:
             raise PermissionDeniedError(
-                f"The file says it was trained by site {result['file_site']!r} but the token is site "
-                f"{principal.site_name!r}'s; a site uploads only its own weights. Upload with that "
+                f"The file says it was trained by site {result['file_site']!r} but the token belongs to "
+                f"site {principal.site_name!r}; a site uploads only its own weights. Upload with that "
                 f"site's token, or re-export without --site. Received: site={result['file_site']!r}"
             )
         check_count(result["num_examples"], principal)
