@@ -3,7 +3,7 @@
 Pure functions, no I/O. ``--attack`` strings (``fedsplit simulate``/``compare-strategies``):
 
 ===============  ==============================================================================
-``signflip``     send the reverse of the honest step: ``g - K (w - g)``, K=1 unless ``signflip:K``
+``signflip``     send the reversed, amplified step: ``g - K (w - g)``, K=4 unless ``signflip:K``
 ``scale:K``      boost the honest step K times (model replacement): ``g + K (w - g)``
 ``gaussian:S``   add N(0, S^2) noise to every honest weight: ``w + S * eps``
 ``nan``          every value NaN (a diverged or corrupted site; the coordinator's guard excludes it)
@@ -15,6 +15,10 @@ Pure functions, no I/O. ``--attack`` strings (``fedsplit simulate``/``compare-st
 Update attacks (all but ``labelflip``) act on the weights a site sends; ``labelflip`` acts on
 its training labels, so the update it sends is honestly trained on poisoned data.
 `hostile_sites` says which sites are hostile: the last M.
+
+The default sign-flip strength K=4 follows the sign-flipping attack of Li et al. (RSA, AAAI
+2019), where a Byzantine worker sends -4 times its true step: with one hostile site in five,
+K=1 only shrinks FedAvg's step to 3/5, while K=4 cancels the honest sites' progress.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ ATTACKS: dict[str, bool | None] = {
 }
 
 _SYNTAX = "signflip[:K], scale:K, gaussian:SIGMA, nan, labelflip or none"
+#: Sign-flip strength when ``signflip`` is given without ``:K`` (Li et al. 2019).
+SIGNFLIP_DEFAULT = 4.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class Attack:
             w64 = w.astype(np.float64)
             if self.kind == "signflip":
                 g = np.asarray(global_arrays[name], dtype=np.float64)
-                bad = g - (self.value if self.value is not None else 1.0) * (w64 - g)
+                bad = g - (self.value if self.value is not None else SIGNFLIP_DEFAULT) * (w64 - g)
             elif self.kind == "scale":
                 g = np.asarray(global_arrays[name], dtype=np.float64)
                 bad = g + float(self.value or 0.0) * (w64 - g)

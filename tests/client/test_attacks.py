@@ -33,11 +33,11 @@ def test_parse_attack_errors_say_what_and_end_with_received(text, fragment) -> N
 
 
 def test_update_attacks_follow_their_definitions() -> None:
-    """signflip g-K(w-g), scale g+K(w-g), gaussian w+noise, nan all-NaN; dtype kept."""
+    """signflip g-K(w-g) (K=4 unless given), scale g+K(w-g), gaussian w+noise, nan all-NaN; dtype kept."""
     g = {"w": np.array([1.0, 2.0, 3.0], np.float32)}
     w = {"w": np.array([2.0, 2.0, 1.0], np.float32)}
-    flip = parse_attack("signflip").poison_update(w, g)["w"]
-    np.testing.assert_array_equal(flip, [0.0, 2.0, 5.0])
+    flip = parse_attack("signflip").poison_update(w, g)["w"]  # K=4 by default
+    np.testing.assert_array_equal(flip, [-3.0, 2.0, 11.0])
     assert flip.dtype == np.float32
     np.testing.assert_array_equal(parse_attack("signflip:2").poison_update(w, g)["w"], [-1, 2, 7])
     np.testing.assert_array_equal(parse_attack("scale:10").poison_update(w, g)["w"], [11, 2, -17])
