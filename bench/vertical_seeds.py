@@ -4,8 +4,8 @@ In-process runs of the same coordinator and site code `fedsplit vertical simulat
 (same numbers for the same seed). One held-out split of a few hundred rows moves by a row's worth
 (0.5-1 point) from seed to seed, so the mean over seeds is the comparison to read.
 
-    .venv/bin/python bench/vertical_seeds.py --titanic ../shared/data/titanic/train.csv --seeds 5
-    .venv/bin/python bench/vertical_seeds.py --dataset digits --sites 2 --embedding-dim 32
+    .venv/bin/python -m bench.vertical_seeds --titanic ../shared/data/titanic/train.csv --seeds 5
+    .venv/bin/python -m bench.vertical_seeds --dataset digits --sites 2 --embedding-dim 32
 """
 
 from __future__ import annotations
