@@ -47,6 +47,7 @@ class Experiment:
     num_sites: int = 3
     partition: str = "iid"
     test_fraction: float = 0.2
+    leave_out: Sequence[int] = ()
     summary_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -182,6 +183,15 @@ def run_experiment(
     out = exp.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     sites, test = prepare_sites(exp)
+    bad = [k for k in exp.leave_out if not 0 <= k < len(sites)]
+    if bad or len(set(exp.leave_out)) >= len(sites):
+        raise ConfigError(
+            f"--leave-out names sites 0..{len(sites) - 1} to partition but not run, and at least "
+            f"one site must remain. Received: {list(exp.leave_out)}"
+        )
+    # Left-out sites keep their share of the partition (the others' rows are unchanged) but
+    # do not join: the federation as it would have been without them.
+    sites = [s for k, s in enumerate(sites) if k not in set(exp.leave_out)]
     cfg = exp.cfg.model_copy(update={
         "data_dir": str(out / "sites"), "out_dir": str(out / "federation"),
         "min_nodes": len(sites),
@@ -224,6 +234,7 @@ def run_experiment(
         "strategy_params": cfg.params,
         "sites": len(sites),
         "partition": exp.partition if exp.dataset else "files",
+        "left_out": list(exp.leave_out),
         "model_id": final.spec.to_id(),
         "test_examples": len(test),
         "config": cfg.to_flower(),

@@ -85,6 +85,10 @@ def simulate(
                                "nan, labelflip (none = honest).")
     ] = "none",
     attackers: Annotated[int, typer.Option(min=0, help="How many sites (the last ones) are hostile.")] = 0,
+    leave_out: Annotated[
+        list[int] | None,
+        typer.Option("--leave-out", help="Partition across --sites but run without site K (repeatable)."),
+    ] = None,
     parallel: Annotated[
         str, typer.Option(help="Split each hospital's training: none, data:replicas=R, "
                                "model:map=..., pipeline:stages=S,microbatches=M.")
@@ -106,7 +110,7 @@ def simulate(
     from client.parallel import ParallelConfig
 
     ParallelConfig.parse(parallel)
-    check_attack(attack, attackers, len(site) if site else sites)
+    check_attack(attack, attackers, (len(site) if site else sites) - len(leave_out or []))
     cfg = RunConfig(
         num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
@@ -114,7 +118,7 @@ def simulate(
     )
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [],
                      num_sites=len(site) if site else sites, partition=partition,
-                     test_fraction=test_fraction)
+                     test_fraction=test_fraction, leave_out=leave_out or [])
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=console) as progress:
