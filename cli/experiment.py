@@ -194,7 +194,10 @@ def run_experiment(
     sites = [s for k, s in enumerate(sites) if k not in set(exp.leave_out)]
     cfg = exp.cfg.model_copy(update={
         "data_dir": str(out / "sites"), "out_dir": str(out / "federation"),
-        "min_nodes": len(sites),
+        # every simulated hospital is connected before round 1; a round then needs one usable
+        # update (the strategy enforces its own minimum, e.g. Krum's 2f+3), so an excluded
+        # hostile site does not void the round
+        "min_nodes": len(sites), "quorum": exp.cfg.quorum or 1,
     })
     for i, site in enumerate(sites):
         write_site(site, out / "sites" / f"site-{i}", cfg.target)
