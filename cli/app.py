@@ -18,6 +18,7 @@ from cli import (
     strategies,
     up,
     upload,
+    vertical,
 )
 from cli.errors import run_guarded
 
@@ -40,7 +41,7 @@ app.command("export")(export.export)
 app.command("up")(up.up)
 app.add_typer(site.app, name="site")
 app.command("certs")(certs.certs)
-app.add_typer(__import__("cli.vertical", fromlist=["app"]).app, name="vertical")  # issue 5
+app.add_typer(vertical.app, name="vertical")
 
 
 def main() -> None:
