@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Annotated
@@ -23,6 +22,7 @@ from aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from aggregation.base import AggregationReport
 from aggregation.guard import CAP_POLICIES
 from protocol import ConfigError, open_weights, write_weights
+from protocol.atomic import write_json_atomic
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
           "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
@@ -182,9 +182,7 @@ def aggregate(
     write_weights(result.to_update(model=model, site="aggregate"), output)
     print_report(result.report)
     target = report_json or output.with_name(f"{output.stem}.report.json")
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(result.report.to_dict(), indent=2))
-    os.replace(tmp, target)
+    write_json_atomic(target, result.report.to_dict())
     Console().print(f"wrote {output} (num_examples={result.num_examples}) and report {target}")
 
 

@@ -13,9 +13,9 @@ from rich.table import Table
 import aggregation
 from cli.simulate import check_attack
 from client.data import DATASETS
+from protocol.atomic import atomic_path, write_json_atomic
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
-from server.history import write_json_atomic
 
 console = Console()
 
@@ -60,10 +60,9 @@ def plot_comparison(results: dict[str, dict[str, Any]], path: Path, title: str) 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def compare_strategies(

@@ -30,10 +30,10 @@ from client.data import (
 from client.models import ModelSpec, SiteModel, build_model, load_model
 from client.site import split_site
 from client.train import fit, score, set_statistics
+from protocol.atomic import atomic_path, write_json_atomic
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
 from protocol.stats import combine_moments, moments
-from server.history import write_json_atomic
 
 
 @dataclass
@@ -166,10 +166,9 @@ def plot_rounds(summary: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    tmp.replace(path)
 
 
 def run_experiment(

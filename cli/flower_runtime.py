@@ -238,17 +238,22 @@ def run_app(
 
 
 def simulation(
-    cfg: RunConfig,
+    cfg: RunConfig | VerticalConfig,
     num_sites: int,
     work: Path,
     *,
+    components: tuple[str, str] = ("server.app:app", "client.app:app"),
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     timeout: float = 3600,
 ) -> dict[str, Any]:
-    """Run ``cfg`` in Flower's simulation engine with ``num_sites`` virtual hospitals."""
+    """Run ``cfg`` in Flower's simulation engine with ``num_sites`` virtual hospitals.
+
+    ``components`` picks the app: the horizontal one by default, the vertical one with
+    ``("server.vertical_app:app", "client.vertical_app:app")``.
+    """
     flwr_home = work / "flwr-home"
     env = flower_env(flwr_home)
-    app_dir = stage_app(work / "app", cfg)
+    app_dir = stage_app(work / "app", cfg, components=components)
     with simulation_superlink(work, env) as address:
         write_connection(flwr_home, address)
         return run_app(

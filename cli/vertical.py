@@ -49,17 +49,10 @@ def _inputs(dataset: str | None, site: list[Path] | None, labels: Path | None, s
 
 def run_flower(cfg: Any, num_sites: int, work: Path, timeout: float = 3600) -> dict[str, Any]:
     """Run the vertical app in Flower's simulation engine with ``num_sites`` site nodes."""
-    from cli.flower_runtime import flower_env, run_app, simulation_superlink, stage_app, write_connection
+    from cli.flower_runtime import simulation
 
-    flwr_home = work / "flwr-home"
-    env = flower_env(flwr_home)
-    app_dir = stage_app(work / "app", cfg,
-                        components=("server.vertical_app:app", "client.vertical_app:app"))
-    with simulation_superlink(work, env) as address:
-        write_connection(flwr_home, address)
-        return run_app(app_dir, env, work / "flower.log", Path(cfg.out_dir) / "history.json",
-                       federation_config=(f"num-supernodes={num_sites} client-resources-num-cpus=1 "
-                                          f"client-resources-num-gpus=0"), timeout=timeout)
+    return simulation(cfg, num_sites, work, timeout=timeout,
+                      components=("server.vertical_app:app", "client.vertical_app:app"))
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
@@ -68,6 +61,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from protocol.atomic import atomic_path
 
     key = "accuracy" if summary["task"] == "classification" else "r2"
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -84,7 +79,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -137,8 +133,8 @@ def simulate(
     import torch
 
     from cli.vertical_local import baselines
+    from protocol.atomic import write_json_atomic
     from protocol.vertical_config import VerticalConfig
-    from server.history import write_json_atomic
     from server.vertical_coordinator import read_label_file
 
     torch.set_num_threads(1)
@@ -202,7 +198,7 @@ def compare_fills(
     """Accuracy of each fill (nearest, mean, zero, drop) on the same held-out rows, in-process."""
     import torch
 
-    from server.history import write_json_atomic
+    from protocol.atomic import write_json_atomic
     from server.vertical_coordinator import read_label_file
 
     torch.set_num_threads(1)

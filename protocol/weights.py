@@ -22,10 +22,8 @@ never sees a half-written file.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import tempfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +31,7 @@ import h5py
 import numpy as np
 
 from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
+from protocol.atomic import atomic_path
 from protocol.errors import UpdateError, WeightFileError
 from protocol.h5safety import walk
 from protocol.update import Update, UpdateHeader
@@ -347,37 +346,20 @@ def write_weights(update: Update, path: str | os.PathLike[str], *, compress: boo
         raise WeightFileError(
             f"Weight files must end in {' or '.join(SUFFIXES)}. Received: {target.name}"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = FORMAT
-            f.attrs["format_version"] = np.int64(FORMAT_VERSION)
-            f.attrs["num_examples"] = np.int64(update.num_examples)
-            if update.site is not None:
-                f.attrs["site"] = str(update.site)
-            if update.round is not None:
-                f.attrs["round"] = np.int64(update.round)
-            if update.model is not None:
-                f.attrs["model"] = str(update.model)
-            group = f.create_group(ARRAYS_GROUP)
-            names = list(update.arrays)
-            group.attrs[ORDER_ATTR] = np.array(names, dtype=h5py.string_dtype())
-            for name, arr in update.arrays.items():
-                kwargs: dict[str, Any] = {"compression": "gzip"} if compress and arr.ndim else {}
-                group.create_dataset(name, data=arr, **kwargs)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-        with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
-            dir_fd = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(target) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = np.int64(FORMAT_VERSION)
+        f.attrs["num_examples"] = np.int64(update.num_examples)
+        if update.site is not None:
+            f.attrs["site"] = str(update.site)
+        if update.round is not None:
+            f.attrs["round"] = np.int64(update.round)
+        if update.model is not None:
+            f.attrs["model"] = str(update.model)
+        group = f.create_group(ARRAYS_GROUP)
+        names = list(update.arrays)
+        group.attrs[ORDER_ATTR] = np.array(names, dtype=h5py.string_dtype())
+        for name, arr in update.arrays.items():
+            kwargs: dict[str, Any] = {"compression": "gzip"} if compress and arr.ndim else {}
+            group.create_dataset(name, data=arr, **kwargs)
     return target

@@ -10,15 +10,14 @@ progress bar, an operator, a restarted coordinator) never sees a half-written on
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aggregation.base import AggregateResult
+from protocol.atomic import atomic_path, write_json_atomic
 from protocol.errors import ConfigError
 from protocol.weights import read_weights, write_weights
 
@@ -28,21 +27,6 @@ if TYPE_CHECKING:
 # Run-config keys that may change when a coordinator resumes an unfinished run in the same out-dir.
 RESUMABLE_CHANGES = frozenset({"num-server-rounds", "round-timeout", "resume", "quorum", "min-nodes",
                                "device"})
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temp file and rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, default=float)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class RunHistory:
@@ -108,9 +92,8 @@ class RunHistory:
                 model_path,
             )
             write_json_atomic(model_path.with_suffix(".report.json"), result.report.to_dict())
-            tmp = self.out_dir / ".global.h5.tmp"
-            shutil.copyfile(model_path, tmp)
-            os.replace(tmp, self.out_dir / "global.h5")
+            with atomic_path(self.out_dir / "global.h5") as tmp:
+                shutil.copyfile(model_path, tmp)
             entry["aggregation"] = result.report.to_dict()
             entry["model"] = str(model_path.relative_to(self.out_dir))
         entry["train_seconds"] = round(time.monotonic() - self._round_started, 3)

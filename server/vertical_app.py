@@ -22,10 +22,10 @@ from flwr.serverapp import Grid, ServerApp
 
 import aggregation
 from aggregation.vertical_fusion import VerticalFusionParams
+from protocol.atomic import write_json_atomic
 from protocol.errors import FedsplitError
 from protocol.vertical_config import VerticalConfig
 from protocol.vertical_wire import Payload, check_payload, from_record, to_record
-from server.history import write_json_atomic
 from server.setup import wait_for_nodes
 from server.vertical_coordinator import VerticalCoordinator, read_label_file
 

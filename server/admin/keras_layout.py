@@ -20,8 +20,6 @@ aggregate can be written back in the layout the sites uploaded.
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ import h5py
 import numpy as np
 
 from protocol.arrays import ALLOWED_DTYPES, ArraySpec
+from protocol.atomic import atomic_path
 from protocol.h5safety import Tree
 from server.admin.errors import UploadRefusedError
 
@@ -160,23 +159,12 @@ def read_keras_array(f: h5py.File, path: str) -> np.ndarray:
 
 def write_keras(layout: KerasLayout, arrays: Mapping[str, np.ndarray], target: Path) -> Path:
     """Write ``arrays`` in ``layout`` to ``target`` atomically (temp file, fsync, rename)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        with h5py.File(tmp, "w") as f:
-            _decode_attrs(f.attrs, layout["root_attrs"])
-            for group in layout["groups"]:
-                _decode_attrs(f.require_group(group["path"]).attrs, group["attrs"])
-            for ds in layout["datasets"]:
-                f.create_dataset(ds["path"], data=np.ascontiguousarray(arrays[ds["name"]]))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(target) as tmp, h5py.File(tmp, "w") as f:
+        _decode_attrs(f.attrs, layout["root_attrs"])
+        for group in layout["groups"]:
+            _decode_attrs(f.require_group(group["path"]).attrs, group["attrs"])
+        for ds in layout["datasets"]:
+            f.create_dataset(ds["path"], data=np.ascontiguousarray(arrays[ds["name"]]))
     return target
 
 

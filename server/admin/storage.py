@@ -11,11 +11,11 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from protocol.atomic import fsync_dir, write_json_atomic
 
 
 class FileStore:
@@ -53,24 +53,4 @@ class FileStore:
 
     def write_json(self, data: Any, dst: Path) -> None:
         """Write JSON atomically."""
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(data, fh, indent=2, default=str)
-                fh.flush()
-                os.fsync(fh.fileno())
-            self.place(Path(name), dst)
-        except BaseException:
-            Path(name).unlink(missing_ok=True)
-            raise
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename in it survives power loss (where the filesystem allows)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_json_atomic(dst, data)
