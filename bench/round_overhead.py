@@ -15,11 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+# Run as a script, bench/ comes first on sys.path and bench/aggregation.py would shadow the
+# aggregation package: put the repository root first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.experiment import Experiment, prepare_sites, write_site
 from cli.flower_runtime import flower_env, run_app, simulation_superlink, stage_app, write_connection
