@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0 || $(BIN)/python -m pip install --quiet "torch>=2.13.0,<3"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# openmined-psi without its dependencies: its exact protobuf pin breaks Flower's gRPC stack
+	$(BIN)/python -m pip install --quiet --no-deps "openmined-psi==2.0.6"
 	touch $(STAMP)
 
 demo: setup

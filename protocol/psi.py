@@ -27,9 +27,15 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import private_set_intersection.python as _psi
-
 from protocol.errors import ConfigError
+
+try:
+    import private_set_intersection.python as _psi
+except ImportError as _missing:  # an optional install: see the Makefile and docs/vertical.md
+    raise ImportError(
+        "Vertical ID alignment needs openmined-psi. Install it without its dependencies (its "
+        "exact protobuf pin breaks Flower's gRPC stack): pip install --no-deps openmined-psi==2.0.6"
+    ) from _missing
 
 BATCH = 65_536
 

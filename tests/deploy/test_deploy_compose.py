@@ -150,7 +150,7 @@ def test_env_file_and_dockerfile() -> None:
     dockerfile = (DOCKER / "Dockerfile").read_text()
     assert re.search(r"^USER fedsplit$", dockerfile, re.M)
     assert "HEALTHCHECK" in dockerfile
-    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in dockerfile
+    assert 'ARG TORCH_PIP_ARGS=""' in dockerfile and "torch==${TORCH_VERSION}" in dockerfile
     assert "python:3.11-slim" in dockerfile
     for copied in re.findall(r"^COPY (\S+)", dockerfile, re.M):
         assert (DOCKER.parent / copied).exists(), copied
