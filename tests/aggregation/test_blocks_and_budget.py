@@ -108,6 +108,7 @@ def test_worker_threads_give_the_same_bits(h, monkeypatch, name, params) -> None
     """FEDSPLIT_AGG_THREADS=3 splits blocks into parallel tiles: identical result and report."""
     updates = h.make_updates(9, shapes=[(40, 300), (7,)], seed=21)
     strat = aggregation.get_strategy(name, params)
+    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "1")
     one = aggregation.aggregate_updates(strat, updates)
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "3")
     three = aggregation.aggregate_updates(strat, updates)
