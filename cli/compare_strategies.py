@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 import aggregation
+from cli.plots import metric_key, round_axes
 from cli.simulate import check_attack
 from client.data import DATASETS
-from protocol.atomic import atomic_path, write_json_atomic
+from protocol.atomic import write_json_atomic
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
 
@@ -36,33 +37,14 @@ def parse_strategy_params(names: list[str], pairs: list[str]) -> dict[str, dict[
     return params
 
 
-def metric_key(summary: dict[str, Any]) -> str:
-    """The metric compared: accuracy (classification) or r2 (regression)."""
-    return "accuracy" if summary["task"] == "classification" else "r2"
-
-
 def plot_comparison(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     """One line per run: the test metric per round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for label, summary in results.items():
-        key = metric_key(summary)
-        rounds = [r["round"] for r in summary["rounds"]]
-        style = "--" if label.startswith("clean") else "o-"
-        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], style, label=label, lw=2)
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"test {metric_key(next(iter(results.values())))}")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    key = metric_key(next(iter(results.values()))["task"])
+    with round_axes(path, ylabel=f"test {key}", title=title, size=(7.5, 4.5)) as ax:
+        for label, summary in results.items():
+            rounds = [r["round"] for r in summary["rounds"]]
+            style = "--" if label.startswith("clean") else "o-"
+            ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], style, label=label, lw=2)
 
 
 def compare_strategies(
@@ -117,7 +99,7 @@ def compare_strategies(
         results[run_label] = run_experiment(exp)
 
     first = next(iter(results.values()))
-    key = metric_key(first)
+    key = metric_key(first["task"])
     table = Table(title=f"{dataset}, {sites} sites ({partition}){label}: test {key} after {rounds} rounds")
     table.add_column("run")
     table.add_column(f"final {key}", justify="right")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from cli.flower_runtime import simulation
+from cli.plots import metric_key, round_axes
 from client.data import (
     Dataset,
     dataset_from_frame,
@@ -30,7 +31,7 @@ from client.data import (
 from client.models import ModelSpec, SiteModel, build_model, load_model
 from client.site import split_site
 from client.train import fit, score, set_statistics
-from protocol.atomic import atomic_path, write_json_atomic
+from protocol.atomic import write_json_atomic
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
 from protocol.stats import combine_moments, moments
@@ -147,28 +148,15 @@ def train_baseline(train: Dataset, test: Dataset, num_outputs: int, cfg: RunConf
 
 def plot_rounds(summary: dict[str, Any], path: Path) -> None:
     """Draw the federated metric per round against the baselines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    key = "accuracy" if summary["task"] == "classification" else "r2"
+    key = metric_key(summary["task"])
     rounds = [r["round"] for r in summary["rounds"]]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", label="federated", lw=2)
-    ax.axhline(summary["centralized"]["metrics"][key], color="k", ls="--", label="centralized")
-    for i, site in enumerate(summary["local_only"]):
-        ax.axhline(site["metrics"][key], ls=":", alpha=0.8, color=f"C{i + 1}",
-                   label=f"{site['site']} alone (n={site['num_examples']})")
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"test {key}")
-    ax.set_title(f"fedsplit: {summary['strategy']} over {len(summary['local_only'])} hospitals")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    with round_axes(path, ylabel=f"test {key}", title=f"fedsplit: {summary['strategy']} over "
+                    f"{len(summary['local_only'])} hospitals") as ax:
+        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", label="federated", lw=2)
+        ax.axhline(summary["centralized"]["metrics"][key], color="k", ls="--", label="centralized")
+        for i, site in enumerate(summary["local_only"]):
+            ax.axhline(site["metrics"][key], ls=":", alpha=0.8, color=f"C{i + 1}",
+                       label=f"{site['site']} alone (n={site['num_examples']})")
 
 
 def run_experiment(

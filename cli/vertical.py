@@ -57,31 +57,19 @@ def run_flower(cfg: Any, num_sites: int, work: Path, timeout: float = 3600) -> d
 
 def plot(summary: dict[str, Any], path: Path) -> None:
     """Fused per round against each site alone and centralized."""
-    import matplotlib
+    from cli.plots import metric_key, round_axes
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from protocol.atomic import atomic_path
-
-    key = "accuracy" if summary["task"] == "classification" else "r2"
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    key = metric_key(summary["task"])
     rounds = [r["round"] for r in summary["rounds"]]
-    ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", lw=2, label="fused (federated)")
-    ax.plot(rounds, [m[key] for m in summary["centralized"]["per_round"]], "k--",
-            label="centralized, all columns")
-    for i, s in enumerate(summary["local_only"]):
-        ax.plot(rounds, [m[key] for m in s["per_round"]], ":", color=f"C{i + 1}",
-                label=f"{s['site']} alone")
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"held-out {key}")
-    ax.set_title(f"fedsplit vertical: {len(summary['local_only'])} sites, fill={summary['fill']}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    title = f"fedsplit vertical: {len(summary['local_only'])} sites, fill={summary['fill']}"
+    with round_axes(path, ylabel=f"held-out {key}", title=title) as ax:
+        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", lw=2,
+                label="fused (federated)")
+        ax.plot(rounds, [m[key] for m in summary["centralized"]["per_round"]], "k--",
+                label="centralized, all columns")
+        for i, s in enumerate(summary["local_only"]):
+            ax.plot(rounds, [m[key] for m in s["per_round"]], ":", color=f"C{i + 1}",
+                    label=f"{s['site']} alone")
 
 
 def print_summary(summary: dict[str, Any]) -> None:
