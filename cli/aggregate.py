@@ -172,6 +172,12 @@ def aggregate(
         for path in inputs:
             files.append(stack.enter_context(
                 open_weights(path, default_site=path.stem, require_num_examples=False)))
+        # Files that carry the same site name (e.g. several rounds' global.h5) get their file
+        # name added, so the report's rows can be told apart.
+        labels = [f.header.label for f in files]
+        for f, path in zip(files, inputs, strict=True):
+            if labels.count(f.header.label) > 1:
+                f.relabel(f"{f.header.label} ({path.name})")
         result = aggregation.aggregate_updates(
             strat, files, expected=expected, cohort_caps=caps, cap_policy=cap_policy,
             memory_budget=budget,

@@ -92,6 +92,10 @@ class WeightFile:
         """Counts, names, shapes and dtypes (``num_examples`` 0 means the file carries none)."""
         return self._header
 
+    def relabel(self, site: str) -> None:
+        """Name this update ``site`` in reports (the file itself is not changed)."""
+        self._header = dataclasses.replace(self._header, site=site)
+
     def dataset(self, name: str) -> h5py.Dataset:
         """Return the validated HDF5 dataset of parameter ``name`` (for block-wise reads)."""
         if name not in self._header.names:

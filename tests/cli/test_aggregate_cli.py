@@ -77,3 +77,16 @@ def test_strategies_lists_fedavg(capsys) -> None:
     """`fedsplit strategies` shows every registered strategy."""
     assert run_guarded(app, ["strategies"]) == 0
     assert "fedavg" in capsys.readouterr().out
+
+
+def test_files_with_the_same_site_name_are_told_apart(site_files, tmp_path, capsys) -> None:
+    """Several files naming the same site (e.g. rounds' global.h5) get their file name added."""
+    same = []
+    for i, path in enumerate(site_files):
+        update = read_weights(path)
+        update.site = "global"
+        same.append(write_weights(update, tmp_path / f"round-{i}.h5"))
+    assert run_guarded(app, ["aggregate", *map(str, same), "-o", str(tmp_path / "avg.h5")]) == 0
+    printed = capsys.readouterr().out
+    for i in range(3):
+        assert f"global (round-{i}.h5)" in printed
