@@ -231,6 +231,9 @@ def run_experiment(
         "centralized": {"num_examples": sum(len(t) for t in trains), "metrics": centralized},
         "local_only": local_only,
         "federated": {"metrics": score(final, test.x, test.y),
+                      # rows behind the final model: excluded (e.g. hostile) sites do not count
+                      "num_examples": next(e["aggregation"]["num_examples"]
+                                           for e in reversed(history["rounds"]) if "aggregation" in e),
                       "model": str(out / "federation" / "global.h5")},
         "rounds": rounds,
         **exp.summary_extra,

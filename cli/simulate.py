@@ -32,8 +32,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     for site in summary["local_only"]:
         table.add_row(f"{site['site']} alone", str(site["num_examples"]),
                       *[f"{site['metrics'][k]:.4f}" for k in keys])
-    fed_rows = sum(s["num_examples"] for s in summary["local_only"])
-    table.add_row(f"[bold]federated ({summary['strategy']})[/]", str(fed_rows),
+    table.add_row(f"[bold]federated ({summary['strategy']})[/]",
+                  str(summary["federated"]["num_examples"]),
                   *[f"[bold]{summary['federated']['metrics'][k]:.4f}[/]" for k in keys])
     console.print(table)
 

@@ -50,4 +50,7 @@ def test_nan_site_is_excluded_and_the_run_finishes(tmp_path: Path) -> None:
         assert not sites["site-0"].get("excluded") and not sites["site-1"].get("excluded")
         assert entry["aggregation"]["num_examples"] == sum(
             s["num_examples"] for s in entry["train"]["sites"] if not s.get("excluded"))
+    summary = json.loads((out / "fedavg-under-nan-x1" / "summary.json").read_text())
+    honest = [s["num_examples"] for s in summary["local_only"] if s["site"] != "site-2"]
+    assert summary["federated"]["num_examples"] == sum(honest)  # the NaN site's rows do not count
     assert (out / "comparison.png").stat().st_size > 10_000

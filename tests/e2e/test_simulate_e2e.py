@@ -30,6 +30,7 @@ def test_simulate_breast_cancer_three_sites(tmp_path: Path) -> None:
     assert (out / "rounds.png").stat().st_size > 10_000
     model = read_weights(out / "federation" / "global.h5")
     assert model.round == 3 and model.num_examples == summary["centralized"]["num_examples"]
+    assert summary["federated"]["num_examples"] == model.num_examples
     # Each hospital's folder holds only its own rows, and history records every site per round
     history = json.loads((out / "federation" / "history.json").read_text())
     assert history["status"] == "finished"
