@@ -77,33 +77,13 @@ def _walk_group(
         try:
             link = group.get(name, getlink=True)
         except Exception as e:  # h5py cannot even describe user-defined link classes
-            raise WeightFileError(
-                f"{where}: /{path} is a user-defined link; weight files may not contain soft, "
-                f"external or user-defined links (they can point into other files). Save the "
-                f"weights without links. Received: /{path} ({type(e).__name__})",
-                reason="link",
-            ) from None
+            raise _link_error(where, path, "a user-defined link", f"({type(e).__name__})") from None
         if isinstance(link, h5py.ExternalLink):
-            raise WeightFileError(
-                f"{where}: /{path} is an external link; weight files may not contain soft, "
-                f"external or user-defined links (they can point into other files). Save the "
-                f"weights without links. Received: /{path} -> {link.filename}:{link.path}",
-                reason="link",
-            )
+            raise _link_error(where, path, "an external link", f"-> {link.filename}:{link.path}")
         if isinstance(link, h5py.SoftLink):
-            raise WeightFileError(
-                f"{where}: /{path} is a soft link; weight files may not contain soft, external or "
-                f"user-defined links (they can point into other files). Save the weights without "
-                f"links. Received: /{path} -> {link.path}",
-                reason="link",
-            )
+            raise _link_error(where, path, "a soft link", f"-> {link.path}")
         if not isinstance(link, h5py.HardLink):
-            raise WeightFileError(
-                f"{where}: /{path} is a user-defined link; weight files may not contain soft, "
-                f"external or user-defined links (they can point into other files). Save the "
-                f"weights without links. Received: /{path} ({type(link).__name__})",
-                reason="link",
-            )
+            raise _link_error(where, path, "a user-defined link", f"({type(link).__name__})")
         obj = group[name]
         key = hash(obj.id)
         if key in seen:
@@ -131,6 +111,16 @@ def _walk_group(
                 f"datasets. Received: /{path}",
                 reason="unexpected_object",
             )
+
+
+def _link_error(where: str, path: str, kind: str, target: str) -> WeightFileError:
+    """The refusal of a soft, external or user-defined link at ``/path``."""
+    return WeightFileError(
+        f"{where}: /{path} is {kind}; weight files may not contain soft, external or "
+        f"user-defined links (they can point into other files). Save the weights without "
+        f"links. Received: /{path} {target}",
+        reason="link",
+    )
 
 
 def check_dataset(ds: h5py.Dataset, path: str, max_elements: int, where: str) -> DatasetInfo:
