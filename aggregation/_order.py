@@ -14,11 +14,8 @@ input precision exactly as ``np.median`` does). Weighted rules are in `weighted_
 
 from __future__ import annotations
 
-import functools
-import os
 import queue
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -30,37 +27,14 @@ from aggregation._blocks import (
     tiles,
     work_dtype,
 )
+from aggregation._threads import executor, worker_count
 from aggregation.base import AggregateResult, AggregationReport, AggregationStrategy, SiteReport
 from aggregation.compat import check_compatible
-from aggregation.errors import AggregationError, NotEnoughUpdatesError
+from aggregation.errors import NotEnoughUpdatesError
 from protocol.update import UpdateSource
 
 #: Coordinates per sorted tile: N values each, sized to stay in the CPU's L2 cache.
 TILE = 4096
-
-
-def worker_count() -> int:
-    """Threads the order-statistic reducers use: ``FEDSPLIT_AGG_THREADS``, default the CPU count (max 8).
-
-    numpy's sort and element-wise loops release the GIL, so tiles of one block run in parallel
-    threads: on the 2-core machine, 2 threads took the median from 3.7x to 5.9x and the
-    trimmed mean from 4.4x to 5.7x Flower's speed. On a coordinator whose cores are busy with
-    other work, set ``FEDSPLIT_AGG_THREADS=1``.
-    """
-    raw = os.environ.get("FEDSPLIT_AGG_THREADS", "").strip()
-    if not raw:
-        return max(1, min(8, os.cpu_count() or 1))
-    if not raw.isdigit() or int(raw) < 1:
-        raise AggregationError(
-            f"FEDSPLIT_AGG_THREADS must be a whole number >= 1 (threads for median and trimmed "
-            f"mean). Received: {raw!r}"
-        )
-    return int(raw)
-
-
-@functools.cache
-def _executor(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedsplit-agg")
 
 
 class _Scratch:
@@ -129,7 +103,7 @@ class _OrderReducer(StackReducer):
         size = max(1, min(TILE, -(-block.size // self.workers)))
         parts = [(stack[:, sl], out[sl]) for sl in tiles(block.size, size)]
         if self.workers > 1 and len(parts) > 1:
-            results = list(_executor(self.workers).map(lambda p: self._run_tile(*p), parts))
+            results = list(executor(self.workers).map(lambda p: self._run_tile(*p), parts))
         else:
             results = [self._run_tile(*p) for p in parts]
         for dropped, dist2 in results:
