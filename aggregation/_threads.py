@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from aggregation.errors import AggregationError
+
+T = TypeVar("T")
 
 
 def worker_count() -> int:
@@ -31,3 +35,21 @@ def worker_count() -> int:
 def executor(workers: int) -> ThreadPoolExecutor:
     """The process-wide pool of ``workers`` aggregation threads (created once, then reused)."""
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedsplit-agg")
+
+
+#: Below this many input values a pass runs in the calling thread (starting threads costs more).
+THREADED_FROM = 1 << 20
+
+
+def threads_for(values: int, tasks: int) -> int:
+    """Threads for a pass over ``values`` input values split into ``tasks`` independent parts."""
+    if values < THREADED_FROM:
+        return 1
+    return max(1, min(worker_count(), tasks))
+
+
+def map_threads(fn: Callable[..., T], threads: int, *iterables: Iterable[Any]) -> list[T]:
+    """``list(map(fn, *iterables))``, on ``threads`` pool threads when more than one."""
+    if threads > 1:
+        return list(executor(threads).map(fn, *iterables))
+    return list(map(fn, *iterables))

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aggregation._blocks import Block, BlockReader, empty_like_specs, flat_view, plan_blocks, work_dtype
-from aggregation._threads import executor, worker_count
+from aggregation._threads import map_threads, threads_for
 from aggregation.base import (
     AggregateResult,
     AggregationReport,
@@ -44,8 +44,6 @@ BLOCK = 131_072
 #: Updates summed in the working precision before their sum is added in float64 (16-64 measured
 #: within noise of each other).
 GROUP = 16
-#: Below this many input values the pass runs in the calling thread (threads cost more).
-THREADED_FROM = 1 << 20
 
 
 class FedAvgParams(StrategyParams):
@@ -121,16 +119,11 @@ class FedAvg(AggregationStrategy):
         out = empty_like_specs(specs)
         blocks = [(b, flat_view(out, b)) for b in plan_blocks(specs, BLOCK)]
         weights = {s.dtype: (counts / total).astype(work_dtype(s.dtype)) for s in specs}
-        threads = min(worker_count(), len(blocks))
-        if threads <= 1 or len(updates) * sum(s.size for s in specs) < THREADED_FROM:
-            threads = 1
+        threads = threads_for(len(updates) * sum(s.size for s in specs), len(blocks))
         # thread j takes blocks j, j + T, ...: neighbouring blocks run side by side
         parts = [blocks[j::threads] for j in range(threads)]
         sums = [_BlockSum(updates, weights) for _ in range(threads)]
-        if threads == 1:
-            sums[0].run(parts[0])
-        else:
-            list(executor(threads).map(_BlockSum.run, sums, parts))
+        map_threads(_BlockSum.run, threads, sums, parts)
         report = AggregationReport(
             strategy=self.name,
             params=self.params.model_dump(),

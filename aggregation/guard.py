@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET, BlockReader, Recounted, plan_blocks
+from aggregation._threads import map_threads, threads_for
 from aggregation.base import SiteReport
 from aggregation.compat import _VERTICAL_HINT, check_compatible
 from aggregation.errors import AggregationError, IncompatibleUpdatesError
@@ -171,6 +172,7 @@ def guard_updates(
     else:
         want = ()
     result = GuardResult(accepted=[], accepted_index=[], reports=reports, expected=want)
+    candidates: list[tuple[int, UpdateSource, UpdateHeader, int]] = []
     for k, (u, h) in enumerate(zip(updates, headers, strict=True)):
         if h is None:
             continue
@@ -195,12 +197,20 @@ def guard_updates(
             rep.flags.append(f"count {count} clipped to cohort cap {cap}")
             rep.claimed_examples = count
             rep.num_examples = count = cap
+        candidates.append((k, u, h, count))
+    # the value scans are independent: one update per worker thread, the budget shared out
+    threads = threads_for(sum(sum(s.size for s in c[2].specs) for c in candidates), len(candidates))
+
+    def scan(candidate: tuple[int, UpdateSource, UpdateHeader, int]) -> str | None:
         try:
-            bad = _first_non_finite(u, h.specs, memory_budget)
+            return _first_non_finite(candidate[1], candidate[2].specs, memory_budget // threads)
         except FedsplitError as e:
-            bad = f"unreadable values: {e}"
+            return f"unreadable values: {e}"
+
+    problems = map_threads(scan, threads, candidates)
+    for (k, u, h, count), bad in zip(candidates, problems, strict=True):
         if bad is not None:
-            _exclude(rep, f"values: {bad}", count)
+            _exclude(reports[k], f"values: {bad}", count)
             continue
         result.accepted.append(u if count == h.num_examples else Recounted(u, count))
         result.accepted_index.append(k)

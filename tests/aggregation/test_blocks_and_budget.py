@@ -135,9 +135,23 @@ def test_non_contiguous_in_memory_arrays_read_correctly(h) -> None:
     np.testing.assert_array_equal(a.arrays["p0"], b.arrays["p0"])
 
 
-def test_report_distances_equal_direct_computation(h) -> None:
-    """l2_to_aggregate (FedAvg's separate pass and median's in-pass sum) equals numpy's norm."""
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_report_distances_equal_direct_computation(h, monkeypatch, threads) -> None:
+    """l2_to_aggregate (FedAvg's separate pass and median's in-pass sum) equals numpy's norm.
+
+    With 3 threads and no size threshold, the guard's scans and the distance pass run in the
+    pool too, and a NaN update among them is still the one excluded.
+    """
+    from aggregation import _threads
+
+    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", threads)
+    monkeypatch.setattr(_threads, "THREADED_FROM", 0)
     updates = h.make_updates(6, seed=23)
+    poisoned = h.make_updates(7, seed=23)
+    next(iter(poisoned[6].arrays.values())).reshape(-1)[3] = np.nan
+    res = aggregation.aggregate_updates(aggregation.get_strategy("fedavg"), poisoned)
+    assert [s.excluded for s in res.report.sites] == [False] * 6 + [True]
+    assert "NaN/Inf" in res.report.sites[6].reason
     for name in ("fedavg", "median"):
         res = aggregation.aggregate_updates(aggregation.get_strategy(name), updates,
                                             memory_budget=6 * 4 * 50 + 8192)

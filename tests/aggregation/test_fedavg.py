@@ -124,11 +124,11 @@ def test_many_updates_sum_in_float64_across_groups(monkeypatch) -> None:
 
 def test_threads_and_blocks_give_the_same_bits(rng, monkeypatch) -> None:
     """Blocks shared out among threads, from memory and from files: one and the same result."""
-    from aggregation import fedavg
+    from aggregation import _threads, fedavg
 
     updates = make_updates(rng, [5, 7, 11, 13, 17])
     monkeypatch.setattr(fedavg, "BLOCK", 7)  # several blocks per parameter
-    monkeypatch.setattr(fedavg, "THREADED_FROM", 0)
+    monkeypatch.setattr(_threads, "THREADED_FROM", 0)
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "1")
     one = aggregation.get_strategy("fedavg").aggregate(updates)
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "3")
