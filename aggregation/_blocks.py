@@ -12,6 +12,7 @@ reducer that turns a stacked block into aggregate values.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Iterator, Sequence
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 from h5py import h5d, h5s
 
+from aggregation._threads import map_threads, threads_for
 from aggregation.errors import AggregationError
 from protocol.arrays import ArraySpec
 from protocol.errors import WeightFileError
@@ -306,11 +308,25 @@ def iter_stacks(
                 r.release()
             current = block.name
         stack = buffer[: plan.num_updates * block.size].reshape(plan.num_updates, block.size)
-        for k, reader in enumerate(readers):
-            reader.read(block, stack[k])
+        # rows are filled by the worker threads, a contiguous share of updates each
+        threads = threads_for(stack.size, len(readers))
+        share = -(-len(readers) // threads)
+        firsts = range(0, len(readers), share)
+        map_threads(
+            functools.partial(_fill_rows, block=block),
+            threads,
+            [readers[i : i + share] for i in firsts],
+            [stack[i : i + share] for i in firsts],
+        )
         yield block, stack
     for r in readers:
         r.release()
+
+
+def _fill_rows(readers: Sequence[BlockReader], rows: np.ndarray, block: Block) -> None:
+    """Read ``block`` of each reader into its row of ``rows``."""
+    for reader, row in zip(readers, rows, strict=True):
+        reader.read(block, row)
 
 
 class StackReducer:

@@ -104,16 +104,30 @@ def test_budget_too_small_is_a_clear_error(h) -> None:
 
 
 @pytest.mark.parametrize("name,params", ROBUST[:4])
-def test_worker_threads_give_the_same_bits(h, monkeypatch, name, params) -> None:
-    """FEDSPLIT_AGG_THREADS=3 splits blocks into parallel tiles: identical result and report."""
+def test_worker_threads_give_the_same_bits(h, monkeypatch, tmp_path: Path, name, params) -> None:
+    """FEDSPLIT_AGG_THREADS=3 splits blocks into parallel tiles: identical result and report.
+
+    With no size threshold the stacks are filled by the threads too, from memory and from
+    weight files alike.
+    """
+    from aggregation import _threads
+
+    monkeypatch.setattr(_threads, "THREADED_FROM", 0)
     updates = h.make_updates(9, shapes=[(40, 300), (7,)], seed=21)
     strat = aggregation.get_strategy(name, params)
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "1")
     one = aggregation.aggregate_updates(strat, updates)
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "3")
     three = aggregation.aggregate_updates(strat, updates)
+    files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
+    try:
+        from_files = aggregation.aggregate_updates(strat, files, memory_budget=2_000_000)
+    finally:
+        for f in files:
+            f.close()
     for key, arr in one.arrays.items():
         np.testing.assert_array_equal(three.arrays[key], arr)
+        np.testing.assert_array_equal(from_files.arrays[key], arr)
     for a, b in zip(one.report.sites, three.report.sites, strict=True):
         assert a.trimmed_fraction == pytest.approx(b.trimmed_fraction, rel=1e-12)
         assert a.l2_to_aggregate == pytest.approx(b.l2_to_aggregate, rel=1e-6)
