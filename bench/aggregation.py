@@ -7,11 +7,11 @@ the machine's memory read bandwidth: the fastest of several read-only passes (nu
 BLAS's dot, torch's sum; one thread and one per core) over the same updates. ``--files`` adds
 our rules reading the updates block-wise from weight files (page cache).
 
-Quick default (about a minute on 2 cores)::
+Quick default (about 15 s on 2 cores)::
 
     .venv/bin/python bench/aggregation.py
 
-The issue's sizes (N=50 x 11.7M parameters; several GB of RAM, Flower's Krum alone minutes)::
+The issue's sizes (N=50 x 11.7M parameters; several GB of RAM, about 6 minutes, most of it Flower)::
 
     .venv/bin/python bench/aggregation.py --n 50 --params 11.7M
     .venv/bin/python bench/aggregation.py --n 100 --params 11.7M --no-flower   # budget held
