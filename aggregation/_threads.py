@@ -31,9 +31,17 @@ def worker_count() -> int:
     return int(raw)
 
 
-@functools.cache
 def executor(workers: int) -> ThreadPoolExecutor:
-    """The process-wide pool of ``workers`` aggregation threads (created once, then reused)."""
+    """The process-wide pool of ``workers`` aggregation threads (created once, then reused).
+
+    Keyed by process id too: a forked child (the admin API's parsing sandbox) gets its own pool
+    instead of the parent's, whose threads do not exist in the child.
+    """
+    return _executor(workers, os.getpid())
+
+
+@functools.cache
+def _executor(workers: int, pid: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedsplit-agg")
 
 

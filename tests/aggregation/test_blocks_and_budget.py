@@ -173,3 +173,21 @@ def test_report_distances_equal_direct_computation(h, monkeypatch, threads) -> N
         for u, site in zip(updates, res.report.sites, strict=True):
             flat = np.concatenate([a.reshape(-1) for a in u.arrays.values()]).astype(np.float64)
             assert site.l2_to_aggregate == pytest.approx(np.linalg.norm(flat - agg), rel=1e-5)
+
+
+def test_forked_child_gets_its_own_worker_pool(h, monkeypatch) -> None:
+    """After the parent used its pool, a forked child still aggregates on threads (no hang)."""
+    import multiprocessing
+
+    from aggregation import _threads
+
+    monkeypatch.setattr(_threads, "THREADED_FROM", 0)
+    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "2")
+    updates = h.make_updates(4, shapes=[(30, 20)], seed=5)
+    parent = aggregation.aggregate_updates(aggregation.get_strategy("median"), updates)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        child = pool.apply_async(
+            aggregation.aggregate_updates, (aggregation.get_strategy("median"), updates)
+        ).get(timeout=60)
+    np.testing.assert_array_equal(child.arrays["p0"], parent.arrays["p0"])
