@@ -372,6 +372,21 @@ def tiles(length: int, size: int) -> Iterator[slice]:
         yield slice(j, min(j + size, length))
 
 
+class Scratch:
+    """One worker's reusable C-contiguous buffers by name (each grown to the largest size asked)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Return the buffer ``key`` as an array of ``shape`` and ``dtype`` (contents undefined)."""
+        size = int(np.prod(shape))
+        buf = self._bufs.get(key)
+        if buf is None or buf.dtype != dtype or buf.size < size:
+            buf = self._bufs[key] = np.empty(size, dtype=dtype)
+        return buf[:size].reshape(shape)
+
+
 def empty_like_specs(specs: Sequence[ArraySpec]) -> dict[str, np.ndarray]:
     """Allocate one output array per parameter (shape and dtype of the spec)."""
     return {s.name: np.empty(s.shape, dtype=s.dtype) for s in specs}

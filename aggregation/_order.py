@@ -23,13 +23,14 @@ import numpy as np
 
 from aggregation._blocks import (
     Block,
+    Scratch,
     StackReducer,
     empty_like_specs,
     run_stacked,
     tiles,
     work_dtype,
 )
-from aggregation._threads import executor, worker_count
+from aggregation._threads import map_threads, worker_count
 from aggregation.base import AggregateResult, AggregationReport, AggregationStrategy, SiteReport
 from aggregation.compat import check_compatible
 from aggregation.errors import NotEnoughUpdatesError
@@ -37,20 +38,6 @@ from protocol.update import UpdateSource
 
 #: Coordinates per sorted tile: N values each, sized to stay in the CPU's L2 cache.
 TILE = 4096
-
-
-class _Scratch:
-    """One worker's reusable C-contiguous buffers (grown to the largest tile seen)."""
-
-    def __init__(self) -> None:
-        self._bufs: dict[str, np.ndarray] = {}
-
-    def get(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        size = int(np.prod(shape))
-        buf = self._bufs.get(key)
-        if buf is None or buf.dtype != dtype or buf.size < size:
-            buf = self._bufs[key] = np.empty(size, dtype=dtype)
-        return buf[:size].reshape(shape)
 
 
 def _copy_columns(out: np.ndarray, orig: np.ndarray) -> None:
@@ -81,7 +68,7 @@ def _transpose_copier() -> Callable[[np.ndarray, np.ndarray], None]:
     return min(best, key=best.__getitem__)
 
 
-def transposed(orig: np.ndarray, scratch: _Scratch, key: str = "sorted") -> np.ndarray:
+def transposed(orig: np.ndarray, scratch: Scratch, key: str = "sorted") -> np.ndarray:
     """Copy ``orig`` (N, t) into a (t, N) scratch buffer (the faster copier on this CPU)."""
     n, t = orig.shape
     out = scratch.get(key, (t, n), orig.dtype)
@@ -104,12 +91,12 @@ class _OrderReducer(StackReducer):
         self.workers = worker_count()
         self._pool = queue.SimpleQueue()
         for _ in range(self.workers):
-            self._pool.put(_Scratch())
+            self._pool.put(Scratch())
         # every worker's tile scratch is at most one block's share of values, so counting it
         # per stacked value keeps the total within the plan
         self.bytes_per_value = self.workers * self.scratch_per_value
 
-    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: _Scratch) -> np.ndarray:
+    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: Scratch) -> np.ndarray:
         """Write the aggregate of ``orig`` (N, t) to ``out``; return each update's dropped share."""
         raise NotImplementedError
 
@@ -127,10 +114,8 @@ class _OrderReducer(StackReducer):
         assert out is not None
         size = max(1, min(TILE, -(-block.size // self.workers)))
         parts = [(stack[:, sl], out[sl]) for sl in tiles(block.size, size)]
-        if self.workers > 1 and len(parts) > 1:
-            results = list(executor(self.workers).map(lambda p: self._run_tile(*p), parts))
-        else:
-            results = [self._run_tile(*p) for p in parts]
+        threads = self.workers if len(parts) > 1 else 1
+        results = map_threads(self._run_tile, threads, *zip(*parts, strict=True))
         for dropped, dist2 in results:
             self.dropped += dropped
             self.dist2 += dist2
@@ -150,7 +135,7 @@ class TrimReducer(_OrderReducer):
             raise ValueError(f"cut must satisfy 0 <= 2*cut < N={self.n}. Received: {cut}")
         self.cut = cut
 
-    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: _Scratch) -> np.ndarray:
+    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: Scratch) -> np.ndarray:
         n, k = self.n, self.cut
         srt = transposed(orig, scratch)
         srt.sort(axis=1)
@@ -192,7 +177,7 @@ class WeightedMedianReducer(_OrderReducer):
         super().__init__(counts)
         self.total = int(counts.sum())
 
-    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: _Scratch) -> np.ndarray:
+    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: Scratch) -> np.ndarray:
         t = orig.shape[1]
         tr = transposed(orig, scratch)
         order = np.argsort(tr, axis=1)
@@ -220,7 +205,7 @@ class WeightedTrimReducer(_OrderReducer):
         total = float(counts.sum())
         self.lo, self.hi = beta * total, (1.0 - beta) * total
 
-    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: _Scratch) -> np.ndarray:
+    def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: Scratch) -> np.ndarray:
         tr = transposed(orig, scratch)
         order = np.argsort(tr, axis=1)
         v = np.take_along_axis(tr, order, axis=1)

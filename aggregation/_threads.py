@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -54,6 +54,14 @@ def threads_for(values: int, tasks: int) -> int:
     if values < THREADED_FROM:
         return 1
     return max(1, min(worker_count(), tasks))
+
+
+def round_robin(items: Sequence[T], threads: int) -> list[Sequence[T]]:
+    """Deal ``items`` to ``threads`` shares: share j holds items j, j + threads, ...
+
+    Neighbouring blocks then run side by side, so the threads stream nearby memory.
+    """
+    return [items[j::threads] for j in range(threads)]
 
 
 def map_threads(fn: Callable[..., T], threads: int, *iterables: Iterable[Any]) -> list[T]:

@@ -25,8 +25,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aggregation._blocks import Block, BlockReader, empty_like_specs, flat_view, plan_blocks, work_dtype
-from aggregation._threads import map_threads, threads_for
+from aggregation._blocks import (
+    Block,
+    BlockReader,
+    Scratch,
+    empty_like_specs,
+    flat_view,
+    plan_blocks,
+    work_dtype,
+)
+from aggregation._threads import map_threads, round_robin, threads_for
 from aggregation.base import (
     AggregateResult,
     AggregationReport,
@@ -56,13 +64,11 @@ class _BlockSum:
     def __init__(self, updates: Sequence[UpdateSource], weights: dict[np.dtype, np.ndarray]) -> None:
         self.readers = [BlockReader(u) for u in updates]
         self.weights = weights
-        self._bufs: dict[tuple[str, np.dtype], np.ndarray] = {}
+        self.scratch = Scratch()
 
     def _buf(self, key: str, dtype: np.dtype, size: int) -> np.ndarray:
-        buf = self._bufs.get((key, dtype))
-        if buf is None or buf.size < size:
-            buf = self._bufs[(key, dtype)] = np.empty(max(size, BLOCK), dtype=dtype)
-        return buf[:size]
+        # one buffer per dtype, so models mixing dtypes do not reallocate block after block
+        return self.scratch.get(f"{key}-{dtype}", (size,), dtype)
 
     def run(self, blocks: Sequence[tuple[Block, np.ndarray]]) -> None:
         """Sum every block in ``blocks`` into its output range."""
@@ -120,10 +126,8 @@ class FedAvg(AggregationStrategy):
         blocks = [(b, flat_view(out, b)) for b in plan_blocks(specs, BLOCK)]
         weights = {s.dtype: (counts / total).astype(work_dtype(s.dtype)) for s in specs}
         threads = threads_for(len(updates) * sum(s.size for s in specs), len(blocks))
-        # thread j takes blocks j, j + T, ...: neighbouring blocks run side by side
-        parts = [blocks[j::threads] for j in range(threads)]
         sums = [_BlockSum(updates, weights) for _ in range(threads)]
-        map_threads(_BlockSum.run, threads, sums, parts)
+        map_threads(_BlockSum.run, threads, sums, round_robin(blocks, threads))
         report = AggregationReport(
             strategy=self.name,
             params=self.params.model_dump(),

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET, Block, BlockReader, plan_blocks, work_dtype
-from aggregation._threads import map_threads, threads_for
+from aggregation._threads import map_threads, round_robin, threads_for
 from aggregation.base import AggregateResult, AggregationStrategy, SiteReport
 from aggregation.errors import AggregationError, NotEnoughUpdatesError
 from aggregation.guard import Expected, guard_updates
@@ -108,10 +108,10 @@ def distances_to(
     specs = updates[0].header.specs
     work = max((work_dtype(s.dtype) for s in specs), key=lambda d: d.itemsize)
     size = sum(s.size for s in specs)
-    threads = threads_for(len(updates) * size, len(updates) * len(specs))
+    # at least this many blocks, as blocks are at most DISTANCE_BLOCK long
+    threads = threads_for(len(updates) * size, -(-size // DISTANCE_BLOCK))
     length = max(1, min(DISTANCE_BLOCK, memory_budget // (threads * work.itemsize), size))
     blocks = plan_blocks(specs, length)
-    threads = max(1, min(threads, len(blocks)))
 
     def squares(part: Sequence[Block]) -> np.ndarray:
         readers = [BlockReader(u) for u in updates]
@@ -132,5 +132,5 @@ def distances_to(
             reader.release()
         return total
 
-    parts = map_threads(squares, threads, [blocks[j::threads] for j in range(threads)])
+    parts = map_threads(squares, threads, round_robin(blocks, threads))
     return [float(np.sqrt(t)) for t in np.sum(parts, axis=0)]
