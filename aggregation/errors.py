@@ -1,7 +1,7 @@
 """Aggregation errors (the `protocol.errors.FedsplitError` tree's aggregation branch).
 
     FedsplitError
-    └── AggregationError                exit code 3
+    └── AggregationError                exit code 5 (defined in protocol.errors: the exit-code table)
         ├── IncompatibleUpdatesError    updates disagree on names, shapes or dtypes
         ├── NotEnoughUpdatesError       too few usable updates for the strategy
         ├── UnknownStrategyError        no strategy registered under that name
@@ -10,13 +10,15 @@
 
 from __future__ import annotations
 
-from protocol.errors import FedsplitError
+from protocol.errors import AggregationError
 
-
-class AggregationError(FedsplitError):
-    """Aggregation could not produce a model."""
-
-    exit_code = 3
+__all__ = [
+    "AggregationError",
+    "IncompatibleUpdatesError",
+    "NotEnoughUpdatesError",
+    "StrategyParamsError",
+    "UnknownStrategyError",
+]
 
 
 class IncompatibleUpdatesError(AggregationError, ValueError):

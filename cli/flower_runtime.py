@@ -28,17 +28,12 @@ from typing import Any
 import httpx
 
 from protocol.config import RunConfig
-from protocol.errors import FedsplitError
+from protocol.errors import FlowerRunError
 from protocol.vertical_config import VerticalConfig
 
 APP_PACKAGES = ("protocol", "aggregation", "server", "client")
 CONNECTION = "fedsplit"
 
-
-class FlowerRunError(FedsplitError):
-    """Flower's runtime did not complete the run."""
-
-    exit_code = 4
 
 
 def flower_env(flwr_home: Path) -> dict[str, str]:

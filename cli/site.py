@@ -27,7 +27,7 @@ from rich.console import Console
 
 from cli.flower_runtime import flower_env, supernode_command
 from protocol.config import RunConfig
-from protocol.errors import ConfigError, FedsplitError
+from protocol.errors import ConfigError, SiteAgentError
 
 console = Console(stderr=True, highlight=False)
 app = typer.Typer(help="Run a hospital agent, or prepare simulated hospitals' data.",
@@ -44,11 +44,6 @@ NOT_ACTIVATED = re.compile(r"Failed to activate|code: ?20\d\d|UNAUTHORIZED", re.
 ACTIVATION_GRACE_S = 90.0
 ACTIVATION_RETRY_S = 10.0
 
-
-class SiteAgentError(FedsplitError):
-    """The hospital agent cannot run (refused by the SuperLink, or misconfigured)."""
-
-    exit_code = 5
 
 
 def check_key(key: Path) -> None:

@@ -10,15 +10,10 @@ from typing import Annotated
 
 import typer
 
-from protocol.errors import FedsplitError
+from protocol.errors import UploadFailedError
 
 CHUNK = 1024 * 1024
 
-
-class UploadFailedError(FedsplitError):
-    """The server refused the upload, or could not be reached."""
-
-    exit_code = 4
 
 
 def multipart_parts(filename: str, num_examples: int | None) -> tuple[str, bytes, bytes]:

@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from protocol.config import RunConfig
-from protocol.errors import ConfigError, FedsplitError
+from protocol.errors import ConfigError, FederationError
 from protocol.stats import combine_moments
 from protocol.weights import read_weights
 
@@ -45,7 +45,7 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
         if len(nodes) >= minimum:
             return nodes
         if time.monotonic() > deadline:
-            raise FedsplitError(
+            raise FederationError(
                 f"Only {len(nodes)} hospital(s) connected within {timeout:.0f} s; the run needs "
                 f"min-nodes={minimum}. Start more SuperNodes or lower min-nodes. Received: {nodes}"
             )
@@ -63,9 +63,9 @@ def _ask(grid: Grid, nodes: list[int], message_type: str, config: dict[str, Any]
     errors = [r for r in replies if r.has_error()]
     if errors:
         reasons = "; ".join(f"node {r.metadata.src_node_id}: {r.error.reason}" for r in errors)
-        raise FedsplitError(f"Hospital agent(s) failed during {message_type}: {reasons}")
+        raise FederationError(f"Hospital agent(s) failed during {message_type}: {reasons}")
     if len(replies) < len(nodes):
-        raise FedsplitError(
+        raise FederationError(
             f"Only {len(replies)} of {len(nodes)} hospitals answered {message_type} within "
             f"{timeout:.0f} s. Check the SuperNode logs. Received: {len(replies)} replies"
         )

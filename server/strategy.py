@@ -22,7 +22,7 @@ from flwr.serverapp.strategy import FedAvg
 import aggregation
 from aggregation.base import AggregationStrategy, SiteReport
 from protocol.arrays import ArraySpec, check_num_examples
-from protocol.errors import FedsplitError
+from protocol.errors import FedsplitError, ReplyError
 from protocol.update import Update
 from server.history import RunHistory
 
@@ -67,14 +67,14 @@ def reply_to_update(msg: Message, server_round: int) -> tuple[Update, dict[str, 
     """Convert a training reply into a validated `Update` and its metrics (raises on bad input)."""
     content = msg.content
     if len(content.array_records) != 1 or len(content.metric_records) != 1:
-        raise FedsplitError(
+        raise ReplyError(
             f"a training reply must hold exactly one ArrayRecord and one MetricRecord. Received: "
             f"{len(content.array_records)} and {len(content.metric_records)}"
         )
     record = next(iter(content.array_records.values()))
     metrics_record = next(iter(content.metric_records.values()))
     if NUM_EXAMPLES_KEY not in metrics_record:
-        raise FedsplitError(
+        raise ReplyError(
             f"the reply's metrics lack {NUM_EXAMPLES_KEY!r}, the sample count that weights it. "
             f"Received: {sorted(metrics_record)}"
         )

@@ -23,7 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 import aggregation
 from aggregation.vertical_fusion import VerticalFusionParams
 from protocol.atomic import write_json_atomic
-from protocol.errors import FedsplitError
+from protocol.errors import FederationError, FedsplitError
 from protocol.vertical_config import VerticalConfig
 from protocol.vertical_wire import Payload, check_payload, from_record, to_record
 from server.setup import wait_for_nodes
@@ -63,9 +63,9 @@ class GridTransport:
         errors = [r for r in replies if r.has_error()]
         if errors:
             reasons = "; ".join(f"node {r.metadata.src_node_id}: {r.error.reason}" for r in errors)
-            raise FedsplitError(f"Site agent(s) failed during {message_type}: {reasons}")
+            raise FederationError(f"Site agent(s) failed during {message_type}: {reasons}")
         if len(replies) < len(msgs):
-            raise FedsplitError(f"Only {len(replies)} of {len(msgs)} sites answered {message_type} within "
+            raise FederationError(f"Only {len(replies)} of {len(msgs)} sites answered {message_type} within "
                                 f"{self.timeout:.0f} s. Received: {len(replies)} replies")
         out = {}
         for r in replies:

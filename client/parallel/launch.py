@@ -25,13 +25,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from client.models import SiteModel
-from protocol.errors import FedsplitError
-
-
-class ParallelRunError(FedsplitError, RuntimeError):
-    """A worker process of a multi-process training run failed or did not finish in time."""
-
-    exit_code = 1
+from protocol.errors import ParallelRunError
 
 
 def free_port() -> int:

@@ -1,7 +1,7 @@
 """Admin API errors (the `protocol.errors.FedsplitError` tree's admin branch).
 
     FedsplitError
-    └── AdminError                     exit code 4, HTTP 400
+    └── AdminError                     exit code 9 (protocol.errors), HTTP 400
         ├── AuthenticationError        HTTP 401  no token, or a token nobody was issued
         ├── PermissionDeniedError      HTTP 403  valid token, wrong role or wrong site
         ├── NotFoundError              HTTP 404  no such round, model or start model
@@ -14,13 +14,7 @@
 
 from __future__ import annotations
 
-from protocol.errors import FedsplitError
-
-
-class AdminError(FedsplitError):
-    """The admin API refused a request."""
-
-    exit_code = 4
+from protocol.errors import AdminError
 
 
 class AuthenticationError(AdminError):

@@ -27,12 +27,12 @@ def test_export_writes_the_float_parameters(tmp_path, capsys):
 
 
 def test_export_refuses_a_non_checkpoint(tmp_path, capsys):
-    """A file torch cannot load safely: exit 2 and the fix."""
+    """A file torch cannot load safely: exit 3 (WeightFileError) and the fix."""
     (tmp_path / "x.pt").write_bytes(b"not a checkpoint")
     code = run_guarded(
         fedsplit_app, ["export", str(tmp_path / "x.pt"), "--num-examples", "5", "-o", str(tmp_path / "o.h5")]
     )
-    assert code == 2
+    assert code == 3
     assert "is not a torch file loadable with weights_only=True" in capsys.readouterr().err
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from cli.app import app as fedsplit_app
 from cli.errors import run_guarded
+from protocol.errors import UploadFailedError
 from server.admin.store import add_site
 from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, raw_weights, write_model
 
@@ -138,13 +139,13 @@ def test_live_server_end_to_end(server: LiveServer, tmp_path: Path, capsys):
         assert code == 0, out
         assert f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}" in out
 
-        # a refused upload through the CLI: exit code 4 and the server's detail
+        # a refused upload through the CLI: UploadFailedError's exit code and the server's detail
         bad = raw_weights(tmp_path / "bad.h5", lambda f, g: g.__setitem__("x", h5py_external()))
         code = run_guarded(
             fedsplit_app,
             ["upload", "--server", server.url, "--token", token, "--round", str(rnd["id"]), str(bad)],
         )
-        assert code == 4
+        assert code == UploadFailedError.exit_code
         assert "is an external link" in capsys.readouterr().err
 
         # over the 2 MiB limit: 413 from the declared length

@@ -13,6 +13,7 @@ from cli.aggregate import parse_bytes
 from cli.app import app
 from cli.errors import run_guarded
 from protocol import ConfigError, Update, read_weights, write_weights
+from protocol.errors import AggregationError
 
 
 @pytest.fixture
@@ -68,7 +69,8 @@ def test_refuse_policy_and_reference_model(files, tmp_path, capsys) -> None:
 def test_too_few_for_krum_and_bad_options_are_clear(files, tmp_path, capsys) -> None:
     """Krum f=1 on 4 usable files: exit 3 naming 2f+3; bad budget/cap/policy: exit 2."""
     out = str(tmp_path / "g.h5")
-    assert run_guarded(app, ["aggregate", *map(str, files), "-o", out, "--strategy", "krum"]) == 3
+    code = run_guarded(app, ["aggregate", *map(str, files), "-o", out, "--strategy", "krum"])
+    assert code == AggregationError.exit_code
     assert "2f+3 = 5" in capsys.readouterr().err
     for extra, fragment in [(["--memory-budget", "lots"], "Received: 'lots'"),
                             (["--cohort-cap", "h1"], "SITE=ROWS"),

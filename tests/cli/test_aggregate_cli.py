@@ -11,6 +11,7 @@ import pytest
 from cli.app import app
 from cli.errors import run_guarded
 from protocol import Update, read_weights, write_weights
+from protocol.errors import AggregationError, WeightFileError
 
 
 @pytest.fixture
@@ -48,28 +49,29 @@ def test_aggregate_equals_hand_computed_weighted_mean(site_files, tmp_path, caps
 
 
 def test_aggregate_refuses_mismatched_shapes_with_clear_error(site_files, tmp_path, capsys) -> None:
-    """A site with other columns gets the vertical-fusion hint and exit code 3; no output."""
+    """A site with other columns gets the vertical-fusion hint and the aggregation exit code; no output."""
     odd = Update({"fc.weight": np.zeros((3, 7), np.float32), "fc.bias": np.zeros(3, np.float32)},
                  num_examples=10, site="odd")
     odd_path = write_weights(odd, tmp_path / "odd.h5")
     out = tmp_path / "global.h5"
     code = run_guarded(app, ["aggregate", str(site_files[0]), str(odd_path), "-o", str(out)])
     err = capsys.readouterr().err
-    assert code == 3
+    assert code == AggregationError.exit_code
     assert "IncompatibleUpdatesError" in err and "(3, 4)" in err and "(3, 7)" in err
     assert "vertical fusion" in err
     assert not out.exists()
 
 
 def test_aggregate_refuses_bad_file_and_bad_param(site_files, tmp_path, capsys) -> None:
-    """A non-HDF5 input and an unknown parameter are named; exit codes 2 and 3."""
+    """A non-HDF5 input and an unknown parameter are named, each with its branch's exit code."""
     junk = tmp_path / "junk.h5"
     junk.write_text("not hdf5")
-    assert run_guarded(app, ["aggregate", str(junk), "-o", str(tmp_path / "o.h5")]) == 2
+    code = run_guarded(app, ["aggregate", str(junk), "-o", str(tmp_path / "o.h5")])
+    assert code == WeightFileError.exit_code
     assert "not an HDF5 file" in capsys.readouterr().err
     code = run_guarded(app, ["aggregate", str(site_files[0]), "-o", str(tmp_path / "o.h5"),
                              "--param", "beta=0.3"])
-    assert code == 3
+    assert code == AggregationError.exit_code
     assert "Invalid parameters for strategy 'fedavg'" in capsys.readouterr().err
 
 

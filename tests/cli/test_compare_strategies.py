@@ -15,9 +15,9 @@ from cli.errors import run_guarded
     ("args", "code", "message"),
     [
         (["--strategies", "fedavg,fedavg"], 2, "distinct strategy names"),
-        (["--strategies", "fedavg,bogus"], 3, "No aggregation strategy is called 'bogus'"),
+        (["--strategies", "fedavg,bogus"], 5, "No aggregation strategy is called 'bogus'"),
         (["--param", "beta=0.3"], 2, "STRATEGY:key=value"),
-        (["--strategies", "trimmed-mean", "--param", "trimmed-mean:beta=0.7"], 3, "beta"),
+        (["--strategies", "trimmed-mean", "--param", "trimmed-mean:beta=0.7"], 5, "beta"),
         (["--attack", "scale:10"], 2, "go together"),
         (["--attack", "scale", "--attackers", "1"], 2, "needs a value"),
         (["--attack", "nan", "--attackers", "5"], 2, "at least one site must stay honest"),

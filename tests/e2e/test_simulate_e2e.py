@@ -11,6 +11,7 @@ import pytest
 from cli.app import app
 from cli.errors import run_guarded
 from protocol import read_weights
+from protocol.errors import AggregationError
 
 
 @pytest.mark.slow
@@ -50,7 +51,7 @@ def test_simulate_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
     assert run_guarded(app, ["simulate", "--dataset", "mnist", "--out", str(tmp_path)]) == 2
     assert "Unknown dataset" in capsys.readouterr().err
     assert run_guarded(app, ["simulate", "--dataset", "digits", "--strategy", "fedmagic",
-                             "--out", str(tmp_path)]) == 3
+                             "--out", str(tmp_path)]) == AggregationError.exit_code
     assert "No aggregation strategy is called 'fedmagic'" in capsys.readouterr().err
     assert run_guarded(app, ["simulate", "--dataset", "digits", "--partition", "dirichlet:-1",
                              "--out", str(tmp_path)]) == 2
