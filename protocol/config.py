@@ -35,6 +35,8 @@ class RunConfig(BaseModel):
     model: Literal["auto", "mlp", "cnn"] = Field(
         "auto", description="Architecture: mlp (tables), cnn (images), auto (by data file type).")
     hidden: str = Field("64-32", description="MLP hidden widths, dash-separated.")
+    norm: Literal["none", "batch"] = Field(
+        "none", description="Normalisation after each MLP hidden layer: none, or batch (BatchNorm1d).")
     task: Literal["auto", "classification", "regression"] = Field(
         "auto", description="Learning task; auto infers it from the target.")
     num_classes: int = Field(0, ge=0, alias="num-classes",
@@ -75,11 +77,16 @@ class RunConfig(BaseModel):
                                     "connected and updates the global model only from at least k valid "
                                     "training replies received within round-timeout; a short round is "
                                     "recorded in the history and the run goes on. 0 = min-nodes.")
+    data_fingerprint: str = Field(
+        "{}", alias="data-fingerprint",
+        description="Written by the simulation runners, not by hand: a JSON object site -> {rows, "
+                    "columns, sha256} of each simulated site's files; resuming an out-dir whose sites "
+                    "hold other data is refused.")
     resume: bool = Field(True,
                          description="If out-dir holds an unfinished run (history.json + global.h5), "
                                      "continue after its last completed round instead of starting over.")
 
-    @field_validator("strategy_params", "cohort_caps")
+    @field_validator("strategy_params", "cohort_caps", "data_fingerprint")
     @classmethod
     def _json_object(cls, value: str) -> str:
         try:
