@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fedsplit-installed
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast test-containers lint bench clean wheelhouse base-image image
 
 setup: $(STAMP)
 
@@ -28,8 +28,29 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# The compose federation in real containers (also part of `make test`; needs a Docker engine).
+test-containers: setup
+	$(BIN)/python -m pytest -q -m containers tests/containers
+
 lint: setup
 	$(BIN)/ruff check .
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
+
+# Containers (docs/deployment.md, "Containers"). wheelhouse: every wheel the image installs, for a
+# build without a package index; base-image: Debian 12 + Python 3.11 from apt's mirror with
+# debootstrap (root), for a build without an image registry; image: docker/build.sh (BuildKit),
+# from the wheelhouse when there is one. IMAGE, BASE_IMAGE, TORCH_PIP_ARGS and EXTRA_CA pass through.
+IMAGE      ?= fedsplit:latest
+BASE_IMAGE ?= python:3.11-slim
+EXTRA_CA   ?=
+
+wheelhouse:
+	PYTHON=$(PYTHON) docker/wheelhouse.sh wheelhouse
+
+base-image:
+	docker/base-image.sh fedsplit-base:bookworm
+
+image:
+	docker/build.sh -t $(IMAGE) --base-image $(BASE_IMAGE) $(if $(EXTRA_CA),--extra-ca $(EXTRA_CA))

@@ -5,10 +5,11 @@ Importing this package registers every built-in strategy. Look one up with
 """
 
 from aggregation import fedavg as _fedavg  # noqa: F401  (registers "fedavg")
+from aggregation import geometric_median as _geometric_median  # noqa: F401  (registers "geometric-median")
 from aggregation import krum as _krum  # noqa: F401  (registers "krum", "multi-krum")
 from aggregation import median as _median  # noqa: F401  (registers "median")
 from aggregation import trimmed_mean as _trimmed_mean  # noqa: F401  (registers "trimmed-mean")
-from aggregation import vertical_fusion as _vertical_fusion  # noqa: F401  (registers "vertical-fusion")
+from aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from aggregation.base import (
     AggregateResult,
     AggregationReport,
@@ -34,6 +35,7 @@ from aggregation.registry import (
 from aggregation.run import aggregate_updates
 
 __all__ = [
+    "DEFAULT_MEMORY_BUDGET",
     "AggregateResult",
     "AggregationError",
     "AggregationReport",

@@ -4,7 +4,8 @@ Robust rules (median, trimmed mean, Krum) need, for every coordinate, the values
 updates at once. Flower stacks all N copies of every layer (and Krum flattens a second full
 copy of every update). Here the model is cut into flat, contiguous blocks of coordinates and,
 for each block, the N updates' values are read into one reusable ``(N, b)`` buffer: straight
-from the HDF5 dataset when the update is an open `protocol.WeightFile`, by slicing when it is
+from the HDF5 dataset when the update is an open `protocol.WeightFile` (its `read_into`, one
+hyperslab read; the weight format has one owner, protocol/weights.py), by slicing when it is
 an in-memory `protocol.Update`. The block length ``b`` is chosen so that the buffer plus the
 reducer's own working memory stay under the budget, whatever N. Strategies supply only the
 reducer that turns a stacked block into aggregate values.
@@ -14,18 +15,15 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from h5py import h5d, h5s
 
 from aggregation._threads import map_threads, threads_for
 from aggregation.errors import AggregationError
 from protocol.arrays import ArraySpec
-from protocol.errors import WeightFileError
 from protocol.update import Update, UpdateHeader, UpdateSource
 from protocol.weights import WeightFile
 
@@ -146,31 +144,13 @@ def plan_blocks(specs: Sequence[ArraySpec], max_values: int) -> list[Block]:
     return blocks
 
 
-# Low-level dataset handles per open weight file, shared by every pass over it.
-_DATASET_IDS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-
-
-def _dataset_id(wf: WeightFile, name: str) -> Any:
-    """Low-level handle of parameter ``name``: found through its validated group, opened by name.
-
-    `WeightFile.dataset` validates the name; its parent group is looked up once per file and
-    the other parameters are opened with ``h5d.open`` (microseconds instead of a millisecond).
-    """
-    ids = _DATASET_IDS.setdefault(wf, {})
-    group = ids.get("\0group")
-    if group is None:
-        group = ids["\0group"] = wf.dataset(name).parent.id
-    if name not in wf.header.names:
-        wf.dataset(name)  # raises the validated, named error
-    return h5d.open(group, name.encode("utf-8"))
-
-
 class BlockReader:
     """Reads blocks of one update into caller-provided 1-D buffers.
 
-    Weight files are read with HDF5's low-level hyperslab reads straight into the buffer
-    (HDF5 converts byte order and float16 -> float32/64 on the way); the high-level h5py
-    selection machinery costs about a millisecond a call, which dominates for many updates.
+    Weight files are read with `protocol.WeightFile.read_into` (one low-level hyperslab read
+    straight into the buffer; HDF5 converts byte order and float16 -> float32/64 on the way; a
+    damaged chunk raises `WeightFileError` with reason ``corrupt``). In-memory updates are
+    sliced.
     """
 
     def __init__(self, source: UpdateSource) -> None:
@@ -178,7 +158,6 @@ class BlockReader:
         self._file = self.source if isinstance(self.source, WeightFile) else None
         self._update = self.source if isinstance(self.source, Update) else None
         self._cached: tuple[str, np.ndarray] | None = None
-        self._dsids: dict[str, Any] = _DATASET_IDS.setdefault(self.source, {}) if self._file else {}
 
     def _flat(self, name: str) -> np.ndarray:
         if self._update is not None and self._update.arrays[name].flags.c_contiguous:
@@ -192,24 +171,13 @@ class BlockReader:
 
     def _read_file(self, block: Block, out: np.ndarray) -> None:
         assert self._file is not None
-        dsid = self._dsids.get(block.name)
-        if dsid is None:
-            dsid = self._dsids[block.name] = _dataset_id(self._file, block.name)
         dest = out if out.flags.c_contiguous else np.empty(block.size, dtype=out.dtype)
-        try:
-            if not block.selection:
-                dsid.read(h5s.ALL, h5s.ALL, dest.reshape(block.shape))
-            else:
-                fspace = dsid.get_space()
-                fspace.select_hyperslab(block.hyperslab_start, block.hyperslab_count)
-                dsid.read(h5s.create_simple((block.size,)), fspace, dest)
-        except (OSError, RuntimeError) as e:  # damaged or unreadable chunks
-            raise WeightFileError(
-                f"Weight file of {self._file.header.label}: parameter {block.name!r} could not be "
-                f"read ({e}); the file is damaged. Re-export or re-upload it. "
-                f"Received: {block.name!r}",
-                reason="corrupt",
-            ) from e
+        if block.selection:
+            self._file.read_into(
+                block.name, dest, start=block.hyperslab_start, count=block.hyperslab_count
+            )
+        else:
+            self._file.read_into(block.name, dest)
         if dest is not out:
             out[...] = dest
 
@@ -229,6 +197,15 @@ class BlockReader:
     def release(self) -> None:
         """Forget a cached parameter (for sources that materialise arrays)."""
         self._cached = None
+
+
+def check_budget(memory_budget: object) -> None:
+    """Raise `AggregationError` unless ``memory_budget`` is a positive whole number of bytes."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
+        raise AggregationError(
+            f"The memory budget must be a positive number of bytes (e.g. 512MB). "
+            f"Received: {memory_budget!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -257,11 +234,7 @@ def plan_stack(
     fixed_bytes``: the stacked buffer, the reducer's per-value and per-coordinate temporaries,
     and its fixed-size scratch (tiles).
     """
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
-        raise AggregationError(
-            f"The memory budget must be a positive number of bytes (e.g. 512MB). "
-            f"Received: {memory_budget!r}"
-        )
+    check_budget(memory_budget)
     if num_updates < 1:
         raise AggregationError(f"A stacked pass needs at least one update. Received: {num_updates}")
     work = np.dtype(dtype) if dtype is not None else max(

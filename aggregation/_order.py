@@ -31,9 +31,8 @@ from aggregation._blocks import (
     work_dtype,
 )
 from aggregation._threads import map_threads, worker_count
-from aggregation.base import AggregateResult, AggregationReport, AggregationStrategy, SiteReport
-from aggregation.compat import check_compatible
-from aggregation.errors import NotEnoughUpdatesError
+from aggregation.base import AggregateResult, AggregationStrategy
+from aggregation.building_blocks import inputs_of, make_result, site_reports
 from protocol.update import UpdateSource
 
 #: Coordinates per sorted tile: N values each, sized to stay in the CPU's L2 cache.
@@ -256,38 +255,22 @@ def aggregate_order_statistic(
     weighted: bool,
 ) -> AggregateResult:
     """Run the reducer ``make_reducer(counts, itemsize)`` over all updates; build the report."""
-    headers = [u.header for u in updates]
-    if not headers:
-        raise NotEnoughUpdatesError(
-            f"Strategy {strategy.name!r} needs at least one usable update. Received: 0 updates"
-        )
-    check_compatible(headers)
-    specs = headers[0].specs
-    counts = np.array([h.num_examples for h in headers], dtype=np.int64)
-    itemsize = max(work_dtype(s.dtype).itemsize for s in specs)
-    reducer = make_reducer(counts, itemsize)
-    outputs = empty_like_specs(specs)
-    plan = run_stacked(updates, specs, reducer, memory_budget=memory_budget, outputs=outputs)
-    total = int(counts.sum())
+    inputs = inputs_of(strategy, updates)
+    itemsize = max(work_dtype(s.dtype).itemsize for s in inputs.specs)
+    reducer = make_reducer(inputs.counts, itemsize)
+    outputs = empty_like_specs(inputs.specs)
+    plan = run_stacked(updates, inputs.specs, reducer, memory_budget=memory_budget, outputs=outputs)
     share = reducer.dropped / max(reducer.coords, 1)
     most = float(share.max())
-    sites = [
-        SiteReport(
-            site=h.label,
-            num_examples=h.num_examples,
-            weight=h.num_examples / total if weighted else 1.0 / len(headers),
-            trimmed_fraction=float(share[i]),
-            trimmed_most=bool(most > 0 and share[i] == most),
-            l2_to_aggregate=float(np.sqrt(reducer.dist2[i])),
-        )
-        for i, h in enumerate(headers)
-    ]
-    report = AggregationReport(
-        strategy=strategy.name,
-        params=strategy.params.model_dump(),
-        num_examples=total,
-        sites=sites,
-        memory_budget=memory_budget,
-        working_bytes=plan.working_bytes,
+    n = len(inputs.headers)
+    sites = site_reports(
+        inputs.headers,
+        inputs.counts / inputs.total if weighted else np.full(n, 1.0 / n),
+        trimmed_fraction=share,
+        trimmed_most=(share == most) & (most > 0),
+        l2_to_aggregate=np.sqrt(reducer.dist2),
     )
-    return AggregateResult(arrays=outputs, num_examples=total, report=report)
+    return make_result(
+        strategy, inputs, outputs, sites,
+        memory_budget=memory_budget, working_bytes=plan.working_bytes,
+    )

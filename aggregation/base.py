@@ -1,4 +1,9 @@
-"""The strategy interface every aggregation rule implements, and its result types."""
+"""The strategy interface every aggregation rule implements, and its result types.
+
+A rule is one class with one hook, `AggregationStrategy.aggregate`, registered with
+`aggregation.registry.register`; how to write one is in docs/aggregation.md, "Writing a
+strategy" (worked example: `aggregation/geometric_median.py`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from protocol.update import Update, UpdateSource
 
 
@@ -56,8 +62,10 @@ class AggregationReport:
     sites: list[SiteReport] = field(default_factory=list)
     #: working-memory budget the aggregation ran under (bytes), when it is bounded
     memory_budget: int | None = None
-    #: working memory the stacked passes actually planned for (bytes), at most the budget
+    #: working memory the rule's passes actually planned for (bytes), at most the budget
     working_bytes: int | None = None
+    #: rule-specific summary (geometric-median: iterations run, objective, why it stopped)
+    details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def excluded(self) -> list[SiteReport]:
@@ -86,8 +94,10 @@ class AggregationStrategy(ABC):
     """A rule that merges several sites' updates into one model.
 
     Subclasses set `name`, `summary` and `Params` (a `StrategyParams` model whose field
-    descriptions are the parameter documentation shown by ``fedsplit strategies``) and
-    implement `aggregate`. Construct them through `aggregation.registry.get_strategy`.
+    descriptions are the parameter documentation shown by ``fedsplit strategies``), implement
+    the one hook `aggregate`, and override `min_updates` when they need more than one update.
+    Construct them through `aggregation.registry.get_strategy`; run them through
+    `aggregation.aggregate_updates`, which guards the inputs first.
     """
 
     name: ClassVar[str]
@@ -98,18 +108,23 @@ class AggregationStrategy(ABC):
         self.params = params if params is not None else self.Params()
 
     @abstractmethod
-    def aggregate(self, updates: Sequence[UpdateSource]) -> AggregateResult:
-        """Merge ``updates`` (same names, shapes and dtypes) into one model."""
-
-    def aggregate_bounded(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int
+    def aggregate(
+        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
     ) -> AggregateResult:
-        """Like `aggregate`, keeping working memory under ``memory_budget`` bytes.
+        """Merge ``updates`` (same names, shapes and dtypes) into one model.
 
-        Strategies that stack updates (median, trimmed mean, Krum) override this; streaming
-        ones (FedAvg) need one model-sized accumulator whatever the budget and inherit it.
+        Working memory beyond the output stays under ``memory_budget`` bytes (rules that need
+        more for even one coordinate refuse with `AggregationError`). The report holds one
+        `SiteReport` per update, in order.
         """
-        return self.aggregate(updates)
+
+    def min_updates(self) -> int:
+        """Fewest usable updates this rule (with its parameters) can aggregate."""
+        return 1
+
+    def min_updates_reason(self) -> str:
+        """Why `min_updates` is what it is and how to lower it (one clause; "" when obvious)."""
+        return ""
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.model_dump().items())

@@ -3,7 +3,8 @@
 For each update, in order:
 
 1. names, shapes and dtypes equal the round's model (``expected``; when not given, the layout
-   shared by more than half of the updates);
+   shared by more than half of the updates), in any order; the reason is
+   `protocol.arrays.layout_difference`'s sentence naming the first differing parameter;
 2. the sample count is an integer >= 1;
 3. the count is at most the site's registered cohort size (``cohort_caps``): above it, the
    count is clipped to the cap (policy ``clip``) or the update is excluded (``refuse``), and
@@ -26,9 +27,9 @@ import numpy as np
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET, BlockReader, Recounted, plan_blocks
 from aggregation._threads import map_threads, threads_for
 from aggregation.base import SiteReport
-from aggregation.compat import _VERTICAL_HINT, check_compatible
+from aggregation.compat import VERTICAL_HINT, check_compatible
 from aggregation.errors import AggregationError, IncompatibleUpdatesError
-from protocol.arrays import ArraySpec, check_num_examples
+from protocol.arrays import ArraySpec, check_num_examples, layout_difference
 from protocol.errors import FedsplitError
 from protocol.update import UpdateHeader, UpdateSource
 
@@ -91,28 +92,10 @@ def infer_expected(headers: Sequence[UpdateHeader]) -> tuple[ArraySpec, ...]:
             f"The updates do not share one model layout (no layout is held by more than half of "
             f"them), so the round's model cannot be told apart from a faulty update. Pass the "
             f"round's model (expected=..., `fedsplit aggregate --reference MODEL.h5`). "
-            f"{_VERTICAL_HINT} Received: {layouts}"
+            f"{VERTICAL_HINT} Received: {layouts}"
         )
     first = next(h for h in headers if _signature(h.specs) == sig)
     return tuple(first.specs)
-
-
-def layout_problem(specs: Sequence[ArraySpec], expected: Sequence[ArraySpec]) -> str | None:
-    """Describe the first difference between an update's layout and the round's, or None."""
-    have = {s.name: s for s in specs}
-    want = {s.name: s for s in expected}
-    for name, spec in want.items():
-        got = have.get(name)
-        if got is None:
-            return f"parameter {name!r} {spec.shape} of the round's model is missing"
-        if tuple(got.shape) != tuple(spec.shape):
-            return f"parameter {name!r} has shape {got.shape}, the round's model {spec.shape}"
-        if np.dtype(got.dtype) != np.dtype(spec.dtype):
-            return f"parameter {name!r} is {got.dtype}, the round's model {spec.dtype}"
-    extra = [n for n in have if n not in want]
-    if extra:
-        return f"parameter {extra[0]!r} is not in the round's model"
-    return None
 
 
 def _first_non_finite(source: UpdateSource, specs: Sequence[ArraySpec], budget: int) -> str | None:
@@ -177,7 +160,10 @@ def guard_updates(
         if h is None:
             continue
         rep = reports[k]
-        problem = layout_problem(h.specs, want)
+        problem = layout_difference(
+            want, h.specs, expected_label="the round's model", got_label="this update",
+            ordered=False,
+        )
         if problem is not None:
             _exclude(rep, f"layout: {problem}", h.num_examples)
             continue

@@ -6,7 +6,8 @@ With N updates and at most f hostile ones, each update k gets the score
 
 Krum returns the update with the lowest score; multi-Krum averages the m lowest-scoring
 updates weighted by sample count (as Flower's ``aggregate_krum`` with ``to_keep=m``). Krum's
-guarantee needs N >= 2f + 3; fewer updates are refused.
+guarantee needs N >= 2f + 3, and multi-Krum's m at most N - f: `min_updates` is
+max(2f + 3, m + f), and fewer updates are refused.
 
 Gram-matrix formulation: all pairwise squared distances follow from the N x N Gram matrix
 G = X X^T of the (flattened) updates, ||w_i - w_j||^2 = G_ii + G_jj - 2 G_ij. G is
@@ -14,7 +15,9 @@ accumulated block by block (`aggregation._blocks`): each block of N updates is c
 coordinate-wise mean (distances do not change, cancellation does) and multiplied by its own
 transpose with BLAS, summed in float64. No flattened second copy of the updates and no N^2
 loop over full-length vectors, as Flower's reference needs; the extra memory stays within
-the budget, and the distance of every update to the aggregate comes from G for free.
+the budget, and the distance of every update to the aggregate comes from G for free. The
+selection's count-weighted mean is one streamed pass (`building_blocks.weighted_mean`; for
+Krum's single choice the weight is exactly 1, so the update is returned bit for bit).
 """
 
 from __future__ import annotations
@@ -24,24 +27,9 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field
 
-from aggregation._blocks import (
-    DEFAULT_MEMORY_BUDGET,
-    Block,
-    BlockReader,
-    StackReducer,
-    empty_like_specs,
-    run_stacked,
-    tiles,
-)
-from aggregation.base import (
-    AggregateResult,
-    AggregationReport,
-    AggregationStrategy,
-    SiteReport,
-    StrategyParams,
-)
-from aggregation.compat import check_compatible
-from aggregation.errors import NotEnoughUpdatesError
+from aggregation._blocks import DEFAULT_MEMORY_BUDGET, Block, StackReducer, run_stacked, tiles
+from aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
+from aggregation.building_blocks import inputs_of, make_result, site_reports, weighted_mean
 from aggregation.registry import register
 from protocol.update import UpdateSource
 
@@ -62,22 +50,6 @@ class GramReducer(StackReducer):
             tile = stack[:, sl]
             tile -= tile.mean(axis=0, dtype=np.float64).astype(tile.dtype)
             self.gram += tile @ tile.T
-
-
-class WeightedMeanReducer(StackReducer):
-    """Count-weighted mean of the stacked updates, accumulated in float64."""
-
-    bytes_per_coordinate = 2 * 8
-
-    def __init__(self, counts: np.ndarray) -> None:
-        self.weights = counts.astype(np.float64) / float(counts.sum())
-
-    def __call__(self, block: Block, stack: np.ndarray, out: np.ndarray | None) -> None:
-        assert out is not None
-        acc = np.zeros(block.size, dtype=np.float64)
-        for row, weight in zip(stack, self.weights, strict=True):
-            acc += np.multiply(row, weight, dtype=np.float64)
-        out[...] = acc
 
 
 def squared_distances(gram: np.ndarray) -> np.ndarray:
@@ -135,75 +107,50 @@ class Krum(AggregationStrategy):
     )
     Params = KrumParams
 
-    def aggregate(self, updates: Sequence[UpdateSource]) -> AggregateResult:
-        """Return the Krum choice under the default memory budget."""
-        return self.aggregate_bounded(updates, memory_budget=DEFAULT_MEMORY_BUDGET)
+    def min_updates(self) -> int:
+        """2f + 3: each score sums the N - f - 2 nearest others, and the guarantee needs N > 2f + 2."""
+        return 2 * int(self.params.f) + 3
+
+    def min_updates_reason(self) -> str:
+        """Why: Krum's bound with this f."""
+        f = int(self.params.f)
+        return (
+            f"with f={f}: 2f+3 = {2 * f + 3}, as each score sums the N-f-2 nearest neighbours and "
+            f"the guarantee needs N > 2f+2; lower f (--param f=...)"
+        )
 
     def _select(self, n: int) -> int:
+        """How many of the ``n`` lowest-scoring updates are averaged."""
         return 1
 
-    def aggregate_bounded(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int
+    def aggregate(
+        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
     ) -> AggregateResult:
         """Score every update via the blockwise Gram matrix; return the selection's (mean)."""
-        headers = [u.header for u in updates]
-        n, f = len(headers), int(self.params.f)
-        if n < 2 * f + 3:
-            raise NotEnoughUpdatesError(
-                f"Strategy {self.name!r} with f={f} needs at least 2f+3 = {2 * f + 3} usable "
-                f"updates (each score sums the N-f-2 nearest neighbours, and the guarantee "
-                f"needs N > 2f+2). Lower f (--param f=...) or wait for more sites. "
-                f"Received: {n} updates"
-            )
-        check_compatible(headers)
-        specs = headers[0].specs
-        m = self._select(n)
+        inputs = inputs_of(self, updates)
+        n, f = len(inputs.headers), int(self.params.f)
         gram_reducer = GramReducer(n)
-        plan = run_stacked(updates, specs, gram_reducer, memory_budget=memory_budget)
+        plan = run_stacked(updates, inputs.specs, gram_reducer, memory_budget=memory_budget)
         gram = gram_reducer.gram
-        dist = squared_distances(gram)
-        scores = krum_scores(dist, f)
-        chosen = np.argsort(scores, kind="stable")[:m]
-        counts = np.array([h.num_examples for h in headers], dtype=np.int64)
-        total = int(counts[chosen].sum())
-        weights = np.zeros(n, dtype=np.float64)
-        if m == 1:
-            weights[chosen[0]] = 1.0
-            reader = BlockReader(updates[int(chosen[0])])
-            arrays = {s.name: np.array(reader.source.array(s.name), dtype=s.dtype) for s in specs}
-            l2sq = dist[:, int(chosen[0])]
-        else:
-            weights[chosen] = counts[chosen] / total
-            arrays = empty_like_specs(specs)
-            sub = [updates[int(i)] for i in chosen]
-            mean_plan = run_stacked(
-                sub, specs, WeightedMeanReducer(counts[chosen]),
-                memory_budget=memory_budget, outputs=arrays,
-            )
-            plan = max(plan, mean_plan, key=lambda p: p.working_bytes)
-            # ||w_k - sum_j a_j w_j||^2 = G_kk - 2 (G a)_k + a^T G a   (sum_j a_j = 1)
-            ga = gram @ weights
-            l2sq = np.maximum(np.diag(gram) - 2.0 * ga + weights @ ga, 0.0)
-        sites = [
-            SiteReport(
-                site=h.label,
-                num_examples=h.num_examples,
-                weight=float(weights[i]),
-                selected=bool(weights[i] > 0),
-                score=float(scores[i]),
-                l2_to_aggregate=float(np.sqrt(l2sq[i])),
-            )
-            for i, h in enumerate(headers)
-        ]
-        report = AggregationReport(
-            strategy=self.name,
-            params=self.params.model_dump(),
-            num_examples=int(counts.sum()),
-            sites=sites,
-            memory_budget=memory_budget,
-            working_bytes=plan.working_bytes,
+        scores = krum_scores(squared_distances(gram), f)
+        chosen = np.sort(np.argsort(scores, kind="stable")[: self._select(n)])
+        mean = weighted_mean(
+            [updates[int(i)] for i in chosen], inputs.counts[chosen], memory_budget=memory_budget
         )
-        return AggregateResult(arrays=arrays, num_examples=int(counts.sum()), report=report)
+        weights = np.zeros(n, dtype=np.float64)
+        weights[chosen] = inputs.counts[chosen] / inputs.counts[chosen].sum()
+        # ||w_k - sum_j a_j w_j||^2 = G_kk - 2 (G a)_k + a^T G a   (sum_j a_j = 1)
+        ga = gram @ weights
+        l2sq = np.maximum(np.diag(gram) - 2.0 * ga + weights @ ga, 0.0)
+        sites = site_reports(
+            inputs.headers, weights,
+            selected=weights > 0, score=scores, l2_to_aggregate=np.sqrt(l2sq),
+        )
+        return make_result(
+            self, inputs, mean.arrays, sites,
+            memory_budget=memory_budget,
+            working_bytes=max(plan.working_bytes, mean.working_bytes),
+        )
 
 
 @register
@@ -217,13 +164,25 @@ class MultiKrum(Krum):
     )
     Params = MultiKrumParams
 
+    def _m(self) -> int | None:
+        return None if self.params.m is None else int(self.params.m)
+
+    def min_updates(self) -> int:
+        """max(2f + 3, m + f): Krum's bound, and m of the N - f lowest scores must exist."""
+        m = self._m()
+        return max(super().min_updates(), (m or 0) + int(self.params.f))
+
+    def min_updates_reason(self) -> str:
+        """Why: Krum's bound, and m <= N - f when m is set."""
+        m, f = self._m(), int(self.params.f)
+        if m is None:
+            return super().min_updates_reason()
+        return (
+            f"{super().min_updates_reason()}; and with m={m}: m+f = {m + f}, as it averages m of "
+            f"the N-f lowest scores and averaging more would let a hostile update in; lower m"
+        )
+
     def _select(self, n: int) -> int:
-        f = int(self.params.f)
-        m = self.params.m if self.params.m is not None else n - f
-        if m > n - f:
-            raise NotEnoughUpdatesError(
-                f"Strategy 'multi-krum' with f={f} selects at most N-f = {n - f} of {n} usable "
-                f"updates, but m={m}: averaging more would let a hostile update in. Lower m or "
-                f"leave it unset (N-f). Received: m={m}, {n} updates"
-            )
-        return int(m)
+        """m, or N - f when unset (n >= min_updates, so m <= N - f)."""
+        m = self._m()
+        return n - int(self.params.f) if m is None else m

@@ -51,12 +51,8 @@ class Median(AggregationStrategy):
     )
     Params = MedianParams
 
-    def aggregate(self, updates: Sequence[UpdateSource]) -> AggregateResult:
-        """Return the coordinate-wise median under the default memory budget."""
-        return self.aggregate_bounded(updates, memory_budget=DEFAULT_MEMORY_BUDGET)
-
-    def aggregate_bounded(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int
+    def aggregate(
+        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
     ) -> AggregateResult:
         """Return the coordinate-wise (weighted) median, working in blocks within the budget."""
         weighted = bool(self.params.weighted)

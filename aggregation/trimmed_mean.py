@@ -61,12 +61,8 @@ class TrimmedMean(AggregationStrategy):
     )
     Params = TrimmedMeanParams
 
-    def aggregate(self, updates: Sequence[UpdateSource]) -> AggregateResult:
-        """Return the coordinate-wise trimmed mean under the default memory budget."""
-        return self.aggregate_bounded(updates, memory_budget=DEFAULT_MEMORY_BUDGET)
-
-    def aggregate_bounded(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int
+    def aggregate(
+        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
     ) -> AggregateResult:
         """Return the coordinate-wise (weighted) trimmed mean, in blocks within the budget."""
         beta = float(self.params.beta)

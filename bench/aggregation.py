@@ -1,8 +1,9 @@
 """Aggregation benchmark: fedsplit's strategies vs Flower's reference functions, one run.
 
-For each rule it times ours and ``flwr.server.strategy.aggregate``'s on the same N in-memory
-updates of a ResNet-18-shaped model, and prints time, throughput (input GB/s), peak extra
-memory (tracemalloc: numpy reports its buffers) and the ratios. FedAvg is also compared with
+For each rule it times ours and ``flwr.server.strategy.aggregate``'s (none for
+geometric-median) on the same N in-memory updates of a ResNet-18-shaped model, and prints
+time, throughput (input GB/s), peak extra memory (tracemalloc: numpy reports its buffers) and
+the ratios. FedAvg is also compared with
 the machine's memory read bandwidth: the fastest of several read-only passes (numpy's sum,
 BLAS's dot, torch's sum; one thread and one per core) over the same updates. ``--files`` adds
 our rules reading the updates block-wise from weight files (page cache).
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=20, help="number of updates (default 20)")
     p.add_argument("--params", default="1M",
                    help="model size, e.g. 1M or 11.7M (ResNet-18 layout scaled; default 1M)")
-    p.add_argument("--strategies", default="fedavg,median,trimmed-mean,krum,multi-krum")
+    p.add_argument("--strategies",
+                   default="fedavg,median,trimmed-mean,krum,multi-krum,geometric-median")
     p.add_argument("--beta", type=float, default=0.2, help="trimmed-mean beta (default 0.2)")
     p.add_argument("--f", type=int, default=2, help="Krum's f (default 2)")
     p.add_argument("--memory-budget", default="512MB", help="our working-memory budget")
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "read_bandwidth_kernel": bw_how,
         "memory_budget": budget, "cpu_count": os.cpu_count(), "rules": {},
     }
-    header = (f"{'rule':<13}{'ours s':>9}{'GB/s':>7}{'peak MB':>9}{'e2e s':>8}"
+    header = (f"{'rule':<17}{'ours s':>9}{'GB/s':>7}{'peak MB':>9}{'e2e s':>8}"
               f"{'flower s':>10}{'peak MB':>9}{'speedup':>9}{'mem ratio':>10}")
     print(header, flush=True)
     tmpdir = tempfile.TemporaryDirectory() if args.files else None
@@ -243,15 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.strategies.split(","):
         strat = aggregation.get_strategy(name, params_of.get(name, {}))
         t_ours, peak_ours, res = measure(
-            lambda s=strat: s.aggregate_bounded(updates, memory_budget=budget), args.repeat)
+            lambda s=strat: s.aggregate(updates, memory_budget=budget), args.repeat)
         t_e2e, _, res_e2e = measure(
             lambda s=strat: aggregation.aggregate_updates(s, updates, memory_budget=budget), 1, trace=False)
         row: dict[str, Any] = {
             "ours_s": t_ours, "ours_peak_bytes": peak_ours, "ours_gbps": input_bytes / t_ours / 1e9,
             "end_to_end_s": t_e2e, "working_bytes": res.report.working_bytes,
+            "details": res.report.details,
         }
         del res_e2e
-        line = (f"{name:<13}{t_ours:>9.2f}{input_bytes / t_ours / 1e9:>7.2f}"
+        line = (f"{name:<17}{t_ours:>9.2f}{input_bytes / t_ours / 1e9:>7.2f}"
                 f"{peak_ours / 2**20:>9.0f}{t_e2e:>8.2f}")
         if name in flower:
             pairs = [(list(u.arrays.values()), u.num_examples) for u in updates]
@@ -263,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                        memory_ratio=peak_fl / max(peak_ours, 1), max_abs_diff=diff)
             line += (f"{t_fl:>10.2f}{peak_fl / 2**20:>9.0f}{t_fl / t_ours:>8.1f}x"
                      f"{peak_fl / max(peak_ours, 1):>9.1f}x  (max |ours-flower| {diff:.1e})")
+        if "iterations" in res.report.details:  # geometric-median: no Flower reference
+            line += f"  ({res.report.details['iterations']} Weiszfeld iterations)"
         if name == "fedavg":
             row["fraction_of_read_bandwidth"] = input_bytes / t_ours / bw
             line += f"  [{100 * input_bytes / t_ours / bw:.0f}% of read bandwidth]"
@@ -276,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 for fh in files:
                     fh.close()
             row.update(files_end_to_end_s=t_f, files_peak_bytes=peak_f)
-            line += f"\n{'  from files':<13}{t_f:>9.2f}{'':>7}{peak_f / 2**20:>9.0f}"
+            line += f"\n{'  from files':<17}{t_f:>9.2f}{'':>7}{peak_f / 2**20:>9.0f}"
         del res
         results["rules"][name] = row
         print(line, flush=True)

@@ -1,4 +1,4 @@
-"""Time private ID alignment (protocol.psi) of N x N IDs between two parties on two cores.
+"""Time private ID alignment (protocol.vertical.psi) of N x N IDs between two parties on two cores.
 
 Each party runs in its own process (one core each), as the label holder and a feature site
 would, and they exchange encrypted points through pipes. Measures the whole alignment: both
@@ -33,7 +33,7 @@ def _split(blob: bytes) -> list[bytes]:
 
 def _party(name: str, ids: list[str], conn: Connection, out: mp.Queue) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
-    from protocol.psi import PsiSession
+    from protocol.vertical.psi import PsiSession
 
     t0 = time.perf_counter()
     session = PsiSession(ids)

@@ -22,10 +22,10 @@ def main() -> None:
     """Print one JSON line per seed and one with the means."""
     import torch
 
-    from aggregation.vertical_fusion import VerticalFusionParams
-    from cli.vertical_datasets import write_bundled, write_titanic
-    from cli.vertical_local import baselines, train_local
-    from server.vertical_coordinator import read_label_file
+    from orchestration.vertical.datasets import write_bundled, write_titanic
+    from orchestration.vertical.local import baselines, train_local
+    from protocol.vertical.config import FusionParams
+    from server.vertical.coordinator import read_label_file
 
     torch.set_num_threads(1)
     ap = argparse.ArgumentParser(description=__doc__)
@@ -44,7 +44,7 @@ def main() -> None:
                      write_bundled(args.dataset, args.sites, Path(tmp) / f"d{seed}", overlap=args.overlap,
                                    seed=seed))
             labels = read_label_file(str(files.labels), files.id_column, files.target, None)
-            params = VerticalFusionParams(embedding_dim=args.embedding_dim)
+            params = FusionParams(embedding_dim=args.embedding_dim)
             fused = train_local(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
             base = baselines(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
             key = "accuracy" if labels.task == "classification" else "r2"

@@ -2,12 +2,12 @@
 
 Every input is checked first (layout, count, cohort cap, finite values); a failing file is
 excluded with its reason, not fatal. The per-site report is printed and saved as JSON beside
-the output model (``<output>.report.json`` unless ``--report-json`` says otherwise).
+the output model (``<output>.report.json`` unless ``--report-json`` says otherwise). The work
+is `aggregation.files.aggregate_files`, the same flow the admin API aggregates a round with.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from pathlib import Path
@@ -20,9 +20,9 @@ from rich.table import Table
 import aggregation
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from aggregation.base import AggregationReport
+from aggregation.files import aggregate_files
 from aggregation.guard import CAP_POLICIES
-from protocol import ConfigError, open_weights, write_weights
-from protocol.atomic import write_json_atomic
+from protocol import ConfigError
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
           "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
@@ -163,32 +163,12 @@ def aggregate(
             f"--cap-policy is 'clip' (lower an over-cap count to the cap) or 'refuse' (exclude "
             f"the update). Received: {cap_policy!r}"
         )
-    with contextlib.ExitStack() as stack:
-        expected = None
-        if reference is not None:
-            expected = stack.enter_context(open_weights(reference, require_num_examples=False))
-            expected = expected.header
-        files = []
-        for path in inputs:
-            files.append(stack.enter_context(
-                open_weights(path, default_site=path.stem, require_num_examples=False)))
-        # Files that carry the same site name (e.g. several rounds' global.h5) get their file
-        # name added, so the report's rows can be told apart.
-        labels = [f.header.label for f in files]
-        for f, path in zip(files, inputs, strict=True):
-            if labels.count(f.header.label) > 1:
-                f.relabel(f"{f.header.label} ({path.name})")
-        result = aggregation.aggregate_updates(
-            strat, files, expected=expected, cohort_caps=caps, cap_policy=cap_policy,
-            memory_budget=budget,
-        )
-        used = [f for f, s in zip(files, result.report.sites, strict=True) if not s.excluded]
-        model_ids = {f.header.model for f in used} - {None}
-        model = model_ids.pop() if len(model_ids) == 1 else None
-    write_weights(result.to_update(model=model, site="aggregate"), output)
+    done = aggregate_files(
+        strat, inputs, output, report_path=report_json, reference=reference, cohort_caps=caps,
+        cap_policy=cap_policy, memory_budget=budget,
+    )
+    result, target = done.result, done.report_path
     print_report(result.report)
-    target = report_json or output.with_name(f"{output.stem}.report.json")
-    write_json_atomic(target, result.report.to_dict())
     Console().print(f"wrote {output} (num_examples={result.num_examples}) and report {target}")
 
 

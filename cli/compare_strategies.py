@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 import aggregation
-from cli.plots import metric_key, round_axes
-from cli.simulate import check_attack
 from client.data import DATASETS
-from protocol.atomic import write_json_atomic
-from protocol.config import RunConfig
 from protocol.errors import ConfigError
 
 console = Console()
@@ -35,16 +30,6 @@ def parse_strategy_params(names: list[str], pairs: list[str]) -> dict[str, dict[
     for name, values in params.items():
         aggregation.get_strategy(name, values)  # fail fast on bad names and values
     return params
-
-
-def plot_comparison(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
-    """One line per run: the test metric per round."""
-    key = metric_key(next(iter(results.values()))["task"])
-    with round_axes(path, ylabel=f"test {key}", title=title, size=(7.5, 4.5)) as ax:
-        for label, summary in results.items():
-            rounds = [r["round"] for r in summary["rounds"]]
-            style = "--" if label.startswith("clean") else "o-"
-            ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], style, label=label, lw=2)
 
 
 def compare_strategies(
@@ -69,37 +54,30 @@ def compare_strategies(
         bool, typer.Option(help="Also run clean FedAvg (no hostile site) as the reference.")
     ] = True,
     seed: Annotated[int, typer.Option(help="Seed (same partition for every run).")] = 0,
+    resume: Annotated[bool, typer.Option(help="Continue unfinished runs in OUT after their last "
+                                              "completed round (--no-resume: start over).")] = True,
 ) -> None:
     """Run one federation per strategy on the same sites (and attack); compare accuracy per round."""
     import torch
 
-    from cli.experiment import Experiment, run_experiment
+    from orchestration.comparison import Comparison, run_comparison
+    from orchestration.experiment import check_attack
 
     torch.set_num_threads(1)
     names = [n.strip() for n in strategies.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
         raise ConfigError(f"--strategies needs distinct strategy names. Received: {strategies!r}")
     params = parse_strategy_params(names, param or [])
-    hostile = check_attack(attack, attackers, sites)
+    hostile = check_attack(attack, attackers, sites)  # fail fast, before any run
+    comp = Comparison(out=out, strategies=names, params=params, dataset=dataset, sites=sites,
+                      partition=partition, attack=attack, attackers=attackers, clean=clean,
+                      rounds=rounds, local_epochs=local_epochs, lr=lr, proximal_mu=proximal_mu,
+                      seed=seed, resume=resume)
+    results, comparison = run_comparison(
+        comp, on_run=lambda i, n, label: console.print(f"[bold]run {i}/{n}[/]: {label}"))
 
-    runs: list[tuple[str, str, dict[str, str], str, int]] = []
-    if clean and hostile:
-        runs.append(("clean fedavg", "fedavg", {}, "none", 0))
+    key = comparison["metric"]
     label = f" under {attack} x{attackers}" if hostile else ""
-    runs += [(f"{name}{label}", name, params[name], attack, attackers) for name in names]
-
-    results: dict[str, dict[str, Any]] = {}
-    for i, (run_label, name, values, run_attack, run_attackers) in enumerate(runs, start=1):
-        console.print(f"[bold]run {i}/{len(runs)}[/]: {run_label}")
-        cfg = RunConfig(num_server_rounds=rounds, strategy=name, strategy_params=json.dumps(values),
-                        local_epochs=local_epochs, lr=lr, proximal_mu=proximal_mu, seed=seed,
-                        attack=run_attack, attackers=run_attackers)
-        folder = out / run_label.replace(" ", "-").replace(":", "")
-        exp = Experiment(cfg=cfg, out=folder, dataset=dataset, num_sites=sites, partition=partition)
-        results[run_label] = run_experiment(exp)
-
-    first = next(iter(results.values()))
-    key = metric_key(first["task"])
     table = Table(title=f"{dataset}, {sites} sites ({partition}){label}: test {key} after {rounds} rounds")
     table.add_column("run")
     table.add_column(f"final {key}", justify="right")
@@ -110,19 +88,4 @@ def compare_strategies(
         table.add_row(run_label, f"{summary['federated']['metrics'][key]:.4f}", f"{max(per_round):.4f}",
                       f"{summary['centralized']['metrics'][key]:.4f}")
     console.print(table)
-    comparison = {
-        "dataset": dataset, "sites": sites, "partition": partition, "attack": attack,
-        "hostile_sites": [f"site-{i}" for i in hostile], "rounds": rounds, "metric": key,
-        "runs": {
-            run_label: {
-                "strategy": summary["strategy"], "strategy_params": summary["strategy_params"],
-                "final": summary["federated"]["metrics"][key],
-                "per_round": [r["metrics"][key] for r in summary["rounds"]],
-                "centralized": summary["centralized"]["metrics"][key],
-            }
-            for run_label, summary in results.items()
-        },
-    }
-    write_json_atomic(out / "comparison.json", comparison)
-    plot_comparison(results, out / "comparison.png", f"{dataset}: {sites} sites{label}")
     console.print(f"wrote {out / 'comparison.json'} and {out / 'comparison.png'}")

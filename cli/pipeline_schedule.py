@@ -10,8 +10,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from protocol.errors import ConfigError
-
 if TYPE_CHECKING:  # importing client.parallel loads torch; only the command needs it
     from client.parallel.schedule import GPipeTable
 
@@ -58,43 +56,6 @@ def summary_lines(table: GPipeTable) -> list[str]:
     ]
 
 
-def draw_png(table: GPipeTable, path: Path) -> None:
-    """Draw the tick table with matplotlib (Agg backend, no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    ticks = len(table.phases)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * ticks + 1.5), 0.6 * table.stages + 1.6))
-    shade = {"fill": "#fff3c4", "steady": "#d9f2d9", "drain": "#f3d9f2"}
-    for t, phase in enumerate(table.phases):
-        ax.add_patch(Rectangle((t, -0.5), 1, 0.4, color=shade[phase.split()[-1]]))
-    for s, row in enumerate(table.cells):
-        for t, cell in enumerate(row):
-            if not cell:
-                continue
-            color = "#4c8bd6" if cell.startswith("F") else "#e07b39"
-            ax.add_patch(Rectangle((t + 0.05, s + 0.05), 0.9, 0.9, color=color))
-            ax.text(t + 0.5, s + 0.5, cell, ha="center", va="center", color="white", fontsize=9)
-    ax.set_xlim(0, ticks)
-    ax.set_ylim(table.stages, -0.5)
-    ax.set_xticks([t + 0.5 for t in range(ticks)], [str(t) for t in range(ticks)])
-    ax.set_yticks([s + 0.5 for s in range(table.stages)], [f"stage {s}" for s in range(table.stages)])
-    ax.set_xlabel("tick (phase band on top: yellow fill, green steady, pink drain)")
-    ax.set_title(f"GPipe {table.stages} x {table.microbatches}: forward {table.forward_ticks} ticks "
-                 f"instead of {table.sequential_ticks}, bubble {table.bubble:.0%}")
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as e:
-        raise ConfigError(f"Could not write the picture to {path} ({e}); pick a writable path. "
-                          f"Received: {path}") from e
-    finally:
-        plt.close(fig)
-
-
 def pipeline_schedule(
     stages: Annotated[int, typer.Option("--stages", help="Pipeline stages S (1-64).")] = 3,
     microbatches: Annotated[
@@ -104,6 +65,7 @@ def pipeline_schedule(
 ) -> None:
     """Print the GPipe tick table of S stages x M micro-batches: fill, steady state, drain."""
     from client.parallel.schedule import gpipe_table
+    from orchestration.plots import draw_gpipe
 
     table = gpipe_table(stages, microbatches)
     console = Console()
@@ -116,5 +78,5 @@ def pipeline_schedule(
     for line in summary_lines(table):
         console.print(line)
     if png is not None:
-        draw_png(table, png)
+        draw_gpipe(table, png)
         console.print(f"wrote {png}")

@@ -38,20 +38,6 @@ def print_summary(summary: dict[str, Any]) -> None:
     console.print(table)
 
 
-def check_attack(attack: str, attackers: int, num_sites: int) -> list[int]:
-    """Validate --attack/--attackers together; return the hostile site indices."""
-    from client.attacks import hostile_sites, parse_attack
-
-    parsed = parse_attack(attack)
-    hostile = hostile_sites(num_sites, attackers)
-    if (parsed is None) != (not hostile):
-        raise ConfigError(
-            "--attack and --attackers go together: name the attack and how many sites play it "
-            f"(e.g. --attack signflip --attackers 1). Received: --attack {attack} --attackers {attackers}"
-        )
-    return hostile
-
-
 def simulate(
     out: Annotated[Path, typer.Option(help="Output directory (summary.json, rounds.png, models).")],
     dataset: Annotated[
@@ -93,11 +79,18 @@ def simulate(
         str, typer.Option(help="Split each hospital's training: none, data:replicas=R, "
                                "model:map=..., pipeline:stages=S,microbatches=M.")
     ] = "none",
+    norm: Annotated[
+        str, typer.Option(help="Normalisation after each MLP hidden layer: none or batch (BatchNorm1d).")
+    ] = "none",
+    resume: Annotated[
+        bool, typer.Option(help="Continue an unfinished run in --out after its last completed round "
+                                "(refused if its config or site data differ); --no-resume starts over.")
+    ] = True,
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
 
-    from cli.experiment import Experiment, run_experiment
+    from orchestration.experiment import Experiment, check_attack, run_experiment
 
     torch.set_num_threads(1)  # one thread per process: the cores are shared with the hospitals
     if bool(dataset) == bool(site):
@@ -105,17 +98,21 @@ def simulate(
             "Give either --dataset NAME (split bundled data across --sites) or one --site FILE per "
             f"hospital, not both or neither. Received: dataset={dataset!r}, {len(site or [])} --site"
         )
+    if norm not in ("none", "batch"):
+        raise ConfigError(f"--norm is none or batch (BatchNorm1d after each MLP hidden layer). "
+                          f"Received: {norm!r}")
     params = aggregation.parse_param_pairs(param or [])
     aggregation.get_strategy(strategy, params)  # fail fast on a bad name or value
     from client.parallel import ParallelConfig
 
     ParallelConfig.parse(parallel)
     check_attack(attack, attackers, (len(site) if site else sites) - len(leave_out or []))
-    cfg = RunConfig(
+    cfg = RunConfig.from_flower(dict(  # validated: a bad --task or --norm is a ConfigError
         num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
         task=task, target=target, seed=seed, parallel=parallel, attack=attack, attackers=attackers,
-    )
+        norm=norm, resume=resume,
+    ))
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [],
                      num_sites=len(site) if site else sites, partition=partition,
                      test_fraction=test_fraction, leave_out=leave_out or [])

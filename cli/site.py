@@ -1,10 +1,8 @@
 """``fedsplit site``: what a hospital runs, and test partitions for simulated hospitals.
 
 ``fedsplit site run`` is the hospital agent: a Flower SuperNode whose ClientApp is fedsplit's
-(``client/app.py``; Flower ships the code to it, the data never leaves). It supervises the
-SuperNode: the SuperNode itself retries a dropped SuperLink connection, and if it exits
-unexpectedly it is restarted with backoff; a refused key or bad arguments stop the agent with a
-clear error instead. Training uses the GPU when torch sees one (run config ``device=auto``).
+(``client/app.py``; Flower ships the code to it, the data never leaves), supervised by
+`orchestration.site_agent`. Training uses the GPU when torch sees one (run config ``device=auto``).
 
 ``fedsplit site prepare`` cuts a bundled dataset into one folder per simulated hospital, which is
 how ``fedsplit up`` and the compose init service give every hospital only its own rows.
@@ -12,143 +10,18 @@ how ``fedsplit up`` and the compose init service give every hospital only its ow
 
 from __future__ import annotations
 
-import contextlib
-import re
-import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
-from types import FrameType
-from typing import IO, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from cli.flower_runtime import flower_env, supernode_command
 from protocol.config import RunConfig
-from protocol.errors import ConfigError, SiteAgentError
+from protocol.errors import ConfigError
 
 console = Console(stderr=True, highlight=False)
 app = typer.Typer(help="Run a hospital agent, or prepare simulated hospitals' data.",
                   no_args_is_help=True)
-
-# Exit codes of flower-supernode that retrying cannot fix (flwr.supercore.exit.ExitCode).
-FATAL_EXIT_CODES = {302: "its private key is invalid", 303: "node auth needs TLS (--root-cert)",
-                    304: "the trusted-entities file is invalid"}
-# "must be registered": the SuperLink wants node auth and this agent has no --key. Fatal at once.
-NO_KEY = re.compile(r"must be registered", re.IGNORECASE)
-# Refused activation: the key is not registered, or this node's previous session (a crash) is still
-# counted online; Flower drops it after 2 missed heartbeats (<= 60 s), so retry that long first.
-NOT_ACTIVATED = re.compile(r"Failed to activate|code: ?20\d\d|UNAUTHORIZED", re.IGNORECASE)
-ACTIVATION_GRACE_S = 90.0
-ACTIVATION_RETRY_S = 10.0
-
-
-
-def check_key(key: Path) -> None:
-    """Fail early unless ``key`` is an OpenSSH NIST-EC private key, as Flower requires."""
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
-
-    try:
-        loaded = load_ssh_private_key(key.read_bytes(), password=None)
-    except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"--key must be a readable OpenSSH private key without passphrase, NIST-EC (P-256/384/"
-            f"521), e.g. from `fedsplit certs` or `ssh-keygen -t ecdsa -b 384`. ({e}) Received: {key}"
-        ) from e
-    if not isinstance(loaded, ec.EllipticCurvePrivateKey):
-        raise ConfigError(f"Flower SuperNode keys must be NIST elliptic-curve keys (ecdsa), not "
-                          f"{type(loaded).__name__}. Received: {key}")
-
-
-def describe_device() -> str:
-    """Which device the ClientApp will train on here (run config ``device=auto``)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return f"GPU: {torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
-    return f"CPU (torch {torch.__version__}; no CUDA device visible)"
-
-
-def _pump(stream: IO[bytes], seen: list[str]) -> None:
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace").rstrip()
-        seen.append(line)
-        del seen[:-200]
-        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}", flush=True)
-
-
-def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: str) -> int:
-    """Run the SuperNode, restarting it on unexpected exits; return 0 when asked to stop."""
-    stopping = threading.Event()
-    current: list[subprocess.Popen[bytes]] = []
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stopping.set()
-        for proc in current:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    restarts, backoff = 0, 2.0
-    refused_since: float | None = None
-    try:
-        while True:
-            seen: list[str] = []
-            started = time.monotonic()
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
-            current[:] = [proc]
-            pump = threading.Thread(target=_pump, args=(proc.stdout, seen), daemon=True)
-            pump.start()
-            try:
-                rc = proc.wait()
-            finally:
-                pump.join(5)
-            if stopping.is_set():
-                return 0
-            tail = " | ".join(seen[-4:])
-            if rc in FATAL_EXIT_CODES:
-                raise SiteAgentError(f"{name}: the SuperNode stopped because "
-                                     f"{FATAL_EXIT_CODES[rc]}. Received: exit {rc}: {tail}")
-            recent = seen[-20:]
-            if any(NO_KEY.search(line) for line in recent):
-                raise SiteAgentError(
-                    f"{name}: the SuperLink requires node authentication: start the agent with "
-                    f"--key (this hospital's registered private key). Received: exit {rc}: {tail}")
-            refusal = next((line for line in recent if NOT_ACTIVATED.search(line)), None)
-            if refusal is not None:
-                tail = refusal.strip()
-                refused_since = refused_since or started
-                if time.monotonic() - refused_since > ACTIVATION_GRACE_S:
-                    raise SiteAgentError(
-                        f"{name}: the SuperLink refused this hospital for "
-                        f"{ACTIVATION_GRACE_S:.0f} s. Its public key must be registered by the "
-                        f"coordinator (`flwr supernode register KEY.pub <connection>`) and --key must "
-                        f"be the matching private key. Received: exit {rc}: {tail}")
-                console.print(f"[yellow]{name}: activation refused (key not registered, or the "
-                              f"previous session is still counted online); retrying[/]")
-                if stopping.wait(ACTIVATION_RETRY_S):
-                    return 0
-                continue
-            refused_since = None
-            if time.monotonic() - started > 120:
-                restarts, backoff = 0, 2.0  # it ran fine for a while: a fresh failure
-            restarts += 1
-            if restarts > max_restarts:
-                raise SiteAgentError(f"{name}: the SuperNode exited {restarts} times in a row; giving "
-                                     f"up. Check the SuperLink address and the log above. "
-                                     f"Received: exit {rc}: {tail}")
-            console.print(f"[yellow]{name}: SuperNode exited with code {rc}; restarting in "
-                          f"{backoff:.0f} s ({restarts}/{max_restarts})[/]")
-            if stopping.wait(backoff):
-                return 0
-            backoff = min(backoff * 2, 30.0)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @app.command("run")
@@ -173,6 +46,8 @@ def run(
 ) -> None:
     """Run this hospital's agent: a Flower SuperNode with fedsplit's ClientApp."""
     from client.site import resolve_data_path
+    from orchestration.flower_runtime import flower_env, supernode_command
+    from orchestration.site_agent import check_key, describe_device, supervise
 
     if root_cert is None and not insecure:
         raise ConfigError("Give --root-cert CA.crt to reach the SuperLink over TLS, or --insecure for "
@@ -213,21 +88,7 @@ def prepare(
     seed: Annotated[int, typer.Option(help="Seed of the split.")] = 0,
 ) -> None:
     """Split a bundled dataset into one data folder per simulated hospital."""
-    for folder in prepare_partitions(out, dataset, sites, partition, seed):
-        console.print(f"wrote {folder}")
+    from orchestration.experiment import prepare_partitions
 
-
-def prepare_partitions(out: Path, dataset: str, sites: int, partition: str = "iid",
-                       seed: int = 0) -> list[Path]:
-    """Write hospital-i/data.* under ``out`` (each folder holds one hospital's rows only)."""
-    from cli.certs import site_names
-    from cli.experiment import Experiment, prepare_sites, write_site
-
-    cfg = RunConfig(seed=seed)
-    parts, _test = prepare_sites(Experiment(cfg=cfg, out=out, dataset=dataset, num_sites=sites,
-                                            partition=partition))
-    folders = []
-    for name, part in zip(site_names(sites), parts, strict=True):
-        write_site(part, out / name, cfg.target)
-        folders.append(out / name)
-    return folders
+    for path in prepare_partitions(out, dataset, sites, partition, seed).values():
+        console.print(f"wrote {path.parent}")

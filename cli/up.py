@@ -99,11 +99,15 @@ def up(
     out: Annotated[Path | None, typer.Option(help="Where the coordinator writes history and models "
                                                   "(default WORK/out; with --superlink a path the "
                                                   "coordinator and this command both see).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an unfinished run in OUT after its last "
+                                              "completed round (--no-resume: start over).")] = True,
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
-    from cli.certs import site_names
-    from cli.federation import LocalFederation, Site
-    from cli.site import prepare_partitions
+    from orchestration.experiment import prepare_partitions
+    from orchestration.fingerprint import data_fingerprint
+    from orchestration.flower_runtime import attach
+    from orchestration.local_federation import LocalFederation, Site
+    from server.history import find_resume_point
 
     params = aggregation.parse_param_pairs(param or [])
     aggregation.get_strategy(strategy, params)  # fail fast on a bad name or value
@@ -112,17 +116,22 @@ def up(
     cfg = RunConfig(
         num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
         local_epochs=local_epochs, lr=lr, seed=seed, out_dir=str(out), min_nodes=sites,
-        quorum=quorum, round_timeout=round_timeout,
+        quorum=quorum, round_timeout=round_timeout, resume=resume,
     )
     started = time.monotonic()
-    if superlink is not None:
-        history = attach(cfg, superlink, root_cert, work)
+    if superlink is not None:  # the hospitals hold their own data: no fingerprint from here
+        console.print(f"[bold]federation[/] on {superlink}: {cfg.strategy}, {cfg.num_server_rounds} rounds")
+        history = attach(cfg, superlink, work, root_cert=root_cert,
+                         on_progress=RoundPrinter(cfg.num_server_rounds))
         console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: "
                       f"{len(history['rounds'])} rounds; history {out / 'history.json'}")
         return
-    prepare_partitions(work / "sites", dataset, sites, partition, seed)
+    files = prepare_partitions(work / "sites", dataset, sites, partition, seed)
+    cfg = cfg.model_copy(update={"data_fingerprint": data_fingerprint(files)})
+    if resume:  # refuse an unfinished run on other data before starting any process
+        find_resume_point(out, cfg.to_flower())
     federation = LocalFederation(
-        work, [Site(n, work / "sites" / n) for n in site_names(sites)], tls=tls, port=port,
+        work, [Site(n, path.parent) for n, path in files.items()], tls=tls, port=port,
         admin_port=admin_port if admin else None,
         say=lambda msg: console.print(f"[dim]{msg}[/]"),
     )
@@ -137,15 +146,3 @@ def up(
         signal.signal(signal.SIGTERM, previous)
     console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history['rounds'])} "
                   f"rounds; global model {out / 'global.h5'}, history {out / 'history.json'}")
-
-
-def attach(cfg: RunConfig, superlink: str, root_cert: Path | None, work: Path) -> dict[str, Any]:
-    """Submit ``cfg`` to a running SuperLink and follow its history (compose's federation job)."""
-    from cli.flower_runtime import flower_env, run_app, stage_app, write_connection
-
-    home = work / "flwr-home"
-    write_connection(home, superlink, root_cert=root_cert.resolve() if root_cert else None)
-    app_dir = stage_app(work / "app", cfg)
-    console.print(f"[bold]federation[/] on {superlink}: {cfg.strategy}, {cfg.num_server_rounds} rounds")
-    return run_app(app_dir, flower_env(home), work / "flwr-run.log",
-                   Path(cfg.out_dir) / "history.json", on_progress=RoundPrinter(cfg.num_server_rounds))

@@ -1,8 +1,14 @@
-"""``fedsplit upload``: send a weight file to a round of the admin API, with a progress bar."""
+"""``fedsplit upload``: send a weight file to a round of the admin API, with a progress bar.
+
+The site token is a secret, so it is never a command-line argument (arguments show in ``ps``
+and in shell history): it is read from ``--token-file PATH`` or, without that option, from
+the environment variable ``FEDSPLIT_SITE_TOKEN``. Surrounding whitespace is stripped.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,10 +16,48 @@ from typing import Annotated
 
 import typer
 
-from protocol.errors import UploadFailedError
+from protocol.errors import ConfigError, UploadFailedError
 
 CHUNK = 1024 * 1024
+TOKEN_ENV = "FEDSPLIT_SITE_TOKEN"
 
+
+def read_token(token_file: Path | None, environ: dict[str, str] | None = None) -> str:
+    """Return the site token from ``token_file`` (when given) or ``$FEDSPLIT_SITE_TOKEN``."""
+    env = os.environ if environ is None else environ
+    if token_file is not None:
+        try:
+            text = token_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(
+                f"--token-file {token_file} does not exist. Save the site's token (from `fedsplit "
+                f"admin add-site`) there, readable only by you (chmod 600). Received: {token_file}"
+            ) from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(
+                f"--token-file {token_file} cannot be read ({type(e).__name__}: {e}); it must be a "
+                f"readable text file holding the site's token. Received: {token_file}"
+            ) from None
+        token = text.strip()
+        if not token:
+            raise ConfigError(
+                f"--token-file {token_file} is empty; it must hold the site's token (from "
+                f"`fedsplit admin add-site`). Received: {len(text)} byte(s) of whitespace"
+            )
+        return token
+    if TOKEN_ENV in env:
+        token = env[TOKEN_ENV].strip()
+        if not token:
+            raise ConfigError(
+                f"{TOKEN_ENV} is set but empty; set it to the site's token (from `fedsplit admin "
+                f"add-site`) or pass --token-file PATH. Received: {TOKEN_ENV}={env[TOKEN_ENV]!r}"
+            )
+        return token
+    raise ConfigError(
+        f"No site token: set {TOKEN_ENV} to the site's token (from `fedsplit admin add-site`) or "
+        f"pass --token-file PATH (a file holding it). A token is never a command-line argument: "
+        f"arguments show in `ps` and in shell history. Received: neither"
+    )
 
 
 def multipart_parts(filename: str, num_examples: int | None) -> tuple[str, bytes, bytes]:
@@ -36,16 +80,25 @@ def multipart_parts(filename: str, num_examples: int | None) -> tuple[str, bytes
 def upload(
     file: Annotated[Path, typer.Argument(help="Weight file (.h5), fedsplit or Keras layout.")],
     server: Annotated[str, typer.Option(help="Admin API base URL, e.g. https://coord:8080.")],
-    token: Annotated[str, typer.Option(help="This site's token (from `fedsplit admin add-site`).")],
     round_id: Annotated[int, typer.Option("--round", help="Round id to upload to.")],
     num_examples: Annotated[
         int | None, typer.Option(help="Training rows; required if the file carries none.")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the server's answer.")] = 600.0,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help=f"File holding this site's token (from `fedsplit admin add-site`). "
+                          f"Default: the {TOKEN_ENV} environment variable."),
+    ] = None,
 ) -> None:
-    """Upload FILE to round --round; prints the server's receipt (sha256 checked)."""
+    """Upload FILE to round --round; prints the server's receipt (sha256 checked).
+
+    The site token comes from --token-file or $FEDSPLIT_SITE_TOKEN, never from an argument.
+    """
     import httpx
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    token = read_token(token_file)
 
     if not file.is_file():
         raise UploadFailedError(f"{file} does not exist or is not a file. Received: {file}")

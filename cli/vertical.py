@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,55 +19,6 @@ from rich.table import Table
 console = Console()
 app = typer.Typer(help="Vertical federated learning: same patients, different columns per site.",
                   no_args_is_help=True)
-
-
-def _params(**kw: Any) -> Any:
-    import aggregation
-
-    return aggregation.get_strategy("vertical-fusion", kw).params
-
-
-def _inputs(dataset: str | None, site: list[Path] | None, labels: Path | None, sites: int,
-            overlap: float, out: Path, seed: int, id_column: str,
-            target: str) -> tuple[list[Path], Path, str, str]:
-    from cli.vertical_datasets import write_bundled
-    from protocol.errors import ConfigError
-
-    if bool(dataset) == bool(site):
-        raise ConfigError("Give either --dataset NAME --sites N, or one --site FILE per site with "
-                          f"--labels FILE. Received: dataset={dataset!r}, {len(site or [])} --site")
-    if dataset:
-        files = write_bundled(dataset, sites, out / "data", overlap=overlap, seed=seed)
-        return files.sites, files.labels, files.id_column, files.target
-    if labels is None:
-        raise ConfigError("--labels FILE (ID column + target, held by the coordinator) is needed "
-                          "with --site files. Received: no --labels")
-    return [p.resolve() for p in site or []], labels.resolve(), id_column, target
-
-
-def run_flower(cfg: Any, num_sites: int, work: Path, timeout: float = 3600) -> dict[str, Any]:
-    """Run the vertical app in Flower's simulation engine with ``num_sites`` site nodes."""
-    from cli.flower_runtime import simulation
-
-    return simulation(cfg, num_sites, work, timeout=timeout,
-                      components=("server.vertical_app:app", "client.vertical_app:app"))
-
-
-def plot(summary: dict[str, Any], path: Path) -> None:
-    """Fused per round against each site alone and centralized."""
-    from cli.plots import metric_key, round_axes
-
-    key = metric_key(summary["task"])
-    rounds = [r["round"] for r in summary["rounds"]]
-    title = f"fedsplit vertical: {len(summary['local_only'])} sites, fill={summary['fill']}"
-    with round_axes(path, ylabel=f"held-out {key}", title=title) as ax:
-        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", lw=2,
-                label="fused (federated)")
-        ax.plot(rounds, [m[key] for m in summary["centralized"]["per_round"]], "k--",
-                label="centralized, all columns")
-        for i, s in enumerate(summary["local_only"]):
-            ax.plot(rounds, [m[key] for m in s["per_round"]], ":", color=f"C{i + 1}",
-                    label=f"{s['site']} alone")
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -83,7 +32,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     for s in summary["local_only"]:
         table.add_row(f"{s['site']} alone", str(s["num_examples"]), *[f"{s['metrics'][k]:.4f}" for k in keys])
     fed = summary["federated"]
-    table.add_row("[bold]fused (vertical-fusion)[/]", str(summary["train_rows"]),
+    table.add_row("[bold]fused (federated)[/]", str(summary["train_rows"]),
                   *[f"[bold]{fed['metrics'][k]:.4f}[/]" for k in keys])
     c = summary["centralized"]
     table.add_row("centralized (all columns)", str(c["num_examples"]),
@@ -120,50 +69,20 @@ def simulate(
     """Train branches + a fusion head across sites with Flower; compare with each site and centralized."""
     import torch
 
-    from cli.vertical_local import baselines
-    from protocol.atomic import write_json_atomic
-    from protocol.vertical_config import VerticalConfig
-    from server.vertical_coordinator import read_label_file
+    from orchestration.vertical.experiment import resolve_inputs, run_vertical
+    from protocol.vertical.config import FusionParams
 
     torch.set_num_threads(1)
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    params = _params(embedding_dim=embedding_dim, branch_hidden=branch_hidden, head_hidden=head_hidden,
-                     lr=lr, batch_size=batch_size, steps_per_round=steps, fill=fill, min_overlap=min_overlap)
-    files, labels_path, id_col, tgt = _inputs(dataset, site, labels, sites, overlap, out, seed,
-                                              id_column, target)
-    label_table = read_label_file(str(labels_path), id_col, tgt, None if task == "auto" else task)
-    cfg = VerticalConfig(
-        num_server_rounds=rounds, strategy_params=json.dumps(params.model_dump()), id_column=id_col,
-        target=tgt, labels_path=str(labels_path), task=task,
-        site_files=json.dumps([str(p) for p in files]),
-        site_out_dirs=json.dumps([str(out / "sites" / f"site-{i}") for i in range(len(files))]),
-        seed=seed, test_fraction=test_fraction, out_dir=str(out / "federation"), min_nodes=len(files))
-    console.print(f"[dim]federation: {len(files)} sites, vertical-fusion, fill={fill}, {rounds} rounds x "
-                  f"{steps} steps (Flower simulation)[/]")
-    t0 = time.monotonic()
-    history = run_flower(cfg, len(files), out / "flower")
-    fed_seconds = time.monotonic() - t0
-    console.print("[dim]baselines: each site alone and centralized (same steps, in-process)[/]")
-    base = baselines(label_table, files, id_col, params, rounds, seed=seed, test_fraction=test_fraction)
-    final = history["rounds"][-1]
-    summary = {
-        "task": history["task"], "strategy": "vertical-fusion", "params": params.model_dump(),
-        "dataset": dataset or [str(p) for p in files], "sites": len(files), "fill": fill,
-        "overlap": history["overlap"], "psi_seconds": history["psi_seconds"],
-        "train_rows": history["train_rows"], "test_examples": history["test_rows"],
-        "centralized": base["centralized"], "local_only": base["local_only"],
-        "federated": {"metrics": final["metrics"], "num_examples": final["num_examples"],
-                      **({"metrics_complete_rows": final["metrics_complete_rows"]}
-                         if "metrics_complete_rows" in final else {}),
-                      "model": str(out / "federation" / "head"), "site_models": history["site_models"],
-                      "seconds": round(fed_seconds, 1), "messages": history["messages"]},
-        "rounds": [{"round": r["round"], "metrics": r["metrics"], "train_loss": r["train_loss"],
-                    "steps": r["steps"]} for r in history["rounds"]],
-        "inventory": history["inventory"],
-    }
-    write_json_atomic(out / "summary.json", summary)
-    plot(summary, out / "rounds.png")
+    params = FusionParams.parse({
+        "embedding_dim": embedding_dim, "branch_hidden": branch_hidden, "head_hidden": head_hidden,
+        "lr": lr, "batch_size": batch_size, "steps_per_round": steps, "fill": fill,
+        "min_overlap": min_overlap})
+    inputs = resolve_inputs(dataset=dataset, site_files=site or [], labels=labels, num_sites=sites,
+                            overlap=overlap, out=out.resolve(), seed=seed, id_column=id_column,
+                            target=target)
+    summary = run_vertical(inputs, params, out, rounds=rounds, task=task, seed=seed,
+                           test_fraction=test_fraction, dataset=dataset,
+                           on_stage=lambda msg: console.print(f"[dim]{msg}[/]"))
     print_summary(summary)
     console.print(f"wrote {out / 'summary.json'}, {out / 'rounds.png'}")
 
@@ -186,15 +105,18 @@ def compare_fills(
     """Accuracy of each fill (nearest, mean, zero, drop) on the same held-out rows, in-process."""
     import torch
 
+    from orchestration.vertical.experiment import compare_fills, resolve_inputs
     from protocol.atomic import write_json_atomic
-    from server.vertical_coordinator import read_label_file
+    from protocol.vertical.config import FusionParams
+    from server.vertical.coordinator import read_label_file
 
     torch.set_num_threads(1)
     out = out.resolve()
-    files, labels_path, id_col, tgt = _inputs(dataset, site, labels, sites, overlap, out, seed,
-                                              id_column, target)
-    label_table = read_label_file(str(labels_path), id_col, tgt, None)
-    results = compare(label_table, files, id_col, rounds, steps, embedding_dim, seed)
+    params = FusionParams.parse({"steps_per_round": steps, "embedding_dim": embedding_dim})
+    inputs = resolve_inputs(dataset=dataset, site_files=site or [], labels=labels, num_sites=sites,
+                            overlap=overlap, out=out, seed=seed, id_column=id_column, target=target)
+    label_table = read_label_file(str(inputs.labels), inputs.id_column, inputs.target, None)
+    results = compare_fills(label_table, inputs.sites, inputs.id_column, rounds, params, seed)
     write_json_atomic(out / "fills.json", results)
     table = Table(title="Fills for missing views (held-out rows)")
     for col in ("fill", "training rows", "all held-out rows", "rows every site holds"):
@@ -204,20 +126,6 @@ def compare_fills(
         table.add_row(r["fill"], str(r["train_rows"]), f"{r['metrics'][key]:.4f} (n={r['num_examples']})",
                       f"{r.get('metrics_complete_rows', r['metrics'])[key]:.4f} (n={r['complete_rows']})")
     console.print(table)
-
-
-def compare(labels: Any, files: list[Path], id_column: str, rounds: int, steps: int,
-            embedding_dim: int, seed: int) -> dict[str, Any]:
-    """Run every fill on the same split; return their held-out metrics."""
-    from cli.vertical_local import train_local
-
-    fills = []
-    for fill in ("nearest", "mean", "zero", "drop"):
-        p = _params(fill=fill, steps_per_round=steps, embedding_dim=embedding_dim)
-        r = train_local(labels, files, id_column, p, rounds, seed=seed)
-        r.pop("per_round")
-        fills.append({"fill": fill, **r})
-    return {"fills": fills}
 
 
 @app.command("predict")
@@ -232,7 +140,7 @@ def predict(
     """Score rows every site holds: PSI-align the site files, embed at each branch, run the head."""
     import torch
 
-    from cli.vertical_predict import predict_rows
+    from orchestration.vertical.predict import predict_rows
 
     torch.set_num_threads(1)
     result = predict_rows(model, site, id_column, labels, target)

@@ -3,7 +3,10 @@
 A model is fully described by a `ModelSpec`, whose id string travels with the weights
 (weight-file attribute ``model``, Flower config ``model-id``) so any party can rebuild it.
 Input standardisation (and, for regression, target scaling) are buffers inside the model,
-so a weight file scores raw features on its own.
+so a weight file scores raw features on its own. With ``norm="batch"`` the MLP has a
+BatchNorm1d after each hidden layer (Linear -> BatchNorm1d -> ReLU); its running statistics and
+its integer ``num_batches_tracked`` counter are buffers that travel and are aggregated like
+every parameter (integers as float64 on the wire: `protocol.update.state_dict_arrays`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from protocol.errors import ConfigError
 
 KINDS = ("mlp", "cnn")
 TASKS = ("classification", "regression")
+NORMS = ("none", "batch")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class ModelSpec:
         Number of classes (classification) or 1 (regression).
     hidden : tuple[int, ...] (default: (64, 32))
         MLP hidden layer widths; ignored by the CNN.
+    norm : str (default: "none")
+        ``"batch"``: a BatchNorm1d after each MLP hidden layer. The CNN takes ``"none"`` only.
     """
 
     kind: str
@@ -43,6 +49,7 @@ class ModelSpec:
     input_shape: tuple[int, ...]
     num_outputs: int
     hidden: tuple[int, ...] = field(default=(64, 32))
+    norm: str = "none"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -61,29 +68,49 @@ class ModelSpec:
             raise ConfigError(
                 f"Classification needs at least 2 classes. Received: {self.num_outputs}"
             )
+        if self.norm not in NORMS:
+            raise ConfigError(f"norm must be one of {NORMS}. Received: {self.norm!r}")
+        if self.norm != "none" and self.kind != "mlp":
+            raise ConfigError(
+                f"norm={self.norm} adds BatchNorm after the MLP's hidden layers; the {self.kind} "
+                f"has none. Use model=mlp or norm=none. Received: kind={self.kind!r}, "
+                f"norm={self.norm!r}"
+            )
 
     def to_id(self) -> str:
-        """Return the id string, e.g. ``mlp/classification/30/2/64-32``."""
+        """Return the id string, e.g. ``mlp/classification/30/2/64-32`` (``.../64-32/batch``
+        with BatchNorm; ids without the sixth part, as older runs wrote them, mean no norm)."""
         shape = "x".join(map(str, self.input_shape))
         hidden = "-".join(map(str, self.hidden)) if self.kind == "mlp" else "-"
-        return f"{self.kind}/{self.task}/{shape}/{self.num_outputs}/{hidden}"
+        norm = "" if self.norm == "none" else f"/{self.norm}"
+        return f"{self.kind}/{self.task}/{shape}/{self.num_outputs}/{hidden}{norm}"
 
     @classmethod
     def from_id(cls, model_id: str) -> ModelSpec:
         """Parse an id made by `to_id`."""
+        parts = model_id.split("/")
         try:
-            kind, task, shape, outputs, hidden = model_id.split("/")
+            if len(parts) not in (5, 6):
+                raise ValueError(f"{len(parts)} parts")
+            kind, task, shape, outputs, hidden = parts[:5]
+            norm = parts[5] if len(parts) == 6 else "none"
+            if len(parts) == 6 and norm == "none":
+                raise ValueError("the norm part is written only when it is not none")
             return cls(
                 kind=kind,
                 task=task,
                 input_shape=tuple(int(d) for d in shape.split("x")),
                 num_outputs=int(outputs),
                 hidden=tuple(int(h) for h in hidden.split("-")) if hidden != "-" else (),
+                norm=norm,
             )
         except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
             raise ConfigError(
-                f"Not a fedsplit model id (expected kind/task/shape/outputs/hidden, e.g. "
-                f"'mlp/classification/30/2/64-32'). Received: {model_id!r}"
+                f"Not a fedsplit model id (expected kind/task/shape/outputs/hidden[/norm], e.g. "
+                f"'mlp/classification/30/2/64-32' or 'mlp/classification/30/2/64-32/batch'). "
+                f"Received: {model_id!r}"
             ) from e
 
 
@@ -112,7 +139,10 @@ class SiteModel(nn.Module):
             layers: list[nn.Module] = []
             width = spec.input_shape[0]
             for h in spec.hidden:
-                layers += [nn.Linear(width, h), nn.ReLU()]
+                layers.append(nn.Linear(width, h))
+                if spec.norm == "batch":
+                    layers.append(nn.BatchNorm1d(h))
+                layers.append(nn.ReLU())
                 width = h
             layers.append(nn.Linear(width, spec.num_outputs))
             self.body = nn.Sequential(*layers)
@@ -165,5 +195,10 @@ def load_model(path: str | Path) -> SiteModel:
             f"by the fedsplit coordinator (global.h5). Received: model=None"
         )
     model = build_model(update.model)
-    model.load_state_dict(update.to_state_dict())
+    model.load_state_dict(update.to_state_dict(like=model.state_dict()))
     return model
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    """Whether ``model`` holds a BatchNorm layer (it cannot train on a batch of one row)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.models import SiteModel
+from client.models import SiteModel, has_batch_norm
+from protocol.errors import ConfigError
 
 
 def pick_device(prefer: str = "auto") -> torch.device:
@@ -64,7 +65,17 @@ def fit(
 
     With ``proximal_mu > 0`` the FedProx term ``mu/2 * ||w - w_start||^2`` keeps the weights
     near the ones training started from (the global model).
+
+    BatchNorm cannot normalise a batch of one row, so for a model with BatchNorm a last batch of
+    one row joins the batch before it (every row is still trained on every epoch).
     """
+    batch_norm = has_batch_norm(model)
+    if batch_norm and (len(x) < 2 or batch_size < 2):
+        raise ConfigError(
+            f"A model with BatchNorm (norm=batch) computes statistics over each batch, so it needs "
+            f"batch-size >= 2 and at least 2 training rows per site. Raise batch-size or use "
+            f"norm=none. Received: batch_size={batch_size}, rows={len(x)}"
+        )
     device = device or torch.device("cpu")
     model.to(device).train()
     xt = torch.as_tensor(x, dtype=torch.float32)
@@ -77,8 +88,8 @@ def fit(
     for _ in range(epochs):
         order = torch.randperm(len(xt), generator=gen)
         total, seen = 0.0, 0
-        for i in range(0, len(order), batch_size):
-            idx = order[i : i + batch_size]
+        for i, j in batch_bounds(len(order), batch_size, merge_single=batch_norm):
+            idx = order[i:j]
             xb, yb = xt[idx].to(device), yt[idx].to(device)
             optimizer.zero_grad()
             loss = loss_fn(model(xb), yb)
@@ -93,6 +104,15 @@ def fit(
         last = total / max(seen, 1)
     model.cpu()
     return last
+
+
+def batch_bounds(n: int, batch_size: int, *, merge_single: bool = False) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each batch of ``n`` rows; ``merge_single``: a last 1-row batch joins
+    the one before it."""
+    bounds = [(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+    if merge_single and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.errors import ConfigError
 
@@ -36,7 +36,8 @@ class RunConfig(BaseModel):
         "auto", description="Architecture: mlp (tables), cnn (images), auto (by data file type).")
     hidden: str = Field("64-32", description="MLP hidden widths, dash-separated.")
     norm: Literal["none", "batch"] = Field(
-        "none", description="Normalisation after each MLP hidden layer: none, or batch (BatchNorm1d).")
+        "none", description="Normalisation after each MLP hidden layer: none, or batch (BatchNorm1d; "
+                            "part of the model id; MLP only; needs batch-size >= 2 and parallel=none).")
     task: Literal["auto", "classification", "regression"] = Field(
         "auto", description="Learning task; auto infers it from the target.")
     num_classes: int = Field(0, ge=0, alias="num-classes",
@@ -105,6 +106,17 @@ class RunConfig(BaseModel):
             raise ValueError("must be positive widths joined by '-', e.g. '64-32'")
         return value
 
+    @model_validator(mode="after")
+    def _norm_fits(self) -> RunConfig:
+        if self.norm == "batch" and self.parallel.split(":", 1)[0].strip() != "none":
+            raise ValueError(
+                "norm=batch needs parallel=none: BatchNorm's statistics depend on the batch, so "
+                "shards, micro-batches or split layers would not train the same model"
+            )
+        if self.norm == "batch" and self.batch_size < 2:
+            raise ValueError("norm=batch needs batch-size >= 2 (BatchNorm cannot normalise one row)")
+        return self
+
     @property
     def params(self) -> dict[str, Any]:
         """``strategy_params`` parsed."""
@@ -127,7 +139,9 @@ class RunConfig(BaseModel):
             return cls.model_validate(dict(run_config))
         except ValidationError as e:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" if err["loc"]
+                else str(err["msg"]).removeprefix("Value error, ")
+                for err in e.errors()
             )
             raise ConfigError(
                 f"Invalid run configuration: {problems}. Known keys: "

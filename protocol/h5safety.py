@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 import h5py
+import h5py.h5pl
 import numpy as np
 
 from protocol.errors import WeightFileError
@@ -182,6 +183,12 @@ def _kind_name(ds: h5py.Dataset) -> str:
     if h5py.check_enum_dtype(dtype) is not None:
         return "enum"
     return dtype.kind
+
+
+def disable_plugins() -> None:
+    """Empty HDF5's plugin search path: no filter plugin library can be loaded afterwards."""
+    while h5py.h5pl.size() > 0:
+        h5py.h5pl.remove(0)
 
 
 def looks_like_hdf5(fh: object, size: int) -> bool:

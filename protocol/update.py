@@ -6,6 +6,16 @@ metrics. No rows, labels or IDs. Aggregation reads updates through the small
 `UpdateSource` interface, which both in-memory `Update` objects and open weight files
 (`protocol.weights.WeightFile`) implement, so strategies can stream parameters one at a
 time instead of holding every update in memory.
+
+Integer buffers on the wire. Updates, weight files and every Flower record carry float16/32/64
+only (`protocol.arrays.ALLOWED_DTYPES`). A torch model also has integer buffers (BatchNorm's
+0-d int64 ``num_batches_tracked``): `state_dict_arrays`, the one torch -> numpy conversion
+every path uses (`Update.from_state_dict`, the hospital agent's initial model and replies),
+carries them as float64, which is exact below 2**53, and `arrays_to_state_dict` given the
+model's own ``state_dict`` turns them back into the model's dtype (rounded to the nearest
+integer: an averaged counter such as 3.5 batches loads as 4). The initial model, every reply
+and every global model therefore share one layout, so the coordinator's expected layout
+matches every honest reply. Shapes are kept exactly, 0-d included (`c_contiguous`).
 """
 
 from __future__ import annotations
@@ -22,6 +32,75 @@ from protocol.errors import UpdateError
 if TYPE_CHECKING:  # heavy optional imports, only for type checkers
     import torch
     from flwr.app import ArrayRecord
+
+
+#: Largest integer a float64 carries exactly; integer buffers beyond it are refused.
+EXACT_INT_LIMIT = 2**53
+
+
+def c_contiguous(array: Any) -> np.ndarray:
+    """``array`` as a C-contiguous numpy array of the same shape (0-d stays 0-d, no copy if already)."""
+    arr = np.asarray(array)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+def state_dict_arrays(state_dict: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """A torch ``state_dict`` as named numpy arrays in wire form (copies, shapes kept).
+
+    Float tensors keep their dtype; integer and bool buffers (BatchNorm's
+    ``num_batches_tracked``) become float64, exact below 2**53 (larger values are refused).
+    """
+    import torch
+
+    arrays: dict[str, np.ndarray] = {}
+    for name, tensor in state_dict.items():
+        t = tensor.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        if t.is_floating_point():
+            arrays[name] = t.numpy().copy()
+            continue
+        values = t.numpy()
+        if values.size and int(np.abs(values.astype(np.int64)).max()) >= EXACT_INT_LIMIT:
+            raise UpdateError(
+                f"Integer buffer {name!r} holds a value of 2**53 or more, which float64 (the "
+                f"wire type of integer buffers) cannot carry exactly. Reset the buffer or leave "
+                f"it out of the state_dict. Received: max |value| "
+                f"{int(np.abs(values.astype(np.int64)).max())}",
+                reason="dtype",
+            )
+        arrays[name] = values.astype(np.float64)
+    return arrays
+
+
+def arrays_to_state_dict(
+    arrays: Mapping[str, np.ndarray], like: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """Named numpy arrays as a torch ``state_dict`` (CPU tensors, shapes kept).
+
+    With ``like`` (the receiving model's ``state_dict``), each tensor takes the dtype of the
+    model's tensor of the same name: integer buffers sent as float64 are rounded back to
+    integers. Names missing from ``like`` keep their own dtype (``load_state_dict`` names them).
+    """
+    import torch
+
+    out: dict[str, torch.Tensor] = {}
+    for name, a in arrays.items():
+        tensor = torch.from_numpy(np.array(a, copy=True))
+        target = like.get(name) if like is not None else None
+        if target is not None and target.dtype != tensor.dtype:
+            if not target.is_floating_point() and tensor.is_floating_point():
+                tensor = torch.round(tensor)
+            tensor = tensor.to(target.dtype)
+        out[name] = tensor
+    return out
+
+
+def to_array_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """Named numpy arrays as a Flower `ArrayRecord` (same names, order, shapes, dtypes)."""
+    from flwr.app import Array, ArrayRecord
+
+    return ArrayRecord({name: Array(c_contiguous(a)) for name, a in arrays.items()})
 
 
 @dataclass(frozen=True)
@@ -128,9 +207,7 @@ class Update:
     # -- conversions ------------------------------------------------------------------------
     def to_array_record(self) -> ArrayRecord:
         """Return the parameters as a Flower `ArrayRecord` (same names, same order)."""
-        from flwr.app import Array, ArrayRecord
-
-        return ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in self.arrays.items()})
+        return to_array_record(self.arrays)
 
     @classmethod
     def from_array_record(
@@ -143,18 +220,22 @@ class Update:
             **fields,
         )
 
-    def to_state_dict(self) -> dict[str, torch.Tensor]:
-        """Return the parameters as a torch ``state_dict`` (CPU tensors)."""
-        import torch
+    def to_state_dict(
+        self, like: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Return the parameters as a torch ``state_dict`` (CPU tensors).
 
-        return {name: torch.from_numpy(np.array(a, copy=True)) for name, a in self.arrays.items()}
+        Pass the receiving model's ``state_dict`` as ``like`` to get its dtypes back (integer
+        buffers carried as float64 become integers again; see `arrays_to_state_dict`).
+        """
+        return arrays_to_state_dict(self.arrays, like)
 
     @classmethod
     def from_state_dict(
         cls, state_dict: Mapping[str, torch.Tensor], *, num_examples: int, **fields: Any
     ) -> Update:
-        """Build an update from a torch ``state_dict`` and the site's sample count."""
-        arrays = {}
-        for name, tensor in state_dict.items():
-            arrays[name] = tensor.detach().cpu().numpy().copy()
-        return cls(arrays=arrays, num_examples=num_examples, **fields)
+        """Build an update from a torch ``state_dict`` and the site's sample count.
+
+        Integer buffers become float64 (see `state_dict_arrays`).
+        """
+        return cls(arrays=state_dict_arrays(state_dict), num_examples=num_examples, **fields)

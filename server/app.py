@@ -2,6 +2,9 @@
 
 Runs unchanged in Flower's simulation engine and in the deployment runtime (SuperLink +
 SuperNodes). Everything it needs comes from the run config (`protocol.config.RunConfig`).
+Before round 1 it checks that the configured strategy can work with the most hospitals a round
+can have (Krum and multi-Krum need N >= 2f + 3): a rule that could never aggregate fails at
+start with the fix, not after the first round's training.
 """
 
 from __future__ import annotations
@@ -9,12 +12,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from flwr.app import ConfigRecord, Context
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 import aggregation
+from aggregation.base import AggregationStrategy
+from protocol import horizontal_wire as wire
 from protocol.config import RunConfig
-from protocol.errors import FedsplitError
+from protocol.errors import ConfigError, FedsplitError
 from server.history import RunHistory, find_resume_point
 from server.setup import ModelSetup, prepare_model, wait_for_nodes
 from server.strategy import RegistryStrategy
@@ -24,6 +29,31 @@ log = logging.getLogger(__name__)
 app = ServerApp()
 
 RESUME_GRACE_S = 60.0  # a resumed run waits this long for all min-nodes, then goes on with a quorum
+
+
+def most_per_round(hospitals: int, cfg: RunConfig) -> int:
+    """The most training replies a round can bring: Flower samples
+    ``max(int(hospitals * fraction-train), quorum)`` of the connected hospitals."""
+    quorum = cfg.quorum or cfg.min_nodes
+    return min(hospitals, max(int(hospitals * cfg.fraction_train), quorum))
+
+
+def check_strategy_fits(aggregator: AggregationStrategy, hospitals: int, cfg: RunConfig) -> None:
+    """Refuse a strategy that needs more updates than any round can bring (e.g. Krum's 2f+3)."""
+    need = aggregator.min_updates()
+    most = most_per_round(hospitals, cfg)
+    if most >= need:
+        return
+    f = getattr(aggregator.params, "f", None)
+    why = aggregator.min_updates_reason()
+    raise ConfigError(
+        f"Strategy {aggregator.name}{f' with f={f}' if f is not None else ''} needs at least "
+        f"{need} usable updates per round{f' ({why})' if why else ''}, but a round here can bring "
+        f"at most {most} (hospitals: {hospitals}, min-nodes={cfg.min_nodes}, "
+        f"fraction-train={cfg.fraction_train}). Lower f, choose another strategy, or add "
+        f"hospitals (min-nodes, and fraction-train=1). Received: strategy={aggregator.name}, "
+        f"params={aggregator.params.model_dump()}, hospitals={hospitals}"
+    )
 
 
 @app.main()
@@ -43,10 +73,13 @@ def main(grid: Grid, context: Context) -> None:
                 wait_for_nodes(grid, cfg.min_nodes, min(cfg.round_timeout, RESUME_GRACE_S))
             except FedsplitError:
                 wait_for_nodes(grid, quorum, cfg.round_timeout)
+            check_strategy_fits(aggregator, max(cfg.min_nodes, len(list(grid.get_node_ids()))),
+                                cfg)
             setup = ModelSetup(resume.arrays(), resume.model_id)
             done = resume.last_round
         else:
             nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
+            check_strategy_fits(aggregator, max(cfg.min_nodes, len(nodes)), cfg)
             setup = prepare_model(grid, nodes, cfg)
             history.set_model(setup.model_id)
             done = 0
@@ -70,9 +103,8 @@ def main(grid: Grid, context: Context) -> None:
                 initial_arrays=setup.arrays,
                 num_rounds=cfg.num_server_rounds - done,
                 timeout=cfg.round_timeout,
-                train_config=ConfigRecord({"model-id": setup.model_id,
-                                           "proximal-mu": cfg.proximal_mu}),
-                evaluate_config=ConfigRecord({"model-id": setup.model_id}),
+                train_config=wire.train_config(setup.model_id, cfg.proximal_mu),
+                evaluate_config=wire.evaluate_config(setup.model_id),
             )
     except FedsplitError as e:
         history.finish("failed", error=f"{type(e).__name__}: {e}")

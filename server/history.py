@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aggregation.base import AggregateResult
 from protocol.atomic import atomic_path, write_json_atomic
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, ResumeMismatchError
 from protocol.weights import read_weights, write_weights
 
 if TYPE_CHECKING:
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 # Run-config keys that may change when a coordinator resumes an unfinished run in the same out-dir.
 RESUMABLE_CHANGES = frozenset({"num-server-rounds", "round-timeout", "resume", "quorum", "min-nodes",
                                "device"})
+FINGERPRINT_KEY = "data-fingerprint"
+START_OVER = ("use a new out-dir (--out), or start over in this one with run config resume=false "
+              "(`fedsplit simulate --no-resume`, `fedsplit up --no-resume`)")
 
 
 class RunHistory:
@@ -137,12 +140,53 @@ class ResumePoint:
         return read_weights(self.global_model).to_array_record()
 
 
+def _fingerprint(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``data-fingerprint`` of a run config, parsed (an unreadable one counts as none)."""
+    try:
+        value = json.loads(config.get(FINGERPRINT_KEY) or "{}")
+    except (TypeError, json.JSONDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def data_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """How each site's data differs between two fingerprints (site -> {rows, columns, sha256}).
+
+    One line per changed site, e.g. ``site-1: rows 120 -> 118``; empty when nothing changed.
+    """
+    if before == after:
+        return []
+    if not before:
+        return ["the saved run recorded no data fingerprint, so its site data cannot be checked"]
+    if not after:
+        return ["this run states no data fingerprint, so its site data cannot be checked"]
+    changes = []
+    for site in sorted(set(before) | set(after)):
+        old, new = before.get(site), after.get(site)
+        if old == new:
+            continue
+        if old is None:
+            changes.append(f"{site}: new site ({new.get('rows', '?')} rows)")
+            continue
+        if new is None:
+            changes.append(f"{site}: no longer in the run (held {old.get('rows', '?')} rows)")
+            continue
+        parts = [f"{key} {old.get(key)} -> {new.get(key)}" for key in ("rows", "columns")
+                 if old.get(key) != new.get(key)]
+        if not parts:
+            parts.append(f"content changed (sha256 {str(old.get('sha256'))[:12]} -> "
+                         f"{str(new.get('sha256'))[:12]})")
+        changes.append(f"{site}: {', '.join(parts)}")
+    return changes
+
+
 def find_resume_point(out_dir: Path, config: dict[str, Any]) -> ResumePoint | None:
     """Return where to continue an unfinished run in ``out_dir``, or None to start over.
 
     A run is resumable when history.json is not ``finished``, records at least one completed
     round, and global.h5 exists. Its configuration must match ``config`` except for the keys in
-    `RESUMABLE_CHANGES`; anything else raises `ConfigError` rather than mixing two runs.
+    `RESUMABLE_CHANGES`, and its sites must hold the same data (``data-fingerprint``); anything
+    else raises `ResumeMismatchError` rather than continuing the old model on other data.
     """
     path = out_dir / "history.json"
     model = out_dir / "global.h5"
@@ -160,12 +204,19 @@ def find_resume_point(out_dir: Path, config: dict[str, Any]) -> ResumePoint | No
             or not history.get("model_id"):
         return None
     before = history.get("config", {})
+    changed = data_changes(_fingerprint(before), _fingerprint(config))
     differs = sorted(k for k in set(before) | set(config)
-                     if k not in RESUMABLE_CHANGES and before.get(k) != config.get(k))
+                     if k not in RESUMABLE_CHANGES | {FINGERPRINT_KEY} and before.get(k) != config.get(k))
+    if changed:
+        also = f"; the configuration differs too, in {differs}" if differs else ""
+        raise ResumeMismatchError(
+            f"{out_dir} holds an unfinished run ({last} rounds done) trained on other site data, so "
+            f"it cannot be resumed (another partition, seed or site file?){also}: {START_OVER}. "
+            f"Received: {'; '.join(changed)}"
+        )
     if differs:
-        raise ConfigError(
+        raise ResumeMismatchError(
             f"{out_dir} holds an unfinished run ({last} rounds done) with a different configuration, "
-            f"so it cannot be resumed: use a new out-dir, or set resume=false to start over there. "
-            f"Received: differing keys {differs}"
+            f"so it cannot be resumed: {START_OVER}. Received: differing keys {differs}"
         )
     return ResumePoint(history, last, str(history["model_id"]), model)

@@ -7,7 +7,8 @@
    the shared starting point every site trains from (sites must share an initialisation for
    averaging to work).
 
-The coordinator never imports model code: it only routes statistics and arrays.
+The coordinator never imports model code: it only routes statistics and arrays. Both
+exchanges are built and checked by `protocol.horizontal_wire`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from protocol import horizontal_wire as wire
 from protocol.config import RunConfig
-from protocol.errors import ConfigError, FederationError
+from protocol.errors import ConfigError, FederationError, FedsplitError
 from protocol.stats import combine_moments
 from protocol.weights import read_weights
 
@@ -52,13 +54,9 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
         time.sleep(1.0)
 
 
-def _ask(grid: Grid, nodes: list[int], message_type: str, config: dict[str, Any],
+def _ask(grid: Grid, nodes: list[int], message_type: str, content: RecordDict,
          timeout: float) -> list[Message]:
-    msgs = [
-        Message(RecordDict({"config": ConfigRecord(config)}), dst_node_id=n,
-                message_type=message_type)
-        for n in nodes
-    ]
+    msgs = [Message(content, dst_node_id=n, message_type=message_type) for n in nodes]
     replies = list(grid.send_and_receive(msgs, timeout=timeout))
     errors = [r for r in replies if r.has_error()]
     if errors:
@@ -84,42 +82,66 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
             )
         return ModelSetup(update.to_array_record(), update.model)
 
-    replies = _ask(grid, nodes, "query.stats", {}, cfg.round_timeout)
-    schemas = [r.content.config_records["schema"] for r in replies]
-    stats = [r.content.metric_records["stats"] for r in replies]
-    ref = schemas[0]
-    for other in schemas[1:]:
-        for key in ("kind", "input-shape", "features"):
-            if list(np.atleast_1d(other[key])) != list(np.atleast_1d(ref[key])):
+    replies = _ask(grid, nodes, wire.STATS, wire.build_stats_instruction(), cfg.round_timeout)
+    stats = [_parse(wire.parse_stats_reply, r, wire.STATS) for r in replies]
+    ref = stats[0]
+    for other in stats[1:]:
+        for key, mine, theirs in (("kind", ref.kind, other.kind),
+                                  ("input-shape", list(ref.input_shape), list(other.input_shape)),
+                                  ("features", ref.features, other.features)):
+            if mine != theirs:
                 raise ConfigError(
-                    f"Hospitals {ref['name']} and {other['name']} disagree on {key}: horizontal "
+                    f"Hospitals {ref.name} and {other.name} disagree on {key}: horizontal "
                     f"federation needs every site to hold the same columns in the same order. "
                     f"Sites holding different columns need vertical fusion instead. Received: "
-                    f"{list(np.atleast_1d(ref[key]))[:8]} vs {list(np.atleast_1d(other[key]))[:8]}"
+                    f"{_head(mine)} vs {_head(theirs)}"
                 )
-    tasks = {str(s["task"]) for s in schemas}
+    tasks = {s.task for s in stats}
     task = cfg.task if cfg.task != "auto" else (tasks.pop() if len(tasks) == 1 else None)
     if task is None:
         raise ConfigError(
             f"Hospitals inferred different tasks from their targets ({sorted(tasks)}); set "
             f"task=classification or task=regression in the run config. Received: {sorted(tasks)}"
         )
-    mean, std = combine_moments([(s["count"], s["sum"], s["sumsq"]) for s in stats])
-    n = sum(int(s["num-examples"]) for s in stats)
-    y_mean = sum(float(s["y-sum"]) for s in stats) / n
-    y_std = float(np.sqrt(max(sum(float(s["y-sumsq"]) for s in stats) / n - y_mean**2, 0.0)))
+    mean, std = combine_moments([(s.count, s.sum, s.sumsq) for s in stats])
+    n = sum(s.num_examples for s in stats)
+    y_mean = sum(s.y_sum for s in stats) / n
+    y_std = float(np.sqrt(max(sum(s.y_sumsq for s in stats) / n - y_mean**2, 0.0)))
     if task == "classification":
-        outputs = cfg.num_classes or 1 + max(int(s["label-max"]) for s in stats)
+        outputs = cfg.num_classes or 1 + max(s.label_max for s in stats)
         outputs = max(outputs, 2)
     else:
         outputs = 1
-    kind = str(ref["kind"]) if cfg.model == "auto" else cfg.model
-    init_config = {
-        "kind": kind, "task": task, "input-shape": [int(d) for d in np.atleast_1d(ref["input-shape"])],
-        "num-outputs": int(outputs), "mean": mean.tolist(), "std": std.tolist(),
-        "y-mean": float(y_mean), "y-std": float(y_std),
-    }
+    kind = ref.kind if cfg.model == "auto" else cfg.model
+    if cfg.norm != "none" and kind != "mlp":
+        raise ConfigError(
+            f"norm={cfg.norm} adds BatchNorm after the MLP's hidden layers, but the hospitals' "
+            f"data gets a {kind} model. Use norm=none, or model=mlp for tabular data. "
+            f"Received: norm={cfg.norm!r}, model kind {kind!r}"
+        )
+    request = wire.ModelRequest(
+        kind=kind, task=task, input_shape=ref.input_shape, num_outputs=int(outputs),
+        hidden=cfg.hidden_widths, norm=cfg.norm, mean=mean, std=std,
+        y_mean=float(y_mean), y_std=float(y_std),
+    )
     log.info("Model setup: %s, %s, %d rows over %d hospitals", kind, task, n, len(nodes))
-    reply = _ask(grid, nodes[:1], "query.init", init_config, cfg.round_timeout)[0]
-    return ModelSetup(reply.content.array_records["arrays"],
-                      str(reply.content.config_records["model"]["model-id"]))
+    reply = _ask(grid, nodes[:1], wire.INIT, wire.build_init_instruction(request),
+                 cfg.round_timeout)[0]
+    initial = _parse(wire.parse_init_reply, reply, wire.INIT)
+    return ModelSetup(initial.arrays, initial.model_id)
+
+
+def _head(value: Any) -> Any:
+    """The first 8 entries of a list, for messages."""
+    return value[:8] if isinstance(value, list) else value
+
+
+def _parse(parse: Any, reply: Message, kind: str) -> Any:
+    """Parse a setup reply; a reply that breaks the wire contract ends the setup."""
+    try:
+        return parse(reply)
+    except FedsplitError as e:
+        raise FederationError(
+            f"Hospital {wire.reply_site(reply)} answered {kind} outside the wire contract "
+            f"(protocol/horizontal_wire.py); update its agent to this fedsplit version. {e}"
+        ) from e

@@ -1,90 +1,100 @@
 """`RegistryStrategy`: Flower's round loop with fedsplit's registry doing the aggregation.
 
 Flower's `FedAvg` samples hospitals, sends the global model, collects replies and runs
-evaluation; this subclass replaces only the two aggregation hooks. Training replies become
-`protocol.Update` objects (validated: finite float arrays, integer count >= 1); a reply that
-fails is excluded with its reason instead of ending the run, and the merge itself is
-`aggregation.aggregate_updates`, the same code the REST upload path and the CLI use.
+evaluation; this subclass replaces only the two aggregation hooks. Training replies are checked
+against the wire contract (`protocol.horizontal_wire`) and become `protocol.Update` objects
+(validated: finite float arrays, integer count >= 1); a reply that fails is excluded with its
+reason instead of ending the run, and the merge itself is `aggregation.aggregate_updates`, the
+same code the REST upload path and the CLI use.
+
+What a Flower user passes to `FedAvg` is honoured: the sampling arguments (``fraction_*``,
+``min_*_nodes``) drive Flower's own sampling; ``weighted_by_key`` names the metric that weights
+each reply, both as the update's count and in metric averaging; ``train_metrics_aggr_fn`` and
+``evaluate_metrics_aggr_fn`` (Flower's signature ``(list[RecordDict], str) -> MetricRecord``)
+replace the default metric averaging, which weights every metric by the weight key and
+averages list-valued metrics elementwise, as Flower's ``aggregate_metricrecords``.
+``arrayrecord_key`` and ``configrecord_key`` are fixed by the wire contract (``"arrays"``,
+``"config"``); any other value, and any argument of another Flower strategy, is refused at
+construction with an error naming it.
+
+A round updates the global model only when at least ``quorum`` replies are usable: the count
+is taken after the input checks of `aggregation.aggregate_updates` (layout, count, cohort cap,
+finite values), so excluded updates never make up a quorum.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 import aggregation
 from aggregation.base import AggregationStrategy, SiteReport
-from protocol.arrays import ArraySpec, check_num_examples
-from protocol.errors import FedsplitError, ReplyError
-from protocol.update import Update
+from protocol import horizontal_wire as wire
+from protocol.arrays import ArraySpec
+from protocol.errors import ConfigError, FedsplitError
+from protocol.horizontal_wire import reply_site
 from server.history import RunHistory
 
 log = logging.getLogger(__name__)
 
-NUM_EXAMPLES_KEY = "num-examples"
+MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
+Metric = float | list[float]
 
 
-def reply_site(msg: Message) -> str:
-    """The site name a reply carries, else its node id."""
-    record = msg.content.config_records.get("site") if msg.has_content() else None
-    if record is not None and "name" in record:
-        return str(record["name"])
-    return f"node-{msg.metadata.src_node_id}"
+def weighted_mean(rows: list[tuple[float, Mapping[str, Metric]]],
+                  skip: Iterable[str] = ()) -> dict[str, Metric]:
+    """Weighted mean of each metric over the rows that report it (lists elementwise).
 
-
-def reply_info(msg: Message) -> dict[str, str]:
-    """Text the site reports about how it trained (device, parallel mode), besides its name."""
-    record = msg.content.config_records.get("site")
-    if record is None:
-        return {}
-    return {k: str(v) for k, v in record.items() if k != "name" and isinstance(v, str)}
-
-
-def _scalars(record: MetricRecord) -> dict[str, float]:
-    return {k: float(v) for k, v in record.items() if isinstance(v, int | float)}
-
-
-def weighted_mean(rows: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
-    """Count-weighted mean of each metric over the rows that report it."""
-    out: dict[str, float] = {}
-    keys = {k for _, m in rows for k in m}
+    Computed as Flower's ``aggregate_metricrecords`` does (each value times weight / total
+    weight, summed), so the numbers are Flower's whenever every row reports the same metrics.
+    A metric whose rows disagree on being a list, or on its length, is left out with a warning.
+    """
+    out: dict[str, Metric] = {}
+    skipped = set(skip)
+    keys = {k for _, m in rows for k in m if k not in skipped}
     for key in sorted(keys):
-        pairs = [(n, m[key]) for n, m in rows if key in m]
-        total = sum(n for n, _ in pairs)
-        if total:
-            out[key] = sum(n * v for n, v in pairs) / total
+        pairs = [(w, m[key]) for w, m in rows if key in m]
+        total = sum(w for w, _ in pairs)
+        if not total:
+            continue
+        lists = [isinstance(v, list) for _, v in pairs]
+        if any(lists):
+            lengths = {len(v) if isinstance(v, list) else None for _, v in pairs}
+            if not all(lists) or len(lengths) != 1:
+                log.warning("Metric %r left out of the average: the replies disagree on its "
+                            "length (list lengths or scalars: %s)", key, sorted(lengths, key=str))
+                continue
+            acc: list[float] = []
+            for w, value in pairs:
+                factor = w / total
+                acc = [v * factor for v in value] if not acc else [
+                    a + v * factor for a, v in zip(acc, value, strict=True)]
+            out[key] = acc
+        else:
+            mean = 0.0
+            for i, (w, value) in enumerate(pairs):
+                mean = value * (w / total) if i == 0 else mean + value * (w / total)
+            out[key] = mean
     return out
 
 
-def reply_to_update(msg: Message, server_round: int) -> tuple[Update, dict[str, float]]:
-    """Convert a training reply into a validated `Update` and its metrics (raises on bad input)."""
-    content = msg.content
-    if len(content.array_records) != 1 or len(content.metric_records) != 1:
-        raise ReplyError(
-            f"a training reply must hold exactly one ArrayRecord and one MetricRecord. Received: "
-            f"{len(content.array_records)} and {len(content.metric_records)}"
+def _metric_dict(record: MetricRecord | None, what: str) -> dict[str, Metric]:
+    """A metrics aggregation function's result as a dict (for the history)."""
+    if record is None:
+        return {}
+    if not isinstance(record, MetricRecord):
+        raise ConfigError(
+            f"{what} must return a Flower MetricRecord (Flower's signature "
+            f"(list[RecordDict], str) -> MetricRecord). Received: {type(record).__name__}"
         )
-    record = next(iter(content.array_records.values()))
-    metrics_record = next(iter(content.metric_records.values()))
-    if NUM_EXAMPLES_KEY not in metrics_record:
-        raise ReplyError(
-            f"the reply's metrics lack {NUM_EXAMPLES_KEY!r}, the sample count that weights it. "
-            f"Received: {sorted(metrics_record)}"
-        )
-    metrics = _scalars(metrics_record)
-    count = check_num_examples(metrics_record[NUM_EXAMPLES_KEY], where="reply")
-    update = Update.from_array_record(
-        record, num_examples=count, site=reply_site(msg), round=server_round,
-        metrics={k: v for k, v in metrics.items() if k != NUM_EXAMPLES_KEY},
-    )
-    return update, metrics
+    return {k: [float(x) for x in v] if isinstance(v, list) else v for k, v in record.items()}
 
 
 class RegistryStrategy(FedAvg):
@@ -98,22 +108,76 @@ class RegistryStrategy(FedAvg):
         Where each round's sites, report, metrics and global model are recorded.
     quorum : int (default: 1)
         Fewest hospitals a round needs: it waits (at most ``deadline``) for that many to be
-        connected, and updates the global model only from at least that many valid replies.
+        connected, and updates the global model only from at least that many usable replies
+        (counted after the input checks).
     deadline : float | None (default: None)
         The per-phase reply deadline (the run's ``round-timeout``), used to bound the wait for a
         quorum and named in the history when a sampled hospital did not answer in time.
     round_offset : int (default: 0)
         Rounds already completed by an earlier coordinator (resume): Flower's round ``r`` is
         recorded and sent to hospitals as ``r + round_offset``.
-    **kwargs
-        Passed to Flower's `FedAvg` (``fraction_train``, ``min_train_nodes``, ...).
+    cohort_caps : dict[str, int] | None (default: None)
+        Registered cohort size per site; a larger claimed count is clipped or refused.
+    cap_policy : str (default: "clip")
+        ``clip`` or ``refuse`` (see `aggregation.guard`).
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes
+        Flower's sampling arguments, used by Flower's own sampling.
+    weighted_by_key : str (default: "num-examples")
+        The reply metric whose value (an integer >= 1) weights each reply, in aggregation and
+        in metric averaging; dropped from the averaged metrics, as in Flower.
+    arrayrecord_key, configrecord_key : str (default: "arrays", "config")
+        Fixed by the wire contract; another value is refused.
+    train_metrics_aggr_fn, evaluate_metrics_aggr_fn : callable | None (default: None)
+        ``(list[RecordDict], weighted_by_key) -> MetricRecord``, called with the usable replies'
+        contents; None: the weighted mean (`weighted_mean`).
+    **unsupported
+        Any other argument (e.g. FedAvgM's ``server_momentum``) is refused with `ConfigError`.
     """
 
     def __init__(self, aggregator: AggregationStrategy, history: RunHistory, *, quorum: int = 1,
                  deadline: float | None = None, round_offset: int = 0,
                  cohort_caps: dict[str, int] | None = None, cap_policy: str = "clip",
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+                 fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2,
+                 min_available_nodes: int = 2, weighted_by_key: str = wire.NUM_EXAMPLES,
+                 arrayrecord_key: str = wire.ARRAYS, configrecord_key: str = wire.CONFIG,
+                 train_metrics_aggr_fn: MetricsAggrFn | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
+                 **unsupported: Any) -> None:
+        if unsupported:
+            raise ConfigError(
+                f"RegistryStrategy cannot honour {sorted(unsupported)}: it runs Flower's FedAvg "
+                f"round loop and merges with a fedsplit registry rule (aggregator), so only "
+                f"FedAvg's arguments apply. Choose the merge rule with aggregation.get_strategy "
+                f"(fedsplit strategies) and drop these arguments. Received: "
+                f"{ {k: unsupported[k] for k in sorted(unsupported)} }"
+            )
+        for name, value, fixed in (("arrayrecord_key", arrayrecord_key, wire.ARRAYS),
+                                   ("configrecord_key", configrecord_key, wire.CONFIG)):
+            if value != fixed:
+                raise ConfigError(
+                    f"RegistryStrategy cannot honour {name}={value!r}: fedsplit's hospital agents "
+                    f"read the record named {fixed!r} (protocol/horizontal_wire.py). Leave "
+                    f"{name} at its default. Received: {name}={value!r}"
+                )
+        if not isinstance(weighted_by_key, str) or not weighted_by_key:
+            raise ConfigError(f"weighted_by_key must name a reply metric, e.g. 'num-examples'. "
+                              f"Received: {weighted_by_key!r}")
+        for name, fn in (("train_metrics_aggr_fn", train_metrics_aggr_fn),
+                         ("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{name} must be a function (list[RecordDict], str) -> "
+                                  f"MetricRecord, or None. Received: {fn!r}")
+        super().__init__(
+            fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes, weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        )
+        self._train_aggr = train_metrics_aggr_fn
+        self._evaluate_aggr = evaluate_metrics_aggr_fn
         self.cohort_caps = cohort_caps or {}
         self.cap_policy = cap_policy
         self._expected: dict[int, list[ArraySpec]] = {}
@@ -168,7 +232,7 @@ class RegistryStrategy(FedAvg):
     def _site(self, msg: Message, senders: dict[str, int]) -> str:
         """Site name of a reply, also for errors the SuperLink wrote on a hospital's behalf."""
         node = senders.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
-        if msg.has_content() and "site" in msg.content.config_records:
+        if msg.has_content() and wire.SITE in msg.content.config_records:
             self.site_names[node] = reply_site(msg)
         return self.site_names.get(node, f"node-{node}")
 
@@ -190,17 +254,22 @@ class RegistryStrategy(FedAvg):
             log.warning("Round %s: %s: %s", server_round, entry["site"], entry["reason"])
         return senders, missing
 
+    def _short(self, server_round: int, sites: list[dict[str, Any]], error: str,
+               ) -> tuple[None, None]:
+        log.warning("Round %s: %s", server_round, error)
+        self.history.record_train(server_round, None, sites, {}, error=error)
+        return None, None
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies, exclude bad ones, and merge the rest with the registry strategy."""
+        """Check replies, exclude bad ones, and merge the rest with the registry strategy."""
         server_round += self.round_offset
         replies = list(replies)
         senders, missing = self._missing("train", server_round, replies)
         valid, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
-        updates: list[Update] = []
-        rows: list[tuple[int, dict[str, float]]] = []
-        sites: list[dict[str, Any]] = []
+        parsed: list[wire.TrainReply] = []
+        contents: list[RecordDict] = []
         excluded: list[SiteReport] = []
         for msg in failed:
             reason = f"the site's ClientApp failed: {msg.error.reason}"
@@ -209,15 +278,18 @@ class RegistryStrategy(FedAvg):
         for msg in valid:
             self._site(msg, senders)
             try:
-                update, metrics = reply_to_update(msg, server_round)
+                parsed.append(wire.parse_train_reply(msg, weight_key=self.weighted_by_key,
+                                                     server_round=server_round))
             except FedsplitError as e:
                 excluded.append(SiteReport(site=reply_site(msg), num_examples=0, weight=0.0,
                                            excluded=True, reason=str(e)))
                 continue
-            updates.append(update)
-            rows.append((update.num_examples, metrics))
-            sites.append({"site": update.site, "num_examples": update.num_examples,
-                          "metrics": metrics, "info": reply_info(msg)})
+            contents.append(msg.content)
+        # one entry per parsed reply first, in order (aligned with the aggregation report)
+        sites: list[dict[str, Any]] = [
+            {"site": r.site, "num_examples": r.update.num_examples, "metrics": r.metrics,
+             "info": r.info} for r in parsed
+        ]
         for rep in excluded:
             log.warning("Round %s: excluded %s: %s", server_round, rep.site, rep.reason)
             sites.append({"site": rep.site, "excluded": True, "reason": rep.reason})
@@ -225,64 +297,82 @@ class RegistryStrategy(FedAvg):
         if (skipped := self._skipped.pop(("train", server_round), None)) is not None:
             self.history.record_train(server_round, None, sites, {}, error=skipped)
             return None, None
-        if not updates:
-            self.history.record_train(server_round, None, sites, {},
-                                      error="no usable training replies; global model unchanged")
-            return None, None
-        if len(updates) < self.quorum:
-            error = (f"only {len(updates)} valid training replies, fewer than the quorum of "
-                     f"{self.quorum}; global model unchanged")
-            log.warning("Round %s: %s", server_round, error)
-            self.history.record_train(server_round, None, sites, {}, error=error)
-            return None, None
+        if not parsed:
+            return self._short(server_round, sites,
+                               "no usable training replies; global model unchanged")
+        if len(parsed) < self.quorum:
+            return self._short(server_round, sites,
+                               f"only {len(parsed)} valid training replies, fewer than the quorum "
+                               f"of {self.quorum}; global model unchanged")
         try:
             result = aggregation.aggregate_updates(
-                self.aggregator, updates, expected=self._expected.pop(server_round, None),
+                self.aggregator, [r.update for r in parsed],
+                expected=self._expected.pop(server_round, None),
                 cohort_caps=self.cohort_caps, cap_policy=self.cap_policy,
             )
         except FedsplitError as e:
             log.error("Round %s: aggregation failed: %s", server_round, e)
             self.history.record_train(server_round, None, sites, {}, error=str(e))
             return None, None
+        # The report holds one entry per update, in input order: updates the input checks
+        # excluded (wrong layout, refused count, NaN) leave the quorum and the metrics too.
+        usable = []
+        for k, rep in enumerate(result.report.sites):
+            if rep.excluded:
+                sites[k].update(excluded=True, reason=rep.reason)
+            else:
+                usable.append(k)
         result.report.sites.extend(excluded)
-        # Updates the guard excluded (wrong layout, capped-and-refused count) leave the metrics too.
-        refused = {r.site: r.reason for r in result.report.sites if r.excluded}
-        for entry in sites:
-            if entry["site"] in refused and not entry.get("excluded"):
-                entry.update(excluded=True, reason=refused[entry["site"]])
-        rows = [row for row, update in zip(rows, updates, strict=True) if update.site not in refused]
-        metrics = weighted_mean(rows)
-        metrics.pop(NUM_EXAMPLES_KEY, None)
+        if len(usable) < self.quorum:
+            return self._short(server_round, sites,
+                               f"only {len(usable)} usable training replies after the input checks "
+                               f"(of {len(parsed)} received), fewer than the quorum of "
+                               f"{self.quorum}; global model unchanged")
+        metrics = self._aggregate_metrics(
+            self._train_aggr, "train_metrics_aggr_fn",
+            [(parsed[k].update.num_examples, parsed[k].metrics) for k in usable],
+            [contents[k] for k in usable],
+        )
         self.history.record_train(server_round, result, sites, metrics)
         return result.to_update().to_array_record(), MetricRecord(metrics)
+
+    def _aggregate_metrics(self, fn: MetricsAggrFn | None, name: str,
+                           rows: list[tuple[float, Mapping[str, Metric]]],
+                           contents: list[RecordDict]) -> dict[str, Metric]:
+        """The user's metrics aggregation function, else the weighted mean without the weight key."""
+        if fn is not None:
+            return _metric_dict(fn(contents, self.weighted_by_key), name) if contents else {}
+        return weighted_mean(rows, skip=(self.weighted_by_key,))
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Count-weighted mean of the sites' held-out metrics."""
+        """Weighted mean of the sites' held-out metrics (or ``evaluate_metrics_aggr_fn``)."""
         server_round += self.round_offset
         replies = list(replies)
         senders, missing = self._missing("evaluate", server_round, replies)
         valid, failed = self._check_and_log_replies(replies, is_train=False, validate=False)
-        rows: list[tuple[int, dict[str, float]]] = []
+        rows: list[tuple[float, Mapping[str, Metric]]] = []
+        contents: list[RecordDict] = []
         sites: list[dict[str, Any]] = []
         for msg in valid:
-            record = next(iter(msg.content.metric_records.values()), None)
-            if record is None or NUM_EXAMPLES_KEY not in record:
-                sites.append({"site": reply_site(msg), "excluded": True,
-                              "reason": "evaluation reply without num-examples"})
+            self._site(msg, senders)
+            try:
+                parsed = wire.parse_evaluate_reply(msg, weight_key=self.weighted_by_key)
+            except FedsplitError as e:
+                sites.append({"site": reply_site(msg), "excluded": True, "reason": str(e)})
                 continue
-            metrics = _scalars(record)
-            rows.append((int(metrics[NUM_EXAMPLES_KEY]), metrics))
-            sites.append({"site": reply_site(msg), "num_examples": int(metrics[NUM_EXAMPLES_KEY]),
-                          "metrics": metrics})
+            rows.append((parsed.num_examples, parsed.metrics))
+            contents.append(msg.content)
+            sites.append({"site": parsed.site, "num_examples": parsed.num_examples,
+                          "metrics": parsed.metrics})
         for msg in failed:
             sites.append({"site": self._site(msg, senders), "excluded": True,
                           "reason": msg.error.reason})
         sites.extend(missing)
         if (skipped := self._skipped.pop(("evaluate", server_round), None)) is not None:
             sites.append({"excluded": True, "reason": skipped})
-        metrics = weighted_mean(rows)
-        metrics.pop(NUM_EXAMPLES_KEY, None)
+        metrics = self._aggregate_metrics(self._evaluate_aggr, "evaluate_metrics_aggr_fn",
+                                          rows, contents)
         self.history.record_evaluate(server_round, sites, metrics)
         return MetricRecord(metrics) if metrics else None

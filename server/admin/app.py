@@ -6,7 +6,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from aggregation.errors import (
     AggregationError,
@@ -28,6 +30,7 @@ from server.admin.errors import (
 )
 from server.admin.routes import health, rounds, uploads
 from server.admin.sandbox import Sandbox
+from server.admin.ui import install_ui
 
 API_PREFIX = "/api/v1"
 
@@ -70,6 +73,44 @@ async def handle_fedsplit_error(request: Request, error: Exception) -> JSONRespo
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+async def handle_validation_error(request: Request, error: Exception) -> JSONResponse:
+    """Answer a request FastAPI could not validate with the same body as every refusal (422).
+
+    ``errors`` keeps each problem's location, message and type for API clients.
+    """
+    assert isinstance(error, RequestValidationError)
+    problems = [
+        {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", "")),
+         "type": str(e.get("type", ""))}
+        for e in error.errors()
+    ]
+    first = problems[0] if problems else {"loc": [], "msg": "invalid request"}
+    received = error.errors()[0].get("input") if error.errors() else None
+    text = repr(received)
+    if len(text) > 200:
+        text = text[:200] + "..."
+    detail = (
+        f"The request is invalid: {'.'.join(first['loc']) or 'request'}: {first['msg']}"
+        f"{f' (and {len(problems) - 1} more problem(s), see errors)' if len(problems) > 1 else ''}"
+        f". Send it as the API's schema (GET /openapi.json) describes. Received: {text}"
+    )
+    body = {"detail": detail, "error": "RequestValidationError", "reason": "validation",
+            "errors": problems}
+    return JSONResponse(body, status_code=422)
+
+
+async def handle_http_error(request: Request, error: Exception) -> JSONResponse:
+    """Answer FastAPI's own HTTP errors (unparsable body 400, unknown path 404, wrong method
+    405) with the same body as every refusal."""
+    assert isinstance(error, HTTPException)
+    detail = (
+        f"{error.detail}. See the API's schema (GET /openapi.json) for its paths, methods and "
+        f"bodies. Received: {request.method} {request.url.path}"
+    )
+    body = {"detail": detail, "error": "HTTPException", "reason": None}
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+
 def create_app(settings: AdminSettings, *, sandbox: Sandbox | None = None) -> FastAPI:
     """Return the admin API for ``settings`` (creates the data directory and the database).
 
@@ -90,9 +131,12 @@ def create_app(settings: AdminSettings, *, sandbox: Sandbox | None = None) -> Fa
     )
     app.state.admin = ctx
     app.add_exception_handler(FedsplitError, handle_fedsplit_error)
+    app.add_exception_handler(RequestValidationError, handle_validation_error)
+    app.add_exception_handler(HTTPException, handle_http_error)
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(rounds.router)
     api.include_router(uploads.router)
     app.include_router(api)
     app.include_router(health.router)
+    install_ui(app, runs=settings.runs)  # the web view at /ui (server/admin/ui)
     return app

@@ -40,6 +40,8 @@ class AdminSettings(BaseModel):
         Deepest group tree a Keras file may have.
     aggregation_memory_mb : int (default: 512)
         Working memory a strategy may use beyond its output (``aggregate_updates``'s budget).
+    runs : tuple[Path, ...] (default: ())
+        Folders the web view (``/ui``) searches for Flower runs' ``history.json`` (``--runs``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -53,6 +55,7 @@ class AdminSettings(BaseModel):
     parse_workers: int = Field(default=2, ge=1)
     max_group_depth: int = Field(default=12, ge=2, le=64)
     aggregation_memory_mb: int = Field(default=512, ge=16)
+    runs: tuple[Path, ...] = ()
 
     @field_validator("admin_token")
     @classmethod

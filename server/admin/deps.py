@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from server.admin.auth import Principal, authenticate, require_admin, require_site
 from server.admin.context import AdminContext
+from server.admin.schemas import MAX_ID
 
 _bearer = HTTPBearer(auto_error=False, description="Admin token or a site token.")
 
@@ -21,6 +22,9 @@ def get_context(request: Request) -> AdminContext:
 
 
 ContextDep = Annotated[AdminContext, Depends(get_context)]
+
+#: A round id in a path: 1 .. 2**63-1 (what the database can hold), else JSON 422.
+RoundId = Annotated[int, Path(ge=1, le=MAX_ID, description="Round id (1 .. 2**63-1).")]
 
 
 def get_session(ctx: ContextDep) -> Iterator[Session]:

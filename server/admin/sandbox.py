@@ -5,12 +5,18 @@ has h5py and numpy imported already, so a parse starts in milliseconds. A crash 
 library (segfault, abort), an exhausted memory limit or a hang ends only that child: the
 parent waits at most ``timeout_s``, kills it, and turns every such end into a refusal. At most
 ``workers`` parses run at once. If the zygote itself dies it is started again.
+
+The child's JSON answer is parsed once, here, into a typed `server.admin.inspection.Parsed`
+(returned) or `Refused` (raised as `UploadRefusedError` with its ``reason``). A child that
+could not set its resource limits refuses to parse (``sandbox_limits``); that is a fault of
+the coordinator, not of the file, so it is also logged as an error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -18,12 +24,13 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from server.admin.errors import UploadRefusedError
-from server.admin.inspect_worker import InspectRequest
+from server.admin.inspection import InspectRequest, InspectResult, Parsed, Refused, result_from_json
+
+log = logging.getLogger(__name__)
 
 _POLL_S = 0.005
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -43,12 +50,14 @@ class Sandbox:
         with self._lock:
             self._ensure_zygote()
 
-    def inspect(self, source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]:
-        """Return the worker's result for ``source``; raise `UploadRefusedError` on refusal."""
+    def inspect(self, source: Path, dest: Path, request: InspectRequest) -> Parsed:
+        """Return what the worker read from ``source``; raise `UploadRefusedError` on refusal."""
         with self._slots:
             result = self._run(source, dest, request)
-        if not result.get("ok"):
-            raise UploadRefusedError(result["message"], result["reason"])
+        if isinstance(result, Refused):
+            if result.reason == "sandbox_limits":
+                log.error("upload sandbox refused to parse: %s", result.message)
+            raise UploadRefusedError(result.message, result.reason)
         return result
 
     def close(self) -> None:
@@ -111,37 +120,36 @@ class Sandbox:
             "sandbox_unavailable",
         )
 
-    def _run(self, source: Path, dest: Path, request: InspectRequest) -> dict[str, Any]:
+    def _run(self, source: Path, dest: Path, request: InspectRequest) -> InspectResult:
         result_path = dest.with_name(f"{dest.name}.{uuid.uuid4().hex}.result.json")
         job = {
             "source": str(source),
             "dest": str(dest),
             "result": str(result_path),
-            "request": asdict(request),
+            "request": request.to_json(),
         }
         pid = self._fork(job)
         deadline = time.monotonic() + self._timeout_s
         try:
             while True:
                 if result_path.exists():
-                    return json.loads(result_path.read_text())
+                    return result_from_json(result_path.read_text())
                 if not _alive(pid):
                     if result_path.exists():
-                        return json.loads(result_path.read_text())
+                        return result_from_json(result_path.read_text())
                     return _crashed()
                 if time.monotonic() > deadline:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                    return {
-                        "ok": False,
-                        "reason": "timeout",
-                        "message": (
+                    return Refused(
+                        reason="timeout",
+                        message=(
                             f"Parsing the uploaded file took longer than {self._timeout_s:g} s and was "
                             f"stopped; a weight file parses in seconds. Check the file (a crafted or "
                             f"damaged HDF5 file can make the reader loop). Received: > "
                             f"{self._timeout_s:g} s"
                         ),
-                    }
+                    )
                 time.sleep(_POLL_S)
         finally:
             result_path.unlink(missing_ok=True)
@@ -157,13 +165,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _crashed() -> dict[str, Any]:
-    return {
-        "ok": False,
-        "reason": "parser_crash",
-        "message": (
+def _crashed() -> Refused:
+    return Refused(
+        reason="parser_crash",
+        message=(
             "The HDF5 reader crashed on the uploaded file (its sandbox process ended without an "
             "answer, e.g. killed by the memory limit), so the file is damaged or crafted. Re-export "
             "it and upload again. Received: no answer from the parser"
         ),
-    }
+    )

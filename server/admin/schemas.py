@@ -7,6 +7,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.arrays import ArraySpec
+
+#: Largest id (and count) the database stores: SQLite's signed 64-bit INTEGER.
+MAX_ID = 2**63 - 1
+
 
 # Input: create a round.
 class RoundCreate(BaseModel):
@@ -14,10 +19,13 @@ class RoundCreate(BaseModel):
 
     strategy: str = Field(default="fedavg", description="Registered strategy (`fedsplit strategies`).")
     params: dict[str, Any] = Field(default_factory=dict, description="Strategy parameters.")
-    min_uploads: int = Field(default=1, ge=1, description="Uploads needed before aggregating.")
+    min_uploads: int = Field(
+        default=1, ge=1, le=MAX_ID, description="Uploads needed before aggregating."
+    )
     deadline: datetime | None = Field(default=None, description="ISO-8601; uploads after it are refused.")
     continues: int | None = Field(
-        default=None, description="Aggregated round whose model is this round's start model."
+        default=None, ge=1, le=MAX_ID,
+        description="Aggregated round whose model is this round's start model.",
     )
 
 
@@ -26,6 +34,11 @@ class ParameterPublic(BaseModel):
     name: str
     shape: list[int]
     dtype: str
+
+    @classmethod
+    def from_spec(cls, spec: ArraySpec) -> ParameterPublic:
+        """The response form of one parameter."""
+        return cls(name=spec.name, shape=list(spec.shape), dtype=spec.dtype.name)
 
 
 # Output: one accepted upload (current or replaced).
@@ -77,8 +90,18 @@ class RoundsPublic(BaseModel):
     count: int
 
 
+# Output: one problem of a request that failed validation.
+class ValidationProblem(BaseModel):
+    loc: list[str]
+    msg: str
+    type: str
+
+
 # Output: the error body of every refusal.
 class ErrorPublic(BaseModel):
     detail: str
     error: str
     reason: str | None = None
+    errors: list[ValidationProblem] | None = Field(
+        default=None, description="Each problem of a request that failed validation (422)."
+    )

@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from protocol.arrays import ArraySpec
+
 
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
@@ -53,6 +55,18 @@ class Round(Base):
     aggregated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     uploads: Mapped[list[Upload]] = relationship(back_populates="round", order_by="Upload.id")
+
+    # The storage boundary of the model layout: JSON dicts in the column, ArraySpec outside.
+    @property
+    def specs(self) -> tuple[ArraySpec, ...] | None:
+        """The round's expected model, or None while no template or upload has fixed it."""
+        if self.model_specs is None:
+            return None
+        return tuple(ArraySpec.from_dict(d) for d in self.model_specs)
+
+    @specs.setter
+    def specs(self, specs: tuple[ArraySpec, ...] | None) -> None:
+        self.model_specs = None if specs is None else [s.to_dict() for s in specs]
 
 
 # One accepted upload. A re-upload sets `current` False on the earlier one, which stays as history.

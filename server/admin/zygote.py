@@ -16,6 +16,7 @@ import signal
 import sys
 
 from server.admin import inspect_worker
+from server.admin.inspection import InspectRequest
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
         if pid == 0:
             code = 0
             try:
-                request = inspect_worker.InspectRequest(**job["request"])
+                request = InspectRequest.from_json(job["request"])
                 inspect_worker.run(job["source"], job["dest"], request, job["result"])
             except BaseException:
                 code = 1

@@ -102,7 +102,7 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
     live.stop()
 
 
-def test_live_server_end_to_end(server: LiveServer, tmp_path: Path, capsys):
+def test_live_server_end_to_end(server: LiveServer, tmp_path: Path, capsys, monkeypatch):
     """CLI add-site + upload, auth, a refusal, 413, 50 concurrent uploads, SIGKILL and restart."""
     # add-site prints the token alone on its last line
     code = run_guarded(
@@ -118,16 +118,15 @@ def test_live_server_end_to_end(server: LiveServer, tmp_path: Path, capsys):
         assert http.post("/api/v1/rounds", json={}, headers=bearer(token)).status_code == 403
         rnd = http.post("/api/v1/rounds", json={"strategy": "fedavg"}, headers=ADMIN).json()
 
-        # fedsplit upload, with --num-examples overriding the file's count
+        # fedsplit upload (token from the environment), --num-examples overriding the file's count
         path = write_model(tmp_path / "a.h5", 1.0, num_examples=10)
+        monkeypatch.setenv("FEDSPLIT_SITE_TOKEN", token)
         code = run_guarded(
             fedsplit_app,
             [
                 "upload",
                 "--server",
                 server.url,
-                "--token",
-                token,
                 "--round",
                 str(rnd["id"]),
                 str(path),
@@ -139,11 +138,16 @@ def test_live_server_end_to_end(server: LiveServer, tmp_path: Path, capsys):
         assert code == 0, out
         assert f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}" in out
 
-        # a refused upload through the CLI: UploadFailedError's exit code and the server's detail
+        # a refused upload through the CLI (token from --token-file, which wins over the
+        # environment): UploadFailedError's exit code and the server's detail
+        monkeypatch.setenv("FEDSPLIT_SITE_TOKEN", "fss_not-a-token")
+        token_file = tmp_path / "site.token"
+        token_file.write_text(f"  {token}\n")
         bad = raw_weights(tmp_path / "bad.h5", lambda f, g: g.__setitem__("x", h5py_external()))
         code = run_guarded(
             fedsplit_app,
-            ["upload", "--server", server.url, "--token", token, "--round", str(rnd["id"]), str(bad)],
+            ["upload", "--server", server.url, "--token-file", str(token_file), "--round",
+             str(rnd["id"]), str(bad)],
         )
         assert code == UploadFailedError.exit_code
         assert "is an external link" in capsys.readouterr().err

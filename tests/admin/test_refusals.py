@@ -285,9 +285,10 @@ def test_upload_not_matching_the_round_model_names_the_first_difference(client, 
     assert response.status_code == 422
     assert response.json() == {
         "detail": (
-            "Parameter 'layer.0.weight' has shape (3, 4) in the round's model but (5, 4) in the "
-            "upload. Every site must train the round's model from its start model (GET "
-            "/api/v1/rounds/{id}/start-model). Received: (5, 4)"
+            "Parameter 'layer.0.weight' has shape (3, 4) (float32) in the round's model but "
+            "(5, 4) (float32) in the upload. Every site must train the round's model from its "
+            "start model (GET /api/v1/rounds/{id}/start-model). Received: parameters "
+            "['layer.0.weight', 'layer.0.bias', 'layer.1.weight']"
         ),
         "error": "UploadRefusedError",
         "reason": "model_mismatch",

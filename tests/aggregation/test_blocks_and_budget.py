@@ -21,7 +21,14 @@ ROBUST = [
     ("krum", {"f": 1}),
     ("multi-krum", {"f": 1, "m": 3}),
     ("fedavg", {}),
+    ("geometric-median", {}),
 ]
+STREAMED = {"fedavg", "geometric-median"}
+
+
+def test_every_registered_rule_is_run_under_the_budget() -> None:
+    """A new strategy must join ROBUST, so the budget and file tests below cover it."""
+    assert {name for name, _ in ROBUST} == set(aggregation.strategy_names())
 
 
 @pytest.mark.parametrize("shape", [(), (7,), (3, 5), (4, 3, 5), (2, 1, 6, 3)])
@@ -44,23 +51,34 @@ def test_blocks_tile_each_parameter_exactly_once(shape, max_values) -> None:
 def test_tiny_budget_equals_default_budget_and_files_equal_memory(
     h, tmp_path: Path, name, params
 ) -> None:
-    """A budget that splits every parameter into many blocks gives the same bits, from files too."""
+    """A budget that splits every parameter into many blocks gives the same bits, from files too.
+
+    The geometric median's distances are summed per block, so a budget that changes the block
+    length changes their last bits (and the weights): equal within rounding there, and bit for
+    bit between files and memory under the same budget.
+    """
     updates = h.make_updates(7, shapes=[(6, 9), (4, 3, 5), (11,), ()], seed=3)
     strat = aggregation.get_strategy(name, params)
+    # streamed rules (no stack) need 16 bytes a coordinate: 80 bytes cuts blocks of 5
+    budget = 80 if name in STREAMED else 7 * 4 * 40 + 4096
     full = aggregation.aggregate_updates(strat, updates)
-    tiny = aggregation.aggregate_updates(strat, updates, memory_budget=7 * 4 * 40 + 4096)
+    tiny = aggregation.aggregate_updates(strat, updates, memory_budget=budget)
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
     files = [open_weights(p) for p in paths]
     try:
-        from_files = aggregation.aggregate_updates(strat, files, memory_budget=7 * 4 * 40 + 4096)
+        from_files = aggregation.aggregate_updates(strat, files, memory_budget=budget)
     finally:
         for f in files:
             f.close()
     for key, arr in full.arrays.items():
-        np.testing.assert_array_equal(tiny.arrays[key], arr)
-        np.testing.assert_array_equal(from_files.arrays[key], arr)
-    if name != "fedavg":
-        assert tiny.report.working_bytes <= 7 * 4 * 40 + 4096
+        if name == "geometric-median":
+            np.testing.assert_allclose(tiny.arrays[key], arr, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(tiny.arrays[key], arr)
+        np.testing.assert_array_equal(from_files.arrays[key], tiny.arrays[key])
+    assert tiny.report.working_bytes <= budget
+    if name in STREAMED:
+        assert budget < full.report.working_bytes
     for a, b in zip(full.report.sites, from_files.report.sites, strict=True):
         assert a.l2_to_aggregate == pytest.approx(b.l2_to_aggregate, rel=1e-5, abs=1e-6)
 
@@ -151,7 +169,7 @@ def test_non_contiguous_in_memory_arrays_read_correctly(h) -> None:
 
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_report_distances_equal_direct_computation(h, monkeypatch, threads) -> None:
-    """l2_to_aggregate (FedAvg's separate pass and median's in-pass sum) equals numpy's norm.
+    """l2_to_aggregate (run.py's pass for FedAvg, in-pass sums, Weiszfeld's) equals numpy's norm.
 
     With 3 threads and no size threshold, the guard's scans and the distance pass run in the
     pool too, and a NaN update among them is still the one excluded.
@@ -166,7 +184,7 @@ def test_report_distances_equal_direct_computation(h, monkeypatch, threads) -> N
     res = aggregation.aggregate_updates(aggregation.get_strategy("fedavg"), poisoned)
     assert [s.excluded for s in res.report.sites] == [False] * 6 + [True]
     assert "NaN/Inf" in res.report.sites[6].reason
-    for name in ("fedavg", "median"):
+    for name in ("fedavg", "median", "geometric-median"):
         res = aggregation.aggregate_updates(aggregation.get_strategy(name), updates,
                                             memory_budget=6 * 4 * 50 + 8192)
         agg = np.concatenate([a.reshape(-1) for a in res.arrays.values()]).astype(np.float64)

@@ -64,8 +64,8 @@ def test_layout_mismatches_are_excluded_against_the_majority(h) -> None:
     updates[4].arrays["extra"] = np.zeros(2, np.float32)
     got = aggregation.aggregate_updates(aggregation.get_strategy("median"), updates)
     reasons = [s.reason for s in got.report.sites]
-    assert "'p1' has shape (6,)" in reasons[1]
-    assert "'p0' is float64" in reasons[2]
+    assert "'p1' has shape (5,)" in reasons[1] and "but (6,) (float32) in this update" in reasons[1]
+    assert "'p0' (shape (3, 4)) is float32 in the round's model but float64" in reasons[2]
     assert "'p2'" in reasons[3] and "missing" in reasons[3]
     assert "'extra'" in reasons[4]
     assert [s.excluded for s in got.report.sites] == [False, *[True] * 4, *[False] * 4]

@@ -135,10 +135,39 @@ def test_krum_refuses_too_few_updates_for_f(h, f, n) -> None:
 
 
 def test_multi_krum_refuses_m_above_n_minus_f(h) -> None:
-    """m > N - f would let a hostile update into the average."""
+    """m > N - f would let a hostile update into the average: min_updates is m + f."""
     updates = h.make_updates(5)
-    with pytest.raises(NotEnoughUpdatesError, match=r"N-f = 4.*Received: m=5"):
-        aggregation.get_strategy("multi-krum", {"f": 1, "m": 5}).aggregate(updates)
+    strat = aggregation.get_strategy("multi-krum", {"f": 1, "m": 5})
+    assert strat.min_updates() == 6
+    with pytest.raises(NotEnoughUpdatesError, match=r"m\+f = 6.*lower m.*Received: 5 updates"):
+        strat.aggregate(updates)
+    assert len(strat.aggregate(h.make_updates(6)).arrays) == len(updates[0].arrays)
+
+
+@pytest.mark.parametrize(
+    "name,params,need",
+    [
+        ("fedavg", {}, 1),
+        ("median", {"weighted": True}, 1),
+        ("trimmed-mean", {"beta": 0.45}, 1),
+        ("geometric-median", {}, 1),
+        ("krum", {"f": 0}, 3),
+        ("krum", {"f": 2}, 7),
+        ("multi-krum", {"f": 2}, 7),
+        ("multi-krum", {"f": 1, "m": 2}, 5),
+    ],
+)
+def test_min_updates_is_what_each_rule_needs(h, name, params, need) -> None:
+    """min_updates() updates aggregate; one fewer is refused by aggregate_updates too."""
+    strat = aggregation.get_strategy(name, params)
+    assert strat.min_updates() == need
+    got = aggregation.aggregate_updates(strat, h.make_updates(need, seed=need))
+    assert len(got.report.sites) == need
+    if need > 1:
+        updates = h.make_updates(need, seed=need)
+        next(iter(updates[0].arrays.values())).reshape(-1)[0] = np.nan
+        with pytest.raises(NotEnoughUpdatesError, match=rf"at least {need}.*s0: values.*NaN"):
+            aggregation.aggregate_updates(strat, updates)
 
 
 def test_strategy_params_are_validated() -> None:

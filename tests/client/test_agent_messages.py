@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -14,7 +15,10 @@ from client.app import app
 from client.data import load_bundled
 from client.models import build_model
 from protocol import RunConfig
+from protocol import horizontal_wire as wire
+from protocol.errors import ConfigError, ReplyError
 from protocol.stats import combine_moments
+from protocol.update import state_dict_arrays, to_array_record
 
 NODE_ID = 7
 
@@ -45,6 +49,15 @@ def ask(message_type: str, context: Context, **records) -> Message:
     return reply
 
 
+def init_request(stats: MetricRecord, num_features: int, norm: str = "none") -> dict:
+    """The query.init instruction's records for a 2-class MLP over the site's own statistics."""
+    mean, std = combine_moments([(stats["count"], stats["sum"], stats["sumsq"])])
+    request = wire.ModelRequest(kind="mlp", task="classification", input_shape=(num_features,),
+                                num_outputs=2, hidden=(64, 32), norm=norm, mean=mean, std=std,
+                                y_mean=0.0, y_std=1.0)
+    return dict(wire.build_init_instruction(request))
+
+
 def assert_only_scalars(record: MetricRecord) -> None:
     """Every metric is one number."""
     for key, value in record.items():
@@ -71,10 +84,8 @@ def test_every_reply_holds_only_model_arrays_counts_and_scalars(site) -> None:
     assert list(schema["features"]) == list(frame.columns[:-1])
 
     # Init: a model built from pooled statistics
-    mean, std = combine_moments([(record["count"], record["sum"], record["sumsq"])])
-    init = ask("query.init", context, config=ConfigRecord({
-        "kind": "mlp", "task": "classification", "input-shape": [num_features], "num-outputs": 2,
-        "mean": mean.tolist(), "std": std.tolist(), "y-mean": 0.0, "y-std": 1.0}))
+    init = ask("query.init", context, **init_request(record, num_features))
+    assert set(init.content.keys()) == {"arrays", "model"}
     model_id = str(init.content.config_records["model"]["model-id"])
     expected = {k: tuple(v.shape) for k, v in build_model(model_id).state_dict().items()}
 
@@ -117,9 +128,7 @@ def test_agent_without_data_path_fails_with_clear_error(site) -> None:
 
 
 def test_train_reply_round_trips_into_an_update(site) -> None:
-    """The server side's conversion accepts what the agent sends."""
-    from server.strategy import reply_to_update
-
+    """The coordinator's parser accepts what the agent sends."""
     path, _ = site
     cfg = RunConfig(target="diagnosis")
     context = Context(run_id=1, node_id=NODE_ID, node_config={"data-path": str(path)},
@@ -128,9 +137,10 @@ def test_train_reply_round_trips_into_an_update(site) -> None:
     arrays = ArrayRecord(build_model(model_id, seed=0).state_dict())
     reply = ask("train", context, arrays=arrays,
                 config=ConfigRecord({"model-id": model_id, "server-round": 2}))
-    update, metrics = reply_to_update(reply, server_round=2)
+    parsed = wire.parse_train_reply(reply, server_round=2)
+    update = parsed.update
     assert update.num_examples == 96 and update.round == 2 and update.site == f"node-{NODE_ID}"
-    assert np.isfinite(metrics["train-loss"])
+    assert np.isfinite(parsed.metrics["train-loss"]) and parsed.info["device"] == "cpu"
 
 
 def test_hostile_simulated_site_scales_its_step_and_honest_sites_do_not(site) -> None:
@@ -164,4 +174,75 @@ def test_attack_outside_simulation_is_refused(site) -> None:
                               "config": ConfigRecord({"model-id": model_id})}),
                   dst_node_id=NODE_ID, message_type="train")
     with pytest.raises(Exception, match="simulation engine"):
+        app(msg, context)
+
+
+def test_batchnorm_model_travels_as_float64_counter_and_loads_back(site) -> None:
+    """norm=batch: BatchNorm's int64 num_batches_tracked is float64 in the init and train replies,
+    0-d like in the model, and counts the batches trained; loading casts it back to int64."""
+    path, frame = site
+    cfg = RunConfig(target="diagnosis", norm="batch", batch_size=32)
+    context = Context(run_id=1, node_id=NODE_ID, node_config={"data-path": str(path)},
+                      state=RecordDict(), run_config=cfg.to_flower())
+    num_features = frame.shape[1] - 1
+    stats = ask("query.stats", context).content.metric_records["stats"]
+    init = ask("query.init", context, **init_request(stats, num_features, norm="batch"))
+    model_id = str(init.content.config_records["model"]["model-id"])
+    assert model_id == f"mlp/classification/{num_features}/2/64-32/batch"
+    arrays = init.content.array_records["arrays"]
+    counter = arrays["body.1.num_batches_tracked"]
+    assert counter.dtype == "float64" and counter.shape == ()
+    model = build_model(model_id)
+    assert model.state_dict()["body.1.num_batches_tracked"].dtype == torch.int64
+    # the layout the coordinator expects is the layout of the agent's reply, 0-d included
+    train = ask("train", context, arrays=arrays,
+                config=ConfigRecord({"model-id": model_id, "server-round": 1}))
+    sent = train.content.array_records["arrays"]
+    assert {k: (a.dtype, tuple(a.shape)) for k, a in sent.items()} == {
+        k: (a.dtype, tuple(a.shape)) for k, a in arrays.items()}
+    # 96 training rows in batches of 32: 3 steps per epoch, one epoch
+    assert float(sent["body.1.num_batches_tracked"].numpy()) == 3.0
+    evaluate = ask("evaluate", context, arrays=sent, config=ConfigRecord({"model-id": model_id}))
+    assert 0.5 < evaluate.content.metric_records["metrics"]["accuracy"] <= 1.0
+
+
+def test_unexpected_records_and_keys_are_refused_on_both_ends(site) -> None:
+    """The wire contract: a reply with an extra record or key is refused with a ReplyError that
+    names it; so is an agent asked to send a metric the contract does not list."""
+    instruction = Message(RecordDict({}), dst_node_id=3, message_type="train")
+    good = {"arrays": to_array_record({"w": np.ones(2, np.float32)}),
+            "metrics": MetricRecord({"num-examples": 5})}
+    cases = [
+        ({**good, "rows": to_array_record({"x": np.ones((5, 2), np.float32)})}, "rows"),
+        ({**good, "site": ConfigRecord({"name": "a", "patient-ids": "1,2,3"})}, "patient-ids"),
+        ({"metrics": good["metrics"]}, "arrays"),
+        ({**good, "arrays": ConfigRecord({"w": 1.0})}, "array"),
+    ]
+    for records, named in cases:
+        reply = Message(RecordDict(records), reply_to=instruction)
+        with pytest.raises(ReplyError, match=named):
+            wire.parse_train_reply(reply)
+    ok = wire.parse_train_reply(Message(RecordDict(good), reply_to=instruction))
+    assert ok.site == "node-3" and ok.update.num_examples == 5
+    # stats and evaluate replies: closed key lists
+    stats = wire.build_stats_reply(wire.SiteStats(
+        "a", "table", "classification", (2,), ["f0", "f1"], 4, np.ones(2), np.ones(2), np.ones(2),
+        1, 0.0, 0.0))
+    stats["stats"]["row-ids"] = [1.0, 2.0]
+    with pytest.raises(ReplyError, match="row-ids"):
+        wire.parse_stats_reply(Message(stats, reply_to=instruction))
+    with pytest.raises(ReplyError, match="labels"):
+        wire.build_evaluate_reply({"num-examples": 4, "labels": 1.0}, {"name": "a"})
+    with pytest.raises(ReplyError, match="single numbers"):
+        wire.build_train_reply({"w": np.ones(2, np.float32)},
+                               {"num-examples": 4, "train-loss": [0.1, 0.2]}, {"name": "a"})
+    # the agent refuses an instruction outside the contract
+    path, _ = site
+    context = Context(run_id=1, node_id=NODE_ID, node_config={"data-path": str(path)},
+                      state=RecordDict(), run_config=RunConfig(target="diagnosis").to_flower())
+    model_id = "mlp/classification/30/2/64-32"
+    msg = Message(RecordDict({"arrays": to_array_record(state_dict_arrays(
+        build_model(model_id, seed=0).state_dict())), "config": ConfigRecord(
+        {"model-id": model_id, "export-rows": 1})}), dst_node_id=NODE_ID, message_type="train")
+    with pytest.raises(ConfigError, match="export-rows"):
         app(msg, context)

@@ -12,10 +12,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from cli.app import app
-from cli.certs import make_certs
 from cli.errors import run_guarded
-from protocol.errors import ConfigError
-from server.history import RunHistory, find_resume_point
+from orchestration.certs import make_certs
+from protocol.errors import ConfigError, ResumeMismatchError
+from server.history import RunHistory, data_changes, find_resume_point
 
 
 def test_certs_chain_san_and_node_keys(tmp_path: Path) -> None:
@@ -60,8 +60,10 @@ def test_site_agent_refuses_bad_arguments(tmp_path: Path, capsys: pytest.Capture
     assert run_guarded(app, ["site", "run", "--superlink", "h:1", "--insecure", "--data", str(empty)]) == 2
 
 
-def _history(out: Path, status: str, rounds: int, strategy: str = "fedavg") -> dict:
-    data = {"status": status, "config": {"strategy": strategy, "num-server-rounds": 5},
+def _history(out: Path, status: str, rounds: int, strategy: str = "fedavg",
+             fingerprint: str = "{}") -> dict:
+    data = {"status": status, "config": {"strategy": strategy, "num-server-rounds": 5,
+                                         "data-fingerprint": fingerprint},
             "model_id": "mlp:x", "rounds": [{"round": r, "train": {}, "evaluate": {}}
                                             for r in range(1, rounds + 1)]}
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +75,7 @@ def _history(out: Path, status: str, rounds: int, strategy: str = "fedavg") -> d
 def test_resume_point_rules(tmp_path: Path) -> None:
     """Unfinished runs resume after their last trained round; finished ones start over;
     a different configuration is refused instead of mixed in."""
-    cfg = {"strategy": "fedavg", "num-server-rounds": 8}
+    cfg = {"strategy": "fedavg", "num-server-rounds": 8, "data-fingerprint": "{}"}
     assert find_resume_point(tmp_path / "none", cfg) is None
     _history(tmp_path / "done", "finished", 3)
     assert find_resume_point(tmp_path / "done", cfg) is None
@@ -87,5 +89,49 @@ def test_resume_point_rules(tmp_path: Path) -> None:
     history = RunHistory(tmp_path / "cut", cfg, previous=point.history)
     assert [r["round"] for r in history.data["rounds"]] == [1, 2]
     assert history.data["resumed"][-1]["after_round"] == 2 and history.data["status"] == "running"
-    with pytest.raises(ConfigError, match="strategy"):
+    with pytest.raises(ResumeMismatchError, match=r"different configuration.*--no-resume.*\['strategy'\]"):
         find_resume_point(tmp_path / "cut", {**cfg, "strategy": "median"})
+
+
+SITE = {"rows": 120, "columns": 31, "sha256": "a" * 64}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ({"site-0": SITE}, {"site-0": SITE}, []),  # same data (GOOD)
+        ({"site-0": SITE}, {"site-0": {**SITE, "rows": 118}}, ["site-0: rows 120 -> 118"]),
+        ({"site-0": SITE}, {"site-0": {**SITE, "rows": 118, "columns": 30}},
+         ["site-0: rows 120 -> 118, columns 31 -> 30"]),
+        ({"site-0": SITE}, {"site-0": {**SITE, "sha256": "b" * 64}},
+         ["site-0: content changed (sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb)"]),
+        ({"site-0": SITE, "site-1": SITE}, {"site-0": SITE},  # a site left
+         ["site-1: no longer in the run (held 120 rows)"]),
+        ({"site-0": SITE}, {"site-0": SITE, "site-1": {**SITE, "rows": 7}}, ["site-1: new site (7 rows)"]),
+        ({}, {"site-0": SITE}, ["the saved run recorded no data fingerprint, so its site data cannot be "
+                                "checked"]),  # written before fingerprints existed
+    ],
+)
+def test_data_changes_name_the_site_and_how(before: dict, after: dict, expected: list[str]) -> None:
+    assert data_changes(before, after) == expected
+
+
+def test_resume_is_refused_when_a_site_holds_other_data(tmp_path: Path) -> None:
+    """Same configuration, other site data: ResumeMismatchError naming the site and the fix."""
+    saved = json.dumps({"site-0": SITE, "site-1": SITE})
+    _history(tmp_path / "run", "running", 2, fingerprint=saved)
+    cfg = {"strategy": "fedavg", "num-server-rounds": 8, "data-fingerprint": saved}
+    assert find_resume_point(tmp_path / "run", cfg).last_round == 2  # same data: resumes
+    # key order in the JSON string does not matter, only the data
+    reordered = json.dumps({"site-1": SITE, "site-0": dict(reversed(SITE.items()))})
+    assert find_resume_point(tmp_path / "run", {**cfg, "data-fingerprint": reordered}) is not None
+    other = json.dumps({"site-0": SITE, "site-1": {**SITE, "rows": 118}})
+    with pytest.raises(ResumeMismatchError) as err:
+        find_resume_point(tmp_path / "run", {**cfg, "data-fingerprint": other})
+    message = str(err.value)
+    assert "trained on other site data" in message and "new out-dir (--out)" in message
+    assert "resume=false" in message and message.endswith("Received: site-1: rows 120 -> 118")
+    assert isinstance(err.value, ConfigError) and err.value.exit_code == 2
+    # other data and another strategy: both are named
+    with pytest.raises(ResumeMismatchError, match=r"differs too, in \['strategy'\].*site-1: rows"):
+        find_resume_point(tmp_path / "run", {**cfg, "data-fingerprint": other, "strategy": "median"})

@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from cli.certs import write_supernode_key
-from cli.federation import fedsplit_command
-from cli.flower_runtime import flower_env, free_port, health_url, tls_context, wait_http
+from orchestration.certs import write_supernode_key
+from orchestration.flower_runtime import flower_env, free_port, health_url, tls_context, wait_http
+from orchestration.local_federation import fedsplit_command
 
 ROUND_TIMEOUT = 60
 

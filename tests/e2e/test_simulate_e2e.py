@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from cli.app import app
 from cli.errors import run_guarded
+from orchestration.experiment import Experiment, stage_sites
 from protocol import read_weights
-from protocol.errors import AggregationError
+from protocol.config import RunConfig
+from protocol.errors import AggregationError, ResumeMismatchError
 
 
 @pytest.mark.slow
@@ -56,3 +61,68 @@ def test_simulate_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
     assert run_guarded(app, ["simulate", "--dataset", "digits", "--partition", "dirichlet:-1",
                              "--out", str(tmp_path)]) == 2
     assert "ALPHA > 0" in capsys.readouterr().err
+    assert run_guarded(app, ["simulate", "--dataset", "wine", "--norm", "layer", "--out", str(tmp_path)]) == 2
+    assert "--norm is none or batch" in capsys.readouterr().err
+    assert run_guarded(app, ["simulate", "--dataset", "digits", "--norm", "batch",
+                             "--out", str(tmp_path / "cnn")]) == 2
+    assert "the cnn, which has none" in capsys.readouterr().err
+    assert not (tmp_path / "cnn" / "flower").exists()
+
+
+def _interrupted_run(out: Path, exp: Experiment) -> None:
+    """What `simulate` leaves in ``out`` when interrupted after round 1: its sites, a history
+    and a global model in OUT/federation."""
+    cfg, _, _ = stage_sites(exp)
+    (out / "federation").mkdir(parents=True)
+    (out / "federation" / "history.json").write_text(json.dumps({
+        "status": "running", "config": cfg.to_flower(), "model_id": "mlp:x",
+        "rounds": [{"round": 1, "train": {}}]}))
+    (out / "federation" / "global.h5").write_bytes(b"")
+
+
+def _refused(err: str, code: int, change: str, out: Path) -> None:
+    assert code == ResumeMismatchError.exit_code, err
+    assert "ResumeMismatchError" in err and "trained on other site data" in err
+    assert re.search(change, err), err
+    assert "--no-resume" in err and "differs too" not in err  # only the data differs
+    assert not (out / "flower").exists()  # refused before Flower started
+
+
+def test_simulate_refuses_to_resume_on_another_partition(tmp_path: Path, capsys) -> None:
+    """`simulate --out X` interrupted, re-run with --partition dirichlet:0.3: refused, naming rows."""
+    # Prepare: an interrupted `simulate --dataset breast-cancer --sites 3` (iid, seed 0)
+    out = tmp_path / "run"
+    _interrupted_run(out, Experiment(cfg=RunConfig(num_server_rounds=10), out=out,
+                                     dataset="breast-cancer", num_sites=3))
+
+    # Execute: the same command with another partition
+    code = run_guarded(app, ["simulate", "--dataset", "breast-cancer", "--sites", "3",
+                             "--partition", "dirichlet:0.3", "--out", str(out)])
+
+    # Assert
+    _refused(capsys.readouterr().err, code, r"site-\d: rows \d+ -> \d+", out)
+
+
+def test_simulate_refuses_to_resume_on_an_edited_site_file(tmp_path: Path, capsys,
+                                                           rng: np.random.Generator) -> None:
+    """Same --site files, one edited in place (same rows and columns): refused, naming the content."""
+    # Prepare: two hospitals' files and an interrupted run on them
+    files = [tmp_path / "h1.csv", tmp_path / "h2.csv"]
+    for path in files:
+        pd.DataFrame({"a": rng.normal(size=40), "b": rng.normal(size=40),
+                      "target": rng.integers(0, 2, 40)}).to_csv(path, index=False)
+    out = tmp_path / "run"
+    _interrupted_run(out, Experiment(cfg=RunConfig(num_server_rounds=10), out=out, site_files=files,
+                                     num_sites=2))
+    frame = pd.read_csv(files[1])
+    frame["a"] += 1.0
+    frame.to_csv(files[1], index=False)
+
+    # Execute
+    code = run_guarded(app, ["simulate", "--site", str(files[0]), "--site", str(files[1]),
+                             "--out", str(out)])
+
+    # Assert: only site-1 changed, and only its content
+    err = capsys.readouterr().err
+    _refused(err, code, r"site-1: content changed \(sha256 [0-9a-f]{12} -> [0-9a-f]{12}\)", out)
+    assert "site-0" not in err

@@ -75,3 +75,42 @@ def test_run_config_rejects_unknown_keys_and_bad_values() -> None:
         RunConfig.from_flower({"lr": 0})
     with pytest.raises(ConfigError, match="JSON object"):
         RunConfig.from_flower({"strategy-params": "beta=0.2"})
+
+
+def test_zero_d_arrays_keep_their_shape_through_array_record() -> None:
+    """A scalar parameter stays 0-d through Update -> ArrayRecord -> Update (not shape (1,))."""
+    update = Update({"scale": np.array(0.5, np.float32), "w": np.ones((2, 3), np.float64)},
+                    num_examples=3)
+    record = update.to_array_record()
+    assert record["scale"].shape == () and record["w"].shape == (2, 3)
+    back = Update.from_array_record(record, num_examples=3)
+    assert back.arrays["scale"].shape == () and back.arrays["scale"].dtype == np.float32
+    assert float(back.arrays["scale"]) == 0.5
+    # a non-contiguous view is made contiguous, its shape kept
+    view = Update({"t": np.ones((3, 4), np.float32).T}, num_examples=1).to_array_record()
+    assert view["t"].shape == (4, 3)
+
+
+def test_integer_buffers_travel_as_float64_and_load_back_rounded() -> None:
+    """BatchNorm's 0-d int64 num_batches_tracked: float64 in the Update, int64 again in the model;
+    an averaged counter (3.5) rounds to the nearest integer."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    net.train()
+    for _ in range(3):
+        net(torch.randn(8, 3))
+    update = Update.from_state_dict(net.state_dict(), num_examples=8)
+    counter = update.arrays["1.num_batches_tracked"]
+    assert counter.dtype == np.float64 and counter.shape == () and float(counter) == 3.0
+    assert update.arrays["1.running_mean"].dtype == np.float32
+    averaged = Update({**update.arrays, "1.num_batches_tracked": np.array(3.5)}, num_examples=8)
+    other = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    other.load_state_dict(averaged.to_state_dict(like=other.state_dict()))
+    assert other[1].num_batches_tracked.dtype == torch.int64
+    assert int(other[1].num_batches_tracked) == 4
+    assert torch.equal(other[1].running_var, net[1].running_var)
+
+
+def test_integer_buffer_beyond_float64_precision_is_refused() -> None:
+    """An integer that float64 cannot carry exactly is refused, not silently rounded."""
+    with pytest.raises(UpdateError, match="2\\*\\*53"):
+        Update.from_state_dict({"n": torch.tensor(2**53 + 1)}, num_examples=1)

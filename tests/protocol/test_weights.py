@@ -240,3 +240,65 @@ def test_writer_refuses_wrong_suffix(tmp_path: Path) -> None:
     """Weight files end in .h5 or .hdf5."""
     with pytest.raises(WeightFileError, match="must end in"):
         write_weights(make_update(), tmp_path / "weights.pt")
+
+
+def test_read_into_whole_parameter_and_converts_precision(tmp_path: Path) -> None:
+    """A whole parameter lands in a 1-D buffer; a float16 file fills a float32 buffer."""
+    path = write_weights(make_update(), tmp_path / "w.h5")
+    with open_weights(path) as wf:
+        whole = np.empty(6, np.float64)
+        wf.read_into("features.0.weight", whole)
+        half = np.empty(2, np.float32)
+        wf.read_into("features.0.bias", half)
+        scalar = np.empty(1, np.float32)
+        wf.read_into("scale", scalar)
+    np.testing.assert_array_equal(whole, np.arange(6, dtype=np.float64))
+    assert half.dtype == np.float32
+    np.testing.assert_array_equal(half, [0.5, -1.5])
+    assert scalar[0] == 2.0
+
+
+def test_read_into_hyperslab_of_a_2d_parameter(tmp_path: Path) -> None:
+    """start/count select a block of rows and columns, read in C order."""
+    values = np.arange(20, dtype=np.float32).reshape(4, 5)
+    path = write_weights(Update(arrays={"w": values}, num_examples=3), tmp_path / "w.h5")
+    with open_weights(path) as wf:
+        out = np.empty(6, np.float32)
+        wf.read_into("w", out, start=(1, 2), count=(2, 3))
+        again = np.empty(6, np.float32)
+        wf.read_into("w", again, start=(1, 2), count=(2, 3))  # cached dataset id
+    np.testing.assert_array_equal(out, values[1:3, 2:5].reshape(-1))
+    np.testing.assert_array_equal(again, out)
+
+
+def test_read_into_refuses_bad_requests(tmp_path: Path) -> None:
+    """Unknown names, wrong buffers and out-of-range hyperslabs are named errors."""
+    path = write_weights(make_update(), tmp_path / "w.h5")
+    with open_weights(path) as wf:
+        with pytest.raises(WeightFileError, match=r"no parameter 'nope'.*Received: 'nope'"):
+            wf.read_into("nope", np.empty(1, np.float32))
+        with pytest.raises(WeightFileError, match=r"exactly 6 values"):
+            wf.read_into("features.0.weight", np.empty(5, np.float32))
+        with pytest.raises(WeightFileError, match=r"float buffer"):
+            wf.read_into("features.0.weight", np.empty(6, np.int64))
+        with pytest.raises(WeightFileError, match=r"float buffer"):
+            wf.read_into("features.0.weight", np.empty((2, 3), np.float32))
+        with pytest.raises(WeightFileError, match=r"inside parameter"):
+            wf.read_into("features.0.weight", np.empty(4, np.float32), start=(1, 0), count=(2, 2))
+        with pytest.raises(WeightFileError, match=r"both start and count"):
+            wf.read_into("features.0.weight", np.empty(6, np.float32), start=(0, 0))
+
+
+def test_read_into_damaged_chunk_is_a_corrupt_weight_file_error(tmp_path: Path) -> None:
+    """Overwritten compressed bytes surface as WeightFileError(reason='corrupt')."""
+    values = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    path = write_weights(Update(arrays={"p0": values}, num_examples=3), tmp_path / "w.h5",
+                         compress=True)
+    with h5py.File(path, "r") as f:
+        offset = f["arrays/p0"].id.get_chunk_info(0).byte_offset
+    raw = bytearray(path.read_bytes())
+    raw[offset : offset + 64] = b"\xff" * 64
+    path.write_bytes(bytes(raw))
+    with open_weights(path) as wf, pytest.raises(WeightFileError, match="damaged") as caught:
+        wf.read_into("p0", np.empty(64 * 64, np.float32))
+    assert caught.value.reason == "corrupt"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.vertical_datasets import SiteFiles, write_bundled
-from server.vertical_coordinator import LabelTable, read_label_file
+from orchestration.vertical.datasets import SiteFiles, write_bundled
+from server.vertical.coordinator import LabelTable, read_label_file
 
 
 @pytest.fixture

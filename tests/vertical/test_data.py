@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from aggregation.vertical_fusion import VerticalFusionParams
-from cli.vertical_local import local_coordinator
-from client.vertical_data import Preprocessor
-from server.vertical_coordinator import encode_labels
+from client.vertical.data import Preprocessor
+from orchestration.vertical.local import local_coordinator
+from protocol.vertical.config import FusionParams
+from server.vertical.coordinator import encode_labels
 
 
 def test_preprocessor_uses_only_the_rows_it_is_fitted_on() -> None:
@@ -34,7 +34,7 @@ def test_site_statistics_come_from_training_rows_only(tmp_path: Path) -> None:
     values[::5] = np.nan
     pd.DataFrame({"pid": ids, "v": values}).to_csv(tmp_path / "site.csv", index=False)
     labels = encode_labels(ids, np.array([i % 2 for i in range(n)]), None)
-    params = VerticalFusionParams(embedding_dim=2, steps_per_round=1)
+    params = FusionParams(embedding_dim=2, steps_per_round=1)
     coord, transport = local_coordinator(labels, [tmp_path / "site.csv"], "pid", params, test_fraction=0.25)
     coord.align()
     coord.prepare()

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregation.vertical_fusion import VerticalFusionParams
-from cli.vertical_local import local_coordinator
-from server.vertical_coordinator import MEAN_ROW
+from orchestration.vertical.local import local_coordinator
+from protocol.vertical.config import FusionParams
+from server.vertical.coordinator import MEAN_ROW
 
 
 @pytest.mark.parametrize("fill", ["nearest", "mean", "zero", "drop"])
 def test_each_fill_trains_and_scores_all_held_out_rows(bc_partial, fill: str) -> None:
     files, labels = bc_partial
-    params = VerticalFusionParams(fill=fill, steps_per_round=15, embedding_dim=8)
+    params = FusionParams(fill=fill, steps_per_round=15, embedding_dim=8)
     coord, transport = local_coordinator(labels, files.sites, files.id_column, params, keep=True)
     report = coord.align()
     assert [o["share_of_labels"] for o in report] == pytest.approx([0.8, 0.8], abs=0.05)
@@ -39,7 +39,7 @@ def test_each_fill_trains_and_scores_all_held_out_rows(bc_partial, fill: str) ->
 
 def test_nearest_borrows_the_closest_linked_patient_on_the_present_view(bc_partial) -> None:
     files, labels = bc_partial
-    params = VerticalFusionParams(fill="nearest", steps_per_round=5, embedding_dim=8)
+    params = FusionParams(fill="nearest", steps_per_round=5, embedding_dim=8)
     coord, _ = local_coordinator(labels, files.sites, files.id_column, params)
     coord.align()
     coord.prepare()

@@ -8,16 +8,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from protocol.vertical_wire import ALLOWED, ALLOWED_CONFIG
+from cli.app import app
+from cli.errors import run_guarded
+from orchestration.vertical.predict import predict_rows
+from protocol.vertical.wire import ALLOWED, ALLOWED_CONFIG
 
 
 @pytest.mark.slow
 def test_vertical_simulate_with_flower_then_predict(tmp_path: Path) -> None:
-    from cli.vertical import simulate
-    from cli.vertical_predict import predict_rows
-
     out = tmp_path / "run"
-    simulate(out=out, dataset="breast-cancer", sites=2, rounds=2, steps=8, fill="nearest")
+    code = run_guarded(app, ["vertical", "simulate", "--out", str(out), "--dataset", "breast-cancer",
+                             "--sites", "2", "--rounds", "2", "--steps", "8", "--fill", "nearest"])
+    assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert {"task", "centralized", "local_only", "federated", "rounds"} <= set(summary)
     assert (out / "rounds.png").stat().st_size > 0

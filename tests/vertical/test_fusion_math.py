@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from aggregation import get_strategy
-from aggregation.errors import IncompatibleUpdatesError
-from aggregation.vertical_fusion import FusionHead
-from client.vertical_model import Branch, build_branch
+from aggregation import get_strategy, strategy_names
+from aggregation.errors import IncompatibleUpdatesError, UnknownStrategyError
+from client.vertical.model import Branch, build_branch
+from protocol.errors import ConfigError, ReplyError
+from protocol.vertical.config import FusionParams
+from server.vertical.head import FusionHead
 
 
 @pytest.mark.parametrize("task", ["classification", "regression"])
@@ -68,18 +70,32 @@ def test_branch_state_round_trips_with_adam_moments(rng: np.random.Generator) ->
     np.testing.assert_allclose(a.embed(x), b.embed(x), rtol=1e-6)
 
 
-def test_vertical_fusion_is_registered_and_never_averages() -> None:
-    strategy = get_strategy("vertical-fusion", {"fill": "mean", "batch_size": "32"})
-    assert strategy.params.batch_size == 32
-    with pytest.raises(IncompatibleUpdatesError, match=r"does not average.*Received: 0"):
-        strategy.aggregate([])
+def test_no_vertical_strategy_in_the_registry() -> None:
+    """Vertical fusion exchanges embeddings, not weights: nothing registered that cannot aggregate."""
+    assert not any("vertical" in name for name in strategy_names())
+    with pytest.raises(UnknownStrategyError):
+        get_strategy("vertical-fusion")
 
 
-def test_fedavg_refuses_different_shapes_and_points_to_vertical_fusion() -> None:
+def test_fusion_params_are_validated() -> None:
+    assert FusionParams.parse({"fill": "mean", "batch_size": "32"}).batch_size == 32
+    with pytest.raises(ConfigError, match=r"fill.*Received: \{'fill': 'nearby'\}"):
+        FusionParams.parse({"fill": "nearby"})
+    with pytest.raises(ConfigError, match="Known: embedding_dim"):
+        FusionParams.parse({"embeding_dim": 8})
+
+
+def test_head_refuses_embeddings_of_the_wrong_width() -> None:
+    head = FusionHead([4, 3], 2, "classification", hidden=0, lr=0.01, seed=0)
+    with pytest.raises(ReplyError, match=r"agreed width \[4, 3\]"):
+        head.outputs([np.zeros((5, 4), np.float32), np.zeros((5, 2), np.float32)])
+
+
+def test_fedavg_refuses_different_shapes_and_points_to_vertical_simulate() -> None:
     from aggregation import aggregate_updates
     from protocol.update import Update
 
     a = Update(arrays={"w": np.zeros((10, 4), np.float32)}, num_examples=5)
     b = Update(arrays={"w": np.zeros((5, 4), np.float32)}, num_examples=5)
-    with pytest.raises(IncompatibleUpdatesError, match="vertical-fusion"):
+    with pytest.raises(IncompatibleUpdatesError, match="fedsplit vertical simulate"):
         aggregate_updates(get_strategy("fedavg"), [a, b])

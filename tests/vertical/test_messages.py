@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from aggregation.vertical_fusion import VerticalFusionParams
-from cli.vertical_local import local_coordinator
+from orchestration.vertical.local import local_coordinator
 from protocol.errors import ConfigError
-from protocol.vertical_wire import ALLOWED, Payload, check_payload
-from server.vertical_coordinator import read_label_file
+from protocol.vertical.config import FusionParams
+from protocol.vertical.wire import ALLOWED, Payload, check_payload
+from server.vertical.coordinator import read_label_file
 
 
 def _record_bytes(record) -> bytes:
@@ -33,7 +33,7 @@ def test_messages_carry_no_rows_labels_or_ids(tmp_path: Path, rng: np.random.Gen
     pd.DataFrame({"pid": ids, "y": target}).to_csv(tmp_path / "y.csv", index=False)
     labels = read_label_file(str(tmp_path / "y.csv"), "pid", "y", "regression")
     coord, transport = local_coordinator(labels, [tmp_path / "a.csv", tmp_path / "b.csv"], "pid",
-                                         VerticalFusionParams(steps_per_round=4, batch_size=16), keep=True)
+                                         FusionParams(steps_per_round=4, batch_size=16), keep=True)
     coord.align()
     coord.prepare()
     coord.train_round()

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from aggregation.vertical_fusion import VerticalFusionParams
-from cli.vertical_local import local_coordinator
-from server.vertical_coordinator import OverlapError, encode_labels
+from orchestration.vertical.local import local_coordinator
+from protocol.vertical.config import FusionParams
+from server.vertical.coordinator import OverlapError, encode_labels
 
 
 def _files(tmp_path: Path, shared: int) -> tuple[list[Path], object]:
@@ -26,7 +26,7 @@ def _files(tmp_path: Path, shared: int) -> tuple[list[Path], object]:
 
 def test_refuses_under_the_floor_and_says_why(tmp_path: Path) -> None:
     files, labels = _files(tmp_path, 15)
-    coord, _ = local_coordinator(labels, files, "pid", VerticalFusionParams())
+    coord, _ = local_coordinator(labels, files, "pid", FusionParams())
     with pytest.raises(OverlapError, match=r"site-1.*fewer than 20%.*little to stand on.*Received: "
                                            r"\[\('site-1', 0.15\)\]"):
         coord.align()
@@ -34,7 +34,7 @@ def test_refuses_under_the_floor_and_says_why(tmp_path: Path) -> None:
 
 def test_warns_under_30_percent_and_reports_every_site(tmp_path: Path, caplog) -> None:
     files, labels = _files(tmp_path, 25)
-    coord, _ = local_coordinator(labels, files, "pid", VerticalFusionParams())
+    coord, _ = local_coordinator(labels, files, "pid", FusionParams())
     with caplog.at_level(logging.WARNING):
         report = coord.align()
     assert [(o["site"], o["shared"], o["status"]) for o in report] == [("site-0", 100, "ok"),
@@ -45,5 +45,5 @@ def test_warns_under_30_percent_and_reports_every_site(tmp_path: Path, caplog) -
 
 def test_floor_is_configurable(tmp_path: Path) -> None:
     files, labels = _files(tmp_path, 15)
-    coord, _ = local_coordinator(labels, files, "pid", VerticalFusionParams(min_overlap=0.1))
+    coord, _ = local_coordinator(labels, files, "pid", FusionParams(min_overlap=0.1))
     assert coord.align()[1]["shared"] == 15

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from protocol.errors import ConfigError
-from protocol.psi import PsiParty, PsiSession
+from protocol.vertical.psi import PsiParty, PsiSession
 
 
 def _run(a_ids: list[str], b_ids: list[str]):

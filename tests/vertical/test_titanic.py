@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from aggregation.vertical_fusion import VerticalFusionParams
-from cli.vertical_datasets import write_titanic
-from cli.vertical_local import baselines, train_local
-from server.vertical_coordinator import read_label_file
+from orchestration.vertical.datasets import write_titanic
+from orchestration.vertical.local import baselines, train_local
+from protocol.vertical.config import FusionParams
+from server.vertical.coordinator import read_label_file
 
 TITANIC = Path(__file__).resolve().parents[3] / "shared" / "data" / "titanic" / "train.csv"
 
@@ -19,7 +19,7 @@ def test_titanic_fusion_beats_each_branch_alone(tmp_path: Path) -> None:
     files = write_titanic(TITANIC, tmp_path)
     labels = read_label_file(str(files.labels), files.id_column, files.target, None)
     assert len(labels.ids) == 891
-    params = VerticalFusionParams()
+    params = FusionParams()
     fused = train_local(labels, files.sites, files.id_column, params, rounds=8)
     base = baselines(labels, files.sites, files.id_column, params, rounds=8)
     alone = [s["metrics"]["accuracy"] for s in base["local_only"]]

@@ -8,7 +8,13 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from server.admin.deps import AdminPrincipal, ContextDep, CurrentPrincipal, SessionDep
+from server.admin.deps import (
+    AdminPrincipal,
+    ContextDep,
+    CurrentPrincipal,
+    RoundId,
+    SessionDep,
+)
 from server.admin.receive import receive_upload
 from server.admin.schemas import ErrorPublic, RoundCreate, RoundPublic, RoundsPublic
 from server.admin.services import aggregate as aggregate_service
@@ -18,7 +24,7 @@ from server.admin.services import uploads as upload_service
 
 router = APIRouter(prefix="/rounds", tags=["rounds"])
 
-ERRORS = {code: {"model": ErrorPublic} for code in (401, 403, 404, 409, 413, 422)}
+ERRORS = {code: {"model": ErrorPublic} for code in (400, 401, 403, 404, 409, 413, 422)}
 MULTIPART_BODY = {
     "requestBody": {
         "required": True,
@@ -57,7 +63,7 @@ def read_rounds(session: SessionDep, _: CurrentPrincipal) -> RoundsPublic:
 
 
 @router.get("/{round_id}", response_model=RoundPublic, responses=ERRORS)
-def read_round(round_id: int, session: SessionDep, _: CurrentPrincipal) -> RoundPublic:
+def read_round(round_id: RoundId, session: SessionDep, _: CurrentPrincipal) -> RoundPublic:
     """Read a round: status, expected model, uploads (current and replaced), report."""
     return round_service.round_public(round_service.get_round(session, round_id))
 
@@ -66,7 +72,7 @@ def read_round(round_id: int, session: SessionDep, _: CurrentPrincipal) -> Round
     "/{round_id}/template", response_model=RoundPublic, responses=ERRORS, openapi_extra=MULTIPART_BODY
 )
 async def update_template(
-    round_id: int, request: Request, ctx: ContextDep, _: AdminPrincipal
+    round_id: RoundId, request: Request, ctx: ContextDep, _: AdminPrincipal
 ) -> RoundPublic:
     """Upload the round's template weight file (admin): fixes the model, is the start model."""
     received = await receive_upload(request, ctx.files.tmp, ctx.settings.max_upload_bytes)
@@ -80,14 +86,14 @@ async def update_template(
 
 
 @router.post("/{round_id}/aggregate", response_model=RoundPublic, responses=ERRORS)
-def create_aggregate(round_id: int, ctx: ContextDep, _: AdminPrincipal) -> RoundPublic:
+def create_aggregate(round_id: RoundId, ctx: ContextDep, _: AdminPrincipal) -> RoundPublic:
     """Aggregate the round's current uploads with its strategy (admin)."""
     return round_service.round_public(aggregate_service.aggregate_round(ctx, round_id))
 
 
 @router.get("/{round_id}/model", response_class=FileResponse, responses=ERRORS)
 def read_model(
-    round_id: int, session: SessionDep, ctx: ContextDep, _: CurrentPrincipal,
+    round_id: RoundId, session: SessionDep, ctx: ContextDep, _: CurrentPrincipal,
     format: FormatQuery = downloads.FEDSPLIT_FORMAT,
 ) -> FileResponse:
     """Download the round's aggregate (admin or any site); ?format=keras for the Keras layout."""
@@ -98,7 +104,7 @@ def read_model(
 
 @router.get("/{round_id}/start-model", response_class=FileResponse, responses=ERRORS)
 def read_start_model(
-    round_id: int, session: SessionDep, ctx: ContextDep, _: CurrentPrincipal,
+    round_id: RoundId, session: SessionDep, ctx: ContextDep, _: CurrentPrincipal,
     format: FormatQuery = downloads.FEDSPLIT_FORMAT,
 ) -> FileResponse:
     """Download the model every site must start from (template or the continued round's aggregate)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 
-from server.admin.deps import ContextDep, SitePrincipal
+from server.admin.deps import ContextDep, RoundId, SitePrincipal
 from server.admin.errors import AdminError, UploadRefusedError, UploadTooLargeError
 from server.admin.receive import receive_upload
 from server.admin.routes.rounds import ERRORS, MULTIPART_BODY
@@ -23,7 +23,7 @@ router = APIRouter(prefix="/rounds", tags=["uploads"])
     openapi_extra=MULTIPART_BODY,
 )
 async def create_upload(
-    round_id: int, request: Request, ctx: ContextDep, site: SitePrincipal
+    round_id: RoundId, request: Request, ctx: ContextDep, site: SitePrincipal
 ) -> UploadReceipt:
     """Upload this site's weight file (multipart 'file', optional 'num_examples')."""
     size = 0

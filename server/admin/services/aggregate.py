@@ -1,27 +1,15 @@
-"""Aggregate a round: stream its stored files through `aggregation.aggregate_updates`."""
+"""Aggregate a round: its stored files through `aggregation.files.aggregate_files`."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 
-import numpy as np
-
 import aggregation
-from protocol.arrays import ArraySpec
-from protocol.weights import open_weights, write_weights
+from aggregation.files import aggregate_files
 from server.admin.context import AdminContext
 from server.admin.errors import ConflictError
 from server.admin.services.rounds import AGGREGATED, get_round
 from server.admin.tables import Round, utcnow
-
-
-def _expected(rnd: Round) -> tuple[ArraySpec, ...] | None:
-    if not rnd.model_specs:
-        return None
-    return tuple(
-        ArraySpec(s["name"], tuple(s["shape"]), np.dtype(s["dtype"])) for s in rnd.model_specs
-    )
 
 
 def aggregate_round(ctx: AdminContext, round_id: int) -> Round:
@@ -43,35 +31,25 @@ def aggregate_round(ctx: AdminContext, round_id: int) -> Round:
             )
         strategy = aggregation.get_strategy(rnd.strategy, rnd.params)
         started = time.perf_counter()
-        with contextlib.ExitStack() as stack:
-            # Files are opened, not read: the strategy streams parameters from disk.
-            files = [
-                stack.enter_context(
-                    open_weights(ctx.files.absolute(u.weights_file), default_site=u.site.name)
-                )
-                for u in current
-            ]
-            result = aggregation.aggregate_updates(
-                strategy,
-                files,
-                expected=_expected(rnd),
-                cohort_caps={u.site.name: u.site.cohort_size for u in current if u.site.cohort_size},
-                cap_policy="refuse",
-                memory_budget=ctx.settings.aggregation_memory_mb * 1024 * 1024,
-            )
-            models = {f.header.model for f in files} - {None}
-        target = ctx.files.round_dir(round_id) / "model.h5"
-        write_weights(
-            result.to_update(
-                site="aggregate", round=round_id, model=models.pop() if len(models) == 1 else None
-            ),
-            target,
+        folder = ctx.files.round_dir(round_id)
+        # Files are opened, not read: the strategy streams parameters from disk.
+        done = aggregate_files(
+            strategy,
+            [ctx.files.absolute(u.weights_file) for u in current],
+            folder / "model.h5",
+            report_path=folder / "report.json",
+            labels=[u.site.name for u in current],
+            expected=rnd.specs,
+            cohort_caps={u.site.name: u.site.cohort_size for u in current if u.site.cohort_size},
+            cap_policy="refuse",
+            memory_budget=ctx.settings.aggregation_memory_mb * 1024 * 1024,
+            round_id=round_id,
         )
         seconds = time.perf_counter() - started
+        result = done.result
         report = result.report.to_dict()
-        ctx.files.write_json(report, ctx.files.round_dir(round_id) / "report.json")
         rnd.status = AGGREGATED
-        rnd.model_file = ctx.files.relative(target)
+        rnd.model_file = ctx.files.relative(done.weights_path)
         rnd.report = report
         rnd.num_examples = result.num_examples
         rnd.aggregation_seconds = seconds

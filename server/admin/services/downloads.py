@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from protocol.keras_layout import KERAS3, write_keras
 from protocol.weights import read_weights
 from server.admin.context import AdminContext
 from server.admin.errors import ConflictError, NotFoundError
-from server.admin.keras_layout import KERAS3, write_keras
 from server.admin.tables import Round
 
 FEDSPLIT_FORMAT = "fedsplit"

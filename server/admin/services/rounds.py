@@ -48,7 +48,7 @@ def create_round(session: Session, body: RoundCreate) -> Round:
                 f"'continues' names round {body.continues}, which is not aggregated yet, so it has no "
                 f"model to start from. Aggregate it first. Received: status {previous.status!r}"
             )
-        rnd.model_specs = previous.model_specs
+        rnd.specs = previous.specs
         rnd.model_source = "continues"
         rnd.keras_layout = previous.keras_layout
     session.add(rnd)
@@ -89,7 +89,7 @@ def round_public(rnd: Round) -> RoundPublic:
         status=rnd.status,
         model_source=rnd.model_source,
         keras_layout=rnd.keras_layout["kind"] if rnd.keras_layout else None,
-        parameters=[ParameterPublic(**s) for s in rnd.model_specs] if rnd.model_specs else None,
+        parameters=[ParameterPublic.from_spec(s) for s in specs] if (specs := rnd.specs) else None,
         has_start_model=rnd.template_file is not None or rnd.continues is not None,
         uploads=[upload_public(u) for u in rnd.uploads if u.current],
         history=[upload_public(u) for u in rnd.uploads if not u.current],

@@ -15,11 +15,12 @@ from typing import Any
 
 from sqlalchemy import select
 
+from protocol.arrays import layout_difference
 from server.admin.auth import Principal
 from server.admin.context import AdminContext
 from server.admin.errors import ConflictError, PermissionDeniedError, UploadRefusedError
-from server.admin.inspect_worker import InspectRequest
-from server.admin.model_match import first_difference, total_elements
+from server.admin.inspect_worker import MISMATCH_HINT
+from server.admin.inspection import InspectRequest, Parsed
 from server.admin.receive import ReceivedUpload
 from server.admin.schemas import ParameterPublic, UploadReceipt
 from server.admin.services.rounds import AGGREGATED, get_round, upload_public
@@ -81,13 +82,14 @@ def _check_open(rnd: Round, now: datetime) -> None:
 def _request(ctx: AdminContext, rnd: Round, **fields: Any) -> InspectRequest:
     settings = ctx.settings
     limit_elements = settings.max_upload_bytes // 2  # float16 is the smallest parameter dtype
-    if rnd.model_specs:
-        limit_elements = min(limit_elements, total_elements(rnd.model_specs))
+    expected = rnd.specs
+    if expected:
+        limit_elements = min(limit_elements, sum(s.size for s in expected))
     return InspectRequest(
         max_elements=max(limit_elements, 1),
         max_total_elements=settings.max_upload_bytes // 2,
         max_depth=settings.max_group_depth,
-        expected=rnd.model_specs,
+        expected=expected,
         memory_mb=settings.parse_memory_mb,
         cpu_s=int(settings.parse_timeout_s) + 1,
         max_output_bytes=settings.max_upload_bytes * 4 + 64 * 1024 * 1024,
@@ -96,17 +98,22 @@ def _request(ctx: AdminContext, rnd: Round, **fields: Any) -> InspectRequest:
     )
 
 
-def _fix_model(rnd: Round, result: dict[str, Any], source: str) -> None:
+def _fix_model(rnd: Round, result: Parsed, source: str) -> None:
     """Fix the round's expected model (first upload or template), or re-check it (races)."""
-    if rnd.model_specs is None:
-        rnd.model_specs = result["specs"]
+    expected = rnd.specs
+    if expected is None:
+        rnd.specs = result.specs
         rnd.model_source = source
     else:
-        problem = first_difference(rnd.model_specs, result["specs"])
+        problem = layout_difference(expected, result.specs, expected_label="the round's model",
+                                    got_label="the upload", ordered=False)
         if problem is not None:
-            raise UploadRefusedError(problem, "model_mismatch")
-    if rnd.keras_layout is None and result["keras_layout"] is not None:
-        rnd.keras_layout = result["keras_layout"]
+            names = [s.name for s in result.specs][:20]
+            raise UploadRefusedError(
+                f"{problem} {MISMATCH_HINT} Received: parameters {names}", "model_mismatch"
+            )
+    if rnd.keras_layout is None and result.keras_layout is not None:
+        rnd.keras_layout = result.keras_layout
 
 
 def store_upload(
@@ -126,13 +133,13 @@ def store_upload(
                 ctx, rnd, num_examples=form_count, require_count=True, site=principal.site_name
             )
         result = ctx.sandbox.inspect(received.path, canonical, request)
-        if result["file_site"] and result["file_site"] != principal.site_name:
+        if result.file_site and result.file_site != principal.site_name:
             raise PermissionDeniedError(
-                f"The file says it was trained by site {result['file_site']!r} but the token belongs to "
+                f"The file says it was trained by site {result.file_site!r} but the token belongs to "
                 f"site {principal.site_name!r}; a site uploads only its own weights. Upload with that "
-                f"site's token, or re-export without --site. Received: site={result['file_site']!r}"
+                f"site's token, or re-export without --site. Received: site={result.file_site!r}"
             )
-        check_count(result["num_examples"], principal)
+        check_count(result.num_examples, principal)
         with ctx.write_lock, ctx.sessions() as session:
             rnd = get_round(session, round_id)
             _check_open(rnd, utcnow())
@@ -149,11 +156,11 @@ def store_upload(
             upload = Upload(
                 round_id=round_id,
                 site_id=principal.site_id,
-                num_examples=result["num_examples"],
-                count_source=result["count_source"],
+                num_examples=result.num_examples,
+                count_source=result.count_source,
                 sha256=received.sha256,
                 size_bytes=received.size,
-                layout=result["layout"],
+                layout=result.layout,
                 original_file="",
                 weights_file="",
                 current=True,
@@ -175,7 +182,7 @@ def store_upload(
                 **upload_public(upload).model_dump(),
                 round_id=round_id,
                 replaced=previous.id if previous is not None else None,
-                parameters=[ParameterPublic(**s) for s in result["specs"]],
+                parameters=[ParameterPublic.from_spec(s) for s in result.specs],
             )
     finally:
         for path in placed:  # committed nothing: remove what was renamed into place
@@ -191,7 +198,7 @@ def store_template(ctx: AdminContext, *, round_id: int, received: ReceivedUpload
         with ctx.sessions() as session:
             rnd = get_round(session, round_id)
             _check_open(rnd, utcnow())
-            if rnd.model_specs is not None:
+            if rnd.specs is not None:
                 raise ConflictError(
                     f"Round {round_id}'s model is already fixed (by {rnd.model_source}); a template "
                     f"must come before the first upload. Create a new round for a new model. "
@@ -204,7 +211,7 @@ def store_template(ctx: AdminContext, *, round_id: int, received: ReceivedUpload
         result = ctx.sandbox.inspect(received.path, canonical, request)
         with ctx.write_lock, ctx.sessions() as session:
             rnd = get_round(session, round_id)
-            if rnd.model_specs is not None:
+            if rnd.specs is not None:
                 raise ConflictError(
                     f"Round {round_id}'s model was fixed by {rnd.model_source} while the template "
                     f"was being checked. Create a new round. Received: model_source {rnd.model_source!r}"

@@ -1,0 +1,352 @@
+"""What aggregation rules share: checked inputs, the streamed weighted mean, distances, report rows.
+
+A rule's `aggregate` is usually::
+
+    inputs = inputs_of(self, updates)                     # count, layout, min_updates checked
+    mean = weighted_mean(updates, weights, memory_budget=memory_budget)
+    dist = distances_to(updates, mean.arrays, memory_budget=memory_budget)
+    sites = site_reports(inputs.headers, shares, l2_to_aggregate=dist.values)
+    return make_result(self, inputs, mean.arrays, sites, memory_budget=memory_budget,
+                       working_bytes=max(mean.working_bytes, dist.working_bytes))
+
+Both passes stream the model in blocks of coordinates (`aggregation._blocks.plan_blocks`),
+short enough that a block's buffers stay in the CPU's L2 cache, shared out among worker
+threads (`aggregation._threads`). Every update is read once per pass, straight from where it
+lies (a view of an in-memory update, one hyperslab read of a weight file); nothing is stacked.
+The block length shrinks when the memory budget asks for it; a block's arithmetic is the same
+per coordinate whatever its length, so the weighted mean's result does not depend on the budget.
+
+Weighted mean precision: products and sums run in the working precision (float32 for float16
+and float32 models, float64 for float64 ones) over groups of `GROUP` updates, and the group
+sums are added in float64. The rounding error is that of a float32 sum of `GROUP` terms however
+many hospitals there are (float16 models do not accumulate in float16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from aggregation._blocks import (
+    DEFAULT_MEMORY_BUDGET,
+    Block,
+    BlockReader,
+    Scratch,
+    check_budget,
+    empty_like_specs,
+    flat_view,
+    plan_blocks,
+    work_dtype,
+)
+from aggregation._threads import map_threads, round_robin, threads_for
+from aggregation.base import AggregateResult, AggregationReport, AggregationStrategy, SiteReport
+from aggregation.compat import check_compatible
+from aggregation.errors import AggregationError, NotEnoughUpdatesError
+from protocol.arrays import ArraySpec
+from protocol.update import UpdateHeader, UpdateSource
+
+#: Largest block of a streamed pass (coordinates): the weighted mean's term, group and float64
+#: accumulators (4 + 4 + 8 bytes a coordinate for float32 models) take 2 MiB, about one core's
+#: L2 cache (16-256 Ki measured); the distance pass's difference buffer is a quarter of that.
+BLOCK = 131_072
+#: Updates summed in the working precision before their sum is added in float64 (16-64 measured
+#: within noise of each other).
+GROUP = 16
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The updates' headers, their shared layout and their sample counts."""
+
+    headers: list[UpdateHeader]
+    specs: tuple[ArraySpec, ...]
+    counts: np.ndarray  # int64, one per update
+
+    @property
+    def total(self) -> int:
+        """Sum of the sample counts."""
+        return int(self.counts.sum())
+
+
+def require_updates(strategy: AggregationStrategy, available: int, context: str = "") -> None:
+    """Raise `NotEnoughUpdatesError` when ``available`` is below ``strategy.min_updates()``.
+
+    ``context`` (e.g. which updates the input checks excluded) is added to the message.
+    """
+    need = strategy.min_updates()
+    if available >= need:
+        return
+    why = strategy.min_updates_reason()
+    raise NotEnoughUpdatesError(
+        f"Strategy {strategy.name!r} needs at least {need} usable update"
+        f"{'s' if need != 1 else ''}{f' ({why})' if why else ''}. Send more sites' updates"
+        f"{' or change its parameters' if why else ''}.{f' {context}' if context else ''} "
+        f"Received: {available} updates"
+    )
+
+
+def inputs_of(strategy: AggregationStrategy, updates: Sequence[UpdateSource]) -> Inputs:
+    """Check there are enough updates and that they share one layout; return their headers."""
+    require_updates(strategy, len(updates))
+    headers = [u.header for u in updates]
+    check_compatible(headers)
+    counts = np.array([h.num_examples for h in headers], dtype=np.int64)
+    return Inputs(headers=headers, specs=tuple(headers[0].specs), counts=counts)
+
+
+# --------------------------------------------------------------------------------------------
+# Streamed passes
+
+
+def _specs(updates: Sequence[UpdateSource]) -> tuple[ArraySpec, ...]:
+    if not updates:
+        raise NotEnoughUpdatesError("A streamed pass needs at least one update. Received: 0 updates")
+    return tuple(updates[0].header.specs)
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """Blocks and threads of a streamed pass, and the working memory it holds."""
+
+    blocks: list[Block]
+    threads: int
+    working_bytes: int
+
+
+def plan_stream(
+    specs: Sequence[ArraySpec], num_updates: int, *, bytes_per_coordinate: int, memory_budget: int
+) -> StreamPlan:
+    """Cut the model into blocks so each thread's ``bytes_per_coordinate`` buffers fit the budget.
+
+    Blocks are at most `BLOCK` coordinates (cache-sized); a smaller budget shortens them (and
+    lowers the thread count when even one coordinate per thread does not fit).
+    """
+    check_budget(memory_budget)
+    if memory_budget < bytes_per_coordinate:
+        raise AggregationError(
+            f"A memory budget of {memory_budget} bytes cannot hold one coordinate of a streamed "
+            f"pass (needs at least {bytes_per_coordinate} bytes). Raise --memory-budget (e.g. "
+            f"512MB). Received: {memory_budget}"
+        )
+    size = sum(s.size for s in specs)
+    largest = max((s.size for s in specs), default=0)
+    threads = threads_for(num_updates * size, len(plan_blocks(specs, BLOCK)))
+    threads = max(1, min(threads, memory_budget // bytes_per_coordinate))
+    length = max(1, min(BLOCK, largest, memory_budget // (threads * bytes_per_coordinate)))
+    return StreamPlan(
+        blocks=plan_blocks(specs, length),
+        threads=threads,
+        working_bytes=threads * length * bytes_per_coordinate,
+    )
+
+
+class MeanPass(NamedTuple):
+    """A weighted mean and the working memory it held."""
+
+    arrays: dict[str, np.ndarray]
+    working_bytes: int
+
+
+class _BlockSum:
+    """One thread's readers and accumulators: writes the weighted sums of whole blocks."""
+
+    def __init__(self, updates: Sequence[UpdateSource], weights: dict[np.dtype, np.ndarray]) -> None:
+        self.readers = [BlockReader(u) for u in updates]
+        self.weights = weights
+        self.scratch = Scratch()
+
+    def _buf(self, key: str, dtype: np.dtype, size: int) -> np.ndarray:
+        # one buffer per dtype, so models mixing dtypes do not reallocate block after block
+        return self.scratch.get(f"{key}-{dtype}", (size,), dtype)
+
+    def run(self, blocks: Sequence[tuple[Block, np.ndarray]]) -> None:
+        """Sum every block in ``blocks`` into its output range."""
+        for block, out in blocks:
+            self.block(block, out)
+        for reader in self.readers:
+            reader.release()
+
+    def block(self, block: Block, out: np.ndarray) -> None:
+        """Write the weighted sum of every update's ``block`` to ``out`` (flat, model dtype)."""
+        work = work_dtype(out.dtype)
+        weights = self.weights[out.dtype]
+        n, size = len(self.readers), block.size
+        step = n if n <= GROUP or work == np.float64 else GROUP
+        single = step == n
+        # one group sums straight into the output when no cast follows; else a float64 total
+        group = out if single and work == out.dtype else self._buf("group", work, size)
+        term = self._buf("term", work, size)
+        total = group if single else self._buf("total", np.dtype(np.float64), size)
+        for first in range(0, n, step):
+            for k in range(first, min(first + step, n)):
+                dest = group if k == first else term
+                values = self.readers[k].view(block)
+                if values is None:  # a weight file: one hyperslab read, scaled in place
+                    self.readers[k].read(block, dest)
+                    np.multiply(dest, weights[k], out=dest)
+                else:
+                    np.multiply(values, weights[k], out=dest, casting="same_kind")
+                if k != first:
+                    np.add(group, term, out=group)
+            if total is not group:
+                if first == 0:
+                    total[...] = group
+                else:
+                    np.add(total, group, out=total)
+        if total is not out:
+            out[...] = total
+
+
+def shares_of(weights: Sequence[float] | np.ndarray, num_updates: int) -> np.ndarray:
+    """Normalise non-negative ``weights`` (one per update) to shares summing to 1 (float64)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (num_updates,) or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise AggregationError(
+            f"A weighted mean needs one finite, non-negative weight per update ({num_updates}), "
+            f"not all zero. Received: {np.asarray(weights).tolist()}"
+        )
+    return w / w.sum()
+
+
+def weighted_mean(
+    updates: Sequence[UpdateSource],
+    weights: Sequence[float] | np.ndarray,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    out: dict[str, np.ndarray] | None = None,
+) -> MeanPass:
+    """Return ``sum_k s_k w_k`` with shares ``s_k = weights_k / sum(weights)``, streamed.
+
+    ``weights`` are any non-negative numbers (sample counts give FedAvg). The mean is written to
+    ``out`` when given (arrays shaped like the updates, e.g. the previous iterate of an
+    iterative rule: the pass does not read it), else to new arrays. Working memory: a few
+    block-sized buffers per thread, within ``memory_budget``.
+    """
+    specs = _specs(updates)
+    share = shares_of(weights, len(updates))
+    work_types = {work_dtype(s.dtype) for s in specs}
+    plan = plan_stream(
+        specs,
+        len(updates),
+        # term and group in the working precision, total in float64, per working dtype
+        bytes_per_coordinate=sum(2 * w.itemsize + 8 for w in work_types) or 1,
+        memory_budget=memory_budget,
+    )
+    arrays = out if out is not None else empty_like_specs(specs)
+    blocks = [(b, flat_view(arrays, b)) for b in plan.blocks]
+    per_dtype = {s.dtype: share.astype(work_dtype(s.dtype)) for s in specs}
+    sums = [_BlockSum(updates, per_dtype) for _ in range(plan.threads)]
+    map_threads(_BlockSum.run, plan.threads, sums, round_robin(blocks, plan.threads))
+    return MeanPass(arrays=arrays, working_bytes=plan.working_bytes)
+
+
+class DistancePass(NamedTuple):
+    """Each update's L2 distance to an aggregate and the working memory the pass held."""
+
+    values: np.ndarray  # float64, one per update
+    working_bytes: int
+
+
+def distances_to(
+    updates: Sequence[UpdateSource],
+    arrays: dict[str, np.ndarray],
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> DistancePass:
+    """Return each update's L2 distance to ``arrays`` (all parameters).
+
+    Block by block (each block of ``arrays`` stays in cache while every update's block is
+    compared with it, so each input byte is read once), blocks shared out among worker
+    threads. Differences are taken in the working precision (float32 for float16/32 models);
+    squares are summed in float64 per block (so the last bits depend on the block length).
+    """
+    specs = _specs(updates)
+    work = max((work_dtype(s.dtype) for s in specs), key=lambda d: d.itemsize)
+    plan = plan_stream(
+        specs, len(updates), bytes_per_coordinate=work.itemsize, memory_budget=memory_budget
+    )
+    length = max((b.size for b in plan.blocks), default=1)
+
+    def squares(part: Sequence[Block]) -> np.ndarray:
+        readers = [BlockReader(u) for u in updates]
+        buf = np.empty(length, dtype=work)
+        total = np.zeros(len(updates), dtype=np.float64)
+        for block in part:
+            ref = np.asarray(arrays[block.name]).reshape(-1)[block.start : block.stop]
+            diff = buf[: block.size]
+            for k, reader in enumerate(readers):
+                vals = reader.view(block)
+                if vals is None:
+                    reader.read(block, diff)
+                    np.subtract(diff, ref, out=diff, casting="unsafe")
+                else:
+                    np.subtract(vals, ref, out=diff, dtype=work, casting="unsafe")
+                total[k] += float(np.dot(diff, diff))
+        for reader in readers:
+            reader.release()
+        return total
+
+    parts = map_threads(squares, plan.threads, round_robin(plan.blocks, plan.threads))
+    return DistancePass(np.sqrt(np.sum(parts, axis=0)), plan.working_bytes)
+
+
+# --------------------------------------------------------------------------------------------
+# Report rows
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python ones, so the report is JSON as it stands."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def site_reports(
+    headers: Sequence[UpdateHeader], weights: Sequence[float] | np.ndarray, **columns: Any
+) -> list[SiteReport]:
+    """One `SiteReport` per update: label, count, weight, and the rule's own ``columns``.
+
+    ``weights`` is each update's share of the aggregate; each column (a `SiteReport` field such
+    as ``l2_to_aggregate``, ``trimmed_fraction``, ``selected``, ``score`` or ``flags``) holds one
+    value per update.
+    """
+    for name, values in columns.items():
+        if len(values) != len(headers):
+            raise ValueError(f"column {name!r} has {len(values)} values. Received: {len(headers)}")
+    return [
+        SiteReport(
+            site=h.label,
+            num_examples=h.num_examples,
+            weight=float(weights[i]),
+            **{name: _plain(values[i]) for name, values in columns.items()},
+        )
+        for i, h in enumerate(headers)
+    ]
+
+
+def make_result(
+    strategy: AggregationStrategy,
+    inputs: Inputs,
+    arrays: dict[str, np.ndarray],
+    sites: list[SiteReport],
+    *,
+    memory_budget: int,
+    working_bytes: int | None,
+    details: dict[str, Any] | None = None,
+) -> AggregateResult:
+    """Wrap a rule's aggregate and report rows; ``num_examples`` is the sum of all counts."""
+    report = AggregationReport(
+        strategy=strategy.name,
+        params=strategy.params.model_dump(),
+        num_examples=inputs.total,
+        sites=sites,
+        memory_budget=memory_budget,
+        working_bytes=working_bytes,
+        details=dict(details or {}),
+    )
+    return AggregateResult(arrays=arrays, num_examples=inputs.total, report=report)

@@ -1,0 +1,372 @@
+"""Runs fedsplit's Flower app with Flower's own runtime, as local processes on 127.0.0.1.
+
+`fedsplit simulate` uses `simulation()`: a SuperLink in simulation mode (Flower's Ray-based
+simulation engine runs the hospitals' ClientApps) driven by ``flwr run``, exactly the path
+Flower documents, with telemetry, update checks and runtime dependency installation off.
+The app is staged as a small Flower app directory (`APP_PACKAGES` plus a pyproject whose
+``[tool.flwr.app.config]`` is this run's `RunConfig`), so it works from a source checkout
+and from an installed wheel alike. Every process started here is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from protocol.config import RunConfig
+from protocol.errors import FlowerRunError
+from protocol.vertical.config import VerticalConfig
+
+# What the staged Flower app ships: everything the ServerApps and ClientApps import.
+APP_PACKAGES = ("protocol", "aggregation", "server", "client")
+CONNECTION = "fedsplit"
+# (serverapp, clientapp) of the horizontal and the vertical federation
+HORIZONTAL_COMPONENTS = ("server.app:app", "client.app:app")
+VERTICAL_COMPONENTS = ("server.vertical.app:app", "client.vertical.app:app")
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower processes: isolated FLWR_HOME, nothing phones home or installs."""
+    env = os.environ.copy()
+    env.update({
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "RAY_DEDUP_LOGS": "0",
+    })
+    # The venv's console scripts, even when the caller's PATH lacks them.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def tool(name: str) -> str:
+    """Path of a console script installed beside this Python."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def stage_app(
+    dest: Path,
+    cfg: RunConfig | VerticalConfig,
+    *,
+    components: tuple[str, str] = HORIZONTAL_COMPONENTS,
+    extra_modules: Sequence[Path] = (),
+) -> Path:
+    """Write a Flower app directory for this run (code + pyproject carrying ``cfg``).
+
+    ``components`` are the (serverapp, clientapp) references; ``extra_modules`` are single
+    ``.py`` files copied beside the packages (e.g. a benchmark's reference app).
+    """
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for package in APP_PACKAGES:
+        src = Path(__import__(package).__file__).parent
+        shutil.copytree(src, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for module in extra_modules:
+        shutil.copy2(module, dest / Path(module).name)
+    config = "\n".join(f"{key} = {_toml_value(v)}" for key, v in cfg.to_flower().items())
+    (dest / "pyproject.toml").write_text(
+        f"""[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedsplit-app"
+version = "0.1.0"
+description = "fedsplit coordinator and hospital agent (staged by fedsplit)"
+license = "Apache-2.0"
+dependencies = ["flwr>=1.42.0"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedsplit"
+
+[tool.flwr.app.components]
+serverapp = "{components[0]}"
+clientapp = "{components[1]}"
+
+[tool.flwr.app.config]
+{config}
+"""
+    )
+    return dest
+
+
+def write_connection(flwr_home: Path, address: str, *, root_cert: Path | None = None) -> None:
+    """Write FLWR_HOME/config.toml with one SuperLink connection named ``fedsplit``."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    auth = f"root-certificates = {json.dumps(str(root_cert))}" if root_cert else "insecure = true"
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "{address}"\n{auth}\n'
+    )
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None,
+              verify: bool | str | ssl.SSLContext = True) -> None:
+    """Poll ``url`` until it answers 2xx (bounded); fail early if ``proc`` died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise FlowerRunError(f"A Flower process exited with code {proc.returncode} before "
+                                 f"{url} came up. Received: exit {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0, verify=verify).is_success:
+                return
+        time.sleep(0.3)
+    raise FlowerRunError(f"{url} did not come up within {timeout:.0f} s. Received: timeout")
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """Stop a process started with its own session, and everything it started."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` in its own session with output appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+@contextlib.contextmanager
+def simulation_superlink(work: Path, env: dict[str, str]) -> Iterator[str]:
+    """Run a SuperLink in simulation mode on a free loopback port; yield its address."""
+    port = free_port()
+    proc = spawn(
+        [tool("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+         "--host", "127.0.0.1", "--port", str(port),
+         "--control-api-address", f"127.0.0.1:{free_port()}",
+         "--disable-runtime-dependency-installation"],
+        env, work / "superlink.log",
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 60, proc)
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+def run_app(
+    app_dir: Path,
+    env: dict[str, str],
+    log_path: Path,
+    history_path: Path,
+    *,
+    federation_config: str | None = None,
+    timeout: float = 3600,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """``flwr run`` the app on the ``fedsplit`` connection; poll its history until it ends."""
+    cmd = [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream"]
+    if federation_config:
+        cmd += ["--federation-config", federation_config]
+    proc = spawn(cmd, env, log_path)
+    deadline = time.monotonic() + timeout
+    submitted = time.time() - 1.0
+    history: dict[str, Any] = {}
+    try:
+        while True:
+            done = proc.poll() is not None
+            # Only this run's history: an older one left in the out-dir must not end the wait.
+            if history_path.exists() and history_path.stat().st_mtime >= submitted:
+                with contextlib.suppress(json.JSONDecodeError, OSError):
+                    history = json.loads(history_path.read_text())
+                    if on_progress:
+                        on_progress(history)
+            if history.get("status") in ("finished", "failed") or done:
+                break
+            if time.monotonic() > deadline:
+                raise FlowerRunError(f"The Flower run did not finish within {timeout:.0f} s. "
+                                     f"See {log_path}. Received: timeout")
+            time.sleep(0.5)
+    finally:
+        stop(proc, grace=15)
+    if history.get("status") != "finished":
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
+        reason = history.get("error") or "the run ended without finishing its rounds"
+        raise FlowerRunError(f"Flower run failed: {reason}. Log {log_path} ends with:\n{tail}")
+    return history
+
+
+def simulation(
+    cfg: RunConfig | VerticalConfig,
+    num_sites: int,
+    work: Path,
+    *,
+    components: tuple[str, str] = HORIZONTAL_COMPONENTS,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    timeout: float = 3600,
+) -> dict[str, Any]:
+    """Run ``cfg`` in Flower's simulation engine with ``num_sites`` virtual hospitals.
+
+    ``components`` picks the app: `HORIZONTAL_COMPONENTS` by default, or `VERTICAL_COMPONENTS`.
+    """
+    flwr_home = work / "flwr-home"
+    env = flower_env(flwr_home)
+    app_dir = stage_app(work / "app", cfg, components=components)
+    with simulation_superlink(work, env) as address:
+        write_connection(flwr_home, address)
+        return run_app(
+            app_dir, env, work / "flower.log", Path(cfg.out_dir) / "history.json",
+            federation_config=(f"num-supernodes={num_sites} client-resources-num-cpus=1 "
+                               f"client-resources-num-gpus=0"),
+            timeout=timeout, on_progress=on_progress,
+        )
+
+
+def attach(cfg: RunConfig, superlink: str, work: Path, *, root_cert: Path | None = None,
+           on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Submit ``cfg`` to a running SuperLink and follow its history (compose's federation job)."""
+    home = work / "flwr-home"
+    write_connection(home, superlink, root_cert=root_cert.resolve() if root_cert else None)
+    app_dir = stage_app(work / "app", cfg)
+    return run_app(app_dir, flower_env(home), work / "flwr-run.log",
+                   Path(cfg.out_dir) / "history.json", on_progress=on_progress)
+
+
+# --- deployment runtime: SuperLink + SuperExec + SuperNodes (fedsplit up, site run, compose) ---
+
+
+@dataclass(frozen=True)
+class LinkTls:
+    """TLS material of a SuperLink: CA bundle, server certificate and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def superlink_command(port: int, *, host: str = "127.0.0.1", tls: LinkTls | None = None,
+                      node_auth: bool = False, database: Path | None = None,
+                      isolation: str = "process") -> list[str]:
+    """``flower-superlink`` for deployment: one HTTP(S) port, no runtime dependency installation.
+
+    With ``isolation="process"`` the ServerApp runs in a separate SuperExec (the coordinator),
+    which can be stopped and restarted without the SuperLink losing its hospitals.
+    """
+    if node_auth and tls is None:
+        raise FlowerRunError("SuperNode authentication needs TLS on the SuperLink: pass the "
+                             "certificates (fedsplit certs) too. Received: node_auth without TLS")
+    cmd = [tool("flower-superlink"), "--host", host, "--port", str(port),
+           "--isolation", isolation, "--disable-runtime-dependency-installation"]
+    if tls is None:
+        cmd.append("--insecure")
+    else:
+        cmd += ["--ssl-ca-certfile", str(tls.ca), "--ssl-certfile", str(tls.cert),
+                "--ssl-keyfile", str(tls.key)]
+    if node_auth:
+        cmd.append("--enable-supernode-auth")
+    if database is not None:
+        cmd += ["--database", str(database)]
+    return cmd
+
+
+def superexec_command(runtime_address: str, *, root_cert: Path | None = None) -> list[str]:
+    """``flower-superexec`` that runs the ServerApp (or ClientApp) of a ``process``-isolated peer."""
+    cmd = [tool("flower-superexec"), "--runtime-api-address", runtime_address]
+    return cmd + (["--root-certificates", str(root_cert)] if root_cert else ["--insecure"])
+
+
+def node_config(data_path: Path | str, site_name: str) -> str:
+    """The ``--node-config`` string telling our ClientApp where its data is and what it is called."""
+    for value in (str(data_path), site_name):
+        if "'" in value or '"' in value:
+            raise FlowerRunError("Data paths and site names cannot contain quotes (Flower's node "
+                                 f"config syntax). Rename it. Received: {value!r}")
+    return f"data-path='{data_path}' site-name='{site_name}'"
+
+
+def supernode_command(superlink: str, *, data_path: Path | str, site_name: str, port: int,
+                      host: str = "127.0.0.1", root_cert: Path | None = None,
+                      key: Path | None = None, isolation: str = "subprocess") -> list[str]:
+    """``flower-supernode`` for one hospital, retrying the SuperLink forever when it drops."""
+    cmd = [tool("flower-supernode"), "--superlink", superlink, "--host", host, "--port", str(port),
+           "--isolation", isolation, "--node-config", node_config(data_path, site_name)]
+    cmd += ["--root-certificates", str(root_cert)] if root_cert else ["--insecure"]
+    if key is not None:
+        cmd += ["--auth-supernode-private-key", str(key)]
+    return cmd
+
+
+def health_url(address: str, tls: bool) -> str:
+    """The SuperLink's health endpoint."""
+    return f"{'https' if tls else 'http'}://{address}/health"
+
+
+def tls_context(ca: Path | None) -> bool | ssl.SSLContext:
+    """What httpx should verify against: our CA when given, else the system default."""
+    return ssl.create_default_context(cafile=str(ca)) if ca else True
+
+
+def register_supernodes(env: dict[str, str], keys: dict[str, Path], timeout: float = 90.0) -> None:
+    """``flwr supernode register`` each hospital's public key (name -> .pub), in parallel."""
+    procs = {
+        name: subprocess.Popen(
+            [tool("flwr"), "supernode", "register", str(key), CONNECTION, "--name", name],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        for name, key in keys.items()
+    }
+    deadline = time.monotonic() + timeout
+    try:
+        for name, proc in procs.items():
+            try:
+                out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired as e:
+                raise FlowerRunError(f"Registering {name} with the SuperLink did not finish within "
+                                     f"{timeout:.0f} s. Is the SuperLink up? Received: timeout") from e
+            if proc.returncode != 0:
+                lines = out.decode(errors="replace").strip().splitlines()[-5:]
+                raise FlowerRunError(f"`flwr supernode register` refused {name}'s key {keys[name]}: "
+                                     f"{' | '.join(lines)}. Received: exit {proc.returncode}")
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)

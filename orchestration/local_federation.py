@@ -1,0 +1,298 @@
+"""A whole federation as local processes on 127.0.0.1: the compose topology without containers.
+
+`LocalFederation` starts, each in its own process group with its own FLWR_HOME and log file:
+
+- the SuperLink (``flower-superlink --isolation process``: one HTTP(S) port, TLS and SuperNode
+  authentication with ``tls=True``);
+- the coordinator: a ``flower-superexec`` that runs fedsplit's ServerApp for the SuperLink;
+- one ``fedsplit site run`` agent per hospital (a SuperNode with its own partition);
+- the admin API (``fedsplit admin serve``) when this build has it;
+
+then submits the run (``flwr run``) and supervises it like a container runtime with restart
+policies would: a hospital agent that dies is restarted, and a coordinator that dies is restarted
+and the run resubmitted, so the ServerApp resumes after the last completed round. `close()`
+(also on Ctrl-C and on errors) stops every process group it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from orchestration.certs import CertPaths, make_certs
+from orchestration.flower_runtime import (
+    CONNECTION,
+    FlowerRunError,
+    LinkTls,
+    flower_env,
+    free_port,
+    health_url,
+    register_supernodes,
+    spawn,
+    stage_app,
+    stop,
+    superexec_command,
+    superlink_command,
+    tls_context,
+    tool,
+    wait_http,
+    write_connection,
+)
+from protocol.config import RunConfig
+
+COORDINATOR = "coordinator"
+SUPERLINK = "superlink"
+ADMIN = "admin"
+RUN = "flwr-run"
+
+
+def fedsplit_command() -> list[str]:
+    """How to start the ``fedsplit`` CLI of this installation as a subprocess."""
+    script = Path(tool("fedsplit"))
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from cli.app import main; sys.exit(main())"]
+
+
+def admin_available() -> bool:
+    """Whether this build has the admin API command (``fedsplit admin serve``)."""
+    return importlib.util.find_spec("cli.admin") is not None
+
+
+@dataclass
+class Site:
+    """One simulated hospital: its name and the folder holding only its rows."""
+
+    name: str
+    data: Path
+
+
+@dataclass
+class LocalFederation:
+    """SuperLink, coordinator, hospitals and admin API as supervised local processes."""
+
+    work: Path
+    sites: list[Site]
+    tls: bool = False
+    port: int = 0
+    admin_port: int | None = 0
+    say: Callable[[str], None] = print
+    restart_delay: float = 2.0
+    max_restarts: int = 5
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    certs: CertPaths | None = None
+    admin_url: str | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.work = self.work.resolve()
+        self.port = self.port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.logs = self.work / "logs"
+        self.homes = self.work / "homes"
+        self.cli_env = flower_env(self.homes / "cli")
+        self._restarts: dict[str, int] = {}
+        self._run_log_offset = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalFederation:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every process group this federation started (newest first)."""
+        for name in reversed(list(self.procs)):
+            stop(self.procs[name], grace=10)
+        self._write_pids()
+
+    def _start(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = spawn(cmd, env, self.logs / f"{name}.log")
+        self.procs[name] = proc
+        self._write_pids()
+        return proc
+
+    def _write_pids(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        alive = {n: p.pid for n, p in self.procs.items()}
+        (self.work / "pids.json").write_text(json.dumps(alive, indent=2))
+
+    def _event(self, kind: str, **info: Any) -> None:
+        self.events.append({"event": kind, "at": time.time(), **info})
+
+    @property
+    def root_cert(self) -> Path | None:
+        """The CA the SuperLink's certificate chains to (TLS only)."""
+        return self.certs.ca if self.certs else None
+
+    # --- components ------------------------------------------------------------------------
+
+    def start_superlink(self) -> None:
+        """Start the SuperLink (TLS + node auth when ``tls``) and register the hospitals' keys."""
+        link_tls = None
+        if self.tls:
+            self.certs = make_certs(self.work / "certs", [s.name for s in self.sites])
+            link_tls = LinkTls(self.certs.ca, self.certs.server_cert, self.certs.server_key)
+        home = self.homes / SUPERLINK
+        proc = self._start(SUPERLINK, superlink_command(self.port, tls=link_tls, node_auth=self.tls),
+                           flower_env(home))
+        wait_http(health_url(self.address, self.tls), 60, proc, verify=tls_context(self.root_cert))
+        write_connection(self.homes / "cli", self.address, root_cert=self.root_cert)
+        if self.certs is not None:
+            register_supernodes(self.cli_env, {s.name: self.certs.public_key(s.name) for s in self.sites})
+        self.say(f"SuperLink on {self.address} ({'TLS + SuperNode auth' if self.tls else 'insecure'})")
+
+    def start_coordinator(self) -> None:
+        """Start the SuperExec that runs the ServerApp (the coordinator)."""
+        self._start(COORDINATOR, superexec_command(self.address, root_cert=self.root_cert),
+                    flower_env(self.homes / COORDINATOR))
+
+    def start_site(self, site: Site) -> None:
+        """Start one hospital agent (``fedsplit site run``) on its own partition and FLWR_HOME."""
+        cmd = [*fedsplit_command(), "site", "run", "--superlink", self.address,
+               "--data", str(site.data), "--name", site.name, "--port", str(free_port()),
+               "--flwr-home", str(self.homes / site.name)]
+        if self.certs is not None:
+            cmd += ["--root-cert", str(self.certs.ca), "--key", str(self.certs.supernode_keys[site.name])]
+        else:
+            cmd.append("--insecure")
+        self._start(site.name, cmd, flower_env(self.homes / site.name))
+
+    def start_admin(self) -> None:
+        """Start the admin API when this build has it; its token is written to WORK/admin/token."""
+        if self.admin_port is None:
+            return
+        if not admin_available():
+            self.say("admin API: not started (this build has no `fedsplit admin` command)")
+            return
+        port = self.admin_port or free_port()
+        data = self.work / "admin"
+        data.mkdir(parents=True, exist_ok=True)
+        token = data / "token"
+        if not token.exists():
+            fd = os.open(token, os.O_WRONLY | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(32))
+        env = {**flower_env(self.homes / ADMIN), "FEDSPLIT_ADMIN_TOKEN_FILE": str(token)}
+        env.pop("FEDSPLIT_ADMIN_TOKEN", None)
+        proc = self._start(ADMIN, [*fedsplit_command(), "admin", "serve", "--host", "127.0.0.1",
+                                   "--port", str(port), "--data-dir", str(data)], env)
+        wait_http(f"http://127.0.0.1:{port}/healthz", 60, proc)
+        self.admin_url = f"http://127.0.0.1:{port}"
+        self.say(f"admin API on {self.admin_url} (admin token in {token})")
+
+    def start(self) -> None:
+        """Start the SuperLink, the coordinator, every hospital and the admin API."""
+        self.start_superlink()
+        self.start_coordinator()
+        for site in self.sites:
+            self.start_site(site)
+        self.say(f"{len(self.sites)} hospital agents: {', '.join(s.name for s in self.sites)}")
+        self.start_admin()
+
+    def submit(self, app_dir: Path) -> None:
+        """``flwr run`` the staged app on this federation (streams its log to logs/flwr-run.log)."""
+        if RUN in self.procs:
+            stop(self.procs[RUN], grace=5)
+        self._run_log_offset = (self.logs / f"{RUN}.log").stat().st_size \
+            if (self.logs / f"{RUN}.log").exists() else 0
+        self._start(RUN, [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream"], self.cli_env)
+
+    def current_run_id(self) -> str | None:
+        """The id of the run last submitted, once ``flwr run`` has printed it."""
+        log = self.logs / f"{RUN}.log"
+        if not log.exists():
+            return None
+        with open(log, "rb") as fh:
+            fh.seek(self._run_log_offset)
+            found = re.findall(rb"Successfully started run (\d+)", fh.read())
+        return found[-1].decode() if found else None
+
+    def stop_run(self, run_id: str) -> None:
+        """``flwr stop`` a run whose coordinator died, so hospitals drop its pending messages."""
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            subprocess.run([tool("flwr"), "stop", run_id, CONNECTION], env=self.cli_env,
+                           capture_output=True, timeout=60, check=False)
+
+    # --- supervision -----------------------------------------------------------------------
+
+    def _restart(self, name: str, reason: str) -> None:
+        count = self._restarts.get(name, 0) + 1
+        self._restarts[name] = count
+        if count > self.max_restarts:
+            raise FlowerRunError(f"{name} died {count} times; giving up. See {self.logs / name}.log. "
+                                 f"Received: {reason}")
+        self._event("restart", process=name, reason=reason)
+        self.say(f"{name}: {reason}; restarting it")
+        time.sleep(self.restart_delay)
+
+    def _check_sites(self) -> None:
+        for site in self.sites:
+            proc = self.procs[site.name]
+            if proc.poll() is not None:
+                stop(proc, grace=2)  # the rest of its process group
+                self._restart(site.name, f"agent exited with code {proc.returncode}")
+                self.start_site(site)
+
+    def run(self, cfg: RunConfig, *, timeout: float = 3600,
+            on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Run ``cfg`` to its end, restarting dead hospitals and a dead coordinator (resume)."""
+        app_dir = stage_app(self.work / "app", cfg)
+        history_path = Path(cfg.out_dir) / "history.json"
+        self.submit(app_dir)
+        submitted = time.time() - 1.0
+        deadline = time.monotonic() + timeout
+        history: dict[str, Any] = {}
+        run_ended_at: float | None = None
+        while True:
+            if history_path.exists() and history_path.stat().st_mtime >= submitted:
+                with contextlib.suppress(json.JSONDecodeError, OSError):
+                    history = json.loads(history_path.read_text())
+                    if on_progress:
+                        on_progress(history)
+            status = history.get("status")
+            if status == "finished":
+                return history
+            if status == "failed":
+                raise FlowerRunError(f"The federation failed: {history.get('error')}. Logs: "
+                                     f"{self.logs}. Received: status failed")
+            if self.procs[SUPERLINK].poll() is not None:
+                raise FlowerRunError(f"The SuperLink exited (code {self.procs[SUPERLINK].returncode}); "
+                                     f"see {self.logs / 'superlink.log'}. Received: SuperLink down")
+            self._check_sites()
+            coordinator = self.procs[COORDINATOR]
+            run_proc = self.procs[RUN]
+            if run_proc.poll() is not None and run_ended_at is None:
+                run_ended_at = time.monotonic()
+            # The coordinator died, or the run ended without a final history: restart + resume.
+            if coordinator.poll() is not None or (
+                    run_ended_at is not None and time.monotonic() - run_ended_at > 15):
+                stop(coordinator, grace=5)
+                if (run_id := self.current_run_id()) is not None:
+                    self.stop_run(run_id)
+                done = max((r["round"] for r in history.get("rounds", []) if "train" in r), default=0)
+                reason = (f"exited with code {coordinator.returncode}" if coordinator.returncode
+                          is not None else "its run ended without finishing")
+                self._restart(COORDINATOR, f"{reason}; the new one resumes after round {done}")
+                self.start_coordinator()
+                self.submit(app_dir)
+                submitted, run_ended_at = time.time() - 1.0, None
+            if time.monotonic() > deadline:
+                raise FlowerRunError(f"The federation did not finish within {timeout:.0f} s. Logs: "
+                                     f"{self.logs}. Received: timeout")
+            time.sleep(0.5)

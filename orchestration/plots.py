@@ -1,0 +1,119 @@
+"""The figures the commands write: per-round metrics (``simulate``, ``compare-strategies``,
+``vertical simulate``) and the GPipe tick table (``pipeline-schedule``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from protocol.atomic import atomic_path
+from protocol.errors import ConfigError
+
+if TYPE_CHECKING:  # importing client.parallel loads torch; only drawing a table needs it
+    from client.parallel.schedule import GPipeTable
+
+
+def metric_key(task: str) -> str:
+    """The metric plotted and compared: accuracy (classification) or r2 (regression)."""
+    return "accuracy" if task == "classification" else "r2"
+
+
+@contextlib.contextmanager
+def round_axes(path: Path, *, ylabel: str, title: str,
+               size: tuple[float, float] = (7, 4.2)) -> Iterator[Any]:
+    """Yield matplotlib axes to draw on; then label, lay out and save them to ``path`` atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size)
+    try:
+        yield ax
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+
+
+def plot_rounds(summary: dict[str, Any], path: Path) -> None:
+    """Draw the federated metric per round against the baselines (``fedsplit simulate``)."""
+    key = metric_key(summary["task"])
+    rounds = [r["round"] for r in summary["rounds"]]
+    with round_axes(path, ylabel=f"test {key}", title=f"fedsplit: {summary['strategy']} over "
+                    f"{len(summary['local_only'])} hospitals") as ax:
+        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", label="federated", lw=2)
+        ax.axhline(summary["centralized"]["metrics"][key], color="k", ls="--", label="centralized")
+        for i, site in enumerate(summary["local_only"]):
+            ax.axhline(site["metrics"][key], ls=":", alpha=0.8, color=f"C{i + 1}",
+                       label=f"{site['site']} alone (n={site['num_examples']})")
+
+
+def plot_comparison(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """One line per run: the test metric per round (``fedsplit compare-strategies``)."""
+    key = metric_key(next(iter(results.values()))["task"])
+    with round_axes(path, ylabel=f"test {key}", title=title, size=(7.5, 4.5)) as ax:
+        for label, summary in results.items():
+            rounds = [r["round"] for r in summary["rounds"]]
+            style = "--" if label.startswith("clean") else "o-"
+            ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], style, label=label, lw=2)
+
+
+def plot_vertical(summary: dict[str, Any], path: Path) -> None:
+    """Fused per round against each site alone and centralized (``fedsplit vertical simulate``)."""
+    key = metric_key(summary["task"])
+    rounds = [r["round"] for r in summary["rounds"]]
+    title = f"fedsplit vertical: {len(summary['local_only'])} sites, fill={summary['fill']}"
+    with round_axes(path, ylabel=f"held-out {key}", title=title) as ax:
+        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", lw=2,
+                label="fused (federated)")
+        ax.plot(rounds, [m[key] for m in summary["centralized"]["per_round"]], "k--",
+                label="centralized, all columns")
+        for i, s in enumerate(summary["local_only"]):
+            ax.plot(rounds, [m[key] for m in s["per_round"]], ":", color=f"C{i + 1}",
+                    label=f"{s['site']} alone")
+
+
+def draw_gpipe(table: GPipeTable, path: Path) -> None:
+    """Draw the tick table with matplotlib (Agg backend, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    ticks = len(table.phases)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * ticks + 1.5), 0.6 * table.stages + 1.6))
+    shade = {"fill": "#fff3c4", "steady": "#d9f2d9", "drain": "#f3d9f2"}
+    for t, phase in enumerate(table.phases):
+        ax.add_patch(Rectangle((t, -0.5), 1, 0.4, color=shade[phase.split()[-1]]))
+    for s, row in enumerate(table.cells):
+        for t, cell in enumerate(row):
+            if not cell:
+                continue
+            color = "#4c8bd6" if cell.startswith("F") else "#e07b39"
+            ax.add_patch(Rectangle((t + 0.05, s + 0.05), 0.9, 0.9, color=color))
+            ax.text(t + 0.5, s + 0.5, cell, ha="center", va="center", color="white", fontsize=9)
+    ax.set_xlim(0, ticks)
+    ax.set_ylim(table.stages, -0.5)
+    ax.set_xticks([t + 0.5 for t in range(ticks)], [str(t) for t in range(ticks)])
+    ax.set_yticks([s + 0.5 for s in range(table.stages)], [f"stage {s}" for s in range(table.stages)])
+    ax.set_xlabel("tick (phase band on top: yellow fill, green steady, pink drain)")
+    ax.set_title(f"GPipe {table.stages} x {table.microbatches}: forward {table.forward_ticks} ticks "
+                 f"instead of {table.sequential_ticks}, bubble {table.bubble:.0%}")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise ConfigError(f"Could not write the picture to {path} ({e}); pick a writable path. "
+                          f"Received: {path}") from e
+    finally:
+        plt.close(fig)

@@ -1,0 +1,150 @@
+"""A hospital's agent process: its Flower SuperNode, supervised (``fedsplit site run``).
+
+The SuperNode itself retries a dropped SuperLink connection; if it exits unexpectedly it is
+restarted with backoff. A refused key or bad arguments stop the agent with a clear
+`SiteAgentError` instead of retrying forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from rich.console import Console
+
+from protocol.errors import ConfigError, SiteAgentError
+
+_console = Console(stderr=True, highlight=False)
+
+
+def _warn(message: str) -> None:
+    _console.print(message)
+
+
+# Exit codes of flower-supernode that retrying cannot fix (flwr.supercore.exit.ExitCode).
+FATAL_EXIT_CODES = {302: "its private key is invalid", 303: "node auth needs TLS (--root-cert)",
+                    304: "the trusted-entities file is invalid"}
+# "must be registered": the SuperLink wants node auth and this agent has no --key. Fatal at once.
+NO_KEY = re.compile(r"must be registered", re.IGNORECASE)
+# Refused activation: the key is not registered, or this node's previous session (a crash) is still
+# counted online; Flower drops it after 2 missed heartbeats (<= 60 s), so retry that long first.
+NOT_ACTIVATED = re.compile(r"Failed to activate|code: ?20\d\d|UNAUTHORIZED", re.IGNORECASE)
+ACTIVATION_GRACE_S = 90.0
+ACTIVATION_RETRY_S = 10.0
+
+
+def check_key(key: Path) -> None:
+    """Fail early unless ``key`` is an OpenSSH NIST-EC private key, as Flower requires."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+    try:
+        loaded = load_ssh_private_key(key.read_bytes(), password=None)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"--key must be a readable OpenSSH private key without passphrase, NIST-EC (P-256/384/"
+            f"521), e.g. from `fedsplit certs` or `ssh-keygen -t ecdsa -b 384`. ({e}) Received: {key}"
+        ) from e
+    if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"Flower SuperNode keys must be NIST elliptic-curve keys (ecdsa), not "
+                          f"{type(loaded).__name__}. Received: {key}")
+
+
+def describe_device() -> str:
+    """Which device the ClientApp will train on here (run config ``device=auto``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"GPU: {torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    return f"CPU (torch {torch.__version__}; no CUDA device visible)"
+
+
+def _pump(stream: IO[bytes], seen: list[str]) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip()
+        seen.append(line)
+        del seen[:-200]
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}", flush=True)
+
+
+def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: str,
+              say: Callable[[str], None] = _warn) -> int:
+    """Run the SuperNode, restarting it on unexpected exits; return 0 when asked to stop.
+
+    Its output is forwarded, time-stamped, to stdout; ``say`` reports restarts (rich markup).
+    """
+    stopping = threading.Event()
+    current: list[subprocess.Popen[bytes]] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stopping.set()
+        for proc in current:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    restarts, backoff = 0, 2.0
+    refused_since: float | None = None
+    try:
+        while True:
+            seen: list[str] = []
+            started = time.monotonic()
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+            current[:] = [proc]
+            pump = threading.Thread(target=_pump, args=(proc.stdout, seen), daemon=True)
+            pump.start()
+            try:
+                rc = proc.wait()
+            finally:
+                pump.join(5)
+            if stopping.is_set():
+                return 0
+            tail = " | ".join(seen[-4:])
+            if rc in FATAL_EXIT_CODES:
+                raise SiteAgentError(f"{name}: the SuperNode stopped because "
+                                     f"{FATAL_EXIT_CODES[rc]}. Received: exit {rc}: {tail}")
+            recent = seen[-20:]
+            if any(NO_KEY.search(line) for line in recent):
+                raise SiteAgentError(
+                    f"{name}: the SuperLink requires node authentication: start the agent with "
+                    f"--key (this hospital's registered private key). Received: exit {rc}: {tail}")
+            refusal = next((line for line in recent if NOT_ACTIVATED.search(line)), None)
+            if refusal is not None:
+                tail = refusal.strip()
+                refused_since = refused_since or started
+                if time.monotonic() - refused_since > ACTIVATION_GRACE_S:
+                    raise SiteAgentError(
+                        f"{name}: the SuperLink refused this hospital for "
+                        f"{ACTIVATION_GRACE_S:.0f} s. Its public key must be registered by the "
+                        f"coordinator (`flwr supernode register KEY.pub <connection>`) and --key must "
+                        f"be the matching private key. Received: exit {rc}: {tail}")
+                say(f"[yellow]{name}: activation refused (key not registered, or the "
+                              f"previous session is still counted online); retrying[/]")
+                if stopping.wait(ACTIVATION_RETRY_S):
+                    return 0
+                continue
+            refused_since = None
+            if time.monotonic() - started > 120:
+                restarts, backoff = 0, 2.0  # it ran fine for a while: a fresh failure
+            restarts += 1
+            if restarts > max_restarts:
+                raise SiteAgentError(f"{name}: the SuperNode exited {restarts} times in a row; giving "
+                                     f"up. Check the SuperLink address and the log above. "
+                                     f"Received: exit {rc}: {tail}")
+            say(f"[yellow]{name}: SuperNode exited with code {rc}; restarting in "
+                          f"{backoff:.0f} s ({restarts}/{max_restarts})[/]")
+            if stopping.wait(backoff):
+                return 0
+            backoff = min(backoff * 2, 30.0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,120 @@
+"""Vertical training in one process: the same coordinator and site code, direct calls for messages.
+
+Used for the baselines of ``fedsplit vertical simulate`` (each site alone, centralized), for
+``fedsplit vertical compare-fills`` and by the tests. `LocalTransport` still converts every
+payload to Flower records and back and checks it against `protocol.vertical.wire.ALLOWED`,
+so what is exchanged is exactly what the Flower app exchanges.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from client.vertical.site import SiteAgent, SiteState
+from protocol.vertical.config import FusionParams
+from protocol.vertical.table import id_column_values, read_frame
+from protocol.vertical.wire import Payload, check_payload, from_record, to_record
+from server.vertical.coordinator import LabelTable, VerticalCoordinator
+
+
+@dataclass
+class LocalTransport:
+    """Delivers payloads to in-process `SiteAgent`s; optionally keeps every record sent."""
+
+    agents: dict[int, SiteAgent]
+    keep: bool = False
+    states: dict[int, SiteState] = field(default_factory=dict)
+    log: list[tuple[str, str, int, Any]] = field(default_factory=list)
+
+    def __call__(self, message_type: str, payloads: dict[int, Payload]) -> dict[int, Payload]:
+        out = {}
+        for node, payload in payloads.items():
+            check_payload(message_type, payload, reply=False)
+            record = to_record(payload)
+            reply = self.agents[node].handle(message_type, from_record(record),
+                                             self.states.setdefault(node, SiteState()))
+            reply_record = to_record(reply)
+            if self.keep:
+                self.log.append((message_type, "to-site", node, record))
+                self.log.append((message_type, "from-site", node, reply_record))
+            out[node] = from_record(reply_record)
+        return out
+
+
+def local_coordinator(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
+                      params: FusionParams, *, seed: int = 0, test_fraction: float = 0.2,
+                      keep: bool = False, out_dirs: Sequence[str] = ()) -> tuple[VerticalCoordinator,
+                                                                                 LocalTransport]:
+    """A coordinator over in-process sites ``site_files`` (node ids 0..K-1, names site-i)."""
+    agents = {i: SiteAgent(str(p), id_column, f"site-{i}", out_dirs[i] if out_dirs else "")
+              for i, p in enumerate(site_files)}
+    transport = LocalTransport(agents, keep=keep)
+    coordinator = VerticalCoordinator(labels, params, list(agents), transport, seed=seed,
+                                      test_fraction=test_fraction)
+    return coordinator, transport
+
+
+def train_local(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
+                params: FusionParams, rounds: int, *, seed: int = 0,
+                test_fraction: float = 0.2) -> dict[str, Any]:
+    """Align, prepare, train ``rounds`` rounds and evaluate; return the final evaluation."""
+    coordinator, _ = local_coordinator(labels, site_files, id_column, params, seed=seed,
+                                       test_fraction=test_fraction)
+    coordinator.align()
+    coordinator.prepare()
+    per_round = []
+    for _ in range(rounds):
+        coordinator.train_round()
+        per_round.append(coordinator.evaluate()["metrics"])
+    final = coordinator.evaluate()
+    final["train_rows"] = len(coordinator.train_rows)
+    final["per_round"] = per_round
+    return final
+
+
+def joined_table(site_files: Sequence[str | Path], id_column: str, folder: Path) -> Path:
+    """All sites' columns joined on the ID (patients every site holds): the centralized table."""
+    frames = []
+    for i, path in enumerate(site_files):
+        frame = read_frame(path)
+        frame[id_column] = id_column_values(frame, id_column, path)
+        frames.append(frame.rename(columns={c: f"s{i}:{c}" for c in frame.columns if c != id_column}))
+    joined = frames[0]
+    for frame in frames[1:]:
+        joined = joined.merge(frame, on=id_column, how="inner")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "centralized.csv"
+    joined.to_csv(path, index=False)
+    return path
+
+
+def baselines(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
+              params: FusionParams, rounds: int, *, seed: int = 0,
+              test_fraction: float = 0.2) -> dict[str, Any]:
+    """Each site alone (its columns with the labels) and one model on all columns pooled.
+
+    Same optimiser, batch size and number of steps as the federation. The centralized model
+    is one branch over every column (width K x embedding) and the same head.
+    """
+    alone_params = params.model_copy(update={"min_overlap": 0.0, "fill": "drop"})
+    local_only = []
+    for i, path in enumerate(site_files):
+        result = train_local(labels, [path], id_column, alone_params, rounds, seed=seed,
+                             test_fraction=test_fraction)
+        local_only.append({"site": f"site-{i}", "num_examples": result["train_rows"],
+                           "test_examples": result["num_examples"], "metrics": result["metrics"],
+                           "per_round": result["per_round"]})
+    k = len(site_files)
+    central_params = alone_params.model_copy(update={
+        "embedding_dim": params.embedding_dim * k, "branch_hidden": params.branch_hidden * k})
+    with tempfile.TemporaryDirectory() as tmp:
+        joined = joined_table(site_files, id_column, Path(tmp))
+        central = train_local(labels, [joined], id_column, central_params, rounds, seed=seed,
+                              test_fraction=test_fraction)
+    return {"local_only": local_only,
+            "centralized": {"num_examples": central["train_rows"], "test_examples": central["num_examples"],
+                            "metrics": central["metrics"], "per_round": central["per_round"]}}

@@ -1,0 +1,499 @@
+"""What crosses the network in horizontal training, and the only shapes it may take.
+
+Four Flower message kinds run a horizontal federation. Each instruction (coordinator ->
+hospital) and each reply (hospital -> coordinator) is a ``RecordDict`` whose records and keys
+are listed here, once; `check_content` enforces the lists on both ends, so a bug that tried to
+ship rows, labels or IDs fails loudly instead of leaking, and a reply with an unexpected record
+or key is refused with a `ReplyError` naming it.
+
+=============  =====================================  =========================================
+kind           instruction records                    reply records
+=============  =====================================  =========================================
+query.stats    config: {}                             stats (metrics): num-examples, count, sum,
+                                                      sumsq, label-max, y-sum, y-sumsq;
+                                                      schema (config): name, kind, task,
+                                                      input-shape, features
+query.init     config: kind, task, input-shape,       arrays: the initial model;
+               num-outputs, hidden, norm, mean, std,  model (config): model-id
+               y-mean, y-std
+train          arrays: the global model;              arrays: the trained model;
+               config: model-id, server-round,        metrics: the weight key (num-examples)
+               proximal-mu                            and numeric metrics;
+                                                      site (config, optional): name, device,
+                                                      parallel-mode, parallel-config
+evaluate       arrays; config: model-id,              metrics: the weight key and numeric
+               server-round                           metrics; site (optional): name
+=============  =====================================  =========================================
+
+Record and configuration keys are closed lists. Array names are the model's parameter names
+(the coordinator checks every reply's layout against the round's model). Metric names in
+train and evaluate replies are open on the coordinator's side, as in Flower (a metric is a
+number or a list of numbers), but the hospital agent's builders accept only the names in
+`TRAIN_METRICS` / `EVALUATE_METRICS`, and scalars only. A reply without a ``site`` record
+(e.g. from a plain Flower ClientApp) is named after its node, ``node-<id>``.
+
+Arrays are float16/32/64 everywhere; integer buffers travel as float64 (see
+`protocol.update.state_dict_arrays`), and every array keeps its shape, 0-d included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from protocol.arrays import check_arrays, check_num_examples
+from protocol.errors import ConfigError, FedsplitError, ReplyError
+from protocol.update import Update, to_array_record
+
+if TYPE_CHECKING:
+    from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+
+# --- message kinds --------------------------------------------------------------------------
+STATS = "query.stats"
+INIT = "query.init"
+TRAIN = "train"  # Flower's MessageType.TRAIN
+EVALUATE = "evaluate"  # Flower's MessageType.EVALUATE
+KINDS = (STATS, INIT, TRAIN, EVALUATE)
+
+# --- record names ---------------------------------------------------------------------------
+CONFIG = "config"
+ARRAYS = "arrays"
+METRICS = "metrics"
+SITE = "site"
+STATS_RECORD = "stats"
+SCHEMA = "schema"
+MODEL = "model"
+
+# --- keys -----------------------------------------------------------------------------------
+NUM_EXAMPLES = "num-examples"  # the default weight key (Flower's weighted_by_key)
+MODEL_ID = "model-id"
+SERVER_ROUND = "server-round"  # Flower's FedAvg adds it to every train/evaluate config
+PROXIMAL_MU = "proximal-mu"
+SITE_NAME = "name"
+
+STATS_KEYS = ("num-examples", "count", "sum", "sumsq", "label-max", "y-sum", "y-sumsq")
+SCHEMA_KEYS = ("name", "kind", "task", "input-shape", "features")
+INIT_KEYS = ("kind", "task", "input-shape", "num-outputs", "hidden", "norm", "mean", "std",
+             "y-mean", "y-std")
+SITE_KEYS = ("name", "device", "parallel-mode", "parallel-config")
+#: Metric names the hospital agent may put in its replies (scalars only).
+TRAIN_METRICS = frozenset({NUM_EXAMPLES, "train-loss", "on-gpu", "parallel-workers",
+                           "parallel-samples-per-s"})
+EVALUATE_METRICS = frozenset({NUM_EXAMPLES, "loss", "accuracy", "r2", "rmse"})
+
+
+@dataclass(frozen=True)
+class RecordRule:
+    """One record of a message: its type, the keys it may hold, the keys it must hold.
+
+    ``keys`` None means open names (model parameters, Flower metrics).
+    """
+
+    type: str  # "arrays", "metrics" or "config"
+    keys: frozenset[str] | None = None
+    required: frozenset[str] = frozenset()
+    optional: bool = False
+
+
+def _rule(type_: str, keys: Sequence[str] | None = None, required: Sequence[str] | None = None,
+          optional: bool = False) -> RecordRule:
+    allowed = frozenset(keys) if keys is not None else None
+    need = frozenset(required) if required is not None else (allowed or frozenset())
+    return RecordRule(type_, allowed, need, optional)
+
+
+#: kind -> (instruction records, reply records)
+CONTRACT: dict[str, tuple[dict[str, RecordRule], dict[str, RecordRule]]] = {
+    STATS: ({CONFIG: _rule("config", ())},
+            {STATS_RECORD: _rule("metrics", STATS_KEYS), SCHEMA: _rule("config", SCHEMA_KEYS)}),
+    INIT: ({CONFIG: _rule("config", INIT_KEYS)},
+           {ARRAYS: _rule("arrays"), MODEL: _rule("config", (MODEL_ID,))}),
+    TRAIN: ({ARRAYS: _rule("arrays"),
+             CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND, PROXIMAL_MU), (MODEL_ID,))},
+            {ARRAYS: _rule("arrays"), METRICS: _rule("metrics"),
+             SITE: _rule("config", SITE_KEYS, (), optional=True)}),
+    EVALUATE: ({ARRAYS: _rule("arrays"),
+                CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND), (MODEL_ID,))},
+               {METRICS: _rule("metrics"), SITE: _rule("config", (SITE_NAME,), (), optional=True)}),
+}
+
+
+def _records_of(content: RecordDict, type_: str) -> Mapping[str, Any]:
+    return {"arrays": content.array_records, "metrics": content.metric_records,
+            "config": content.config_records}[type_]
+
+
+def check_content(kind: str, content: RecordDict, *, reply: bool) -> None:
+    """Refuse any record or key not listed for this message kind and direction.
+
+    Raises `ReplyError` for a reply and `ConfigError` for an instruction, naming what is wrong.
+    """
+    if kind not in CONTRACT:
+        raise ConfigError(f"Unknown horizontal message kind; expected one of {', '.join(KINDS)}. "
+                          f"Received: {kind!r}")
+    rules = CONTRACT[kind][int(reply)]
+    error = ReplyError if reply else ConfigError
+    side = "reply to" if reply else "instruction"
+    names = list(content.keys())
+    extra = [n for n in names if n not in rules]
+    if extra:
+        raise error(
+            f"A horizontal {side} {kind} may carry only the records {sorted(rules)}; anything "
+            f"else could leak rows, labels or IDs. Received: unexpected record(s) {extra}"
+        )
+    for name, rule in rules.items():
+        if name not in names:
+            if rule.optional:
+                continue
+            raise error(f"A horizontal {side} {kind} must carry the {rule.type} record {name!r}. "
+                        f"Received: records {names}")
+        typed = _records_of(content, rule.type)
+        if name not in typed:
+            raise error(f"Record {name!r} of a horizontal {side} {kind} must be a {rule.type} "
+                        f"record. Received: another record type under {name!r}")
+        keys = list(typed[name].keys())
+        if rule.keys is not None and (unexpected := [k for k in keys if k not in rule.keys]):
+            raise error(
+                f"Record {name!r} of a horizontal {side} {kind} may hold only "
+                f"{sorted(rule.keys)}; anything else could leak rows, labels or IDs. "
+                f"Received: unexpected key(s) {unexpected}"
+            )
+        if missing := sorted(rule.required - set(keys)):
+            raise error(f"Record {name!r} of a horizontal {side} {kind} lacks {missing}. "
+                        f"Received: keys {sorted(keys)}")
+
+
+def _record_dict(records: Mapping[str, Any]) -> RecordDict:
+    from flwr.app import RecordDict
+
+    return RecordDict(dict(records))
+
+
+def _config_record(values: Mapping[str, Any]) -> ConfigRecord:
+    from flwr.app import ConfigRecord
+
+    return ConfigRecord(dict(values))
+
+
+def _scalar_metrics(metrics: Mapping[str, Any], allowed: frozenset[str], what: str) -> dict[str, Any]:
+    unexpected = sorted(set(metrics) - allowed)
+    if unexpected:
+        raise ReplyError(
+            f"The hospital agent's {what} reply may carry only the metrics {sorted(allowed)}; add "
+            f"a new metric to protocol.horizontal_wire first. Received: unexpected {unexpected}"
+        )
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise ReplyError(f"The hospital agent's metrics are single numbers; {key!r} is not. "
+                             f"Received: {key}={value!r}")
+        out[key] = int(value) if isinstance(value, int | np.integer) else float(value)
+    return out
+
+
+def reply_site(msg: Message) -> str:
+    """The site name a reply carries, else ``node-<id>`` of the node that sent it."""
+    if msg.has_content():
+        record = msg.content.config_records.get(SITE)
+        if record is not None and SITE_NAME in record:
+            return str(record[SITE_NAME])
+    return f"node-{msg.metadata.src_node_id}"
+
+
+def _site_info(msg: Message) -> dict[str, str]:
+    record = msg.content.config_records.get(SITE)
+    if record is None:
+        return {}
+    return {k: str(v) for k, v in record.items() if k != SITE_NAME}
+
+
+def _numbers(record: Mapping[str, Any]) -> dict[str, float | list[float]]:
+    out: dict[str, float | list[float]] = {}
+    for key, value in record.items():
+        if isinstance(value, list):
+            out[key] = [float(v) for v in value]
+        else:
+            out[key] = float(value)
+    return out
+
+
+def _weight(metrics: Mapping[str, Any], weight_key: str) -> int:
+    if weight_key not in metrics:
+        raise ReplyError(
+            f"the reply's metrics lack {weight_key!r}, the sample count that weights it "
+            f"(weighted_by_key). Received: {sorted(metrics)}"
+        )
+    try:
+        return check_num_examples(metrics[weight_key], where="reply")
+    except FedsplitError as e:
+        raise ReplyError(
+            f"the reply's {weight_key!r} (the weight key) must be an integer >= 1: fedsplit "
+            f"weights every update by its number of training rows. Received: "
+            f"{weight_key}={metrics[weight_key]!r}"
+        ) from e
+
+
+# --- query.stats ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SiteStats:
+    """A site's schema and per-feature moments (aggregates only: one value per column)."""
+
+    name: str
+    kind: str
+    task: str
+    input_shape: tuple[int, ...]
+    features: list[str]
+    num_examples: int
+    count: np.ndarray
+    sum: np.ndarray
+    sumsq: np.ndarray
+    label_max: int
+    y_sum: float
+    y_sumsq: float
+
+
+def build_stats_instruction() -> RecordDict:
+    """The ``query.stats`` instruction (no settings)."""
+    content = _record_dict({CONFIG: _config_record({})})
+    check_content(STATS, content, reply=False)
+    return content
+
+
+def build_stats_reply(stats: SiteStats) -> RecordDict:
+    """A site's ``query.stats`` reply."""
+    from flwr.app import MetricRecord
+
+    content = _record_dict({
+        STATS_RECORD: MetricRecord({
+            "num-examples": int(stats.num_examples),
+            "count": np.asarray(stats.count, dtype=np.float64).tolist(),
+            "sum": np.asarray(stats.sum, dtype=np.float64).tolist(),
+            "sumsq": np.asarray(stats.sumsq, dtype=np.float64).tolist(),
+            "label-max": int(stats.label_max),
+            "y-sum": float(stats.y_sum),
+            "y-sumsq": float(stats.y_sumsq),
+        }),
+        SCHEMA: _config_record({
+            "name": stats.name, "kind": stats.kind, "task": stats.task,
+            "input-shape": [int(d) for d in stats.input_shape],
+            "features": [str(f) for f in stats.features],
+        }),
+    })
+    check_content(STATS, content, reply=True)
+    return content
+
+
+def parse_stats_reply(msg: Message) -> SiteStats:
+    """Check and read a ``query.stats`` reply."""
+    check_content(STATS, msg.content, reply=True)
+    s = msg.content.metric_records[STATS_RECORD]
+    c = msg.content.config_records[SCHEMA]
+    return SiteStats(
+        name=str(c["name"]), kind=str(c["kind"]), task=str(c["task"]),
+        input_shape=tuple(int(d) for d in np.atleast_1d(c["input-shape"])),
+        features=[str(f) for f in np.atleast_1d(c["features"])],
+        num_examples=int(s["num-examples"]),
+        count=np.asarray(s["count"], dtype=np.float64), sum=np.asarray(s["sum"], dtype=np.float64),
+        sumsq=np.asarray(s["sumsq"], dtype=np.float64), label_max=int(s["label-max"]),
+        y_sum=float(s["y-sum"]), y_sumsq=float(s["y-sumsq"]),
+    )
+
+
+# --- query.init -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the coordinator asks one site to build: the model and its agreed statistics."""
+
+    kind: str
+    task: str
+    input_shape: tuple[int, ...]
+    num_outputs: int
+    hidden: tuple[int, ...]
+    norm: str
+    mean: np.ndarray
+    std: np.ndarray
+    y_mean: float
+    y_std: float
+
+
+def build_init_instruction(request: ModelRequest) -> RecordDict:
+    """The ``query.init`` instruction."""
+    content = _record_dict({CONFIG: _config_record({
+        "kind": request.kind, "task": request.task,
+        "input-shape": [int(d) for d in request.input_shape],
+        "num-outputs": int(request.num_outputs), "hidden": [int(h) for h in request.hidden],
+        "norm": request.norm,
+        "mean": np.asarray(request.mean, dtype=np.float64).reshape(-1).tolist(),
+        "std": np.asarray(request.std, dtype=np.float64).reshape(-1).tolist(),
+        "y-mean": float(request.y_mean), "y-std": float(request.y_std),
+    })})
+    check_content(INIT, content, reply=False)
+    return content
+
+
+def parse_init_instruction(msg: Message) -> ModelRequest:
+    """Check and read a ``query.init`` instruction (hospital side)."""
+    check_content(INIT, msg.content, reply=False)
+    c = msg.content.config_records[CONFIG]
+    return ModelRequest(
+        kind=str(c["kind"]), task=str(c["task"]),
+        input_shape=tuple(int(d) for d in np.atleast_1d(c["input-shape"])),
+        num_outputs=int(c["num-outputs"]),
+        hidden=tuple(int(h) for h in np.atleast_1d(c["hidden"])) if len(c["hidden"]) else (),
+        norm=str(c["norm"]),
+        mean=np.asarray(c["mean"], dtype=np.float64), std=np.asarray(c["std"], dtype=np.float64),
+        y_mean=float(c["y-mean"]), y_std=float(c["y-std"]),
+    )
+
+
+@dataclass(frozen=True)
+class InitialModel:
+    """The shared starting model: its parameters and architecture id."""
+
+    arrays: ArrayRecord
+    model_id: str
+
+
+def build_init_reply(arrays: Mapping[str, np.ndarray], model_id: str) -> RecordDict:
+    """A site's ``query.init`` reply: the initial model in wire form (see `state_dict_arrays`)."""
+    content = _record_dict({ARRAYS: to_array_record(check_arrays(arrays, where="initial model")),
+                            MODEL: _config_record({MODEL_ID: model_id})})
+    check_content(INIT, content, reply=True)
+    return content
+
+
+def parse_init_reply(msg: Message) -> InitialModel:
+    """Check and read a ``query.init`` reply; its arrays must be finite floats."""
+    check_content(INIT, msg.content, reply=True)
+    record = msg.content.array_records[ARRAYS]
+    try:
+        check_arrays({k: a.numpy() for k, a in record.items()}, where="initial model")
+    except FedsplitError as e:
+        raise ReplyError(f"The initial model breaks the wire contract (float arrays only; integer "
+                         f"buffers travel as float64): {e}") from e
+    return InitialModel(record, str(msg.content.config_records[MODEL][MODEL_ID]))
+
+
+# --- train and evaluate ---------------------------------------------------------------------
+def train_config(model_id: str, proximal_mu: float) -> ConfigRecord:
+    """The ``config`` record of every train instruction (Flower adds ``server-round``)."""
+    return _config_record({MODEL_ID: model_id, PROXIMAL_MU: float(proximal_mu)})
+
+
+def evaluate_config(model_id: str) -> ConfigRecord:
+    """The ``config`` record of every evaluate instruction (Flower adds ``server-round``)."""
+    return _config_record({MODEL_ID: model_id})
+
+
+@dataclass(frozen=True)
+class ModelInstruction:
+    """A train or evaluate instruction as the hospital reads it."""
+
+    arrays: dict[str, np.ndarray]
+    model_id: str
+    server_round: int
+    proximal_mu: float | None = None
+
+
+def parse_model_instruction(msg: Message, kind: str) -> ModelInstruction:
+    """Check and read a ``train`` or ``evaluate`` instruction (hospital side)."""
+    if kind not in (TRAIN, EVALUATE):
+        raise ConfigError(f"Only train and evaluate instructions carry a model. Received: {kind!r}")
+    check_content(kind, msg.content, reply=False)
+    c = msg.content.config_records[CONFIG]
+    record = msg.content.array_records[ARRAYS]
+    return ModelInstruction(
+        arrays={k: a.numpy() for k, a in record.items()},
+        model_id=str(c[MODEL_ID]),
+        server_round=int(c.get(SERVER_ROUND, 0)),
+        proximal_mu=float(c[PROXIMAL_MU]) if PROXIMAL_MU in c else None,
+    )
+
+
+def build_train_reply(update: Update | Mapping[str, np.ndarray], metrics: Mapping[str, Any],
+                      site_info: Mapping[str, str]) -> RecordDict:
+    """A site's ``train`` reply: weights, count and scalar metrics, and who trained them.
+
+    ``update`` is the trained `Update` (its count becomes ``num-examples``), or raw arrays in
+    wire form (a simulated hostile site's poisoned weights, which skip the Update checks;
+    ``metrics`` must then hold ``num-examples``). ``site_info`` holds ``name`` and optionally
+    ``device``, ``parallel-mode``, ``parallel-config``.
+    """
+    from flwr.app import MetricRecord
+
+    if isinstance(update, Update):
+        arrays: Mapping[str, np.ndarray] = update.arrays
+        metrics = {NUM_EXAMPLES: update.num_examples, **metrics}
+    else:
+        arrays = update
+    values = _scalar_metrics(metrics, TRAIN_METRICS, "train")
+    if NUM_EXAMPLES not in values:
+        raise ReplyError(f"A train reply needs {NUM_EXAMPLES!r}. Received: {sorted(values)}")
+    content = _record_dict({ARRAYS: to_array_record(arrays), METRICS: MetricRecord(values),
+                            SITE: _config_record({k: str(v) for k, v in site_info.items()})})
+    check_content(TRAIN, content, reply=True)
+    return content
+
+
+def build_evaluate_reply(metrics: Mapping[str, Any], site_info: Mapping[str, str]) -> RecordDict:
+    """A site's ``evaluate`` reply: count and scalar metrics on its held-out rows."""
+    from flwr.app import MetricRecord
+
+    values = _scalar_metrics(metrics, EVALUATE_METRICS, "evaluate")
+    if NUM_EXAMPLES not in values:
+        raise ReplyError(f"An evaluate reply needs {NUM_EXAMPLES!r}. Received: {sorted(values)}")
+    content = _record_dict({METRICS: MetricRecord(values),
+                            SITE: _config_record({k: str(v) for k, v in site_info.items()})})
+    check_content(EVALUATE, content, reply=True)
+    return content
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """A checked training reply.
+
+    ``metrics`` holds every metric (the weight key included; lists stay lists); ``update``
+    carries the scalar ones minus the weight key.
+    """
+
+    update: Update
+    metrics: dict[str, float | list[float]]
+    site: str
+    info: dict[str, str] = field(default_factory=dict)
+
+
+def parse_train_reply(msg: Message, *, weight_key: str = NUM_EXAMPLES,
+                      server_round: int | None = None) -> TrainReply:
+    """Check a ``train`` reply and turn it into a validated `Update` (raises on bad input).
+
+    ``weight_key`` names the metric whose value (an integer >= 1) weights the update.
+    """
+    check_content(TRAIN, msg.content, reply=True)
+    metrics = _numbers(msg.content.metric_records[METRICS])
+    count = _weight(msg.content.metric_records[METRICS], weight_key)
+    site = reply_site(msg)
+    scalars = {k: v for k, v in metrics.items() if k != weight_key and not isinstance(v, list)}
+    record = msg.content.array_records[ARRAYS]
+    update = Update.from_array_record(record, num_examples=count, site=site, round=server_round,
+                                      metrics=scalars)
+    return TrainReply(update, metrics, site, _site_info(msg))
+
+
+@dataclass(frozen=True)
+class EvaluateReply:
+    """A checked evaluation reply."""
+
+    num_examples: int
+    metrics: dict[str, float | list[float]]
+    site: str
+
+
+def parse_evaluate_reply(msg: Message, *, weight_key: str = NUM_EXAMPLES) -> EvaluateReply:
+    """Check an ``evaluate`` reply and read its count and metrics (raises on bad input)."""
+    check_content(EVALUATE, msg.content, reply=True)
+    record = msg.content.metric_records[METRICS]
+    return EvaluateReply(_weight(record, weight_key), _numbers(record), reply_site(msg))

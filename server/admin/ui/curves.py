@@ -1,0 +1,122 @@
+"""The curves of a Flower run: global metric against baselines, per hospital, privacy spent.
+
+Differential privacy (documented in docs/web-view.md): a hospital's cumulative epsilon is read
+from its training entry in ``history.json``, ``rounds[].train.sites[].epsilon`` or
+``rounds[].train.sites[].metrics.epsilon``; the budget from ``history.json``'s
+``privacy.epsilon_budget`` or the run config's ``dp`` string (``epsilon=E,delta=D,...``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.admin.ui.charts import Chart, Series, line_chart
+from server.admin.ui.runs import FlowerRun
+
+PREFERRED = ("accuracy", "r2", "auc", "rmse", "loss")
+
+
+def primary_metric(run: FlowerRun) -> str | None:
+    """The metric the run is judged by: accuracy, else r2, ..., else the first one recorded."""
+    keys: set[str] = set()
+    for rnd in run.rounds:
+        keys |= set(rnd.metrics) | set(rnd.test_metrics)
+    return next((k for k in PREFERRED if k in keys), min(keys) if keys else None)
+
+
+def epsilon_budget(run: FlowerRun, privacy: object = None) -> float | None:
+    """The run's epsilon budget, when DP is on (see the module docstring)."""
+    if isinstance(privacy, dict) and isinstance(privacy.get("epsilon_budget"), int | float):
+        return float(privacy["epsilon_budget"])
+    dp = run.config.get("dp")
+    if isinstance(dp, str):
+        for part in dp.split(","):
+            key, _, value = part.partition("=")
+            if key.strip() == "epsilon":
+                try:
+                    return float(value)
+                except ValueError:
+                    return None
+    return None
+
+
+@dataclass
+class Privacy:
+    """Epsilon spent per hospital (latest round) and the budget, when DP is on."""
+
+    spent: dict[str, float]
+    budget: float | None
+
+    @property
+    def left(self) -> dict[str, float | None]:
+        """Budget left per hospital (None when no budget is recorded)."""
+        return {s: (self.budget - e if self.budget is not None else None) for s, e in self.spent.items()}
+
+
+def privacy_of(run: FlowerRun, visible: set[str] | None = None) -> Privacy | None:
+    """The privacy table, or None when no round records an epsilon."""
+    spent: dict[str, float] = {}
+    for rnd in run.rounds:
+        for row in rnd.rows:
+            if row.epsilon is not None and (visible is None or row.site in visible):
+                spent[row.site] = row.epsilon
+    if not spent:
+        return None
+    privacy = (run.summary or {}).get("privacy") if run.summary else None
+    return Privacy(spent=dict(sorted(spent.items())), budget=epsilon_budget(run, privacy))
+
+
+def run_charts(run: FlowerRun, visible: set[str] | None = None) -> list[Chart]:
+    """The run's charts; ``visible`` limits per-hospital lines (None: every hospital)."""
+    charts: list[Chart] = []
+    metric = primary_metric(run)
+    first = min((r.number for r in run.rounds), default=1)
+    last = max((r.number for r in run.rounds), default=1)
+    if metric is not None:
+        series = [
+            Series("federated, held-out test split",
+                   [(r.number, r.test_metrics[metric]) for r in run.rounds if metric in r.test_metrics]),
+            Series("federated evaluation on the hospitals' held-out rows",
+                   [(r.number, r.metrics[metric]) for r in run.rounds if metric in r.metrics]),
+        ]
+        baselines: list[Series] = []
+        summary = run.summary or {}
+        central = (summary.get("centralized") or {}).get("metrics", {}) if visible is None else {}
+        if isinstance(central, dict) and isinstance(central.get(metric), int | float):
+            baselines.append(Series("centralized (pooled data)",
+                                    [(first, central[metric]), (last, central[metric])], dashed=True))
+        for local in summary.get("local_only", []) or []:
+            if not isinstance(local, dict) or (visible is not None and local.get("site") not in visible):
+                continue
+            value = (local.get("metrics") or {}).get(metric)
+            if isinstance(value, int | float):
+                baselines.append(Series(f"{local.get('site')} alone", [(first, value), (last, value)],
+                                        dashed=True))
+        chart = line_chart(f"Global {metric} per round", series, baselines=baselines)
+        if chart is not None:
+            charts.append(chart)
+    sites = [s for s in run.sites if visible is None or s in visible]
+    if metric is not None:
+        per_site = [Series(site, [(r.number, row.eval_metrics[metric]) for r in run.rounds
+                                  for row in r.rows if row.site == site and metric in row.eval_metrics])
+                    for site in sites]
+        chart = line_chart(f"Each hospital's {metric} on its own held-out rows", per_site)
+        if chart is not None:
+            charts.append(chart)
+    losses = [Series(site, [(r.number, row.metrics["train-loss"]) for r in run.rounds
+                            for row in r.rows if row.site == site and "train-loss" in row.metrics])
+              for site in sites]
+    chart = line_chart("Each hospital's training loss", losses)
+    if chart is not None:
+        charts.append(chart)
+    privacy = privacy_of(run, visible)
+    if privacy is not None:
+        eps = [Series(site, [(r.number, row.epsilon) for r in run.rounds for row in r.rows
+                             if row.site == site and row.epsilon is not None])
+               for site in sites]
+        budget = ([Series("budget", [(first, privacy.budget), (last, privacy.budget)], dashed=True)]
+                  if privacy.budget is not None else [])
+        chart = line_chart("Privacy spent (epsilon) per hospital", eps, baselines=budget)
+        if chart is not None:
+            charts.append(chart)
+    return charts

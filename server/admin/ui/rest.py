@@ -1,0 +1,161 @@
+"""REST rounds as the web view shows them, read from the admin database.
+
+A site principal sees only its own rows: its uploads, its refusals, its line of each report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from server.admin.auth import ADMIN, Principal
+from server.admin.tables import Round, Site, Upload
+from server.admin.timeutil import as_utc
+from server.admin.ui.refusals import RefusedUpload
+from server.admin.ui.siterows import SiteRow, rows_from_round
+
+#: Rounds listed on the overview (newest first); older ones stay reachable by id.
+MAX_ROUNDS_LISTED = 100
+MAX_UPLOADS_LISTED = 200
+
+
+@dataclass
+class UploadItem:
+    """One upload: accepted (current or replaced) or refused."""
+
+    round_id: int | None
+    site: str
+    at: datetime | None
+    sha256: str | None
+    size: int | None
+    file: str | None
+    layout: str | None = None
+    num_examples: int | None = None
+    current: bool = True
+    replaced_at: datetime | None = None
+    refused: bool = False
+    reason: str | None = None
+    detail: str | None = None
+    status_code: int | None = None
+
+
+@dataclass
+class RestRound:
+    """One REST round with its hospitals and uploads."""
+
+    id: int
+    strategy: str
+    params: dict[str, Any]
+    status: str
+    min_uploads: int
+    deadline: datetime | None
+    created_at: datetime | None
+    aggregated_at: datetime | None
+    num_examples: int | None
+    aggregation_seconds: float | None
+    has_model: bool
+    has_keras: bool
+    rows: list[SiteRow] = field(default_factory=list)
+    uploads: list[UploadItem] = field(default_factory=list)
+    sites_uploaded: int = 0
+
+    @property
+    def used(self) -> list[SiteRow]:
+        """Hospitals whose upload went into the aggregate."""
+        return [r for r in self.rows if r.used]
+
+    @property
+    def returned(self) -> list[SiteRow]:
+        """Hospitals whose upload passed the checks."""
+        return [r for r in self.rows if r.returned]
+
+
+def _visible(principal: Principal, site: str) -> bool:
+    return principal.role == ADMIN or site == principal.site_name
+
+
+def upload_item(upload: Upload) -> UploadItem:
+    """An accepted upload."""
+    return UploadItem(
+        round_id=upload.round_id, site=upload.site.name, at=as_utc(upload.created_at),
+        sha256=upload.sha256, size=upload.size_bytes,
+        file=upload.original_file.rsplit("/", 1)[-1] if upload.original_file else None,
+        layout=upload.layout, num_examples=upload.num_examples, current=upload.current,
+        replaced_at=as_utc(upload.replaced_at),
+    )
+
+
+def refusal_item(refusal: RefusedUpload) -> UploadItem:
+    """A refused upload."""
+    return UploadItem(
+        round_id=refusal.round_id, site=refusal.who, at=as_utc(refusal.created_at),
+        sha256=refusal.sha256, size=refusal.size_bytes, file=refusal.filename, refused=True,
+        reason=refusal.reason or refusal.error, detail=refusal.detail, status_code=refusal.status_code,
+    )
+
+
+def rest_round(rnd: Round, principal: Principal, refusals: list[RefusedUpload]) -> RestRound:
+    """The view of ``rnd`` for ``principal``."""
+    current = [u for u in rnd.uploads if u.current]
+    rows = rows_from_round(
+        [{"site": u.site.name, "num_examples": u.num_examples} for u in current], rnd.report,
+        sent_tag="uploaded",
+    )
+    items = [upload_item(u) for u in rnd.uploads] + [refusal_item(r) for r in refusals]
+    items.sort(key=lambda i: (i.at is None, i.at), reverse=True)
+    return RestRound(
+        id=rnd.id, strategy=rnd.strategy, params=dict(rnd.params or {}), status=rnd.status,
+        min_uploads=rnd.min_uploads, deadline=as_utc(rnd.deadline),
+        created_at=as_utc(rnd.created_at), aggregated_at=as_utc(rnd.aggregated_at),
+        num_examples=rnd.num_examples, aggregation_seconds=rnd.aggregation_seconds,
+        has_model=rnd.model_file is not None, has_keras=rnd.keras_layout is not None,
+        rows=[r for r in rows if _visible(principal, r.site)],
+        uploads=[i for i in items if _visible(principal, i.site)],
+        sites_uploaded=len(current),
+    )
+
+
+def _refusals(session: Session, principal: Principal, round_ids: list[int] | None) -> list[RefusedUpload]:
+    query = select(RefusedUpload).order_by(RefusedUpload.id.desc()).limit(MAX_UPLOADS_LISTED)
+    if round_ids is not None:
+        query = query.where(RefusedUpload.round_id.in_(round_ids))
+    if principal.role != ADMIN:
+        query = query.where(RefusedUpload.who == principal.site_name)
+    return list(session.scalars(query))
+
+
+def list_rounds(session: Session, principal: Principal) -> list[RestRound]:
+    """The newest `MAX_ROUNDS_LISTED` rounds, newest first."""
+    rounds = list(session.scalars(
+        select(Round).options(selectinload(Round.uploads).selectinload(Upload.site))
+        .order_by(Round.id.desc()).limit(MAX_ROUNDS_LISTED)
+    ))
+    refusals = _refusals(session, principal, [r.id for r in rounds])
+    by_round: dict[int | None, list[RefusedUpload]] = {}
+    for refusal in refusals:
+        by_round.setdefault(refusal.round_id, []).append(refusal)
+    return [rest_round(r, principal, by_round.get(r.id, [])) for r in rounds]
+
+
+def get_round(session: Session, principal: Principal, round_id: int) -> RestRound | None:
+    """One round, or None."""
+    rnd = session.get(Round, round_id)
+    if rnd is None:
+        return None
+    return rest_round(rnd, principal, _refusals(session, principal, [round_id]))
+
+
+def recent_uploads(session: Session, principal: Principal) -> list[UploadItem]:
+    """The newest uploads and refusals (every round), newest first."""
+    query = (select(Upload).options(selectinload(Upload.site))
+             .order_by(Upload.id.desc()).limit(MAX_UPLOADS_LISTED))
+    if principal.role != ADMIN:
+        query = query.join(Site).where(Site.name == principal.site_name)
+    items = [upload_item(u) for u in session.scalars(query)]
+    items += [refusal_item(r) for r in _refusals(session, principal, None)]
+    items.sort(key=lambda i: (i.at is None, i.at), reverse=True)
+    return items[:MAX_UPLOADS_LISTED]

@@ -1,0 +1,262 @@
+"""Flower runs on disk: find every ``history.json`` under the ``--runs`` folders and read it.
+
+A run is a folder holding ``history.json`` (the coordinator's out-dir: ``OUT/federation`` for
+``fedsplit simulate``, ``WORK/out`` for ``fedsplit up``, the compose out volume). Its
+``models/round-NNN.h5`` and ``.report.json`` sit beside it; ``summary.json`` (baselines) is
+in the run folder or its parent. Each ``--runs DIR`` may be such a folder or hold many of them:
+the search goes `MAX_DEPTH` levels down, skips hidden folders and the bulky ones simulate writes
+(``flower``, ``sites``, ``models``) and stops after `MAX_RUNS` runs. Runs are named by their
+path below DIR and addressed by a 12-hex-digit digest of their absolute path, so a URL never
+carries a path. Files are re-read when their modification time changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.admin.ui.siterows import SiteRow, rows_from_round
+
+HISTORY = "history.json"
+SUMMARY = "summary.json"
+MAX_DEPTH = 4
+MAX_RUNS = 200
+SKIP_DIRS = frozenset({"flower", "sites", "models", "flwr-home", "__pycache__", "node_modules"})
+#: History or summary files larger than this are not parsed (a run's history is kilobytes).
+MAX_JSON_BYTES = 64 * 1024 * 1024
+RESCAN_S = 3.0
+
+
+@dataclass
+class FlowerRound:
+    """One round of a Flower run."""
+
+    number: int
+    rows: list[SiteRow]
+    strategy: str | None
+    params: dict[str, Any]
+    metrics: dict[str, float]
+    test_metrics: dict[str, float]
+    error: str | None
+    seconds: float | None
+    has_model: bool
+    num_examples: int | None
+
+    @property
+    def used(self) -> list[SiteRow]:
+        """Hospitals whose update went into the aggregate."""
+        return [r for r in self.rows if r.used]
+
+    @property
+    def returned(self) -> list[SiteRow]:
+        """Hospitals whose update arrived and passed the checks."""
+        return [r for r in self.rows if r.returned]
+
+
+@dataclass
+class FlowerRun:
+    """A Flower run's history (and baselines when simulate wrote them)."""
+
+    run_id: str
+    name: str
+    path: Path
+    status: str
+    strategy: str
+    params: dict[str, Any]
+    total_rounds: int | None
+    model_id: str | None
+    started_at: float | None
+    finished_at: float | None
+    error: str | None
+    rounds: list[FlowerRound]
+    config: dict[str, Any]
+    summary: dict[str, Any] | None
+    resumed: list[dict[str, Any]] = field(default_factory=list)
+    mtime: float = 0.0
+
+    @property
+    def sites(self) -> list[str]:
+        """Every hospital named in any round."""
+        return sorted({row.site for rnd in self.rounds for row in rnd.rows})
+
+    def round(self, number: int) -> FlowerRound | None:
+        """Round ``number``, if recorded."""
+        return next((r for r in self.rounds if r.number == number), None)
+
+    def model_path(self, number: int) -> Path:
+        """Where round ``number``'s model is (it may not exist)."""
+        return self.path / "models" / f"round-{number:03d}.h5"
+
+
+def run_id_of(path: Path) -> str:
+    """The URL id of the run in ``path``."""
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+
+
+def discover(roots: list[Path]) -> list[tuple[str, Path]]:
+    """(display name, run folder) of every run under ``roots``, at most `MAX_RUNS`."""
+    found: list[tuple[str, Path]] = []
+    seen: set[Path] = set()
+    for root in roots:
+        root = Path(root)
+        if not root.is_dir():
+            continue
+        stack: list[tuple[Path, int]] = [(root, 0)]
+        while stack and len(found) < MAX_RUNS:
+            folder, depth = stack.pop()
+            real = folder.resolve()
+            if real in seen:
+                continue
+            seen.add(real)
+            if (folder / HISTORY).is_file():
+                rel = folder.relative_to(root)
+                label = root.resolve().name if str(rel) == "." else f"{root.resolve().name}/{rel}"
+                found.append((label, folder))
+            if depth >= MAX_DEPTH:
+                continue
+            try:
+                children = sorted(
+                    (e for e in os.scandir(folder)
+                     if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+                     and e.name not in SKIP_DIRS),
+                    key=lambda e: e.name, reverse=True,
+                )
+            except OSError:
+                continue
+            stack.extend((Path(e.path), depth + 1) for e in children)
+    return sorted(found)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _params(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str) and raw.strip():
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {"(unparsed)": raw}
+        return value if isinstance(value, dict) else {"(unparsed)": raw}
+    return {}
+
+
+def _scalars(raw: Any) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): float(v) for k, v in raw.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def load_run(name: str, path: Path) -> FlowerRun | None:
+    """Read the run in ``path``; None when its history is missing or not a JSON object."""
+    history = _read_json(path / HISTORY)
+    if history is None:
+        return None
+    summary = _read_json(path / SUMMARY) or _read_json(path.parent / SUMMARY)
+    config = history.get("config") if isinstance(history.get("config"), dict) else {}
+    test_by_round = {}
+    if summary is not None:
+        for entry in summary.get("rounds", []) or []:
+            if isinstance(entry, dict) and isinstance(entry.get("round"), int):
+                test_by_round[entry["round"]] = _scalars(entry.get("metrics"))
+    rounds: list[FlowerRound] = []
+    for entry in history.get("rounds", []) or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("round"), int):
+            continue
+        number = entry["round"]
+        train = entry.get("train") if isinstance(entry.get("train"), dict) else {}
+        evaluate = entry.get("evaluate") if isinstance(entry.get("evaluate"), dict) else {}
+        report = entry.get("aggregation") if isinstance(entry.get("aggregation"), dict) else None
+        if report is None:
+            report = _read_json(path / "models" / f"round-{number:03d}.report.json")
+        rows = rows_from_round(
+            [s for s in train.get("sites", []) or [] if isinstance(s, dict)], report,
+            [s for s in evaluate.get("sites", []) or [] if isinstance(s, dict)],
+        )
+        rounds.append(FlowerRound(
+            number=number, rows=rows,
+            strategy=(report or {}).get("strategy"), params=_params((report or {}).get("params")),
+            metrics=_scalars(evaluate.get("metrics")), test_metrics=test_by_round.get(number, {}),
+            error=str(entry["error"]) if entry.get("error") else None,
+            seconds=entry.get("seconds") if isinstance(entry.get("seconds"), int | float) else None,
+            has_model=(path / "models" / f"round-{number:03d}.h5").is_file(),
+            num_examples=(report or {}).get("num_examples"),
+        ))
+    rounds.sort(key=lambda r: r.number)
+    total = config.get("num-server-rounds")
+    return FlowerRun(
+        run_id=run_id_of(path), name=name, path=path.resolve(),
+        status=str(history.get("status", "unknown")),
+        strategy=str(config.get("strategy", "?")), params=_params(config.get("strategy-params")),
+        total_rounds=total if isinstance(total, int) else None,
+        model_id=history.get("model_id"),
+        started_at=history.get("started_at"), finished_at=history.get("finished_at"),
+        error=str(history["error"]) if history.get("error") else None,
+        rounds=rounds, config=config, summary=summary,
+        resumed=[r for r in history.get("resumed", []) or [] if isinstance(r, dict)],
+        mtime=(path / HISTORY).stat().st_mtime,
+    )
+
+
+def _stamp(path: Path) -> float | None:
+    """Newest modification time of the run's history and summary (None: no history)."""
+    try:
+        stamp = (path / HISTORY).stat().st_mtime
+    except OSError:
+        return None
+    for summary in (path / SUMMARY, path.parent / SUMMARY):
+        with contextlib.suppress(OSError):
+            stamp = max(stamp, summary.stat().st_mtime)
+    return stamp
+
+
+class RunCatalog:
+    """The runs under the ``--runs`` folders, rescanned at most every `RESCAN_S` seconds."""
+
+    def __init__(self, roots: list[Path] | tuple[Path, ...]) -> None:
+        self.roots = [Path(r) for r in roots]
+        self._lock = threading.Lock()
+        self._scanned = -1e9
+        self._paths: list[tuple[str, Path]] = []
+        self._cache: dict[Path, tuple[float, FlowerRun]] = {}
+
+    def runs(self) -> list[FlowerRun]:
+        """Every readable run, by name."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._scanned > RESCAN_S:
+                self._paths = discover(self.roots)
+                self._scanned = now
+            runs: list[FlowerRun] = []
+            for name, path in self._paths:
+                mtime = _stamp(path)
+                if mtime is None:
+                    continue
+                cached = self._cache.get(path)
+                if cached is None or cached[0] != mtime:
+                    run = load_run(name, path)
+                    if run is None:
+                        continue
+                    self._cache[path] = (mtime, run)
+                runs.append(self._cache[path][1])
+            return runs
+
+    def get(self, run_id: str) -> FlowerRun | None:
+        """The run with URL id ``run_id``."""
+        return next((r for r in self.runs() if r.run_id == run_id), None)

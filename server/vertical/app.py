@@ -1,0 +1,119 @@
+"""The vertical coordinator: a Flower ServerApp that holds the labels and the fusion head.
+
+It runs `server.vertical.coordinator.VerticalCoordinator` over Flower's Grid: PSI alignment,
+preparation, ``num-server-rounds`` rounds of ``steps_per_round`` split-training steps (one
+message to and from each site per step), held-out evaluation after each round, and finally
+the sites save their branches and the coordinator its head. ``OUT/history.json`` records the
+overlap report, every round, and an inventory of what crossed the network (array names,
+dtypes and widths per message type), checked against `protocol.vertical.wire.ALLOWED`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.serverapp import Grid, ServerApp
+
+from protocol.atomic import write_json_atomic
+from protocol.errors import FederationError, FedsplitError
+from protocol.vertical.config import VerticalConfig
+from protocol.vertical.wire import Payload, check_payload, from_record, to_record
+from server.setup import wait_for_nodes
+from server.vertical.coordinator import VerticalCoordinator, read_label_file
+
+log = logging.getLogger(__name__)
+
+app = ServerApp()
+
+
+class GridTransport:
+    """Sends payloads to sites through Flower's Grid; checks and inventories every message."""
+
+    def __init__(self, grid: Grid, timeout: float) -> None:
+        self.grid = grid
+        self.timeout = timeout
+        self.inventory: dict[str, dict[str, Any]] = {}
+        self.messages = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+
+    def _note(self, message_type: str, direction: str, payload: Payload) -> None:
+        entry = self.inventory.setdefault(f"{message_type} {direction}", {"arrays": {}, "config": []})
+        for name, arr in payload.arrays.items():
+            entry["arrays"][name] = {"dtype": str(arr.dtype), "width": list(arr.shape[1:])}
+        entry["config"] = sorted(set(entry["config"]) | set(payload.config))
+
+    def __call__(self, message_type: str, payloads: dict[int, Payload]) -> dict[int, Payload]:
+        msgs = []
+        for node, payload in payloads.items():
+            check_payload(message_type, payload, reply=False)
+            self._note(message_type, "to-site", payload)
+            self.bytes_down += payload.nbytes()
+            msgs.append(Message(to_record(payload), dst_node_id=node, message_type=message_type))
+        replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout))
+        self.messages += len(msgs) + len(replies)
+        errors = [r for r in replies if r.has_error()]
+        if errors:
+            reasons = "; ".join(f"node {r.metadata.src_node_id}: {r.error.reason}" for r in errors)
+            raise FederationError(f"Site agent(s) failed during {message_type}: {reasons}")
+        if len(replies) < len(msgs):
+            raise FederationError(f"Only {len(replies)} of {len(msgs)} sites answered {message_type} within "
+                                f"{self.timeout:.0f} s. Received: {len(replies)} replies")
+        out = {}
+        for r in replies:
+            payload = from_record(r.content)
+            check_payload(message_type, payload, reply=True)
+            self._note(message_type, "from-site", payload)
+            self.bytes_up += payload.nbytes()
+            out[int(r.metadata.src_node_id)] = payload
+        return out
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Align, prepare, train, evaluate, save; history.json after every phase."""
+    cfg = VerticalConfig.from_flower(context.run_config)
+    out = Path(cfg.out_dir)
+    history: dict[str, Any] = {"status": "running", "config": cfg.to_flower(), "rounds": [],
+                               "started_at": time.time()}
+    write_json_atomic(out / "history.json", history)
+    transport = GridTransport(grid, cfg.round_timeout)
+    try:
+        params = cfg.params
+        labels = read_label_file(cfg.labels_path, cfg.id_column, cfg.target,
+                                 None if cfg.task == "auto" else cfg.task)
+        nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
+        coordinator = VerticalCoordinator(labels, params, nodes, transport, seed=cfg.seed,
+                                          test_fraction=cfg.test_fraction)
+        t0 = time.monotonic()
+        history["overlap"] = coordinator.align()
+        history["psi_seconds"] = round(time.monotonic() - t0, 2)
+        coordinator.prepare()
+        history.update({"task": labels.task, "train_rows": len(coordinator.train_rows),
+                        "test_rows": len(coordinator.test_rows), "input_widths": coordinator.input_widths})
+        write_json_atomic(out / "history.json", history)
+        for rnd in range(1, cfg.num_server_rounds + 1):
+            t = time.monotonic()
+            loss = coordinator.train_round()
+            evaluation = coordinator.evaluate()
+            history["rounds"].append({"round": rnd, "train_loss": loss, "steps": coordinator.step_count,
+                                      "seconds": round(time.monotonic() - t, 3), **evaluation})
+            history["inventory"] = transport.inventory
+            write_json_atomic(out / "history.json", history)
+        history["site_models"] = coordinator.save_sites(tag=str(out))
+        assert coordinator.head is not None
+        coordinator.head.save(out / "head", coordinator.head_meta())
+    except FedsplitError as e:
+        history.update({"status": "failed", "error": f"{type(e).__name__}: {e}",
+                        "inventory": transport.inventory, "finished_at": time.time()})
+        write_json_atomic(out / "history.json", history)
+        raise
+    history.update({"status": "finished", "inventory": transport.inventory,
+                    "messages": transport.messages, "bytes_to_sites": transport.bytes_down,
+                    "bytes_from_sites": transport.bytes_up, "finished_at": time.time()})
+    write_json_atomic(out / "history.json", history)
+
