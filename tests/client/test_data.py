@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cli.experiment import Experiment, prepare_sites
+from orchestration.experiment import Experiment, prepare_sites
 from client.data import load_bundled, load_site_file, partition
 from protocol import RunConfig
 from protocol.errors import ConfigError

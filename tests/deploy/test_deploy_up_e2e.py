@@ -28,6 +28,7 @@ import pytest
 from orchestration.certs import write_supernode_key
 from orchestration.flower_runtime import flower_env, free_port, health_url, tls_context, wait_http
 from orchestration.local_federation import fedsplit_command
+from protocol.errors import SiteAgentError
 
 ROUND_TIMEOUT = 60
 
@@ -118,7 +119,8 @@ def test_up_tls_refuses_intruder_survives_hospital_and_coordinator_kills(tmp_pat
         killpg(json.loads((work / "pids.json").read_text())["coordinator"])
 
         assert up.wait(timeout=max(60, 600 - (time.monotonic() - t0))) == 0, up_log.read_text()[-3000:]
-        assert intruder.wait(timeout=120) == 5, (tmp_path / "intruder.log").read_text()[-2000:]
+        assert intruder.wait(timeout=120) == SiteAgentError.exit_code, \
+            (tmp_path / "intruder.log").read_text()[-2000:]
     finally:
         for proc in started:
             with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,128 @@
+"""Which implementation a pass runs: the numpy reference, numba-compiled kernels, or torch.
+
+The compiled kernels (`aggregation._numba_kernels`) do the same arithmetic as the numpy code
+they replace, in one pass over cache-resident data instead of several numpy calls:
+
+- median and trimmed mean: a sorting network run across coordinates (each compare-exchange is
+  a vectorised min/max of two updates' rows of a cache-sized tile), pruned to the ranks the
+  rule needs, with the trim-and-sum, the per-update drop counts and the distances fused in;
+  the count-weighted variants carry each value's update index through the same network;
+- FedAvg's weighted sum: one fused multiply-add per update and coordinate;
+- the distance pass and Krum's tile centring (the Gram product itself stays in BLAS).
+
+Choice (``FEDSPLIT_AGG_KERNELS``, read at every pass):
+
+- ``auto`` (default): the kernels when numba is installed and the pass reads at least
+  `COMPILED_FROM` values (smaller passes stay in numpy: importing numba and loading the
+  cached kernels costs more than they save there);
+- ``numba``: the kernels for every pass, whatever its size (an error when numba is missing);
+- ``numpy``: the numpy reference everywhere.
+
+numba compiles each kernel once per signature and caches the machine code on disk
+(``cache=True``: beside this file, or in numba's per-user cache directory when the install is
+read-only, or in ``NUMBA_CACHE_DIR``); when no cache directory is writable the kernels are
+compiled in memory at every start instead. The kernels release the GIL and run on the
+aggregation's own worker threads (`aggregation._threads`, ``FEDSPLIT_AGG_THREADS``), never on
+numba's threading layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+
+import numpy as np
+
+from aggregation.errors import AggregationError
+
+#: ``auto`` uses the compiled kernels from this many values read by a pass (N x coordinates).
+COMPILED_FROM = 1 << 20
+
+MODES = ("auto", "numba", "numpy")
+
+
+def mode() -> str:
+    """``FEDSPLIT_AGG_KERNELS``: ``auto`` (default), ``numba`` or ``numpy``."""
+    raw = os.environ.get("FEDSPLIT_AGG_KERNELS", "").strip().lower() or "auto"
+    if raw not in MODES:
+        raise AggregationError(
+            f"FEDSPLIT_AGG_KERNELS is 'auto' (compiled kernels for large passes when numba is "
+            f"installed), 'numba' (always) or 'numpy' (the reference code). Received: {raw!r}"
+        )
+    return raw
+
+
+@functools.cache
+def _load() -> ModuleType | None:
+    try:
+        from aggregation import _numba_kernels
+    except ImportError:
+        return None
+    return _numba_kernels
+
+
+def compiled(values: int) -> ModuleType | None:
+    """The compiled-kernel module for a pass over ``values`` values, or None for numpy."""
+    chosen = mode()
+    if chosen == "numpy" or (chosen == "auto" and values < COMPILED_FROM):
+        return None
+    module = _load()
+    if module is None and chosen == "numba":
+        raise AggregationError(
+            "FEDSPLIT_AGG_KERNELS=numba asks for the compiled kernels, but numba is not "
+            "installed. Install it (pip install 'numba>=0.60') or unset the variable. "
+            "Received: FEDSPLIT_AGG_KERNELS=numba"
+        )
+    return module
+
+
+def kernel_dtype(dtype: np.dtype) -> bool:
+    """Whether the kernels take arrays of ``dtype`` (float32 and float64; float16 stays numpy)."""
+    return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
+
+
+# --------------------------------------------------------------------------------------------
+# Sorting networks (built in Python once per N, run by the kernels)
+
+
+def batcher_network(n: int) -> list[tuple[int, int]]:
+    """Batcher's odd-even merge sort comparators ``(i, j)``, i < j, for ``n`` inputs.
+
+    Built for the next power of two; comparators touching an index >= n are dropped (the padding
+    would hold +inf, which no comparator moves), so it sorts any ``n``.
+    """
+    size = 1
+    while size < n:
+        size *= 2
+    comps: list[tuple[int, int]] = []
+    p = 1
+    while p < size:
+        k = p
+        while k >= 1:
+            for j in range(k % p, size - k, 2 * k):
+                for i in range(min(k, size - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p) and i + j + k < n:
+                        comps.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    return comps
+
+
+@functools.cache
+def selection_network(n: int, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+    """Comparators that put the right values at sorted ranks ``first..last`` of ``n`` inputs.
+
+    Batcher's network, pruned backwards: a comparator is kept only when one of its outputs
+    feeds a needed rank. Returned as two int64 arrays (low and high index of each comparator).
+    """
+    needed = set(range(first, last + 1))
+    kept: list[tuple[int, int]] = []
+    for a, b in reversed(batcher_network(n)):
+        if a in needed or b in needed:
+            kept.append((a, b))
+            needed.update((a, b))
+    kept.reverse()
+    lo = np.array([a for a, _ in kept], dtype=np.int64)
+    hi = np.array([b for _, b in kept], dtype=np.int64)
+    return lo, hi

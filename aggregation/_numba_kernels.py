@@ -1,0 +1,272 @@
+"""numba-compiled kernels of the aggregation passes (imported only through `aggregation._kernels`).
+
+Each kernel does exactly the arithmetic of the numpy reference it replaces, in the same
+precision (differences and where they come from: docs/aggregation.md, "Compiled kernels").
+Arrays are float32 or float64 and C-contiguous; scalars are int64 or float64, so each kernel
+compiles for two signatures at most. Every kernel releases the GIL (``nogil``) and is cached
+on disk (``cache=True``) when a cache directory is writable.
+
+The order-statistic kernels work on ``x[:, l0:l1]`` of a stacked block ``x`` (N, b), in chunks
+of `CHUNK` coordinates: the chunk's N x CHUNK values are copied into a buffer that stays in
+the L1 cache, sorted by a sorting network run across the chunk's coordinates (each
+compare-exchange is a vectorised min/max of two rows), and the rule's value, each update's
+drop count and its squared distance to the result are taken from the buffer and the
+unsorted block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+
+#: Coordinates sorted together: N x CHUNK values (12.8 KB for N=50 float32) stay in L1.
+CHUNK = 64
+
+
+def _jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``numba.njit(nogil=True, cache=True, ...)``; in-memory compilation when nothing is writable.
+
+    numba looks for a cache directory when the decorator is applied (beside the source, then
+    its per-user cache directory, or ``NUMBA_CACHE_DIR``) and raises when none can be written.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Any:
+        try:
+            return numba.njit(nogil=True, cache=True, **options)(fn)
+        except RuntimeError:  # no writable cache location: compile at every start instead
+            return numba.njit(nogil=True, cache=False, **options)(fn)
+
+    return wrap
+
+
+@_jit()
+def trim_tile(x, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):  # noqa: ANN001, ANN201
+    """Mean of sorted ranks ``cut .. N-cut-1`` of ``x[:, l0:l1]`` into ``out`` (length l1 - l0).
+
+    One or two kept values are returned / halved in the input precision (as ``np.median``);
+    more are summed in float64 in rank order and divided by their number. ``dropped[k]`` gains
+    the number of coordinates where update k's value lies outside the kept range (differs
+    from the single kept value when one is kept); ``dist2[k]`` gains the float64 sum of
+    ``(x_k - result)**2``, each difference taken in the input precision.
+    """
+    n = x.shape[0]
+    width = n - 2 * cut
+    buf = np.empty((n, CHUNK), dtype=x.dtype)
+    res = np.empty(CHUNK, dtype=x.dtype)
+    low = np.empty(CHUNK, dtype=x.dtype)
+    high = np.empty(CHUNK, dtype=x.dtype)
+    total = np.empty(CHUNK, dtype=np.float64)
+    counts = np.zeros((n, CHUNK), dtype=np.int64)
+    squares = np.zeros((n, CHUNK), dtype=np.float64)
+    for c0 in range(l0, l1, CHUNK):
+        w = min(CHUNK, l1 - c0)
+        for r in range(n):
+            for j in range(w):
+                buf[r, j] = x[r, c0 + j]
+        for c in range(lo_idx.shape[0]):
+            a = lo_idx[c]
+            b = hi_idx[c]
+            for j in range(w):
+                u = buf[a, j]
+                v = buf[b, j]
+                buf[a, j] = min(u, v)
+                buf[b, j] = max(u, v)
+        if width == 1:
+            for j in range(w):
+                res[j] = buf[cut, j]
+        elif width == 2:
+            for j in range(w):
+                res[j] = (buf[cut, j] + buf[cut + 1, j]) * 0.5
+        else:
+            for j in range(w):
+                total[j] = 0.0
+            for r in range(cut, n - cut):
+                for j in range(w):
+                    total[j] += buf[r, j]
+            for j in range(w):
+                res[j] = total[j] / width
+        for j in range(w):
+            out[c0 - l0 + j] = res[j]
+        if cut > 0:
+            for j in range(w):
+                low[j] = buf[cut, j]
+                high[j] = buf[n - cut - 1, j]
+            for r in range(n):
+                for j in range(w):
+                    v = x[r, c0 + j]
+                    if width == 1:
+                        counts[r, j] += v != low[j]
+                    else:
+                        counts[r, j] += (v < low[j]) + (v > high[j])
+        for r in range(n):
+            for j in range(w):
+                d = np.float64(x[r, c0 + j] - res[j])
+                squares[r, j] += d * d
+    for r in range(n):
+        dropped[r] += counts[r].sum()
+        dist2[r] += squares[r].sum()
+
+
+@_jit()
+def _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx):  # noqa: ANN001, ANN202
+    """Sort ``x[:, c0:c0+w]`` per coordinate into ``buf``, carrying update indices in ``idx``."""
+    n = x.shape[0]
+    for r in range(n):
+        for j in range(w):
+            buf[r, j] = x[r, c0 + j]
+            idx[r, j] = r
+    for c in range(lo_idx.shape[0]):
+        a = lo_idx[c]
+        b = hi_idx[c]
+        for j in range(w):
+            u = buf[a, j]
+            v = buf[b, j]
+            ia = idx[a, j]
+            ib = idx[b, j]
+            swap = v < u
+            buf[a, j] = v if swap else u
+            buf[b, j] = u if swap else v
+            idx[a, j] = ib if swap else ia
+            idx[b, j] = ia if swap else ib
+
+
+@_jit()
+def weighted_median_tile(x, l0, l1, lo_idx, hi_idx, counts, total, out, used, dist2):  # noqa: ANN001, ANN201
+    """Count-weighted median of ``x[:, l0:l1]`` (definition: `aggregation._order.weighted_median`).
+
+    ``used[k]`` gains the number of coordinates where update k's value made the result;
+    ``dist2`` as in `trim_tile`.
+    """
+    n = x.shape[0]
+    buf = np.empty((n, CHUNK), dtype=x.dtype)
+    idx = np.empty((n, CHUNK), dtype=np.int64)
+    res = np.empty(CHUNK, dtype=x.dtype)
+    squares = np.zeros((n, CHUNK), dtype=np.float64)
+    for c0 in range(l0, l1, CHUNK):
+        w = min(CHUNK, l1 - c0)
+        _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx)
+        for j in range(w):
+            cum = 0
+            k = 0
+            for r in range(n):
+                cum += counts[idx[r, j]]
+                k = r
+                if 2 * cum >= total:
+                    break
+            k1 = min(k + 1, n - 1)
+            used[idx[k, j]] += 1
+            if 2 * cum == total:
+                res[j] = (buf[k, j] + buf[k1, j]) * 0.5
+                used[idx[k1, j]] += 1
+            else:
+                res[j] = buf[k, j]
+            out[c0 - l0 + j] = res[j]
+        for r in range(n):
+            for j in range(w):
+                d = np.float64(x[r, c0 + j] - res[j])
+                squares[r, j] += d * d
+    for r in range(n):
+        dist2[r] += squares[r].sum()
+
+
+@_jit()
+def weighted_trim_tile(x, l0, l1, lo_idx, hi_idx, counts, lo, hi, out, dropped, dist2):  # noqa: ANN001, ANN201
+    """Count-weighted trimmed mean of ``x[:, l0:l1]`` (`aggregation._order.weighted_trimmed_mean`).
+
+    ``dropped[k]`` gains the share of update k's count trimmed at each coordinate (float64);
+    ``dist2`` as in `trim_tile`.
+    """
+    n = x.shape[0]
+    buf = np.empty((n, CHUNK), dtype=x.dtype)
+    idx = np.empty((n, CHUNK), dtype=np.int64)
+    res = np.empty(CHUNK, dtype=x.dtype)
+    squares = np.zeros((n, CHUNK), dtype=np.float64)
+    for c0 in range(l0, l1, CHUNK):
+        w = min(CHUNK, l1 - c0)
+        _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx)
+        for j in range(w):
+            cum = 0.0
+            num = 0.0
+            den = 0.0
+            for r in range(n):
+                k = idx[r, j]
+                weight = counts[k]
+                start = cum
+                cum += weight
+                kept = min(cum, hi) - max(start, lo)
+                if kept < 0.0:
+                    kept = 0.0
+                num += np.float64(buf[r, j]) * kept
+                den += kept
+                dropped[k] += 1.0 - kept / weight
+            res[j] = num / den
+            out[c0 - l0 + j] = res[j]
+        for r in range(n):
+            for j in range(w):
+                d = np.float64(x[r, c0 + j] - res[j])
+                squares[r, j] += d * d
+    for r in range(n):
+        dist2[r] += squares[r].sum()
+
+
+@_jit()
+def scale_into(dest, values, weight):  # noqa: ANN001, ANN201
+    """``dest = values * weight`` in the arrays' precision (FedAvg's first term of a group)."""
+    w = dest.dtype.type(weight)
+    for i in range(dest.shape[0]):
+        dest[i] = values[i] * w
+
+
+@_jit()
+def add_scaled(dest, values, weight):  # noqa: ANN001, ANN201
+    """``dest += values * weight``: product rounded, then the sum (no fused multiply-add)."""
+    w = dest.dtype.type(weight)
+    for i in range(dest.shape[0]):
+        dest[i] = dest[i] + values[i] * w
+
+
+@_jit()
+def squared_distance(values, ref):  # noqa: ANN001, ANN201
+    """``sum((values - ref)**2)``: differences in the input precision, squares summed in float64.
+
+    Eight interleaved float64 partial sums (so the loop vectorises), added at the end.
+    """
+    acc = np.zeros(8, dtype=np.float64)
+    n = values.shape[0]
+    full = n - n % 8
+    for i in range(0, full, 8):
+        for j in range(8):
+            d = np.float64(values[i + j] - ref[i + j])
+            acc[j] += d * d
+    for i in range(full, n):
+        d = np.float64(values[i] - ref[i])
+        acc[0] += d * d
+    return acc.sum()
+
+
+@_jit()
+def center_columns(x, l0, l1):  # noqa: ANN001, ANN201
+    """Subtract from ``x[:, l0:l1]`` each column's mean (float64 mean, cast, then subtracted).
+
+    Exactly ``tile -= tile.mean(axis=0, dtype=np.float64).astype(tile.dtype)``: the rows are
+    added in order in float64 and the sum divided by N.
+    """
+    n = x.shape[0]
+    step = 1024
+    total = np.empty(step, dtype=np.float64)
+    mean = np.empty(step, dtype=x.dtype)
+    for c0 in range(l0, l1, step):
+        w = min(step, l1 - c0)
+        for j in range(w):
+            total[j] = 0.0
+        for r in range(n):
+            for j in range(w):
+                total[j] += x[r, c0 + j]
+        for j in range(w):
+            mean[j] = total[j] / n
+        for r in range(n):
+            for j in range(w):
+                x[r, c0 + j] -= mean[j]
