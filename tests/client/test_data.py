@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestration.experiment import Experiment, prepare_sites
 from client.data import load_bundled, load_site_file, partition
+from orchestration.experiment import Experiment, prepare_sites
 from protocol import RunConfig
 from protocol.errors import ConfigError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import aggregation  # noqa: F401  (defines the aggregation branch's subclasses)
+import aggregation
 import server.admin.errors  # noqa: F401  (defines the admin branch's subclasses)
 from protocol.errors import (
     AggregationError,
