@@ -191,10 +191,12 @@ class LocalFederation:
         env = {**flower_env(self.homes / ADMIN), "FEDSPLIT_ADMIN_TOKEN_FILE": str(token)}
         env.pop("FEDSPLIT_ADMIN_TOKEN", None)
         proc = self._start(ADMIN, [*fedsplit_command(), "admin", "serve", "--host", "127.0.0.1",
-                                   "--port", str(port), "--data-dir", str(data)], env)
+                                   "--port", str(port), "--data-dir", str(data),
+                                   "--runs", str(self.work)], env)
         wait_http(f"http://127.0.0.1:{port}/healthz", 60, proc)
         self.admin_url = f"http://127.0.0.1:{port}"
-        self.say(f"admin API on {self.admin_url} (admin token in {token})")
+        self.say(f"admin API on {self.admin_url}, web view {self.admin_url}/ui "
+                 f"(admin token in {token})")
 
     def start(self) -> None:
         """Start the SuperLink, the coordinator, every hospital and the admin API."""

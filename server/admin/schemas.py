@@ -45,6 +45,8 @@ class ParameterPublic(BaseModel):
 class UploadPublic(BaseModel):
     id: int
     site: str
+    filename: str | None = Field(
+        default=None, description="The file name the hospital's client sent, if any (for people).")
     num_examples: int
     count_source: str
     sha256: str

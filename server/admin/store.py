@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Engine, create_engine, event, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,7 +33,25 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
     Base.metadata.create_all(engine)
+    _add_missing_columns(engine)
     return engine
+
+
+#: Columns added after the first release: (table, column, SQL type). `create_all` makes new
+#: databases whole; an existing database gets them with ALTER TABLE ADD COLUMN (nullable, so rows
+#: stored before read as NULL). Nothing is ever dropped or rewritten.
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("uploads", "client_filename", "VARCHAR(255)"),
+)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    present = {table: {c["name"] for c in inspect(engine).get_columns(table)}
+               for table in {t for t, _, _ in ADDED_COLUMNS}}
+    with engine.begin() as conn:
+        for table, column, sql_type in ADDED_COLUMNS:
+            if column not in present[table]:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -92,6 +92,8 @@ class Upload(Base):
     size_bytes: Mapped[int] = mapped_column(Integer)
     layout: Mapped[str] = mapped_column(String(16))
     original_file: Mapped[str] = mapped_column(String(512))
+    #: the file name the hospital's client sent (multipart filename), for people; never a path used
+    client_filename: Mapped[str | None] = mapped_column(String(255), nullable=True, default=None)
     weights_file: Mapped[str] = mapped_column(String(512))
     current: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -66,6 +66,7 @@ def upload_public(upload: Upload) -> UploadPublic:
     return UploadPublic(
         id=upload.id,
         site=upload.site.name,
+        filename=upload.client_filename,
         num_examples=upload.num_examples,
         count_source=upload.count_source,
         sha256=upload.sha256,

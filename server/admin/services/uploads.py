@@ -162,6 +162,7 @@ def store_upload(
                 size_bytes=received.size,
                 layout=result.layout,
                 original_file="",
+                client_filename=(received.filename or None) and received.filename[-255:],
                 weights_file="",
                 current=True,
             )

@@ -83,7 +83,8 @@ def upload_item(upload: Upload) -> UploadItem:
     return UploadItem(
         round_id=upload.round_id, site=upload.site.name, at=as_utc(upload.created_at),
         sha256=upload.sha256, size=upload.size_bytes,
-        file=upload.original_file.rsplit("/", 1)[-1] if upload.original_file else None,
+        file=upload.client_filename or (
+            upload.original_file.rsplit("/", 1)[-1] if upload.original_file else None),
         layout=upload.layout, num_examples=upload.num_examples, current=upload.current,
         replaced_at=as_utc(upload.replaced_at),
     )
