@@ -10,7 +10,7 @@ import typer
 
 def serve(
     data_dir: Annotated[Path, typer.Option(help="Database and stored files live here.")],
-    host: Annotated[str, typer.Option(help="Interface to bind (put a TLS proxy in front).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
     max_upload_mb: Annotated[float, typer.Option(help="Largest accepted weight file, MiB.")] = 512.0,
     database_url: Annotated[
@@ -20,19 +20,38 @@ def serve(
         list[Path] | None,
         typer.Option("--runs", help="Flower run out-dir, or a folder of them, shown at /ui (repeat)."),
     ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate (chain) to serve HTTPS with; needs --tls-key.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
 ) -> None:
     """Serve the admin API; the admin token comes from FEDSPLIT_ADMIN_TOKEN(_FILE)."""
     import uvicorn
 
+    from protocol.errors import ConfigError
     from server.admin.app import create_app
     from server.admin.config import AdminSettings
     from server.admin.ui import check_runs_dirs, view_url
 
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError(
+            "--tls-cert and --tls-key go together: give both to serve HTTPS, or neither for HTTP. "
+            f"Received: --tls-cert {tls_cert}, --tls-key {tls_key}"
+        )
+    for option, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not path.is_file():
+            raise ConfigError(
+                f"{option} must be a readable PEM file (e.g. from `fedsplit certs`). Received: {path}"
+            )
+    https = tls_cert is not None
     settings = AdminSettings.from_env(
         data_dir=data_dir, max_upload_mb=max_upload_mb, database_url=database_url,
         runs=tuple(check_runs_dirs(runs or [], warn=typer.echo)),
     )
     app = create_app(settings)
-    typer.echo(f"fedsplit admin API on http://{host}:{port} (docs: /docs), data in {data_dir}")
-    typer.echo(f"web view: {view_url(host, port)} (sign in with the admin or a site token)")
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)
+    scheme = "https" if https else "http"
+    typer.echo(f"fedsplit admin API on {scheme}://{host}:{port} (docs: /docs), data in {data_dir}")
+    typer.echo(f"web view: {view_url(host, port, https=https)} (sign in with the admin or a site token)")
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10,
+                ssl_certfile=str(tls_cert) if tls_cert else None,
+                ssl_keyfile=str(tls_key) if tls_key else None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
@@ -77,6 +78,19 @@ def multipart_parts(filename: str, num_examples: int | None) -> tuple[str, bytes
     return boundary, head, f"\r\n--{boundary}--\r\n".encode()
 
 
+def tls_verify(root_cert: Path | None) -> ssl.SSLContext | bool:
+    """The TLS verification httpx uses: the system's CAs, or only ``root_cert``."""
+    if root_cert is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(root_cert))
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(
+            f"--root-cert must be a readable PEM CA certificate, e.g. the ca.crt written by "
+            f"`fedsplit certs` ({e}). Received: {root_cert}"
+        ) from e
+
+
 def upload(
     file: Annotated[Path, typer.Argument(help="Weight file (.h5), fedsplit or Keras layout.")],
     server: Annotated[str, typer.Option(help="Admin API base URL, e.g. https://coord:8080.")],
@@ -90,6 +104,11 @@ def upload(
         typer.Option(help=f"File holding this site's token (from `fedsplit admin add-site`). "
                           f"Default: the {TOKEN_ENV} environment variable."),
     ] = None,
+    root_cert: Annotated[
+        Path | None,
+        typer.Option(help="CA certificate (PEM) to verify an HTTPS server with, e.g. the ca.crt of "
+                          "`fedsplit certs`. Default: the system's CAs."),
+    ] = None,
 ) -> None:
     """Upload FILE to round --round; prints the server's receipt (sha256 checked).
 
@@ -99,6 +118,7 @@ def upload(
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     token = read_token(token_file)
+    verify = tls_verify(root_cert)
 
     if not file.is_file():
         raise UploadFailedError(f"{file} does not exist or is not a file. Received: {file}")
@@ -130,6 +150,7 @@ def upload(
                     "Content-Length": str(len(head) + size + len(tail)),
                 },
                 timeout=httpx.Timeout(timeout, connect=30.0),
+                verify=verify,
             )
         except httpx.HTTPError as e:
             raise UploadFailedError(

@@ -6,6 +6,7 @@ import hashlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -40,10 +41,12 @@ def free_port() -> int:
 class LiveServer:
     """`fedsplit admin serve` in a subprocess; start, stop (graceful or SIGKILL), restart."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, tls: tuple[Path, Path] | None = None) -> None:
         self.data_dir = data_dir
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.verify: ssl.SSLContext | bool = True
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -62,6 +65,7 @@ class LiveServer:
                 str(self.port),
                 "--max-upload-mb",
                 "2",
+                *(["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else []),
             ],
             env=env,
             cwd=REPO,
@@ -73,7 +77,7 @@ class LiveServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -209,3 +213,36 @@ def h5py_external():
     import h5py
 
     return h5py.ExternalLink("/etc/passwd", "/")
+
+
+def test_https_server_and_upload_with_the_ca(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`admin serve --tls-cert/--tls-key` serves HTTPS; `upload --root-cert` verifies it with the CA."""
+    assert run_guarded(fedsplit_app, ["certs", "--out", str(tmp_path / "certs"), "--sites", "0"]) == 0
+    certs = tmp_path / "certs"
+    live = LiveServer(tmp_path / "data", tls=(certs / "server.pem", certs / "server.key"))
+    live.verify = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    live.start()
+    try:
+        token = add_site(data_dir=live.data_dir, name="hospital-a", cohort_size=None)
+        with pytest.raises(httpx.ConnectError):  # the system CAs do not know the test CA
+            httpx.get(f"{live.url}/healthz", timeout=5)
+        with httpx.Client(base_url=live.url, timeout=30, verify=live.verify) as http:
+            rnd = http.post("/api/v1/rounds", json={"strategy": "fedavg"}, headers=ADMIN).json()
+        path = write_model(tmp_path / "a.h5", 1.0, num_examples=10)
+        monkeypatch.setenv("FEDSPLIT_SITE_TOKEN", token)
+        args = ["upload", "--server", live.url, "--round", str(rnd["id"]), str(path)]
+        assert run_guarded(fedsplit_app, args) == UploadFailedError.exit_code  # unverified: refused
+        capsys.readouterr()
+        assert run_guarded(fedsplit_app, [*args, "--root-cert", str(certs / "ca.crt")]) == 0
+        assert f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}" in capsys.readouterr().out
+        assert run_guarded(fedsplit_app, [*args, "--root-cert", str(tmp_path / "missing.crt")]) == 2
+    finally:
+        live.stop()
+
+
+def test_serve_refuses_half_a_tls_pair(tmp_path: Path, capsys) -> None:
+    """--tls-cert without --tls-key is a ConfigError naming both options."""
+    code = run_guarded(fedsplit_app, ["admin", "serve", "--data-dir", str(tmp_path),
+                                      "--tls-cert", str(tmp_path / "x.pem")])
+    assert code == 2
+    assert "--tls-cert and --tls-key go together" in capsys.readouterr().err

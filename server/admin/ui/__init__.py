@@ -68,7 +68,7 @@ def check_runs_dirs(dirs: list[Path], *, warn: Callable[[str], object]) -> list[
     return checked
 
 
-def view_url(host: str, port: int) -> str:
+def view_url(host: str, port: int, *, https: bool = False) -> str:
     """The URL the CLI prints for the view."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
-    return f"http://{shown}:{port}{UI_PATH}"
+    return f"{'https' if https else 'http'}://{shown}:{port}{UI_PATH}"
