@@ -133,8 +133,11 @@ def test_admin_api_serves_https_and_takes_an_upload(stack: Stack, tmp_path: Path
     """The TLS overlay's admin API speaks HTTPS only (certificate from `fedsplit certs`); a site's
     weight file is uploaded over it, verified against the CA."""
     admin = stack.container("admin")
-    wait_for("the admin API to be healthy", lambda: "healthy" in run(
-        ["docker", "inspect", "--format", "{{.State.Health.Status}}", admin], timeout=60).stdout, 180)
+    health = lambda: run(["docker", "inspect", "--format", "{{.State.Health.Status}}", admin],  # noqa: E731
+                         timeout=60, check=False).stdout.strip()
+    wait_for("the admin API (HTTPS) to be healthy", lambda: health() == "healthy", 180,
+             on_timeout=lambda: run(["docker", "logs", "--tail", "30", admin], timeout=60,
+                                    check=False).stderr)
     ca = tmp_path / "ca.crt"
     run(["docker", "cp", f"{stack.container('superlink')}:/certs/ca.crt", str(ca)], timeout=60)
     weights = tmp_path / "hospital-1.h5"  # the global model, as hospital-1's own weights
