@@ -10,6 +10,7 @@ from aggregation import krum as _krum  # noqa: F401  (registers "krum", "multi-k
 from aggregation import median as _median  # noqa: F401  (registers "median")
 from aggregation import trimmed_mean as _trimmed_mean  # noqa: F401  (registers "trimmed-mean")
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from aggregation._device import using as on_device
 from aggregation.base import (
     AggregateResult,
     AggregationReport,
@@ -50,6 +51,7 @@ __all__ = [
     "check_compatible",
     "describe_strategies",
     "get_strategy",
+    "on_device",
     "parse_param_pairs",
     "register",
     "strategy_names",

@@ -24,6 +24,9 @@ import numpy as np
 
 #: Coordinates sorted together: N x CHUNK values (12.8 KB for N=50 float32) stay in L1.
 CHUNK = 64
+#: Scratch bytes per stacked value (N x chunk) an order-statistic kernel call allocates: the
+#: sorted copy (at most 8), an int64 count or index and a float64 square per value.
+SCRATCH_PER_VALUE = 24
 
 
 def _jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -43,7 +46,7 @@ def _jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
 
 
 @_jit()
-def trim_tile(x, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):  # noqa: ANN001, ANN201
+def trim_tile(x, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):
     """Mean of sorted ranks ``cut .. N-cut-1`` of ``x[:, l0:l1]`` into ``out`` (length l1 - l0).
 
     One or two kept values are returned / halved in the input precision (as ``np.median``);
@@ -54,15 +57,16 @@ def trim_tile(x, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):  # noqa: ANN
     """
     n = x.shape[0]
     width = n - 2 * cut
-    buf = np.empty((n, CHUNK), dtype=x.dtype)
-    res = np.empty(CHUNK, dtype=x.dtype)
-    low = np.empty(CHUNK, dtype=x.dtype)
-    high = np.empty(CHUNK, dtype=x.dtype)
-    total = np.empty(CHUNK, dtype=np.float64)
-    counts = np.zeros((n, CHUNK), dtype=np.int64)
-    squares = np.zeros((n, CHUNK), dtype=np.float64)
-    for c0 in range(l0, l1, CHUNK):
-        w = min(CHUNK, l1 - c0)
+    chunk = min(CHUNK, l1 - l0)
+    buf = np.empty((n, chunk), dtype=x.dtype)
+    res = np.empty(chunk, dtype=x.dtype)
+    low = np.empty(chunk, dtype=x.dtype)
+    high = np.empty(chunk, dtype=x.dtype)
+    total = np.empty(chunk, dtype=np.float64)
+    counts = np.zeros((n, chunk), dtype=np.int64)
+    squares = np.zeros((n, chunk), dtype=np.float64)
+    for c0 in range(l0, l1, chunk):
+        w = min(chunk, l1 - c0)
         for r in range(n):
             for j in range(w):
                 buf[r, j] = x[r, c0 + j]
@@ -98,9 +102,9 @@ def trim_tile(x, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):  # noqa: ANN
                 for j in range(w):
                     v = x[r, c0 + j]
                     if width == 1:
-                        counts[r, j] += v != low[j]
+                        counts[r, j] += np.int64(v != low[j])
                     else:
-                        counts[r, j] += (v < low[j]) + (v > high[j])
+                        counts[r, j] += np.int64(v < low[j]) + np.int64(v > high[j])
         for r in range(n):
             for j in range(w):
                 d = np.float64(x[r, c0 + j] - res[j])
@@ -111,7 +115,7 @@ def trim_tile(x, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):  # noqa: ANN
 
 
 @_jit()
-def _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx):  # noqa: ANN001, ANN202
+def _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx):
     """Sort ``x[:, c0:c0+w]`` per coordinate into ``buf``, carrying update indices in ``idx``."""
     n = x.shape[0]
     for r in range(n):
@@ -134,19 +138,20 @@ def _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx):  # noqa: ANN001, ANN
 
 
 @_jit()
-def weighted_median_tile(x, l0, l1, lo_idx, hi_idx, counts, total, out, used, dist2):  # noqa: ANN001, ANN201
+def weighted_median_tile(x, l0, l1, lo_idx, hi_idx, counts, total, out, used, dist2):
     """Count-weighted median of ``x[:, l0:l1]`` (definition: `aggregation._order.weighted_median`).
 
     ``used[k]`` gains the number of coordinates where update k's value made the result;
     ``dist2`` as in `trim_tile`.
     """
     n = x.shape[0]
-    buf = np.empty((n, CHUNK), dtype=x.dtype)
-    idx = np.empty((n, CHUNK), dtype=np.int64)
-    res = np.empty(CHUNK, dtype=x.dtype)
-    squares = np.zeros((n, CHUNK), dtype=np.float64)
-    for c0 in range(l0, l1, CHUNK):
-        w = min(CHUNK, l1 - c0)
+    chunk = min(CHUNK, l1 - l0)
+    buf = np.empty((n, chunk), dtype=x.dtype)
+    idx = np.empty((n, chunk), dtype=np.int64)
+    res = np.empty(chunk, dtype=x.dtype)
+    squares = np.zeros((n, chunk), dtype=np.float64)
+    for c0 in range(l0, l1, chunk):
+        w = min(chunk, l1 - c0)
         _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx)
         for j in range(w):
             cum = 0
@@ -173,19 +178,20 @@ def weighted_median_tile(x, l0, l1, lo_idx, hi_idx, counts, total, out, used, di
 
 
 @_jit()
-def weighted_trim_tile(x, l0, l1, lo_idx, hi_idx, counts, lo, hi, out, dropped, dist2):  # noqa: ANN001, ANN201
+def weighted_trim_tile(x, l0, l1, lo_idx, hi_idx, counts, lo, hi, out, dropped, dist2):
     """Count-weighted trimmed mean of ``x[:, l0:l1]`` (`aggregation._order.weighted_trimmed_mean`).
 
     ``dropped[k]`` gains the share of update k's count trimmed at each coordinate (float64);
     ``dist2`` as in `trim_tile`.
     """
     n = x.shape[0]
-    buf = np.empty((n, CHUNK), dtype=x.dtype)
-    idx = np.empty((n, CHUNK), dtype=np.int64)
-    res = np.empty(CHUNK, dtype=x.dtype)
-    squares = np.zeros((n, CHUNK), dtype=np.float64)
-    for c0 in range(l0, l1, CHUNK):
-        w = min(CHUNK, l1 - c0)
+    chunk = min(CHUNK, l1 - l0)
+    buf = np.empty((n, chunk), dtype=x.dtype)
+    idx = np.empty((n, chunk), dtype=np.int64)
+    res = np.empty(chunk, dtype=x.dtype)
+    squares = np.zeros((n, chunk), dtype=np.float64)
+    for c0 in range(l0, l1, chunk):
+        w = min(chunk, l1 - c0)
         _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx)
         for j in range(w):
             cum = 0.0
@@ -213,23 +219,21 @@ def weighted_trim_tile(x, l0, l1, lo_idx, hi_idx, counts, lo, hi, out, dropped, 
 
 
 @_jit()
-def scale_into(dest, values, weight):  # noqa: ANN001, ANN201
-    """``dest = values * weight`` in the arrays' precision (FedAvg's first term of a group)."""
-    w = dest.dtype.type(weight)
+def scale_into(dest, values, weight):
+    """``dest = values * weight`` (``weight`` a scalar of dest's dtype): a group's first term."""
     for i in range(dest.shape[0]):
-        dest[i] = values[i] * w
+        dest[i] = values[i] * weight
 
 
 @_jit()
-def add_scaled(dest, values, weight):  # noqa: ANN001, ANN201
+def add_scaled(dest, values, weight):
     """``dest += values * weight``: product rounded, then the sum (no fused multiply-add)."""
-    w = dest.dtype.type(weight)
     for i in range(dest.shape[0]):
-        dest[i] = dest[i] + values[i] * w
+        dest[i] = dest[i] + values[i] * weight
 
 
 @_jit()
-def squared_distance(values, ref):  # noqa: ANN001, ANN201
+def squared_distance(values, ref):
     """``sum((values - ref)**2)``: differences in the input precision, squares summed in float64.
 
     Eight interleaved float64 partial sums (so the loop vectorises), added at the end.
@@ -248,7 +252,7 @@ def squared_distance(values, ref):  # noqa: ANN001, ANN201
 
 
 @_jit()
-def center_columns(x, l0, l1):  # noqa: ANN001, ANN201
+def center_columns(x, l0, l1):
     """Subtract from ``x[:, l0:l1]`` each column's mean (float64 mean, cast, then subtracted).
 
     Exactly ``tile -= tile.mean(axis=0, dtype=np.float64).astype(tile.dtype)``: the rows are

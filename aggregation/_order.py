@@ -6,6 +6,12 @@ vectorised sort, which is much faster than ``np.median``/``np.partition`` along 
 axis that Flower uses. The unsorted stack is kept, so the same pass also counts, per update,
 how often its value was dropped and its squared distance to the aggregate.
 
+With the compiled kernels (`aggregation._kernels`: numba installed, a large pass or
+``FEDSPLIT_AGG_KERNELS=numba``) each thread's share of a block goes to one kernel call instead:
+a sorting network run across coordinates in L1-sized chunks, with the trim-and-sum, drop
+counts and distances fused in (`aggregation._numba_kernels`); the numpy code below is the
+reference it is tested against. On a GPU (`aggregation._device`) the block goes to torch.
+
 Unweighted rule with cut ``k`` (values dropped at each end): mean of the sorted values
 ``k .. N-k-1``. The median is the cut ``(N-1)//2`` (one or two middle values, averaged in the
 input precision exactly as ``np.median`` does). Weighted rules are in `weighted_median` and
@@ -18,6 +24,7 @@ import functools
 import queue
 import time
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import numpy as np
 
@@ -30,6 +37,8 @@ from aggregation._blocks import (
     tiles,
     work_dtype,
 )
+from aggregation._device import DEVICE_BYTES_PER_VALUE, TorchDevice, active_device
+from aggregation._kernels import compiled, kernel_dtype, selection_network
 from aggregation._threads import map_threads, worker_count
 from aggregation.base import AggregateResult, AggregationStrategy
 from aggregation.building_blocks import inputs_of, make_result, site_reports
@@ -80,8 +89,14 @@ class _OrderReducer(StackReducer):
 
     #: scratch bytes per stacked value of one tile (set by subclasses)
     scratch_per_value: int = 0
+    #: the compiled-kernel module (`aggregation._kernels.compiled`), None for numpy
+    kernels: ModuleType | None = None
+    #: the GPU the blocks go to (`aggregation._device.TorchDevice`), None for the CPU
+    device: TorchDevice | None = None
 
     def __init__(self, counts: np.ndarray) -> None:
+        # the kernels' chunk scratch (24 bytes a stacked value at most) fits the numpy path's
+        self.scratch_per_value = max(self.scratch_per_value, 24)
         self.n = len(counts)
         self.counts = counts
         self.dropped = np.zeros(self.n, dtype=np.float64)
@@ -109,16 +124,50 @@ class _OrderReducer(StackReducer):
         finally:
             self._pool.put(scratch)
 
+    def _kernel(
+        self, stack: np.ndarray, l0: int, l1: int, out: np.ndarray, dropped: np.ndarray,
+        dist2: np.ndarray,
+    ) -> None:
+        """Run the compiled kernel on ``stack[:, l0:l1]`` (results into ``out``, length l1-l0)."""
+        raise NotImplementedError
+
+    def _run_kernel(self, stack: np.ndarray, out: np.ndarray, l0: int, l1: int) -> tuple:
+        dropped = np.zeros(self.n, dtype=np.float64)
+        dist2 = np.zeros(self.n, dtype=np.float64)
+        self._kernel(stack, l0, l1, out[l0:l1], dropped, dist2)
+        return dropped, dist2
+
+    def _torch(self, stack: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Aggregate the block on the GPU; return (dropped, dist2)."""
+        raise NotImplementedError
+
     def __call__(self, block: Block, stack: np.ndarray, out: np.ndarray | None) -> None:
         assert out is not None
-        size = max(1, min(TILE, -(-block.size // self.workers)))
-        parts = [(stack[:, sl], out[sl]) for sl in tiles(block.size, size)]
-        threads = self.workers if len(parts) > 1 else 1
-        results = map_threads(self._run_tile, threads, *zip(*parts, strict=True))
+        if self.device is not None:
+            dropped, dist2 = self._torch(stack, out)
+            self.dropped += dropped
+            self.dist2 += dist2
+            self.coords += block.size
+            return
+        if self.kernels is not None and kernel_dtype(stack.dtype) and out.dtype == stack.dtype:
+            share = -(-block.size // self.workers)
+            share = -(-share // 64) * 64  # whole kernel chunks per thread
+            ranges = [(l0, min(l0 + share, block.size)) for l0 in range(0, block.size, share)]
+            results = map_threads(
+                functools.partial(self._run_kernel, stack, out), len(ranges), *zip(*ranges, strict=True)
+            )
+        else:
+            results = self._numpy_tiles(block, stack, out)
         for dropped, dist2 in results:
             self.dropped += dropped
             self.dist2 += dist2
         self.coords += block.size
+
+    def _numpy_tiles(self, block: Block, stack: np.ndarray, out: np.ndarray) -> list:
+        size = max(1, min(TILE, -(-block.size // self.workers)))
+        parts = [(stack[:, sl], out[sl]) for sl in tiles(block.size, size)]
+        threads = self.workers if len(parts) > 1 else 1
+        return map_threads(self._run_tile, threads, *zip(*parts, strict=True))
 
 
 class TrimReducer(_OrderReducer):
@@ -133,6 +182,15 @@ class TrimReducer(_OrderReducer):
         if not 0 <= 2 * cut < self.n:
             raise ValueError(f"cut must satisfy 0 <= 2*cut < N={self.n}. Received: {cut}")
         self.cut = cut
+
+    def _kernel(self, stack, l0, l1, out, dropped, dist2) -> None:
+        lo, hi = selection_network(self.n, self.cut, self.n - self.cut - 1)
+        counts = np.zeros(self.n, dtype=np.int64)
+        self.kernels.trim_tile(stack, l0, l1, lo, hi, self.cut, out, counts, dist2)
+        dropped += counts
+
+    def _torch(self, stack: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.device.trim(stack, out, self.cut)
 
     def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: Scratch) -> np.ndarray:
         n, k = self.n, self.cut
@@ -176,6 +234,17 @@ class WeightedMedianReducer(_OrderReducer):
         super().__init__(counts)
         self.total = int(counts.sum())
 
+    def _kernel(self, stack, l0, l1, out, dropped, dist2) -> None:
+        lo, hi = selection_network(self.n, 0, self.n - 1)
+        used = np.zeros(self.n, dtype=np.int64)
+        self.kernels.weighted_median_tile(
+            stack, l0, l1, lo, hi, self.counts.astype(np.int64), self.total, out, used, dist2
+        )
+        dropped += (l1 - l0) - used
+
+    def _torch(self, stack: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.device.weighted_median(stack, out, self.counts)
+
     def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: Scratch) -> np.ndarray:
         t = orig.shape[1]
         tr = transposed(orig, scratch)
@@ -203,6 +272,16 @@ class WeightedTrimReducer(_OrderReducer):
         super().__init__(counts)
         total = float(counts.sum())
         self.lo, self.hi = beta * total, (1.0 - beta) * total
+
+    def _kernel(self, stack, l0, l1, out, dropped, dist2) -> None:
+        lo, hi = selection_network(self.n, 0, self.n - 1)
+        self.kernels.weighted_trim_tile(
+            stack, l0, l1, lo, hi, self.counts.astype(np.float64), self.lo, self.hi, out,
+            dropped, dist2,
+        )
+
+    def _torch(self, stack: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.device.weighted_trim(stack, out, self.counts, self.lo, self.hi)
 
     def _tile(self, orig: np.ndarray, out: np.ndarray, scratch: Scratch) -> np.ndarray:
         tr = transposed(orig, scratch)
@@ -258,6 +337,11 @@ def aggregate_order_statistic(
     inputs = inputs_of(strategy, updates)
     itemsize = max(work_dtype(s.dtype).itemsize for s in inputs.specs)
     reducer = make_reducer(inputs.counts, itemsize)
+    values = len(inputs.counts) * sum(s.size for s in inputs.specs)
+    reducer.device = active_device(values)
+    reducer.kernels = compiled(values) if reducer.device is None else None
+    if reducer.device is not None:  # the device's sort and temporaries count against the budget
+        reducer.bytes_per_value = max(reducer.bytes_per_value, DEVICE_BYTES_PER_VALUE)
     outputs = empty_like_specs(inputs.specs)
     plan = run_stacked(updates, inputs.specs, reducer, memory_budget=memory_budget, outputs=outputs)
     share = reducer.dropped / max(reducer.coords, 1)

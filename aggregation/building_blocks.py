@@ -20,12 +20,19 @@ Weighted mean precision: products and sums run in the working precision (float32
 and float32 models, float64 for float64 ones) over groups of `GROUP` updates, and the group
 sums are added in float64. The rounding error is that of a float32 sum of `GROUP` terms however
 many hospitals there are (float16 models do not accumulate in float16).
+
+Compiled kernels (`aggregation._kernels`, numba): the weighted mean's multiply and add fused
+into one pass per update (the same roundings: the product is rounded before the sum, so the
+result is bit for bit the numpy one) and the distance pass's difference, square and sum fused
+(squares summed in float64 instead of BLAS's float32 dot). On a GPU (`aggregation._device`)
+both passes run in torch with float64 sums.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,6 +48,8 @@ from aggregation._blocks import (
     plan_blocks,
     work_dtype,
 )
+from aggregation._device import active_device
+from aggregation._kernels import compiled, kernel_dtype
 from aggregation._threads import map_threads, round_robin, threads_for
 from aggregation.base import AggregateResult, AggregationReport, AggregationStrategy, SiteReport
 from aggregation.compat import check_compatible
@@ -157,10 +166,16 @@ class MeanPass(NamedTuple):
 class _BlockSum:
     """One thread's readers and accumulators: writes the weighted sums of whole blocks."""
 
-    def __init__(self, updates: Sequence[UpdateSource], weights: dict[np.dtype, np.ndarray]) -> None:
+    def __init__(
+        self,
+        updates: Sequence[UpdateSource],
+        weights: dict[np.dtype, np.ndarray],
+        kernels: ModuleType | None = None,
+    ) -> None:
         self.readers = [BlockReader(u) for u in updates]
         self.weights = weights
         self.scratch = Scratch()
+        self.kernels = kernels
 
     def _buf(self, key: str, dtype: np.dtype, size: int) -> np.ndarray:
         # one buffer per dtype, so models mixing dtypes do not reallocate block after block
@@ -184,15 +199,22 @@ class _BlockSum:
         group = out if single and work == out.dtype else self._buf("group", work, size)
         term = self._buf("term", work, size)
         total = group if single else self._buf("total", np.dtype(np.float64), size)
+        kernels = self.kernels if kernel_dtype(work) else None
         for first in range(0, n, step):
             for k in range(first, min(first + step, n)):
                 dest = group if k == first else term
                 values = self.readers[k].view(block)
-                if values is None:  # a weight file: one hyperslab read, scaled in place
+                if values is None:  # a weight file: one hyperslab read into the buffer
                     self.readers[k].read(block, dest)
-                    np.multiply(dest, weights[k], out=dest)
-                else:
-                    np.multiply(values, weights[k], out=dest, casting="same_kind")
+                    values = dest
+                if kernels is not None and values.dtype == work:
+                    # compiled: the product and the sum in one pass, same roundings as below
+                    if k == first:
+                        kernels.scale_into(group, values, weights[k])
+                    else:
+                        kernels.add_scaled(group, values, weights[k])
+                    continue
+                np.multiply(values, weights[k], out=dest, casting="same_kind")
                 if k != first:
                     np.add(group, term, out=group)
             if total is not group:
@@ -231,6 +253,12 @@ def weighted_mean(
     """
     specs = _specs(updates)
     share = shares_of(weights, len(updates))
+    arrays = out if out is not None else empty_like_specs(specs)
+    values = len(updates) * sum(s.size for s in specs)
+    device = active_device(values)
+    if device is not None:
+        working = device.weighted_mean(updates, specs, share, arrays, memory_budget)
+        return MeanPass(arrays=arrays, working_bytes=working)
     work_types = {work_dtype(s.dtype) for s in specs}
     plan = plan_stream(
         specs,
@@ -239,10 +267,10 @@ def weighted_mean(
         bytes_per_coordinate=sum(2 * w.itemsize + 8 for w in work_types) or 1,
         memory_budget=memory_budget,
     )
-    arrays = out if out is not None else empty_like_specs(specs)
     blocks = [(b, flat_view(arrays, b)) for b in plan.blocks]
     per_dtype = {s.dtype: share.astype(work_dtype(s.dtype)) for s in specs}
-    sums = [_BlockSum(updates, per_dtype) for _ in range(plan.threads)]
+    kernels = compiled(values)
+    sums = [_BlockSum(updates, per_dtype, kernels) for _ in range(plan.threads)]
     map_threads(_BlockSum.run, plan.threads, sums, round_robin(blocks, plan.threads))
     return MeanPass(arrays=arrays, working_bytes=plan.working_bytes)
 
@@ -268,6 +296,11 @@ def distances_to(
     squares are summed in float64 per block (so the last bits depend on the block length).
     """
     specs = _specs(updates)
+    values = len(updates) * sum(s.size for s in specs)
+    device = active_device(values)
+    if device is not None:
+        return DistancePass(*device.distances(updates, specs, arrays, memory_budget))
+    kernels = compiled(values)
     work = max((work_dtype(s.dtype) for s in specs), key=lambda d: d.itemsize)
     plan = plan_stream(
         specs, len(updates), bytes_per_coordinate=work.itemsize, memory_budget=memory_budget
@@ -281,8 +314,16 @@ def distances_to(
         for block in part:
             ref = np.asarray(arrays[block.name]).reshape(-1)[block.start : block.stop]
             diff = buf[: block.size]
+            fused = kernels is not None and kernel_dtype(ref.dtype) and ref.dtype == work
             for k, reader in enumerate(readers):
                 vals = reader.view(block)
+                if fused:  # compiled: difference, square and float64 sum in one pass
+                    if vals is None:
+                        reader.read(block, diff)
+                        vals = diff
+                    if vals.dtype == work:
+                        total[k] += kernels.squared_distance(vals, ref)
+                        continue
                 if vals is None:
                     reader.read(block, diff)
                     np.subtract(diff, ref, out=diff, casting="unsafe")

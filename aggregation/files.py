@@ -67,6 +67,7 @@ def aggregate_files(
     cap_policy: str = "clip",
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     round_id: int | None = None,
+    device: str | None = None,
 ) -> FilesAggregate:
     """Aggregate the weight files ``inputs`` with ``strategy``; write the model and its report.
 
@@ -93,6 +94,8 @@ def aggregate_files(
         As in `aggregation.aggregate_updates`.
     round_id : int, optional
         Round number written into the aggregate's file (attribute ``round``).
+    device : str, optional
+        ``auto``, ``cpu`` or ``cuda[:N]``, as in `aggregation.aggregate_updates`.
     """
     paths = [Path(p) for p in inputs]
     if labels is not None and len(labels) != len(paths):
@@ -134,6 +137,7 @@ def aggregate_files(
             cohort_caps=cohort_caps,
             cap_policy=cap_policy,
             memory_budget=memory_budget,
+            device=device,
         )
         model = model_id(files, [not s.excluded for s in result.report.sites])
     write_weights(result.to_update(site="aggregate", round=round_id, model=model), target)

@@ -13,7 +13,8 @@ Gram-matrix formulation: all pairwise squared distances follow from the N x N Gr
 G = X X^T of the (flattened) updates, ||w_i - w_j||^2 = G_ii + G_jj - 2 G_ij. G is
 accumulated block by block (`aggregation._blocks`): each block of N updates is centred on its
 coordinate-wise mean (distances do not change, cancellation does) and multiplied by its own
-transpose with BLAS, summed in float64. No flattened second copy of the updates and no N^2
+transpose with BLAS, summed in float64 (tiles dealt to the worker threads, the centring
+compiled when the kernels are on; on a GPU, in torch). No flattened second copy of the updates and no N^2
 loop over full-length vectors, as Flower's reference needs; the extra memory stays within
 the budget, and the distance of every update to the aggregate comes from G for free. The
 selection's count-weighted mean is one streamed pass (`building_blocks.weighted_mean`; for
@@ -22,12 +23,16 @@ Krum's single choice the weight is exactly 1, so the update is returned bit for 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 from pydantic import Field
 
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET, Block, StackReducer, run_stacked, tiles
+from aggregation._device import DEVICE_BYTES_PER_VALUE, active_device
+from aggregation._kernels import compiled, kernel_dtype
+from aggregation._threads import map_threads, round_robin, worker_count
 from aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from aggregation.building_blocks import inputs_of, make_result, site_reports, weighted_mean
 from aggregation.registry import register
@@ -38,18 +43,50 @@ GRAM_TILE = 16384
 
 
 class GramReducer(StackReducer):
-    """Accumulates the centred Gram matrix of the N updates, block by block."""
+    """Accumulates the centred Gram matrix of the N updates, block by block.
+
+    A block's tiles are dealt to the worker threads (each with its own float64 accumulator;
+    BLAS releases the GIL). The centring is the compiled kernel `center_columns` when the
+    kernels are on (`aggregation._kernels`), numpy's mean and subtraction otherwise (the same
+    bits); on a GPU (`aggregation._device`) the whole block goes to torch.
+    """
 
     bytes_per_value = 0  # centred in place; the N x N tile product is negligible
 
-    def __init__(self, n: int) -> None:
-        self.gram = np.zeros((n, n), dtype=np.float64)
+    def __init__(self, n: int, values: int = 0) -> None:
+        """``values``: N x coordinates of the whole pass (chooses kernels or device; 0: numpy)."""
+        self.device = active_device(values) if values else None
+        self.kernels = compiled(values) if values and self.device is None else None
+        if self.device is not None:  # the device's float64 copy of the block
+            self.bytes_per_value = DEVICE_BYTES_PER_VALUE
+        self.workers = worker_count()
+        self.grams = [np.zeros((n, n), dtype=np.float64) for _ in range(self.workers)]
+
+    @property
+    def gram(self) -> np.ndarray:
+        """The Gram matrix of everything reduced so far (N x N, float64)."""
+        return np.sum(self.grams, axis=0)
+
+    def _tiles(self, stack: np.ndarray, slot: int, part: Sequence[slice]) -> None:
+        gram = self.grams[slot]
+        for sl in part:
+            tile = stack[:, sl]
+            if self.kernels is not None and kernel_dtype(stack.dtype):
+                self.kernels.center_columns(stack, sl.start, sl.stop)
+            else:
+                tile -= tile.mean(axis=0, dtype=np.float64).astype(tile.dtype)
+            gram += tile @ tile.T
 
     def __call__(self, block: Block, stack: np.ndarray, out: np.ndarray | None) -> None:
-        for sl in tiles(block.size, GRAM_TILE):
-            tile = stack[:, sl]
-            tile -= tile.mean(axis=0, dtype=np.float64).astype(tile.dtype)
-            self.gram += tile @ tile.T
+        if self.device is not None:
+            self.grams[0] += self.device.gram(stack)
+            return
+        parts = list(tiles(block.size, GRAM_TILE))
+        threads = max(1, min(self.workers, len(parts)))
+        map_threads(
+            functools.partial(self._tiles, stack), threads, range(threads),
+            round_robin(parts, threads),
+        )
 
 
 def squared_distances(gram: np.ndarray) -> np.ndarray:
@@ -129,7 +166,7 @@ class Krum(AggregationStrategy):
         """Score every update via the blockwise Gram matrix; return the selection's (mean)."""
         inputs = inputs_of(self, updates)
         n, f = len(inputs.headers), int(self.params.f)
-        gram_reducer = GramReducer(n)
+        gram_reducer = GramReducer(n, n * sum(s.size for s in inputs.specs))
         plan = run_stacked(updates, inputs.specs, gram_reducer, memory_budget=memory_budget)
         gram = gram_reducer.gram
         scores = krum_scores(squared_distances(gram), f)

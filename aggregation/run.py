@@ -11,9 +11,11 @@ out).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET, check_budget
+from aggregation._device import current, using
 from aggregation.base import AggregateResult, AggregationStrategy, SiteReport
 from aggregation.building_blocks import distances_to, require_updates
 from aggregation.errors import NotEnoughUpdatesError
@@ -29,6 +31,7 @@ def aggregate_updates(
     cohort_caps: Mapping[str, int] | None = None,
     cap_policy: str = "clip",
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    device: str | None = None,
 ) -> AggregateResult:
     """Guard ``updates``, merge the accepted ones with ``strategy``, and report per site.
 
@@ -45,11 +48,28 @@ def aggregate_updates(
     cap_policy : {"clip", "refuse"} (default: "clip")
         What happens to a count above its site's cap; the site is flagged either way.
     memory_budget : int (default: 512 MiB)
-        Working memory (bytes) the strategy may use beyond its output.
+        Working memory (bytes) the strategy may use beyond its output (on the GPU too).
+    device : {"auto", "cpu", "cuda", "cuda:N"}, optional
+        Where the passes run: ``auto`` uses the first CUDA GPU when the machine has one (torch
+        is imported only then) for passes over at least 1M values, else the CPU (numpy or the
+        compiled kernels); ``cuda`` refuses when there is no GPU (`aggregation._device`).
+        Default: the device of an enclosing `aggregation.on_device` block, else ``auto``.
     """
     if not updates:
         raise NotEnoughUpdatesError("No updates to aggregate. Received: 0 updates")
     check_budget(memory_budget)
+    with using(device) if device is not None or current() is None else contextlib.nullcontext():
+        return _aggregate(strategy, updates, expected, cohort_caps, cap_policy, memory_budget)
+
+
+def _aggregate(
+    strategy: AggregationStrategy,
+    updates: Sequence[UpdateSource],
+    expected: Expected | None,
+    cohort_caps: Mapping[str, int] | None,
+    cap_policy: str,
+    memory_budget: int,
+) -> AggregateResult:
     guard = guard_updates(
         updates,
         expected=expected,

@@ -6,7 +6,10 @@ time, throughput (input GB/s), peak extra memory (tracemalloc: numpy reports its
 the ratios. FedAvg is also compared with
 the machine's memory read bandwidth: the fastest of several read-only passes (numpy's sum,
 BLAS's dot, torch's sum; one thread and one per core) over the same updates. ``--files`` adds
-our rules reading the updates block-wise from weight files (page cache).
+the whole-process comparison (`bench/aggregation_process.py`): the same updates written as
+weight files, ``fedsplit aggregate`` over them as a subprocess vs a subprocess that reads them
+with h5py and runs Flower's function, plus start-up (imports) and HDF5 block-read rate vs a
+plain read of the same bytes. The kernels in use are printed (``FEDSPLIT_AGG_KERNELS``).
 
 Quick default (about 15 s on 2 cores)::
 
@@ -40,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aggregation
 from aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from protocol import Update, open_weights, write_weights
+from protocol import Update, write_weights
 
 RESNET18_PARAMS = 11_689_512
 
@@ -206,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=2, help="runs of ours; best time kept")
     p.add_argument("--no-flower", action="store_true", help="skip Flower's reference functions")
     p.add_argument("--files", action="store_true",
-                   help="also time ours reading the updates from weight files")
+                   help="also compare whole processes over weight files: `fedsplit aggregate` "
+                        "vs Flower + h5py (bench/aggregation_process.py)")
+    p.add_argument("--files-only", action="store_true",
+                   help="only the whole-process comparison (skips the in-memory table)")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
 
@@ -238,11 +244,25 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{'rule':<17}{'ours s':>9}{'GB/s':>7}{'peak MB':>9}{'e2e s':>8}"
               f"{'flower s':>10}{'peak MB':>9}{'speedup':>9}{'mem ratio':>10}")
     print(header, flush=True)
-    tmpdir = tempfile.TemporaryDirectory() if args.files else None
-    paths = []
-    if tmpdir is not None:
-        paths = [write_weights(u, Path(tmpdir.name) / f"{u.site}.h5") for u in updates]
-    for name in args.strategies.split(","):
+    from aggregation._kernels import compiled
+
+    kernels = compiled(1 << 30)
+    print(f"# kernels: {'numba ' + kernels.numba.__version__ if kernels else 'numpy'} "
+          f"(FEDSPLIT_AGG_KERNELS={os.environ.get('FEDSPLIT_AGG_KERNELS', 'auto')}), "
+          f"threads: {os.environ.get('FEDSPLIT_AGG_THREADS', 'default')}", flush=True)
+    if kernels is not None:  # compile (or load from the cache) outside the timed runs
+        saved = os.environ.get("FEDSPLIT_AGG_KERNELS")
+        os.environ["FEDSPLIT_AGG_KERNELS"] = "numba"  # the warm-up is under auto's threshold
+        small = make_updates(max(5, 2 * args.f + 3), shapes_for(20_000), seed=1)
+        for name in args.strategies.split(","):
+            warm = params_of.get(name, {}) if name != "multi-krum" else {"f": args.f}
+            aggregation.aggregate_updates(aggregation.get_strategy(name, warm), small)
+        if saved is None:
+            del os.environ["FEDSPLIT_AGG_KERNELS"]
+        else:
+            os.environ["FEDSPLIT_AGG_KERNELS"] = saved
+    rules = [] if args.files_only else args.strategies.split(",")
+    for name in rules:
         strat = aggregation.get_strategy(name, params_of.get(name, {}))
         t_ours, peak_ours, res = measure(
             lambda s=strat: s.aggregate(updates, memory_budget=budget), args.repeat)
@@ -271,24 +291,22 @@ def main(argv: list[str] | None = None) -> int:
         if name == "fedavg":
             row["fraction_of_read_bandwidth"] = input_bytes / t_ours / bw
             line += f"  [{100 * input_bytes / t_ours / bw:.0f}% of read bandwidth]"
-        if paths:
-            files = [open_weights(pth) for pth in paths]
-            try:
-                t_f, peak_f, _ = measure(
-                    lambda s=strat, fs=files: aggregation.aggregate_updates(
-                        s, fs, memory_budget=budget), 1)
-            finally:
-                for fh in files:
-                    fh.close()
-            row.update(files_end_to_end_s=t_f, files_peak_bytes=peak_f)
-            line += f"\n{'  from files':<17}{t_f:>9.2f}{'':>7}{peak_f / 2**20:>9.0f}"
         del res
         results["rules"][name] = row
         print(line, flush=True)
-    if tmpdir is not None:
-        tmpdir.cleanup()
-    print("ours s: strategy only (best of --repeat); e2e s: aggregate_updates = guard + "
-          "strategy + per-site report; peak MB: extra memory during the call, output included.")
+    if rules:
+        print("ours s: strategy only (best of --repeat); e2e s: aggregate_updates = guard + "
+              "strategy + per-site report; peak MB: extra memory during the call, output "
+              "included.", flush=True)
+    if args.files or args.files_only:
+        from aggregation_process import report
+
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = [write_weights(u, Path(tmp) / f"{u.site}.h5") for u in updates]
+            del updates
+            gc.collect()
+            whole = [r for r in args.strategies.split(",") if r != "geometric-median"]
+            results["files"] = report(paths, whole, flower=not args.no_flower)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -153,6 +153,12 @@ def aggregate(
         typer.Option(help="The round's model (.h5): inputs must match its names, shapes and "
                           "dtypes. Default: the layout shared by more than half the inputs."),
     ] = None,
+    device: Annotated[
+        str,
+        typer.Option(help="Where the aggregation runs: 'auto' (the GPU when the machine has "
+                          "one, else the CPU), 'cpu', 'cuda' or 'cuda:N'. The memory budget "
+                          "holds on the GPU too."),
+    ] = "auto",
 ) -> None:
     """Aggregate weight files; the output's num_examples is the sum of the used inputs'."""
     strat = aggregation.get_strategy(strategy, aggregation.parse_param_pairs(param or []))
@@ -164,8 +170,8 @@ def aggregate(
             f"the update). Received: {cap_policy!r}"
         )
     done = aggregate_files(
-        strat, inputs, output, report_path=report_json, reference=reference, cohort_caps=caps,
-        cap_policy=cap_policy, memory_budget=budget,
+        strat, inputs, output, report_path=report_json, reference=reference,
+        cohort_caps=caps, cap_policy=cap_policy, memory_budget=budget, device=device,
     )
     result, target = done.result, done.report_path
     print_report(result.report)

@@ -86,3 +86,21 @@ def test_parse_bytes_units() -> None:
     assert parse_bytes("2048") == 2048
     with pytest.raises(ConfigError, match="Received: '-1MB'"):
         parse_bytes("-1MB")
+
+
+def test_device_option_runs_on_the_cpu_and_refuses_bad_names(files, tmp_path, capsys) -> None:
+    """``--device cpu`` gives the same model as the default; an unknown device is refused."""
+    outs = []
+    for device in ("cpu", "auto"):
+        out = tmp_path / f"{device}.h5"
+        code = run_guarded(app, ["aggregate", *map(str, files[:4]), "-o", str(out), "--strategy",
+                                 "trimmed-mean", "--device", device])
+        assert code == 0
+        outs.append(read_weights(out))
+    for key, arr in outs[0].arrays.items():
+        np.testing.assert_array_equal(outs[1].arrays[key], arr)
+    capsys.readouterr()
+    code = run_guarded(app, ["aggregate", *map(str, files[:4]), "-o", str(tmp_path / "x.h5"),
+                             "--device", "gpu0"])
+    assert code == AggregationError.exit_code
+    assert "Received: 'gpu0'" in capsys.readouterr().err

@@ -1,0 +1,276 @@
+"""The coordinator's GPU: the stacked and streamed passes on a CUDA device with torch.
+
+`aggregation.aggregate_updates(..., device="auto")` (and ``fedsplit aggregate --device``)
+chooses where the passes run and sets it for the call (`using`):
+
+- ``cpu``: numpy, or the compiled kernels (`aggregation._kernels`);
+- ``cuda`` / ``cuda:N``: torch on that device (an error when torch has no CUDA device);
+- ``auto`` (default): the first CUDA device when there is one, for passes over at least
+  `aggregation._kernels.COMPILED_FROM` values; else the CPU. Whether a machine may have a GPU
+  is checked without importing torch (an NVIDIA driver node, and torch installed), so an
+  aggregation on a machine without one never imports torch.
+
+On the device, blocks are read on the host exactly as on the CPU (`aggregation._blocks`: the
+``(N, b)`` stack, sized to the memory budget, or each update's block), copied to the device
+and reduced there; the budget covers the device's copies too (`DEVICE_BYTES_PER_VALUE`).
+Results equal the CPU path within the tolerances of docs/aggregation.md ("The coordinator's
+GPU"): sorted ranks and the Krum choice are the same, sums run in float64.
+
+`TorchDevice` also runs on ``torch.device("cpu")``: the tests use that to check the torch code
+against the numpy reference on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib.util
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aggregation._blocks import flat_view, iter_stacks, plan_stack
+from aggregation._kernels import COMPILED_FROM
+from aggregation.errors import AggregationError
+from protocol.arrays import ArraySpec
+from protocol.update import UpdateSource
+
+#: Device bytes per stacked value beyond the stack's own copy: sorted values and their int64
+#: order, a float64 and a working-precision temporary (itemsize 8 counted).
+DEVICE_BYTES_PER_VALUE = 4 * 8 + 16
+
+
+class TorchDevice:
+    """A torch device the aggregation passes run on (CUDA in use; CPU in the tests)."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+
+    def __repr__(self) -> str:
+        return f"TorchDevice({str(self.device)!r})"
+
+    # ---------------------------------------------------------------------------- helpers
+
+    def _to(self, array: np.ndarray) -> Any:
+        return self.torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    @staticmethod
+    def _host(tensor: Any) -> np.ndarray:
+        return tensor.detach().cpu().numpy()
+
+    def _finish(self, x: Any, res: Any, out: np.ndarray) -> Any:
+        """Write ``res`` to ``out`` (its dtype); return each row's float64 squared distance."""
+        final = res.to(getattr(self.torch, out.dtype.name))
+        out[...] = self._host(final)
+        diff = x - final.to(x.dtype)
+        return self.torch.sum(diff * diff, dim=1, dtype=self.torch.float64)
+
+    # ---------------------------------------------------------------- order statistics
+
+    def trim(self, stack: np.ndarray, out: np.ndarray, cut: int) -> tuple[np.ndarray, np.ndarray]:
+        """Unweighted trimmed mean / median of a stacked block (as `_order.TrimReducer`)."""
+        torch = self.torch
+        x = self._to(stack)
+        n = x.shape[0]
+        srt = torch.sort(x, dim=0).values
+        width = n - 2 * cut
+        if width == 1:
+            res = srt[cut]
+        elif width == 2:
+            res = (srt[cut] + srt[cut + 1]) / 2
+        else:
+            res = torch.sum(srt[cut : n - cut], dim=0, dtype=torch.float64) / width
+        if cut == 0:
+            dropped = torch.zeros(n, dtype=torch.float64)
+        elif width == 1:
+            dropped = (x != srt[cut]).sum(dim=1)
+        else:
+            dropped = (x < srt[cut]).sum(dim=1) + (x > srt[n - cut - 1]).sum(dim=1)
+        del srt
+        dist2 = self._finish(x, res, out)
+        return self._host(dropped).astype(np.float64), self._host(dist2)
+
+    def weighted_median(
+        self, stack: np.ndarray, out: np.ndarray, counts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Count-weighted median of a stacked block (as `_order.WeightedMedianReducer`)."""
+        torch = self.torch
+        x = self._to(stack)
+        n, t = x.shape
+        total = int(counts.sum())
+        v, order = torch.sort(x, dim=0)
+        cum = torch.cumsum(self._to(counts.astype(np.int64))[order], dim=0)
+        k = (2 * cum >= total).to(torch.uint8).argmax(dim=0, keepdim=True)
+        tie = (2 * cum.gather(0, k) == total)[0]
+        k1 = torch.clamp(k + 1, max=n - 1)
+        lo, hi = v.gather(0, k)[0], v.gather(0, k1)[0]
+        res = torch.where(tie, (lo + hi) / 2, lo)
+        used = torch.bincount(order.gather(0, k)[0], minlength=n)
+        used += torch.bincount(order.gather(0, k1)[0][tie], minlength=n)
+        del v, order, cum
+        dist2 = self._finish(x, res, out)
+        return (t - self._host(used)).astype(np.float64), self._host(dist2)
+
+    def weighted_trim(
+        self, stack: np.ndarray, out: np.ndarray, counts: np.ndarray, lo: float, hi: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Count-weighted trimmed mean of a stacked block (as `_order.WeightedTrimReducer`)."""
+        torch = self.torch
+        x = self._to(stack)
+        n = x.shape[0]
+        v, order = torch.sort(x, dim=0)
+        w = self._to(counts.astype(np.float64))[order]
+        cum = torch.cumsum(w, dim=0)
+        kept = (torch.clamp(cum, max=hi) - torch.clamp(cum - w, min=lo)).clamp_(min=0.0)
+        res = torch.sum(v.to(torch.float64) * kept, dim=0) / kept.sum(dim=0)
+        dropped = torch.zeros(n, dtype=torch.float64, device=self.device)
+        dropped.index_add_(0, order.reshape(-1), (1.0 - kept / w).reshape(-1))
+        del v, order, w, cum, kept
+        dist2 = self._finish(x, res, out)
+        return self._host(dropped), self._host(dist2)
+
+    # ---------------------------------------------------------------------------- Krum
+
+    def gram(self, stack: np.ndarray) -> np.ndarray:
+        """The block's Gram matrix (float64), each coordinate centred on its mean first."""
+        torch = self.torch
+        x = self._to(stack)
+        x -= torch.mean(x, dim=0, dtype=torch.float64).to(x.dtype)
+        x64 = x.to(torch.float64)
+        return self._host(x64 @ x64.T)
+
+    # ------------------------------------------------------------------ streamed passes
+
+    def weighted_mean(
+        self,
+        updates: Sequence[UpdateSource],
+        specs: Sequence[ArraySpec],
+        share: np.ndarray,
+        arrays: dict[str, np.ndarray],
+        memory_budget: int,
+    ) -> int:
+        """``arrays = sum_k share_k w_k`` (float64 sums on the device); return working bytes."""
+        torch = self.torch
+        plan = plan_stack(
+            len(updates), specs, memory_budget=memory_budget, bytes_per_value=8,
+            bytes_per_coordinate=3 * 8,
+        )
+        weights = self._to(share.astype(np.float64))
+        for block, stack in iter_stacks(updates, specs, plan):
+            x = self._to(stack)
+            acc = torch.zeros(block.size, dtype=torch.float64, device=self.device)
+            for k in range(len(updates)):
+                acc += x[k].to(torch.float64) * weights[k]
+            out = flat_view(arrays, block)
+            out[...] = self._host(acc.to(getattr(torch, out.dtype.name)))
+        return plan.working_bytes
+
+    def distances(
+        self,
+        updates: Sequence[UpdateSource],
+        specs: Sequence[ArraySpec],
+        arrays: dict[str, np.ndarray],
+        memory_budget: int,
+    ) -> tuple[np.ndarray, int]:
+        """Each update's L2 distance to ``arrays`` (differences in the working precision)."""
+        torch = self.torch
+        plan = plan_stack(
+            len(updates), specs, memory_budget=memory_budget, bytes_per_value=8,
+            bytes_per_coordinate=8,
+        )
+        total = torch.zeros(len(updates), dtype=torch.float64, device=self.device)
+        for block, stack in iter_stacks(updates, specs, plan):
+            x = self._to(stack)
+            ref = np.asarray(arrays[block.name]).reshape(-1)[block.start : block.stop]
+            diff = x - self._to(ref).to(x.dtype)
+            total += torch.sum(diff * diff, dim=1, dtype=torch.float64)
+        return np.sqrt(self._host(total)), plan.working_bytes
+
+
+# -------------------------------------------------------------------------------- choice
+
+
+@dataclass(frozen=True)
+class _Choice:
+    device: TorchDevice | None
+    forced: bool  # a device named explicitly: every pass uses it, whatever its size
+
+
+_CURRENT: contextvars.ContextVar[_Choice | None] = contextvars.ContextVar(
+    "fedsplit_agg_device", default=None
+)
+
+_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def _may_have_cuda() -> bool:
+    """An NVIDIA driver is loaded and torch is installed (checked without importing torch)."""
+    driver = os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0")
+    return driver and importlib.util.find_spec("torch") is not None
+
+
+def resolve(spec: str | TorchDevice | None) -> _Choice:
+    """Turn ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (or a `TorchDevice`) into a choice."""
+    if isinstance(spec, TorchDevice):
+        return _Choice(spec, True)
+    text = "auto" if spec is None else str(spec).strip().lower()
+    if not _SPEC.fullmatch(text):
+        raise AggregationError(
+            f"The aggregation device is 'auto' (the GPU when there is one), 'cpu', 'cuda' or "
+            f"'cuda:N'. Received: {spec!r}"
+        )
+    if text == "cpu" or (text == "auto" and not _may_have_cuda()):
+        return _Choice(None, False)
+    import torch
+
+    if not torch.cuda.is_available():
+        if text == "auto":
+            return _Choice(None, False)
+        raise AggregationError(
+            f"--device {text} asks for a CUDA GPU, but torch sees none (torch "
+            f"{torch.__version__}, CUDA build: {torch.version.cuda is not None}). Use --device "
+            f"cpu or auto, or install torch's CUDA build. Received: {spec!r}"
+        )
+    index = int(text.split(":")[1]) if ":" in text else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise AggregationError(
+            f"There are {torch.cuda.device_count()} CUDA device(s), numbered from 0. "
+            f"Received: {spec!r}"
+        )
+    return _Choice(TorchDevice(f"cuda:{index}"), text != "auto")
+
+
+@contextlib.contextmanager
+def using(spec: str | TorchDevice | None) -> Iterator[TorchDevice | None]:
+    """Run the passes inside the block on ``spec`` (see `resolve`); yield the device or None."""
+    choice = resolve(spec)
+    token = _CURRENT.set(choice)
+    try:
+        yield choice.device
+    finally:
+        _CURRENT.reset(token)
+
+
+def current() -> TorchDevice | bool | None:
+    """The device set by an enclosing `using` block (None outside one; False: the CPU)."""
+    choice = _CURRENT.get()
+    if choice is None:
+        return None
+    return choice.device if choice.device is not None else False
+
+
+def active_device(values: int) -> TorchDevice | None:
+    """The device a pass over ``values`` values runs on (None: the CPU)."""
+    choice = _CURRENT.get()
+    if choice is None or choice.device is None:
+        return None
+    if choice.forced or values >= COMPILED_FROM:
+        return choice.device
+    return None

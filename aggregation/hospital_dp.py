@@ -1,0 +1,126 @@
+"""Hospital-level differential privacy at the coordinator: clip, count-weight, add noise.
+
+`HospitalDPFedAvg` wraps count-weighted FedAvg (Flower's server-side fixed clipping refuses
+unequal weights; this one keeps them). With the round's global model ``g`` (`set_reference`),
+hospital k's update ``w_k`` (count ``n_k``, total ``N``) contributes its change clipped to norm
+``C`` over all trainable parameters:
+
+    d_k = (w_k - g) * min(1, C / ||w_k - g||)
+    z   = g + sum_k (n_k / N) d_k + Normal(0, (sigma * C * max_k n_k / N)^2 I)
+
+Sensitivity. The counts are public here (the coordinator sees them; `docs/privacy.md`), so the
+weights ``p_k = n_k / N`` are fixed numbers. Two neighbouring rounds differ in one hospital's
+contribution being present or replaced by zero (add/remove adjacency on updates, as in
+DP-FedAvg, McMahan et al. 2018): ``sum_k p_k d_k`` moves by ``p_j ||d_j|| <= p_max C``. The
+noise standard deviation ``sigma * p_max * C`` makes each round a Gaussian mechanism with noise
+multiplier ``sigma``. Every hospital takes part in every accounted round (no sampling
+amplification is claimed: ``sample_rate=1``), so ``R`` rounds are ``R`` compositions, which
+Opacus's RDP accountant converts to (epsilon, delta) (`plan_sigma`, `spent`).
+
+What it protects: whether any one hospital (all its patients at once) took part, against
+anyone who sees the global models, as long as the coordinator itself adds the noise honestly.
+Buffers (the agreed standardisation) are not trained: the global value is kept for them. Runs
+with BatchNorm are refused by the runners (its running statistics would travel unnoised).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
+from aggregation.building_blocks import inputs_of, make_result, site_reports
+from aggregation.errors import AggregationError
+from protocol.update import UpdateSource
+
+#: parameter-name endings of trained tensors; everything else is a buffer kept at the global value
+TRAINED = (".weight", ".bias")
+
+
+def is_trained(name: str) -> bool:
+    """Whether the array called ``name`` is a trained parameter (not a fixed buffer)."""
+    return name.endswith(TRAINED)
+
+
+def plan_sigma(epsilon: float, delta: float, rounds: int) -> float:
+    """Noise multiplier keeping ``rounds`` Gaussian rounds (no sampling) within (epsilon, delta)."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=1.0,
+                                      steps=rounds, accountant="rdp"))
+
+
+def spent(sigma: float, delta: float, rounds_done: int) -> float:
+    """Epsilon after ``rounds_done`` noised rounds (Opacus RDP accountant)."""
+    if rounds_done <= 0:
+        return 0.0
+    from opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.history = [(sigma, 1.0, rounds_done)]
+    return float(accountant.get_epsilon(delta=delta))
+
+
+class HospitalDPParams(StrategyParams):
+    """Clip norm and noise multiplier (set by the runner from the ``dp`` spec)."""
+
+    clip: float = 1.0
+    sigma: float = 1.0
+
+
+class HospitalDPFedAvg(AggregationStrategy):
+    """Count-weighted FedAvg of clipped updates plus Gaussian noise (see the module docstring)."""
+
+    name = "fedavg+hospital-dp"
+    summary = "FedAvg of norm-clipped changes plus Gaussian noise calibrated to the largest weight."
+    Params = HospitalDPParams
+
+    def __init__(self, params: StrategyParams | None = None, *, seed: int | None = None) -> None:
+        super().__init__(params)
+        self.reference: dict[str, np.ndarray] | None = None
+        self._rng = np.random.default_rng(seed)
+
+    def set_reference(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """The global model the round's hospitals started from."""
+        self.reference = {k: np.asarray(v) for k, v in arrays.items()}
+
+    def aggregate(self, updates: Sequence[UpdateSource], *,
+                  memory_budget: int = DEFAULT_MEMORY_BUDGET) -> AggregateResult:
+        """Clip each change, weight by count, add noise of std ``sigma * C * max share``."""
+        if self.reference is None:
+            raise AggregationError("Hospital-level DP clips each update's change to the round's "
+                                   "global model; set_reference was not called. Received: none")
+        inputs = inputs_of(self, updates)
+        names = [s.name for s in inputs.specs]
+        if missing := [n for n in names if n not in self.reference]:
+            raise AggregationError(f"The updates hold parameters the global model lacks. "
+                                   f"Received: {missing[:5]}")
+        clip, sigma = float(self.params.clip), float(self.params.sigma)
+        shares = inputs.counts / inputs.counts.sum()
+        trained = [n for n in names if is_trained(n)]
+        norms, scales = [], []
+        for u in updates:
+            sq = sum(float(np.sum((u.array(n).astype(np.float64) - self.reference[n]) ** 2))
+                     for n in trained)
+            norms.append(float(np.sqrt(sq)))
+            scales.append(min(1.0, clip / norms[-1]) if norms[-1] > 0 else 1.0)
+        std = sigma * clip * float(shares.max())
+        out: dict[str, np.ndarray] = {}
+        for spec in inputs.specs:
+            ref = self.reference[spec.name].astype(np.float64)
+            if not is_trained(spec.name):
+                out[spec.name] = ref.astype(spec.dtype)
+                continue
+            acc = np.zeros(spec.shape, dtype=np.float64)
+            for u, p, s in zip(updates, shares, scales, strict=True):
+                acc += p * s * (u.array(spec.name).astype(np.float64) - ref)
+            acc += self._rng.normal(0.0, std, size=spec.shape)
+            out[spec.name] = (ref + acc).astype(spec.dtype)
+        sites = site_reports(inputs.headers, shares,
+                             flags=[["clipped"] if s < 1 else [] for s in scales])
+        details = {"clip": clip, "noise_multiplier": sigma, "noise_std": std,
+                   "update_norms": norms, "clipped": int(sum(s < 1 for s in scales))}
+        return make_result(self, inputs, out, sites, memory_budget=memory_budget,
+                           working_bytes=0, details=details)

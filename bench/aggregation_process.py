@@ -1,0 +1,195 @@
+"""Whole-process aggregation bench: ``fedsplit aggregate`` over weight files vs Flower + h5py.
+
+Used by ``bench/aggregation.py --files`` (and runnable alone). For each rule, in the same run
+and on the same files (page cache warm: every file is read once first):
+
+- ours: ``fedsplit aggregate FILES -o OUT --strategy RULE`` as a subprocess (interpreter
+  start-up, imports, input checks, the rule, writing the model and the report);
+- Flower: a subprocess that imports Flower, reads every file with h5py into numpy arrays, runs
+  Flower's reference function and writes the result with h5py.
+
+It also measures start-up (the interpreter alone, ``import cli.aggregate``, and whether torch
+or flwr got imported) and the read rate of block-wise HDF5 reads (`aggregation._blocks`'s
+reader, as a stacked pass reads) against a plain sequential ``read()`` of the same bytes.
+
+    .venv/bin/python bench/aggregation_process.py --n 30 --params 10M
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FLOWER_SCRIPT = """
+import sys, h5py, numpy as np
+from flwr.server.strategy.aggregate import (aggregate, aggregate_krum, aggregate_median,
+                                            aggregate_trimmed_avg)
+rule, out, *paths = sys.argv[1:]
+results = []
+for p in paths:
+    with h5py.File(p, "r") as f:
+        names = [n.decode() if isinstance(n, bytes) else n for n in f["arrays"].attrs["order"]]
+        results.append(([f["arrays"][n][()] for n in names], int(f.attrs["num_examples"])))
+fn = {"fedavg": aggregate, "median": aggregate_median,
+      "trimmed-mean": lambda r: aggregate_trimmed_avg(r, 0.2),
+      "krum": lambda r: aggregate_krum(r, 2, 0),
+      "multi-krum": lambda r: aggregate_krum(r, 2, len(r) - 2)}[rule]
+agg = fn(results)
+with h5py.File(out, "w") as f:
+    for n, a in zip(names, agg):
+        f.create_dataset(n, data=a)
+"""
+
+RULE_ARGS = {
+    "fedavg": [],
+    "median": [],
+    "trimmed-mean": ["--param", "beta=0.2"],
+    "krum": ["--param", "f=2"],
+    "multi-krum": ["--param", "f=2", "--param", "m={m}"],
+}
+
+
+def _timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]} failed ({done.returncode}): {done.stderr[-1500:]}")
+    return elapsed
+
+
+def startup() -> dict[str, Any]:
+    """Interpreter start, ``import cli.aggregate`` and ``import cli.app`` (best of 3 each)."""
+    py = sys.executable
+    probe = "import sys, {m}; print(int('torch' in sys.modules), int('flwr' in sys.modules))"
+    out: dict[str, Any] = {
+        "python_s": min(_timed([py, "-c", "pass"]) for _ in range(3)),
+        "import_cli_aggregate_s": min(_timed([py, "-c", "import cli.aggregate"]) for _ in range(3)),
+        "import_cli_app_s": min(_timed([py, "-c", "import cli.app"]) for _ in range(3)),
+    }
+    flags = subprocess.run(
+        [py, "-c", probe.format(m="cli.app")], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    out["torch_imported"], out["flwr_imported"] = bool(int(flags[0])), bool(int(flags[1]))
+    return out
+
+
+def read_rates(paths: list[Path]) -> dict[str, float]:
+    """GB/s of block-wise HDF5 reads (as a stacked pass) and of a plain read of the same files."""
+    from aggregation._blocks import BLOCK_CAP_BYTES, BlockReader, plan_blocks
+    from protocol import open_weights
+
+    nbytes = 0
+    start = time.perf_counter()
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while chunk := f.read(64 * 2**20):
+                nbytes += len(chunk)
+    plain = nbytes / (time.perf_counter() - start) / 1e9
+    files = [open_weights(p) for p in paths]
+    try:
+        specs = files[0].header.specs
+        values = max(1, BLOCK_CAP_BYTES // (len(files) * 4))
+        buf = np.empty(values, dtype=np.float32)
+        readers = [BlockReader(f) for f in files]
+        payload = 0
+        start = time.perf_counter()
+        for block in plan_blocks(specs, values):
+            for r in readers:
+                r.read(block, buf[: block.size])
+                payload += block.size * 4
+        blocks = payload / (time.perf_counter() - start) / 1e9
+    finally:
+        for f in files:
+            f.close()
+    return {"plain_read_gbps": plain, "hdf5_block_read_gbps": blocks, "file_bytes": nbytes}
+
+
+def whole_process(
+    paths: list[Path], rules: list[str], *, flower: bool = True, repeat: int = 1
+) -> dict[str, dict[str, float]]:
+    """Time ``fedsplit aggregate`` and (optionally) Flower + h5py on ``paths`` per rule."""
+    fedsplit = [sys.executable, "-c", "import sys; from cli.app import main; sys.argv[0] = "
+                "'fedsplit'; main()"]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.h5"
+        for rule in rules:
+            args = [a.format(m=len(paths) - 2) for a in RULE_ARGS[rule]]
+            cmd = [*fedsplit, "aggregate", *map(str, paths), "-o", str(out), "--strategy", rule,
+                   *args]
+            row = {"ours_s": min(_timed(cmd, env) for _ in range(repeat))}
+            if flower:
+                fl = [sys.executable, "-c", FLOWER_SCRIPT, rule, str(out), *map(str, paths)]
+                row["flower_s"] = min(_timed(fl, env) for _ in range(repeat))
+                row["speedup"] = row["flower_s"] / row["ours_s"]
+            results[rule] = row
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write N weight files, then print start-up, read rates and whole-process times."""
+    import importlib.util
+
+    from protocol import write_weights
+
+    spec = importlib.util.spec_from_file_location("bench_aggregation", ROOT / "bench/aggregation.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    make_updates, shapes_for = bench.make_updates, bench.shapes_for
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=30)
+    p.add_argument("--params", default="10M")
+    p.add_argument("--strategies", default="fedavg,median,trimmed-mean,krum,multi-krum")
+    p.add_argument("--no-flower", action="store_true")
+    p.add_argument("--repeat", type=int, default=1)
+    args = p.parse_args(argv)
+    params = int(float(args.params.rstrip("Mm")) * 1e6) if args.params[-1] in "Mm" else int(
+        args.params)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [write_weights(u, Path(tmp) / f"{u.site}.h5")
+                 for u in make_updates(args.n, shapes_for(params))]
+        report(paths, args.strategies.split(","), flower=not args.no_flower, repeat=args.repeat)
+    return 0
+
+
+def report(paths: list[Path], rules: list[str], *, flower: bool, repeat: int = 1) -> dict:
+    """Print and return start-up, read rates and whole-process times for ``paths``."""
+    up = startup()
+    print(f"start-up: python {up['python_s']:.3f} s; + import cli.aggregate "
+          f"{up['import_cli_aggregate_s'] - up['python_s']:.3f} s; + import cli.app (every "
+          f"command) {up['import_cli_app_s'] - up['python_s']:.3f} s; torch imported: "
+          f"{up['torch_imported']}, flwr imported: {up['flwr_imported']}", flush=True)
+    rates = read_rates(paths)  # first pass warms the page cache
+    rates = read_rates(paths)
+    print(f"reading {rates['file_bytes'] / 1e9:.2f} GB of weight files (page cache): plain "
+          f"sequential read {rates['plain_read_gbps']:.1f} GB/s, HDF5 block reads "
+          f"{rates['hdf5_block_read_gbps']:.1f} GB/s "
+          f"({100 * rates['hdf5_block_read_gbps'] / rates['plain_read_gbps']:.0f}%)", flush=True)
+    print(f"whole process over {len(paths)} files: `fedsplit aggregate` vs Flower reading them "
+          f"with h5py + its reference function (both write the model)", flush=True)
+    rows = whole_process(paths, rules, flower=flower, repeat=repeat)
+    for rule, row in rows.items():
+        line = f"  {rule:<14}ours {row['ours_s']:7.2f} s"
+        if "flower_s" in row:
+            line += f"   Flower {row['flower_s']:7.2f} s   {row['speedup']:5.1f}x"
+        print(line, flush=True)
+    return {"startup": up, "read": rates, "whole_process": rows, "n": len(paths)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

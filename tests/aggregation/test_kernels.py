@@ -1,0 +1,158 @@
+"""The compiled kernels (numba) against the numpy reference, and the kernel switch.
+
+Every rule runs twice on the same random updates, once with ``FEDSPLIT_AGG_KERNELS=numpy``
+(the reference) and once with ``=numba`` (kernels for every pass whatever its size); the
+bounds asserted are the ones docs/aggregation.md ("Compiled kernels") documents.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aggregation
+from aggregation._kernels import batcher_network, mode, selection_network
+from aggregation.errors import AggregationError
+from protocol import open_weights, write_weights
+
+pytest.importorskip("numba")
+
+RULES = [
+    ("fedavg", {}),
+    ("median", {}),
+    ("median", {"weighted": True}),
+    ("trimmed-mean", {"beta": 0.2}),
+    ("trimmed-mean", {"beta": 0.34}),
+    ("trimmed-mean", {"beta": 0.25, "weighted": True}),
+    ("krum", {"f": 1}),
+    ("multi-krum", {"f": 1}),
+    ("geometric-median", {}),
+]
+SHAPES = [(70, 3), (), (5,), (2, 3, 4)]
+
+
+def _run(monkeypatch, kernels: str, name: str, params: dict, updates, **kw):
+    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", kernels)
+    return aggregation.aggregate_updates(aggregation.get_strategy(name, params), updates, **kw)
+
+
+def _bound(ref: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """1 ulp of the output, plus the float64 sum-order bound 2 N eps max|x| (float64 models)."""
+    spacing = np.spacing(np.abs(ref).astype(ref.dtype)).astype(np.float64)
+    if ref.dtype == np.float64:
+        spacing = spacing + 2 * n * np.finfo(np.float64).eps * float(np.max(np.abs(values)))
+    return spacing
+
+
+@pytest.mark.parametrize("name,params", RULES)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_kernels_match_the_numpy_reference(h, monkeypatch, name, params, dtype) -> None:
+    """Random cases (odd and even N, ties, 0-d parameters): same bits or within the bound."""
+    rng = np.random.default_rng(abs(hash((name, str(params), np.dtype(dtype).name))) % 2**32)
+    for case in range(8):
+        n = int(rng.integers(5, 14)) if "krum" in name else int(rng.integers(1, 14))
+        ties = case % 3 == 0
+        ws = h.random_weights(rng, n, dtype, ties=ties, shapes=SHAPES)
+        counts = [int(c) for c in rng.integers(1, 50, size=n)]
+        if case % 4 == 1:
+            counts = [7] * n  # equal counts: exact halves in the weighted median
+        updates = h.as_updates(ws, counts)
+        ref = _run(monkeypatch, "numpy", name, params, updates)
+        got = _run(monkeypatch, "numba", name, params, updates)
+        for key, want in ref.arrays.items():
+            have = got.arrays[key]
+            assert have.dtype == want.dtype and have.shape == want.shape
+            exact = name in ("fedavg", "krum", "multi-krum") or (
+                name == "median" and not params.get("weighted")
+            ) or (name == "trimmed-mean" and not params.get("weighted") and n - 2 * int(
+                params["beta"] * n) <= 2)
+            if exact or dtype == np.float16:  # float16 models stay on the numpy path
+                np.testing.assert_array_equal(have, want, err_msg=f"{name} N={n} case {case}")
+            elif name == "geometric-median":
+                np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-5)
+            else:
+                values = np.stack([u.arrays[key] for u in updates]).astype(np.float64)
+                err = np.abs(have.astype(np.float64) - want.astype(np.float64))
+                assert np.all(err <= _bound(want, values, n)), (name, n, case, err.max())
+        for a, b in zip(ref.report.sites, got.report.sites, strict=True):
+            assert a.selected == b.selected and a.weight == pytest.approx(b.weight, rel=1e-6)
+            assert b.l2_to_aggregate == pytest.approx(a.l2_to_aggregate, rel=1e-5, abs=1e-6)
+            if a.trimmed_fraction is not None and not ties:
+                assert b.trimmed_fraction == pytest.approx(a.trimmed_fraction, abs=1e-9)
+
+
+@pytest.mark.parametrize("name,params", RULES)
+def test_kernels_hold_the_budget_and_read_files_alike(h, tmp_path: Path, monkeypatch, name, params):
+    """Under a budget that cuts every parameter into many blocks, from weight files too."""
+    updates = h.make_updates(9, shapes=[(6, 90), (4, 3, 5), (11,), ()], seed=5)
+    budget = 80 if name in ("fedavg", "geometric-median") else 9 * 4 * 40 + 4096
+    ref = _run(monkeypatch, "numpy", name, params, updates, memory_budget=budget)
+    got = _run(monkeypatch, "numba", name, params, updates, memory_budget=budget)
+    paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
+    files = [open_weights(p) for p in paths]
+    try:
+        from_files = _run(monkeypatch, "numba", name, params, files, memory_budget=budget)
+    finally:
+        for f in files:
+            f.close()
+    assert got.report.working_bytes <= budget
+    for key, want in ref.arrays.items():
+        np.testing.assert_allclose(got.arrays[key], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(from_files.arrays[key], got.arrays[key])
+
+
+@pytest.mark.parametrize("n", [*range(1, 40), 50, 64, 65, 100])
+def test_selection_networks_sort_the_ranks_they_promise(n) -> None:
+    """Batcher's network sorts every input; a pruned one still fixes the ranks asked for."""
+    rng = np.random.default_rng(n)
+    x = rng.integers(0, 5, size=(n, 400)).astype(np.float64)  # many ties
+    x[:, :50] = rng.permuted(np.tile(np.arange(n)[:, None], (1, 50)), axis=0)
+    want = np.sort(x, axis=0)
+    for first, last in [(0, n - 1), ((n - 1) // 2, n // 2), (n // 5, n - n // 5 - 1)]:
+        lo, hi = selection_network(n, first, last)
+        y = x.copy()
+        for a, b in zip(lo, hi, strict=True):
+            y[a], y[b] = np.minimum(y[a], y[b]), np.maximum(y[a], y[b])
+        np.testing.assert_array_equal(y[first : last + 1], want[first : last + 1])
+    assert len(selection_network(n, (n - 1) // 2, n // 2)[0]) <= len(batcher_network(n))
+
+
+def test_the_switch_refuses_unknown_values(monkeypatch) -> None:
+    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "fast")
+    with pytest.raises(AggregationError, match="Received: 'fast'"):
+        mode()
+
+
+def test_kernels_work_from_a_read_only_install(tmp_path: Path) -> None:
+    """No writable cache directory: the kernels are compiled in memory and still run."""
+    src = Path(aggregation.__file__).parent / "_numba_kernels.py"
+    pkg = tmp_path / "ro"
+    pkg.mkdir()
+    (pkg / "ro_kernels.py").write_text(src.read_text())
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for p in (pkg / "ro_kernels.py", pkg, cache):
+        p.chmod(stat.S_IREAD | stat.S_IEXEC | (0 if p.is_file() else stat.S_IXUSR))
+    code = (
+        "import numpy as np, ro_kernels as k\n"
+        "d = np.zeros(5, np.float32)\n"
+        "k.scale_into(d, np.arange(5, dtype=np.float32), np.float32(2))\n"
+        "assert d.tolist() == [0, 2, 4, 6, 8], d\n"
+        "print(type(k.scale_into._cache).__name__)\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "HOME": str(cache),
+           "PYTHONPATH": str(pkg), "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        for p in (pkg, cache):
+            p.chmod(stat.S_IRWXU)
+    assert done.returncode == 0, done.stderr[-2000:]
