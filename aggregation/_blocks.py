@@ -64,11 +64,73 @@ class Recounted:
         return self.source.array(name)
 
 
+class ValueWatch:
+    """Records that a pass met a non-finite value (or a sum that overflowed) in its inputs.
+
+    `aggregation.run` hands the rule updates wrapped in `Watched` instead of scanning every
+    value first; each `BlockReader` over them checks what it reads, and the self-checking
+    passes (`building_blocks.weighted_mean`, `building_blocks.distances_to`) check their
+    output. A flagged watch makes `aggregation.run` redo the round with the full input scan.
+    """
+
+    def __init__(self) -> None:
+        self.flagged = False
+
+    def flag(self) -> None:
+        """Mark the pass as having met a non-finite value."""
+        self.flagged = True
+
+
+class Watched:
+    """An `UpdateSource` whose values are checked finite as a pass reads them (`ValueWatch`)."""
+
+    def __init__(self, source: UpdateSource, watch: ValueWatch) -> None:
+        self.source = source
+        self.watch = watch
+
+    @property
+    def header(self) -> UpdateHeader:
+        """The wrapped source's header."""
+        return self.source.header
+
+    def array(self, name: str) -> np.ndarray:
+        """Return the wrapped source's parameter ``name``."""
+        return self.source.array(name)
+
+
 def base(source: UpdateSource) -> UpdateSource:
-    """Return the source under any `Recounted` wrappers."""
-    while isinstance(source, Recounted):
+    """Return the source under any `Recounted` and `Watched` wrappers."""
+    while isinstance(source, Recounted | Watched):
         source = source.source
     return source
+
+
+def watch_of(source: UpdateSource) -> ValueWatch | None:
+    """The `ValueWatch` of a `Watched` source (under any wrappers), else None."""
+    while isinstance(source, Recounted | Watched):
+        if isinstance(source, Watched):
+            return source.watch
+        source = source.source
+    return None
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """True when every value is finite, proved by a finite sum (an overflow reads as False)."""
+    total = np.add.reduce(values, axis=None, dtype=np.float32 if values.dtype == np.float16 else None)
+    return bool(np.isfinite(total))
+
+
+def flag_non_finite(updates: Sequence[UpdateSource], values: Sequence[np.ndarray]) -> None:
+    """Flag the watches of ``updates`` when any of ``values`` (a pass's output) is not finite.
+
+    A weighted sum or a distance of finite inputs is finite unless it overflows, and a NaN or
+    an infinity in any input makes it non-finite (even with weight 0: 0 * inf is NaN), so a
+    finite output proves the inputs finite.
+    """
+    watches = {id(w): w for w in map(watch_of, updates) if w is not None}
+    if watches and not all(all_finite(np.asarray(v)) for v in values):
+        for w in watches.values():
+            w.flag()
 
 
 @dataclass(frozen=True)
@@ -153,8 +215,10 @@ class BlockReader:
     sliced.
     """
 
-    def __init__(self, source: UpdateSource) -> None:
+    def __init__(self, source: UpdateSource, *, check_values: bool = True) -> None:
         self.source = base(source)
+        # a Watched source's reads are checked finite here, unless the pass checks its output
+        self.watch = watch_of(source) if check_values else None
         self._file = self.source if isinstance(self.source, WeightFile) else None
         self._update = self.source if isinstance(self.source, Update) else None
         self._cached: tuple[str, np.ndarray] | None = None
@@ -185,14 +249,19 @@ class BlockReader:
         """Fill ``out`` (1-D, ``block.size`` values, any float dtype) with the block's values."""
         if self._file is not None:
             self._read_file(block, out)
-            return
-        np.copyto(out, self._flat(block.name)[block.start : block.stop], casting="same_kind")
+        else:
+            np.copyto(out, self._flat(block.name)[block.start : block.stop], casting="same_kind")
+        if self.watch is not None and not all_finite(out):
+            self.watch.flag()
 
     def view(self, block: Block) -> np.ndarray | None:
         """The block's values without copying when the update is in memory, else None."""
         if self._update is None:
             return None
-        return self._flat(block.name)[block.start : block.stop]
+        values = self._flat(block.name)[block.start : block.stop]
+        if self.watch is not None and not all_finite(values):
+            self.watch.flag()
+        return values
 
     def release(self) -> None:
         """Forget a cached parameter (for sources that materialise arrays)."""

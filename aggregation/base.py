@@ -103,6 +103,13 @@ class AggregationStrategy(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     Params: ClassVar[type[StrategyParams]] = StrategyParams
+    #: True when `aggregate` reads every value of every update through the block passes
+    #: (`aggregation._blocks.BlockReader`, `building_blocks.weighted_mean`/`distances_to`) and
+    #: has no side effects: `aggregation.run` then leaves the finite-value check to those
+    #: passes (one read of the inputs instead of two) and redoes the round with the full input
+    #: scan when they meet a non-finite value. Leave False for rules that read values any
+    #: other way or keep state between rounds.
+    checks_values_in_pass: ClassVar[bool] = False
 
     def __init__(self, params: StrategyParams | None = None) -> None:
         self.params = params if params is not None else self.Params()

@@ -44,6 +44,7 @@ from aggregation._blocks import (
     Scratch,
     check_budget,
     empty_like_specs,
+    flag_non_finite,
     flat_view,
     plan_blocks,
     work_dtype,
@@ -172,7 +173,8 @@ class _BlockSum:
         weights: dict[np.dtype, np.ndarray],
         kernels: ModuleType | None = None,
     ) -> None:
-        self.readers = [BlockReader(u) for u in updates]
+        # values are not checked as read: weighted_mean checks its output (`flag_non_finite`)
+        self.readers = [BlockReader(u, check_values=False) for u in updates]
         self.weights = weights
         self.scratch = Scratch()
         self.kernels = kernels
@@ -258,6 +260,7 @@ def weighted_mean(
     device = active_device(values)
     if device is not None:
         working = device.weighted_mean(updates, specs, share, arrays, memory_budget)
+        flag_non_finite(updates, list(arrays.values()))
         return MeanPass(arrays=arrays, working_bytes=working)
     work_types = {work_dtype(s.dtype) for s in specs}
     plan = plan_stream(
@@ -272,6 +275,7 @@ def weighted_mean(
     kernels = compiled(values)
     sums = [_BlockSum(updates, per_dtype, kernels) for _ in range(plan.threads)]
     map_threads(_BlockSum.run, plan.threads, sums, round_robin(blocks, plan.threads))
+    flag_non_finite(updates, list(arrays.values()))
     return MeanPass(arrays=arrays, working_bytes=plan.working_bytes)
 
 
@@ -299,7 +303,9 @@ def distances_to(
     values = len(updates) * sum(s.size for s in specs)
     device = active_device(values)
     if device is not None:
-        return DistancePass(*device.distances(updates, specs, arrays, memory_budget))
+        dist, working = device.distances(updates, specs, arrays, memory_budget)
+        flag_non_finite(updates, [dist])
+        return DistancePass(dist, working)
     kernels = compiled(values)
     work = max((work_dtype(s.dtype) for s in specs), key=lambda d: d.itemsize)
     plan = plan_stream(
@@ -308,7 +314,7 @@ def distances_to(
     length = max((b.size for b in plan.blocks), default=1)
 
     def squares(part: Sequence[Block]) -> np.ndarray:
-        readers = [BlockReader(u) for u in updates]
+        readers = [BlockReader(u, check_values=False) for u in updates]  # output checked
         buf = np.empty(length, dtype=work)
         total = np.zeros(len(updates), dtype=np.float64)
         for block in part:
@@ -335,7 +341,9 @@ def distances_to(
         return total
 
     parts = map_threads(squares, plan.threads, round_robin(plan.blocks, plan.threads))
-    return DistancePass(np.sqrt(np.sum(parts, axis=0)), plan.working_bytes)
+    dist = np.sqrt(np.sum(parts, axis=0))
+    flag_non_finite(updates, [dist])
+    return DistancePass(dist, plan.working_bytes)
 
 
 # --------------------------------------------------------------------------------------------

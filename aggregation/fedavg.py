@@ -35,6 +35,7 @@ class FedAvg(AggregationStrategy):
     """Sample-count-weighted mean of the updates."""
 
     name = "fedavg"
+    checks_values_in_pass = True  # every value goes through the block passes
     summary = "Count-weighted mean of all updates (McMahan et al. 2017). No parameters."
     Params = FedAvgParams
 

@@ -100,6 +100,7 @@ class GeometricMedian(AggregationStrategy):
     """Count-weighted geometric median of the updates (RFA)."""
 
     name = "geometric-median"
+    checks_values_in_pass = True  # every value goes through the block passes
     summary = (
         "Geometric median (RFA, Pillutla et al. 2022): the point with the smallest count-weighted "
         "sum of distances to the updates, by smoothed Weiszfeld iterations (each one weighted "

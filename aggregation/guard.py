@@ -9,7 +9,11 @@ For each update, in order:
 3. the count is at most the site's registered cohort size (``cohort_caps``): above it, the
    count is clipped to the cap (policy ``clip``) or the update is excluded (``refuse``), and
    the site is flagged either way;
-4. every value is finite (read in blocks, so a weight file is never loaded whole).
+4. every value is finite (read in blocks, so a weight file is never loaded whole). With a
+   ``watch`` (`aggregation._blocks.ValueWatch`), this scan is left to the rule's own pass: the
+   accepted updates come back wrapped in `aggregation._blocks.Watched`, every read of them is
+   checked (or the pass's output is), and `aggregation.run` redoes the round with the scan when
+   the watch is flagged, so results and reports are those of the scan.
 
 The result lists the accepted updates (with clipped counts applied) and a `SiteReport` with
 the reason for every excluded one.
@@ -24,7 +28,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET, BlockReader, Recounted, plan_blocks
+from aggregation._blocks import (
+    DEFAULT_MEMORY_BUDGET,
+    BlockReader,
+    Recounted,
+    ValueWatch,
+    Watched,
+    plan_blocks,
+)
 from aggregation._threads import map_threads, threads_for
 from aggregation.base import SiteReport
 from aggregation.compat import VERTICAL_HINT, check_compatible
@@ -129,8 +140,13 @@ def guard_updates(
     cohort_caps: Mapping[str, int] | None = None,
     cap_policy: str = "clip",
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    watch: ValueWatch | None = None,
 ) -> GuardResult:
-    """Check every update (layout, count, cap, finite values); exclude failures with a reason."""
+    """Check every update (layout, count, cap, finite values); exclude failures with a reason.
+
+    With ``watch``, values are not scanned here: the accepted updates are wrapped in `Watched`
+    so the rule's pass checks them as it reads them (see the module docstring).
+    """
     if cap_policy not in CAP_POLICIES:
         raise AggregationError(
             f"cap_policy must be 'clip' (lower an over-cap count to the cap) or 'refuse' "
@@ -184,6 +200,12 @@ def guard_updates(
             rep.claimed_examples = count
             rep.num_examples = count = cap
         candidates.append((k, u, h, count))
+    if watch is not None:  # the rule's pass checks the values as it reads them
+        for k, u, h, count in candidates:
+            used = u if count == h.num_examples else Recounted(u, count)
+            result.accepted.append(Watched(used, watch))
+            result.accepted_index.append(k)
+        return result
     # the value scans are independent: one update per worker thread, the budget shared out
     threads = threads_for(sum(sum(s.size for s in c[2].specs) for c in candidates), len(candidates))
 

@@ -137,6 +137,7 @@ class Krum(AggregationStrategy):
     """The single update closest to its N - f - 2 nearest neighbours."""
 
     name = "krum"
+    checks_values_in_pass = True  # every value goes through the block passes
     summary = (
         "Krum (Blanchard et al. 2017): picks the one update with the smallest summed squared "
         "distance to its N-f-2 nearest neighbours; tolerates f hostile sites, needs N >= 2f+3. "

@@ -44,6 +44,7 @@ class Median(AggregationStrategy):
     """Coordinate-wise median of the updates."""
 
     name = "median"
+    checks_values_in_pass = True  # every value goes through the block passes
     summary = (
         "Coordinate-wise median (Yin et al. 2018): tolerates fewer than half the sites sending "
         "arbitrary values. Same numbers as Flower's FedMedian; weighted=true for the "

@@ -7,6 +7,12 @@ returns the aggregate with a report holding one entry per input update: the coun
 weight, whether and why it was excluded, how often it was trimmed or whether it was selected,
 and its L2 distance to the aggregate (`building_blocks.distances_to` for rules that leave it
 out).
+
+The finite-value check costs a full read of every update, so for a rule that declares
+`AggregationStrategy.checks_values_in_pass` it is fused into the rule's own pass: the guard
+skips the scan, the rule's reads (or its weighted sums' and distances' outputs) are checked as
+they are consumed, and in the rare case one is not finite (or reading fails) the round is
+redone with the full scan. Results and reports are those of the scan either way.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET, check_budget
+from aggregation._blocks import DEFAULT_MEMORY_BUDGET, ValueWatch, check_budget
 from aggregation._device import current, using
 from aggregation.base import AggregateResult, AggregationStrategy, SiteReport
 from aggregation.building_blocks import distances_to, require_updates
@@ -70,12 +76,35 @@ def _aggregate(
     cap_policy: str,
     memory_budget: int,
 ) -> AggregateResult:
+    args = (strategy, updates, expected, cohort_caps, cap_policy, memory_budget)
+    if getattr(strategy, "checks_values_in_pass", False):
+        watch = ValueWatch()
+        try:
+            result = _guarded(*args, watch=watch)
+        except Exception:  # noqa: BLE001 - redone below with the full scan, which decides
+            watch.flag()
+        if not watch.flagged:
+            return result
+    return _guarded(*args, watch=None)
+
+
+def _guarded(
+    strategy: AggregationStrategy,
+    updates: Sequence[UpdateSource],
+    expected: Expected | None,
+    cohort_caps: Mapping[str, int] | None,
+    cap_policy: str,
+    memory_budget: int,
+    *,
+    watch: ValueWatch | None,
+) -> AggregateResult:
     guard = guard_updates(
         updates,
         expected=expected,
         cohort_caps=cohort_caps,
         cap_policy=cap_policy,
         memory_budget=memory_budget,
+        watch=watch,
     )
     if not guard.accepted:
         reasons = "; ".join(f"{r.site}: {r.reason}" for r in guard.reports)

@@ -54,6 +54,7 @@ class TrimmedMean(AggregationStrategy):
     """Coordinate-wise trimmed mean of the updates."""
 
     name = "trimmed-mean"
+    checks_values_in_pass = True  # every value goes through the block passes
     summary = (
         "Coordinate-wise trimmed mean (Yin et al. 2018): drops the beta fraction of highest and "
         "lowest values per coordinate, averages the rest. Same numbers as Flower's "

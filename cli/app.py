@@ -13,6 +13,8 @@ from cli import (
     compare_strategies,
     export,
     pipeline_schedule,
+    predict,
+    privacy_audit,
     simulate,
     site,
     strategies,
@@ -32,8 +34,10 @@ app = typer.Typer(
 
 app.command("simulate")(simulate.simulate)
 app.command("compare-strategies")(compare_strategies.compare_strategies)
+app.command("predict")(predict.predict)
 app.command("aggregate")(aggregate.aggregate)
 app.command("strategies")(strategies.strategies)
+app.command("privacy-audit")(privacy_audit.privacy_audit)
 app.command("pipeline-schedule")(pipeline_schedule.pipeline_schedule)
 app.add_typer(admin.admin_app, name="admin")
 app.command("upload")(upload.upload)

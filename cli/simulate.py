@@ -20,22 +20,38 @@ console = Console()
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    """Print centralized vs each site alone vs federated on the held-out test split."""
-    keys = ["accuracy"] if summary["task"] == "classification" else ["r2", "rmse"]
-    table = Table(title=f"Held-out test split ({summary['test_examples']} rows)")
+    """Print each model's score on every hospital's test patients, their mean and the pooled test."""
+    key = "accuracy" if summary["task"] == "classification" else "r2"
+    per_site = summary["test_examples_per_site"]
+    table = Table(title=f"Test {key}: each hospital's own test patients, their mean, and all "
+                        f"{summary['test_examples']} pooled")
     table.add_column("model")
     table.add_column("training rows", justify="right")
-    for k in keys:
-        table.add_column(k, justify="right")
-    table.add_row("centralized (pooled data)", str(summary["centralized"]["num_examples"]),
-                  *[f"{summary['centralized']['metrics'][k]:.4f}" for k in keys])
+    for name, rows in per_site.items():
+        table.add_column(f"{name} ({rows})", justify="right")
+    table.add_column("mean per hospital", justify="right")
+    table.add_column("pooled", justify="right")
+
+    def row(label: str, entry: dict[str, Any], bold: bool = False) -> None:
+        cells = [f"{entry['per_site'][n][key]:.4f}" for n in per_site]
+        cells += [f"{entry['mean_per_site'][key]:.4f}", f"{entry['metrics'][key]:.4f}"]
+        if bold:
+            cells = [f"[bold]{c}[/]" for c in cells]
+        table.add_row(label, str(entry["num_examples"]), *cells)
+
+    row("centralized (pooled data)", summary["centralized"])
     for site in summary["local_only"]:
-        table.add_row(f"{site['site']} alone", str(site["num_examples"]),
-                      *[f"{site['metrics'][k]:.4f}" for k in keys])
-    table.add_row(f"[bold]federated ({summary['strategy']})[/]",
-                  str(summary["federated"]["num_examples"]),
-                  *[f"[bold]{summary['federated']['metrics'][k]:.4f}[/]" for k in keys])
+        row(f"{site['site']} alone", site)
+    opt = summary.get("server_opt")
+    row(f"federated ({summary['strategy']}{' + ' + opt['name'] if opt else ''})",
+        summary["federated"], bold=True)
     console.print(table)
+    if summary["task"] == "regression":
+        console.print("rmse (pooled): " + ", ".join(
+            f"{label} {entry['metrics']['rmse']:.3f}" for label, entry in (
+                ("centralized", summary["centralized"]), ("federated", summary["federated"]))))
+    for line in (summary.get("schema") or {}).get("warnings", []):
+        console.print(f"[yellow]schema warning:[/] {line}")
 
 
 def simulate(
@@ -44,11 +60,28 @@ def simulate(
         str | None, typer.Option(help=f"Bundled dataset: {', '.join(DATASETS)}.")
     ] = None,
     site: Annotated[
-        list[Path] | None,
-        typer.Option("--site", help="A hospital's own CSV/Parquet/NPZ file (repeat per site)."),
+        list[str] | None,
+        typer.Option("--site", help="A hospital's own CSV/Parquet/NPZ file, as PATH, NAME=PATH or "
+                                    "NAME=TRAIN:TEST (repeat per site; name: the file stem)."),
     ] = None,
     target: Annotated[str, typer.Option(help="Target column in --site tables.")] = "target",
-    sites: Annotated[int, typer.Option(min=1, help="Hospitals to split --dataset across.")] = 3,
+    id_column: Annotated[str, typer.Option(help="Patient ID column of --site tables (never a "
+                                                "feature).")] = "",
+    ignore_column: Annotated[
+        list[str] | None, typer.Option("--ignore-column", help="Column to leave out (repeatable).")
+    ] = None,
+    na_values: Annotated[
+        str, typer.Option(help="Extra missing-value markers, comma-separated (besides empty, NA, "
+                               "N/A, NaN, null, None, ?).")
+    ] = "",
+    min_category_count: Annotated[
+        int, typer.Option(min=1, help="A text category with fewer rows at a hospital is withheld "
+                                      "from its column report.")
+    ] = 5,
+    sites: Annotated[
+        int | None, typer.Option(min=1, help="Hospitals to split --dataset across (default 3; "
+                                             "heart-disease has its own four).")
+    ] = None,
     partition: Annotated[
         str, typer.Option(help="iid, dirichlet:ALPHA (label skew) or sizes:n1,n2,...")
     ] = "iid",
@@ -57,7 +90,25 @@ def simulate(
         list[str] | None, typer.Option("--param", help="Strategy parameter key=value (repeatable).")
     ] = None,
     rounds: Annotated[int, typer.Option(min=1, help="Federation rounds.")] = 10,
-    local_epochs: Annotated[int, typer.Option(min=1, help="Local epochs per round.")] = 1,
+    local_epochs: Annotated[int, typer.Option(min=1, help="Local epochs per round (at least 10 "
+                                                          "mini-batches).")] = 1,
+    local_steps: Annotated[
+        int, typer.Option(min=0, help="Mini-batches per hospital per round instead of epochs "
+                                      "(0 = use --local-epochs).")
+    ] = 0,
+    server_opt: Annotated[
+        str, typer.Option(help="Server optimizer on the aggregate's pseudo-gradient: none, adam, "
+                               "yogi, adagrad, avgm.")
+    ] = "none",
+    server_lr: Annotated[float, typer.Option(min=0.0, help="Server learning rate (0 = the "
+                                                           "optimizer's default).")] = 0.0,
+    server_beta1: Annotated[float, typer.Option(min=0.0, max=0.9999, help="Server beta1.")] = 0.9,
+    server_beta2: Annotated[float, typer.Option(min=0.0, max=0.9999, help="Server beta2.")] = 0.99,
+    server_tau: Annotated[float, typer.Option(min=1e-12, help="Server adaptivity tau.")] = 1e-3,
+    server_momentum: Annotated[float, typer.Option(min=0.0, max=0.9999,
+                                                   help="avgm's server momentum.")] = 0.9,
+    hidden: Annotated[str, typer.Option(help="MLP hidden widths (64-32), or none (logistic "
+                                             "regression).")] = "64-32",
     lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate.")] = 0.01,
     batch_size: Annotated[int, typer.Option(min=1, help="Local batch size.")] = 32,
     proximal_mu: Annotated[float, typer.Option(min=0.0, help="FedProx mu (0 = off).")] = 0.0,
@@ -86,6 +137,11 @@ def simulate(
         bool, typer.Option(help="Continue an unfinished run in --out after its last completed round "
                                 "(refused if its config or site data differ); --no-resume starts over.")
     ] = True,
+    dp: Annotated[
+        str, typer.Option(help="Differential privacy: epsilon=E,delta=D[,clip=C][,level=patient|"
+                               "hospital] planned for --rounds (docs/privacy.md); runs the "
+                               "privacy audit at the end. none = off.")
+    ] = "none",
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
@@ -93,6 +149,12 @@ def simulate(
     from orchestration.experiment import Experiment, check_attack, run_experiment
 
     torch.set_num_threads(1)  # one thread per process: the cores are shared with the hospitals
+    from client.data import HEART
+
+    if dataset == HEART and (sites is not None or partition != "iid"):
+        raise ConfigError(f"--dataset {HEART} is split by its four real hospitals; drop --sites and "
+                          f"--partition. Received: sites={sites}, partition={partition!r}")
+    sites = sites or 3
     if bool(dataset) == bool(site):
         raise ConfigError(
             "Give either --dataset NAME (split bundled data across --sites) or one --site FILE per "
@@ -106,15 +168,26 @@ def simulate(
     from client.parallel import ParallelConfig
 
     ParallelConfig.parse(parallel)
-    check_attack(attack, attackers, (len(site) if site else sites) - len(leave_out or []))
+    check_attack(attack, attackers, (len(site) if site else 4 if dataset == HEART else sites)
+                 - len(leave_out or []))
+    from protocol.privacy import DPSpec, check_run
+
+    dp_spec = DPSpec.parse(dp, rounds=rounds)
+    check_run(dp=dp_spec.to_spec() if dp_spec else "", secure="", strategy=strategy,
+              attack=attack, norm=norm, proximal_mu=proximal_mu, parallel=parallel)
     cfg = RunConfig.from_flower(dict(  # validated: a bad --task or --norm is a ConfigError
         num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
         task=task, target=target, seed=seed, parallel=parallel, attack=attack, attackers=attackers,
-        norm=norm, resume=resume,
+        norm=norm, resume=resume, local_steps=local_steps, server_opt=server_opt,
+        server_lr=server_lr, server_beta1=server_beta1, server_beta2=server_beta2,
+        server_tau=server_tau, server_momentum=server_momentum, hidden=hidden,
+        id_column=id_column, ignore_columns=",".join(ignore_column or []), na_values=na_values,
+        min_category_count=min_category_count, dp=dp_spec.to_spec() if dp_spec else "",
     ))
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [],
-                     num_sites=len(site) if site else sites, partition=partition,
+                     num_sites=len(site) if site else 4 if dataset == HEART else sites,
+                     partition=partition,
                      test_fraction=test_fraction, leave_out=leave_out or [])
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
@@ -131,6 +204,16 @@ def simulate(
         summary = run_experiment(exp, on_progress=on_progress,
                                  on_stage=lambda msg: progress.console.print(f"[dim]{msg}[/]"))
         progress.update(bar, completed=rounds, status="done")
+    if dp_spec is not None:  # privacy section and the leakage audit
+        from orchestration.privacy_audit import add_privacy
+
+        console.print("[dim]privacy: spent epsilon per hospital and membership-inference audit[/]")
+        summary = add_privacy(out, audit=True)
     print_summary(summary)
+    if dp_spec is not None:
+        for name, site_eps in summary["privacy"]["per_site"].items():
+            auc = summary["privacy"]["audit"]["per_site"].get(name, {}).get("auc")
+            console.print(f"{name}: epsilon {site_eps['epsilon']:.3f} of {dp_spec.epsilon}"
+                          + (f", membership AUC {auc:.3f}" if auc is not None else ""))
     console.print(f"wrote {out / 'summary.json'}, {out / 'rounds.png'}, global model "
                   f"{summary['federated']['model']}")

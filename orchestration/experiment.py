@@ -1,16 +1,23 @@
 """A simulated federation end to end: data, sites, Flower run, baselines, summary, plot.
 
-`run_experiment` is what ``fedsplit simulate`` (and ``compare-strategies``) call: it cuts a
-held-out test split from the union of the data (for scoring only), writes each simulated
-hospital's rows to its own folder and their fingerprint into the run config (`stage_sites`:
-resuming an unfinished run on other data is refused before Flower starts), runs the federation
-in Flower's simulation engine, trains the same model centrally and at each site alone for the
-same total epochs, and scores all of them on the test split.
+`run_experiment` is what ``fedsplit simulate`` (and ``compare-strategies``) call. Each hospital
+(`SiteTable`: a name, its training rows and its own held-out test patients) comes from a
+``--site NAME=PATH`` file (a test split is cut from it, or ``NAME=TRAIN:TEST`` gives one), from
+a bundled dataset partitioned across ``--sites`` (a test split cut from each site's share), or
+from ``heart-disease``, split by its four real hospitals. `stage_sites` writes each hospital's
+training rows, as they came, into its own folder and their fingerprint into the run config
+(resuming an unfinished run on other data is refused before Flower starts), and checks the
+schema merge the hospitals will run (a conflict stops here, with the same error). The
+federation runs in Flower's simulation engine; then the federated model, the centralized model
+and each hospital-alone model (the same model, trained to the same optimizer-step budget:
+`baseline_steps`) are scored on every hospital's test patients (``per_site``), their mean
+(``mean_per_site``, FLamby's convention) and the pooled test rows (``metrics``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +26,13 @@ from typing import Any
 import numpy as np
 
 from client.data import (
+    HEART,
+    HEART_ID,
+    HEART_TARGET,
     Dataset,
-    dataset_from_frame,
+    encode_table,
     load_bundled,
+    load_heart_disease,
     load_site_file,
     partition,
     read_table,
@@ -29,7 +40,7 @@ from client.data import (
 )
 from client.models import ModelSpec, SiteModel, build_model, load_model
 from client.site import split_site
-from client.train import fit, score, set_statistics
+from client.train import fit_steps, local_steps_per_round, score, set_statistics
 from orchestration.certs import site_names
 from orchestration.fingerprint import data_fingerprint
 from orchestration.flower_runtime import simulation
@@ -37,8 +48,61 @@ from orchestration.plots import plot_rounds
 from protocol.atomic import write_json_atomic
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
+from protocol.schema import Schema, column_report, merge_reports
 from protocol.stats import combine_moments, moments
+from protocol.weights import read_schema
 from server.history import find_resume_point
+
+SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class SiteSource:
+    """A ``--site`` argument: the hospital's name, its file, and optionally its test file."""
+
+    name: str
+    train: Path
+    test: Path | None = None
+
+
+def parse_site(arg: str | Path | SiteSource) -> SiteSource:
+    """``PATH``, ``NAME=PATH`` or ``NAME=TRAIN:TEST`` -> `SiteSource` (name: the file stem)."""
+    if isinstance(arg, SiteSource):
+        return arg
+    text = str(arg)
+    name, sep, rest = text.partition("=")
+    if not sep:
+        name, rest = "", text
+    train, colon, test = rest.partition(":")
+    if not train or (colon and not test):
+        raise ConfigError(f"--site is PATH, NAME=PATH or NAME=TRAIN.csv:TEST.csv. Received: {text!r}")
+    source = SiteSource(name or Path(train).stem, Path(train), Path(test) if test else None)
+    if not SITE_NAME.match(source.name):
+        raise ConfigError(
+            f"A hospital name is 1-64 letters, digits, '_', '.' or '-' (starting with a letter or "
+            f"digit); name it with --site NAME=PATH. Received: {source.name!r}"
+        )
+    return source
+
+
+@dataclass
+class SiteTable:
+    """One simulated hospital: its training rows and its own held-out test patients.
+
+    ``train``/``test`` are raw tables (DataFrames, cells as read) or, for images, `Dataset`s.
+    """
+
+    name: str
+    train: Any
+    test: Any
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    @property
+    def is_table(self) -> bool:
+        """Whether the hospital holds a table (else images)."""
+        return not isinstance(self.train, Dataset)
 
 
 @dataclass
@@ -48,7 +112,7 @@ class Experiment:
     cfg: RunConfig
     out: Path
     dataset: str | None = None
-    site_files: Sequence[Path] = ()
+    site_files: Sequence[Path | str | SiteSource] = ()
     num_sites: int = 3
     partition: str = "iid"
     test_fraction: float = 0.2
@@ -59,77 +123,137 @@ class Experiment:
 def _concat(parts: Sequence[Dataset]) -> Dataset:
     ref = parts[0]
     return Dataset(np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts]),
-                   ref.task, ref.kind, ref.feature_names)
+                   ref.task, ref.kind, ref.feature_names, ref.schema)
 
 
-def _site_tables(files: Sequence[Path], target: str, task: str | None) -> list[Dataset]:
-    """Load hospitals' own files; encode non-numeric class labels with one shared mapping."""
+def _frame(data: Dataset, target: str) -> Any:
+    """A bundled numeric dataset as a raw table (features + target)."""
     import pandas as pd
 
-    if not files:
+    frame = pd.DataFrame(data.x, columns=data.feature_names)
+    frame[target] = data.y
+    return frame
+
+
+def _read_site(source: SiteSource) -> tuple[Any, Any]:
+    suffix = source.train.suffix.lower()
+    if suffix == ".npz" or suffix not in (".csv", ".parquet", ".pq"):
+        return load_site_file(source.train, target="y"), (
+            load_site_file(source.test, target="y") if source.test else None)
+    return read_table(source.train), read_table(source.test) if source.test else None
+
+
+def _cut(rows: Any, fraction: float, seed: int) -> tuple[Any, Any]:
+    keep, test = split_indices(len(rows), fraction, seed)
+    if isinstance(rows, Dataset):
+        return rows.subset(keep), rows.subset(test)
+    return rows.iloc[keep].reset_index(drop=True), rows.iloc[test].reset_index(drop=True)
+
+
+def prepare_tables(exp: Experiment) -> list[SiteTable]:
+    """Every hospital's training rows and own test patients, reproducibly from the seed."""
+    cfg = exp.cfg
+    if exp.dataset == HEART:
+        if cfg.target not in ("target", HEART_TARGET) or cfg.id_column not in ("", HEART_ID):
+            raise ConfigError(f"--dataset {HEART} has target {HEART_TARGET!r} and ID column "
+                              f"{HEART_ID!r}; leave --target and --id-column unset. Received: "
+                              f"target={cfg.target!r}, id-column={cfg.id_column!r}")
+        hospitals = load_heart_disease()
+        return [SiteTable(name, *_cut(rows, exp.test_fraction, cfg.seed + i))
+                for i, (name, rows) in enumerate(hospitals.items())]
+    if exp.dataset:
+        data = load_bundled(exp.dataset)
+        parts = partition(data.y, exp.num_sites, exp.partition, cfg.seed)
+        tables = []
+        for i, part in enumerate(parts):
+            name = f"site-{i}"
+            rows = data.subset(part)
+            train, test = _cut(rows, exp.test_fraction, cfg.seed + i)
+            if data.kind != "cnn":
+                train, test = _frame(train, cfg.target), _frame(test, cfg.target)
+            tables.append(SiteTable(name, train, test))
+        return _checked(tables)
+    if not exp.site_files:
         raise ConfigError("Give --dataset NAME or at least one --site FILE. Received: neither")
-    frames = []
-    for path in files:
-        if path.suffix.lower() == ".npz":
-            frames.append(None)
-            continue
-        frames.append(read_table(path))
-    if any(f is None for f in frames):
-        return [load_site_file(p, target=target, task=task) for p in files]
-    columns = [list(f.columns) for f in frames]
-    for path, cols in zip(files[1:], columns[1:], strict=True):
-        if sorted(cols) != sorted(columns[0]):
-            raise ConfigError(
-                f"{path} does not have the same columns as {files[0]}: horizontal federation needs "
-                f"one schema. Sites holding different columns need `fedsplit vertical simulate`. "
-                f"Received: {sorted(set(cols) ^ set(columns[0]))}"
-            )
-    has_target = all(target in f.columns for f in frames)
-    labels = pd.concat([f[target] for f in frames]) if has_target else None
-    if labels is not None and labels.dtype.kind not in "iufb":
-        mapping = {v: i for i, v in enumerate(sorted(labels.dropna().astype(str).unique()))}
-        for f in frames:
-            f[target] = f[target].astype(str).map(mapping)
-    return [
-        dataset_from_frame(frame[columns[0]], target=target, task=task, source=path)
-        for path, frame in zip(files, frames, strict=True)
-    ]
+    sources = [parse_site(s) for s in exp.site_files]
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"Every hospital needs its own name; name them with --site NAME=PATH. "
+                          f"Received: {names}")
+    tables = []
+    for i, source in enumerate(sources):
+        train, test = _read_site(source)
+        if test is None:
+            train, test = _cut(train, exp.test_fraction, cfg.seed + i)
+        tables.append(SiteTable(source.name, train, test))
+    return _checked(tables)
+
+
+def _checked(tables: list[SiteTable]) -> list[SiteTable]:
+    small = [f"{t.name} ({len(t.train)})" for t in tables if len(t.train) < 2]
+    if small:
+        raise ConfigError(
+            f"Each hospital needs at least 2 training rows after its test patients are cut (one "
+            f"to train, one for its own evaluation); use fewer sites, other sizes or a smaller "
+            f"--test-fraction. Received: {', '.join(small)}"
+        )
+    kinds = {t.is_table for t in tables}
+    if len(kinds) > 1:
+        raise ConfigError("Mix of table and image (NPZ) site files: one federation trains one "
+                          f"model on one kind of data. Received: {[t.name for t in tables]}")
+    return tables
+
+
+def check_schema(tables: Sequence[SiteTable], cfg: RunConfig) -> tuple[Schema, list[str]] | None:
+    """The schema the hospitals will agree on (the same merge the coordinator runs), or None
+    for images; a conflict raises `ConfigError` here, before any Flower process starts."""
+    if not tables or not tables[0].is_table:
+        return None
+    task = cfg.task
+    reports = []
+    for t in tables:
+        keep, _ = split_indices(len(t.train), cfg.val_fraction, cfg.seed)
+        reports.append(column_report(t.name, t.train.iloc[keep], cfg.table_settings))
+    merged = merge_reports(reports, cfg.table_settings, task=task)
+    return merged.schema, merged.warnings
+
+
+def encode_sites(tables: Sequence[SiteTable], schema: Schema | None) -> list[tuple[Dataset, Dataset]]:
+    """(train, test) `Dataset`s of every hospital, encoded with the federation's schema."""
+    if schema is None:
+        return [(t.train, t.test) for t in tables]
+    return [(encode_table(schema, t.train, source=f"{t.name} (training rows)"),
+             encode_table(schema, t.test, source=f"{t.name} (test rows)")) for t in tables]
 
 
 def prepare_sites(exp: Experiment) -> tuple[list[Dataset], Dataset]:
-    """Return (per-site rows, held-out test rows), reproducibly from the seed."""
-    cfg = exp.cfg
-    task = None if cfg.task == "auto" else cfg.task
-    if exp.dataset:
-        data = load_bundled(exp.dataset)
-        keep, test = split_indices(len(data), exp.test_fraction, cfg.seed)
-        pool = data.subset(keep)
-        parts = partition(pool.y, exp.num_sites, exp.partition, cfg.seed)
-        return [pool.subset(p) for p in parts], data.subset(test)
-    sites = _site_tables(list(exp.site_files), cfg.target, task)
-    kept, tests = [], []
-    for i, site in enumerate(sites):
-        keep, test = split_indices(len(site), exp.test_fraction, cfg.seed + i)
-        kept.append(site.subset(keep))
-        tests.append(site.subset(test))
-    return kept, _concat(tests)
+    """Return (per-site training rows, pooled test rows) as `Dataset`s, encoded with the schema
+    the hospitals would agree on (for tools that need encoded data: benches, tests)."""
+    tables = prepare_tables(exp)
+    checked = check_schema(tables, exp.cfg)
+    pairs = encode_sites(tables, checked[0] if checked else None)
+    return [train for train, _ in pairs], _concat([test for _, test in pairs])
 
 
-def write_site(site: Dataset, folder: Path, target: str) -> Path:
-    """Write one simulated hospital's rows where only its agent reads them."""
+def write_site(site: Dataset | Any, folder: Path, target: str) -> Path:
+    """Write one simulated hospital's rows where only its agent reads them (a raw table as it
+    came, a numeric `Dataset` as CSV, images as NPZ)."""
     import pandas as pd
 
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("data.*"):  # a previous run's file of the other kind: one file per site
         stale.unlink()
-    if site.kind == "cnn":
+    if isinstance(site, Dataset) and site.kind == "cnn":
         path = folder / "data.npz"
         np.savez(path, x=site.x, y=site.y)
-    else:
+        return path
+    if isinstance(site, Dataset):
         frame = pd.DataFrame(site.x, columns=site.feature_names)
         frame[target] = site.y
-        path = folder / "data.csv"
-        frame.to_csv(path, index=False)
+    else:
+        frame = site
+    path = folder / "data.csv"
+    frame.to_csv(path, index=False)
     return path
 
 
@@ -144,12 +268,38 @@ def _fresh_model(train: Dataset, num_outputs: int, cfg: RunConfig) -> SiteModel:
     return model
 
 
-def train_baseline(train: Dataset, test: Dataset, num_outputs: int, cfg: RunConfig) -> dict[str, float]:
-    """Train the federation's model on ``train`` alone for rounds x local epochs; score on ``test``."""
+def steps_per_round(rows: int, cfg: RunConfig) -> int:
+    """Optimizer steps a hospital with ``rows`` training rows takes per round (as the agent)."""
+    return local_steps_per_round(rows, local_steps=cfg.local_steps, local_epochs=cfg.local_epochs,
+                                 batch_size=cfg.batch_size)
+
+
+def baseline_steps(site_rows: Sequence[int], cfg: RunConfig) -> tuple[int, list[int]]:
+    """The step budgets: (centralized, [each hospital alone]).
+
+    A hospital alone trains ``rounds x`` its own steps per round; the centralized model
+    ``rounds x`` the sum over hospitals, i.e. as many optimizer steps (of the same batch size)
+    as the whole federation took.
+    """
+    per_site = [cfg.num_server_rounds * steps_per_round(n, cfg) for n in site_rows]
+    return sum(per_site), per_site
+
+
+def train_baseline(train: Dataset, num_outputs: int, cfg: RunConfig, steps: int) -> SiteModel:
+    """Train the federation's model on ``train`` alone for ``steps`` optimizer steps."""
     model = _fresh_model(train, num_outputs, cfg)
-    fit(model, train.x, train.y, epochs=cfg.num_server_rounds * cfg.local_epochs, lr=cfg.lr,
-        batch_size=cfg.batch_size, seed=cfg.seed)
-    return score(model, test.x, test.y)
+    fit_steps(model, train.x, train.y, steps=steps, lr=cfg.lr, batch_size=cfg.batch_size,
+              seed=cfg.seed)
+    return model
+
+
+def evaluate(model: SiteModel, tests: Sequence[tuple[str, Dataset]]) -> dict[str, Any]:
+    """``metrics`` on the pooled test rows, ``per_site`` on each hospital's, ``mean_per_site``."""
+    per_site = {name: score(model, t.x, t.y) for name, t in tests}
+    keys = sorted({k for m in per_site.values() for k in m})
+    pooled = _concat([t for _, t in tests])
+    return {"metrics": score(model, pooled.x, pooled.y), "per_site": per_site,
+            "mean_per_site": {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys}}
 
 
 def check_attack(attack: str, attackers: int, num_sites: int) -> list[int]:
@@ -166,41 +316,49 @@ def check_attack(attack: str, attackers: int, num_sites: int) -> list[int]:
     return hostile
 
 
-def stage_sites(exp: Experiment) -> tuple[RunConfig, list[Dataset], Dataset]:
-    """Write each site's rows under OUT/sites; return the run config (with their fingerprint),
-    the sites that join and the held-out test rows.
+def stage_sites(exp: Experiment) -> tuple[RunConfig, list[SiteTable], list[SiteTable]]:
+    """Write each joining hospital's training rows under OUT/sites/site-i; return the run config
+    (with the hospitals' names and their data's fingerprint), the hospitals that join and all
+    hospitals (left-out ones keep their test patients, scored like the others').
 
+    The schema merge the hospitals will run is checked first (a conflict raises `ConfigError`).
     With ``resume`` on, an unfinished run in OUT/federation whose configuration or site data
     differ is refused here (`ResumeMismatchError`), before any Flower process starts.
     """
     out = exp.out.resolve()
-    sites, test = prepare_sites(exp)
-    bad = [k for k in exp.leave_out if not 0 <= k < len(sites)]
-    if bad or len(set(exp.leave_out)) >= len(sites):
+    cfg = exp.cfg
+    if exp.dataset == HEART:
+        cfg = cfg.model_copy(update={"target": HEART_TARGET, "id_column": HEART_ID})
+        exp = Experiment(**{**exp.__dict__, "cfg": cfg})
+    tables = prepare_tables(exp)
+    bad = [k for k in exp.leave_out if not 0 <= k < len(tables)]
+    if bad or len(set(exp.leave_out)) >= len(tables):
         raise ConfigError(
-            f"--leave-out names sites 0..{len(sites) - 1} to partition but not run, and at least "
+            f"--leave-out names sites 0..{len(tables) - 1} to partition but not run, and at least "
             f"one site must remain. Received: {list(exp.leave_out)}"
         )
     # Left-out sites keep their share of the partition (the others' rows are unchanged) but
     # do not join: the federation as it would have been without them.
-    sites = [s for k, s in enumerate(sites) if k not in set(exp.leave_out)]
-    if exp.cfg.norm != "none" and sites[0].kind != "mlp":
-        raise ConfigError(f"--norm {exp.cfg.norm} adds BatchNorm after the MLP's hidden layers; this "
-                          f"data trains the {sites[0].kind}, which has none. Use --norm none. "
-                          f"Received: norm={exp.cfg.norm!r}, model {sites[0].kind}")
-    files = {f"site-{i}": write_site(site, out / "sites" / f"site-{i}", exp.cfg.target)
-             for i, site in enumerate(sites)}
-    cfg = exp.cfg.model_copy(update={
+    joined = [t for k, t in enumerate(tables) if k not in set(exp.leave_out)]
+    if cfg.norm != "none" and not joined[0].is_table:
+        raise ConfigError(f"--norm {cfg.norm} adds BatchNorm after the MLP's hidden layers; this "
+                          f"data trains the cnn, which has none. Use --norm none. "
+                          f"Received: norm={cfg.norm!r}, model cnn")
+    check_schema(joined, cfg)
+    files = {t.name: write_site(t.train, out / "sites" / f"site-{i}", cfg.target)
+             for i, t in enumerate(joined)}
+    cfg = cfg.model_copy(update={
         "data_dir": str(out / "sites"), "out_dir": str(out / "federation"),
+        "site_names": json.dumps([t.name for t in joined]),
         # every simulated hospital is connected before round 1; a round then needs one usable
         # update (the strategy enforces its own minimum, e.g. Krum's 2f+3), so an excluded
         # hostile site does not void the round
-        "min_nodes": len(sites), "quorum": exp.cfg.quorum or 1,
+        "min_nodes": len(joined), "quorum": exp.cfg.quorum or 1,
         "data_fingerprint": data_fingerprint(files),
     })
     if cfg.resume:
         find_resume_point(Path(cfg.out_dir), cfg.to_flower())
-    return cfg, sites, test
+    return cfg, joined, tables
 
 
 def run_experiment(
@@ -213,53 +371,74 @@ def run_experiment(
     stage = on_stage or (lambda _msg: None)
     out = exp.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    cfg, sites, test = stage_sites(exp)
-    stage(f"federation: {len(sites)} hospitals, {cfg.strategy}, {cfg.num_server_rounds} rounds")
-    history = simulation(cfg, len(sites), out / "flower", on_progress=on_progress)
+    cfg, joined, everyone = stage_sites(exp)
+    stage(f"federation: {len(joined)} hospitals ({', '.join(t.name for t in joined)}), "
+          f"{cfg.strategy}{'' if cfg.server_opt == 'none' else ' + ' + cfg.server_opt}, "
+          f"{cfg.num_server_rounds} rounds")
+    history = simulation(cfg, len(joined), out / "flower", on_progress=on_progress)
+    fed_dir = out / "federation"
+    schema_text = read_schema(fed_dir / "global.h5")
+    schema = Schema.from_json(schema_text) if schema_text else None
+    data = dict(zip([t.name for t in everyone], encode_sites(everyone, schema), strict=True))
+    tests = [(name, test) for name, (_, test) in data.items()]
 
-    stage("scoring the federated model per round on the held-out test split")
+    stage("scoring the federated model per round on every hospital's test patients")
     rounds = []
     for entry in history["rounds"]:
         if "model" not in entry:
             continue
-        model = load_model(out / "federation" / entry["model"])
-        rounds.append({"round": entry["round"],
-                       "metrics": score(model, test.x, test.y),
+        scored = evaluate(load_model(fed_dir / entry["model"]), tests)
+        rounds.append({"round": entry["round"], **scored,
                        "site_evaluation": entry.get("evaluate", {}).get("metrics", {})})
     if not rounds:
         raise ConfigError("The federation produced no global model (every round failed); see "
-                          f"{out / 'federation' / 'history.json'}. Received: 0 models")
-    final = load_model(out / "federation" / "global.h5")
+                          f"{fed_dir / 'history.json'}. Received: 0 models")
+    final = load_model(fed_dir / "global.h5")
     num_outputs = final.spec.num_outputs
 
-    stage("baselines: centralized and each hospital alone (same model, same total epochs)")
-    trains = [split_site(s, cfg.val_fraction, cfg.seed)[0] for s in sites]
-    centralized = train_baseline(_concat(trains), test, num_outputs, cfg)
+    stage("baselines: centralized and each hospital alone (same model, same optimizer steps)")
+    # the rows each agent trains on: its file minus its own held-out evaluation rows
+    trains = {t.name: split_site(data[t.name][0], cfg.val_fraction, cfg.seed)[0] for t in joined}
+    central_steps, site_steps = baseline_steps([len(t) for t in trains.values()], cfg)
+    centralized = train_baseline(_concat(list(trains.values())), num_outputs, cfg, central_steps)
     local_only = [
-        {"site": f"site-{i}", "num_examples": len(t),
-         "metrics": train_baseline(t, test, num_outputs, cfg)}
-        for i, t in enumerate(trains)
+        {"site": name, "num_examples": len(train), "steps": steps,
+         **evaluate(train_baseline(train, num_outputs, cfg, steps), tests)}
+        for (name, train), steps in zip(trains.items(), site_steps, strict=True)
     ]
-    hostile = [f"site-{i}" for i in range(len(sites))][len(sites) - cfg.attackers:] if cfg.attackers else []
+    names = [t.name for t in joined]
+    hostile = names[len(names) - cfg.attackers:] if cfg.attackers else []
     summary = {
         "task": final.spec.task,
         "attack": {"kind": cfg.attack, "hostile_sites": hostile} if hostile else None,
-        "dataset": exp.dataset or [str(p) for p in exp.site_files],
+        "dataset": exp.dataset or [str(parse_site(s).train) for s in exp.site_files],
         "strategy": cfg.strategy,
         "strategy_params": cfg.params,
-        "sites": len(sites),
-        "partition": exp.partition if exp.dataset else "files",
+        "server_opt": None if cfg.server_opt == "none" else {
+            "name": cfg.server_opt, "lr": cfg.server_lr, "beta1": cfg.server_beta1,
+            "beta2": cfg.server_beta2, "tau": cfg.server_tau, "momentum": cfg.server_momentum},
+        "sites": len(joined),
+        "site_names": names,
+        "partition": exp.partition if exp.dataset and exp.dataset != HEART else "files"
+        if not exp.dataset else "hospitals",
         "left_out": list(exp.leave_out),
         "model_id": final.spec.to_id(),
-        "test_examples": len(test),
+        "schema": None if schema is None else {
+            "digest": schema.digest(), "columns": len(schema.columns),
+            "features": len(schema.feature_names), "labels": list(schema.labels),
+            "warnings": history.get("schema_warnings", [])},
+        "test_examples": sum(len(t) for _, t in tests),
+        "test_examples_per_site": {name: len(t) for name, t in tests},
+        "steps_per_round": {name: steps_per_round(len(t), cfg) for name, t in trains.items()},
         "config": cfg.to_flower(),
-        "centralized": {"num_examples": sum(len(t) for t in trains), "metrics": centralized},
+        "centralized": {"num_examples": sum(len(t) for t in trains.values()),
+                        "steps": central_steps, **evaluate(centralized, tests)},
         "local_only": local_only,
-        "federated": {"metrics": score(final, test.x, test.y),
+        "federated": {**evaluate(final, tests),
                       # rows behind the final model: excluded (e.g. hostile) sites do not count
                       "num_examples": next(e["aggregation"]["num_examples"]
                                            for e in reversed(history["rounds"]) if "aggregation" in e),
-                      "model": str(out / "federation" / "global.h5")},
+                      "model": str(fed_dir / "global.h5")},
         "rounds": rounds,
         **exp.summary_extra,
     }
@@ -280,7 +459,7 @@ def prepare_partitions(out: Path, dataset: str, sites: int, partition: str = "ii
     Returns hospital name -> its data file (for `orchestration.fingerprint.data_fingerprint`).
     """
     cfg = RunConfig(seed=seed)
-    parts, _test = prepare_sites(Experiment(cfg=cfg, out=out, dataset=dataset, num_sites=sites,
-                                            partition=partition))
-    return {name: write_site(part, out / name, cfg.target)
-            for name, part in zip(site_names(sites), parts, strict=True)}
+    tables = prepare_tables(Experiment(cfg=cfg, out=out, dataset=dataset, num_sites=sites,
+                                       partition=partition))
+    return {name: write_site(t.train, out / name, cfg.target)
+            for name, t in zip(site_names(len(tables)), tables, strict=True)}

@@ -45,16 +45,28 @@ def round_axes(path: Path, *, ylabel: str, title: str,
 
 
 def plot_rounds(summary: dict[str, Any], path: Path) -> None:
-    """Draw the federated metric per round against the baselines (``fedsplit simulate``)."""
+    """Draw the federated metric per round against the baselines (``fedsplit simulate``).
+
+    Bold: the federated model on the pooled test rows; one thin line per hospital: the federated
+    model on that hospital's own test patients, with a dotted line of the same colour for the
+    hospital's model trained alone, scored on the same patients; dashed: centralized (pooled).
+    """
     key = metric_key(summary["task"])
     rounds = [r["round"] for r in summary["rounds"]]
     with round_axes(path, ylabel=f"test {key}", title=f"fedsplit: {summary['strategy']} over "
-                    f"{len(summary['local_only'])} hospitals") as ax:
-        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", label="federated", lw=2)
-        ax.axhline(summary["centralized"]["metrics"][key], color="k", ls="--", label="centralized")
-        for i, site in enumerate(summary["local_only"]):
-            ax.axhline(site["metrics"][key], ls=":", alpha=0.8, color=f"C{i + 1}",
-                       label=f"{site['site']} alone (n={site['num_examples']})")
+                    f"{len(summary['local_only'])} hospitals", size=(8, 4.8)) as ax:
+        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", color="C0",
+                label="federated (pooled test)", lw=2.5)
+        ax.axhline(summary["centralized"]["metrics"][key], color="k", ls="--",
+                   label="centralized (pooled test)")
+        alone = {s["site"]: s for s in summary["local_only"]}
+        for i, name in enumerate(summary["rounds"][0].get("per_site", {})):
+            color = f"C{i + 1}"
+            ax.plot(rounds, [r["per_site"][name][key] for r in summary["rounds"]], "-", lw=1.2,
+                    color=color, label=f"federated on {name}")
+            if name in alone:
+                ax.axhline(alone[name]["per_site"][name][key], ls=":", color=color, alpha=0.9,
+                           label=f"{name} alone on {name} (n={alone[name]['num_examples']})")
 
 
 def plot_comparison(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.errors import ConfigError
+from protocol.schema import TableSettings
 
 
 class RunConfig(BaseModel):
@@ -83,9 +84,55 @@ class RunConfig(BaseModel):
         description="Written by the simulation runners, not by hand: a JSON object site -> {rows, "
                     "columns, sha256} of each simulated site's files; resuming an out-dir whose sites "
                     "hold other data is refused.")
+    site_names: str = Field(
+        "[]", alias="site-names",
+        description="Simulation only: JSON list of hospital names by partition-id (written by the "
+                    "simulation runners; node config 'site-name' takes precedence).")
+    na_values: str = Field(
+        "", alias="na-values",
+        description="Extra cell values read as missing, comma-separated (besides empty, NA, N/A, NaN, "
+                    "null, None and ?, any case).")
+    id_column: str = Field("", alias="id-column",
+                           description="A patient ID column in site tables: never a feature, never sent.")
+    ignore_columns: str = Field("", alias="ignore-columns",
+                                description="Columns of site tables to leave out, comma-separated.")
+    min_category_count: int = Field(
+        5, ge=1, alias="min-category-count",
+        description="A text category held by fewer rows at a site is withheld from its column report "
+                    "(protocol/schema.py); rows with it encode as unseen unless another site reports it.")
+    local_steps: int = Field(
+        0, ge=0, alias="local-steps",
+        description="Mini-batches each hospital trains per round; 0 = local-epochs epochs, but at least "
+                    "MIN_LOCAL_STEPS (10) mini-batches (client/train.py: local_steps_per_round).")
+    server_opt: Literal["none", "adam", "yogi", "adagrad", "avgm"] = Field(
+        "none", alias="server-opt",
+        description="Server optimizer applied to the pseudo-gradient (aggregate - global) of whatever "
+                    "the strategy aggregated (Reddi et al. 2021; avgm: server momentum, Hsu et al. 2019).")
+    server_lr: float = Field(0.0, ge=0, alias="server-lr",
+                             description="Server learning rate; 0 = the optimizer's default "
+                                         "(adam/yogi/adagrad 0.01, avgm 1.0).")
+    server_beta1: float = Field(0.9, ge=0, lt=1, alias="server-beta1",
+                                description="First-moment decay of adam/yogi (also adagrad's momentum).")
+    server_beta2: float = Field(0.99, ge=0, lt=1, alias="server-beta2",
+                                description="Second-moment decay of adam/yogi.")
+    server_tau: float = Field(1e-3, gt=0, alias="server-tau",
+                              description="Adaptivity tau of adam/yogi/adagrad (denominator sqrt(v) + tau).")
+    server_momentum: float = Field(0.9, ge=0, lt=1, alias="server-momentum",
+                                   description="Momentum of avgm.")
     resume: bool = Field(True,
                          description="If out-dir holds an unfinished run (history.json + global.h5), "
                                      "continue after its last completed round instead of starting over.")
+    dp: str = Field("", description="Differential privacy (protocol/privacy.py): '' = off, or "
+                    "level=patient|hospital,epsilon=E,delta=D[,clip=C],rounds=R (the budget and "
+                    "the rounds it is planned for; docs/privacy.md).")
+
+    @field_validator("dp")
+    @classmethod
+    def _dp_spec(cls, value: str) -> str:
+        from protocol.privacy import DPSpec
+
+        DPSpec.parse(value)
+        return value
 
     @field_validator("strategy_params", "cohort_caps", "data_fingerprint")
     @classmethod
@@ -98,12 +145,25 @@ class RunConfig(BaseModel):
             raise ValueError("must be a JSON object string, e.g. '{\"beta\": 0.2}'")
         return value
 
+    @field_validator("site_names")
+    @classmethod
+    def _json_list(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"must be a JSON list of names, e.g. '[\"cleveland\"]' ({e})") from e
+        if not isinstance(parsed, list) or not all(isinstance(v, str) and v for v in parsed):
+            raise ValueError("must be a JSON list of non-empty names, e.g. '[\"cleveland\"]'")
+        return value
+
     @field_validator("hidden")
     @classmethod
     def _widths(cls, value: str) -> str:
         parts = value.split("-")
+        if value == "none":  # no hidden layer: logistic (softmax) regression
+            return value
         if not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError("must be positive widths joined by '-', e.g. '64-32'")
+            raise ValueError("must be positive widths joined by '-', e.g. '64-32', or 'none'")
         return value
 
     @model_validator(mode="after")
@@ -115,6 +175,12 @@ class RunConfig(BaseModel):
             )
         if self.norm == "batch" and self.batch_size < 2:
             raise ValueError("norm=batch needs batch-size >= 2 (BatchNorm cannot normalise one row)")
+        if self.norm == "batch" and self.hidden == "none":
+            raise ValueError("norm=batch adds BatchNorm after hidden layers; hidden=none has none")
+        if self.local_steps and self.local_epochs != 1:
+            raise ValueError(
+                "local-steps and local-epochs both set the local work per round: give one "
+                f"(local-steps={self.local_steps}, local-epochs={self.local_epochs})")
         return self
 
     @property
@@ -129,8 +195,23 @@ class RunConfig(BaseModel):
 
     @property
     def hidden_widths(self) -> tuple[int, ...]:
-        """``hidden`` parsed."""
-        return tuple(int(p) for p in self.hidden.split("-"))
+        """``hidden`` parsed (``none``: no hidden layer)."""
+        return () if self.hidden == "none" else tuple(int(p) for p in self.hidden.split("-"))
+
+    @property
+    def names(self) -> list[str]:
+        """``site_names`` parsed."""
+        return list(json.loads(self.site_names))
+
+    @property
+    def table_settings(self) -> TableSettings:
+        """How every site reads its table: target, id-column, ignore-columns, na-values."""
+        return TableSettings(
+            target=self.target, id_column=self.id_column,
+            ignore_columns=tuple(c.strip() for c in self.ignore_columns.split(",") if c.strip()),
+            na_values=tuple(v.strip() for v in self.na_values.split(",") if v.strip()),
+            min_category_count=self.min_category_count,
+        )
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any]) -> RunConfig:

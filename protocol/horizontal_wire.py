@@ -1,6 +1,6 @@
 """What crosses the network in horizontal training, and the only shapes it may take.
 
-Four Flower message kinds run a horizontal federation. Each instruction (coordinator ->
+Five Flower message kinds run a horizontal federation. Each instruction (coordinator ->
 hospital) and each reply (hospital -> coordinator) is a ``RecordDict`` whose records and keys
 are listed here, once; `check_content` enforces the lists on both ends, so a bug that tried to
 ship rows, labels or IDs fails loudly instead of leaking, and a reply with an unexpected record
@@ -9,8 +9,11 @@ or key is refused with a `ReplyError` naming it.
 =============  =====================================  =========================================
 kind           instruction records                    reply records
 =============  =====================================  =========================================
-query.stats    config: {}                             stats (metrics): num-examples, count, sum,
-                                                      sumsq, label-max, y-sum, y-sumsq;
+query.schema   config: {}                             columns (config): report (the site's
+                                                      column report as JSON, checked field by
+                                                      field: `protocol.schema.SiteColumns`)
+query.stats    config: schema (optional: the agreed   stats (metrics): num-examples, count, sum,
+               table schema as JSON)                  sumsq, label-max, y-sum, y-sumsq;
                                                       schema (config): name, kind, task,
                                                       input-shape, features
 query.init     config: kind, task, input-shape,       arrays: the initial model;
@@ -18,11 +21,11 @@ query.init     config: kind, task, input-shape,       arrays: the initial model;
                y-mean, y-std
 train          arrays: the global model;              arrays: the trained model;
                config: model-id, server-round,        metrics: the weight key (num-examples)
-               proximal-mu                            and numeric metrics;
+               proximal-mu, schema (optional)         and numeric metrics;
                                                       site (config, optional): name, device,
                                                       parallel-mode, parallel-config
 evaluate       arrays; config: model-id,              metrics: the weight key and numeric
-               server-round                           metrics; site (optional): name
+               server-round, schema (optional)        metrics; site (optional): name
 =============  =====================================  =========================================
 
 Record and configuration keys are closed lists. Array names are the model's parameter names
@@ -31,6 +34,9 @@ train and evaluate replies are open on the coordinator's side, as in Flower (a m
 number or a list of numbers), but the hospital agent's builders accept only the names in
 `TRAIN_METRICS` / `EVALUATE_METRICS`, and scalars only. A reply without a ``site`` record
 (e.g. from a plain Flower ClientApp) is named after its node, ``node-<id>``.
+
+Table sites encode their rows with the ``schema`` the instruction carries (the federation's
+agreed schema, `protocol.schema.Schema`); without one, a table site uses its file's own.
 
 Arrays are float16/32/64 everywhere; integer buffers travel as float64 (see
 `protocol.update.state_dict_arrays`), and every array keeps its shape, 0-d included.
@@ -47,17 +53,19 @@ import numpy as np
 
 from protocol.arrays import check_arrays, check_num_examples
 from protocol.errors import ConfigError, FedsplitError, ReplyError
+from protocol.schema import SiteColumns
 from protocol.update import Update, to_array_record
 
 if TYPE_CHECKING:
     from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 # --- message kinds --------------------------------------------------------------------------
+SCHEMA_QUERY = "query.schema"
 STATS = "query.stats"
 INIT = "query.init"
 TRAIN = "train"  # Flower's MessageType.TRAIN
 EVALUATE = "evaluate"  # Flower's MessageType.EVALUATE
-KINDS = (STATS, INIT, TRAIN, EVALUATE)
+KINDS = (SCHEMA_QUERY, STATS, INIT, TRAIN, EVALUATE)
 
 # --- record names ---------------------------------------------------------------------------
 CONFIG = "config"
@@ -67,6 +75,7 @@ SITE = "site"
 STATS_RECORD = "stats"
 SCHEMA = "schema"
 MODEL = "model"
+COLUMNS = "columns"
 
 # --- keys -----------------------------------------------------------------------------------
 NUM_EXAMPLES = "num-examples"  # the default weight key (Flower's weighted_by_key)
@@ -74,6 +83,8 @@ MODEL_ID = "model-id"
 SERVER_ROUND = "server-round"  # Flower's FedAvg adds it to every train/evaluate config
 PROXIMAL_MU = "proximal-mu"
 SITE_NAME = "name"
+SCHEMA_KEY = "schema"  # the agreed table schema (JSON) in stats, train and evaluate instructions
+REPORT = "report"
 
 STATS_KEYS = ("num-examples", "count", "sum", "sumsq", "label-max", "y-sum", "y-sumsq")
 SCHEMA_KEYS = ("name", "kind", "task", "input-shape", "features")
@@ -82,7 +93,7 @@ INIT_KEYS = ("kind", "task", "input-shape", "num-outputs", "hidden", "norm", "me
 SITE_KEYS = ("name", "device", "parallel-mode", "parallel-config")
 #: Metric names the hospital agent may put in its replies (scalars only).
 TRAIN_METRICS = frozenset({NUM_EXAMPLES, "train-loss", "on-gpu", "parallel-workers",
-                           "parallel-samples-per-s"})
+                           "parallel-samples-per-s", "dp-epsilon"})
 EVALUATE_METRICS = frozenset({NUM_EXAMPLES, "loss", "accuracy", "r2", "rmse"})
 
 
@@ -108,16 +119,17 @@ def _rule(type_: str, keys: Sequence[str] | None = None, required: Sequence[str]
 
 #: kind -> (instruction records, reply records)
 CONTRACT: dict[str, tuple[dict[str, RecordRule], dict[str, RecordRule]]] = {
-    STATS: ({CONFIG: _rule("config", ())},
+    SCHEMA_QUERY: ({CONFIG: _rule("config", ())}, {COLUMNS: _rule("config", (REPORT,))}),
+    STATS: ({CONFIG: _rule("config", (SCHEMA_KEY,), ())},
             {STATS_RECORD: _rule("metrics", STATS_KEYS), SCHEMA: _rule("config", SCHEMA_KEYS)}),
     INIT: ({CONFIG: _rule("config", INIT_KEYS)},
            {ARRAYS: _rule("arrays"), MODEL: _rule("config", (MODEL_ID,))}),
     TRAIN: ({ARRAYS: _rule("arrays"),
-             CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND, PROXIMAL_MU), (MODEL_ID,))},
+             CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND, PROXIMAL_MU, SCHEMA_KEY), (MODEL_ID,))},
             {ARRAYS: _rule("arrays"), METRICS: _rule("metrics"),
              SITE: _rule("config", SITE_KEYS, (), optional=True)}),
     EVALUATE: ({ARRAYS: _rule("arrays"),
-                CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND), (MODEL_ID,))},
+                CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND, SCHEMA_KEY), (MODEL_ID,))},
                {METRICS: _rule("metrics"), SITE: _rule("config", (SITE_NAME,), (), optional=True)}),
 }
 
@@ -237,6 +249,38 @@ def _weight(metrics: Mapping[str, Any], weight_key: str) -> int:
         ) from e
 
 
+# --- query.schema ---------------------------------------------------------------------------
+def build_schema_instruction() -> RecordDict:
+    """The ``query.schema`` instruction (reading settings come from the run config)."""
+    content = _record_dict({CONFIG: _config_record({})})
+    check_content(SCHEMA_QUERY, content, reply=False)
+    return content
+
+
+def build_schema_reply(report: SiteColumns) -> RecordDict:
+    """A site's ``query.schema`` reply: its column report."""
+    content = _record_dict({COLUMNS: _config_record({REPORT: report.to_json()})})
+    check_content(SCHEMA_QUERY, content, reply=True)
+    return content
+
+
+def parse_schema_reply(msg: Message) -> SiteColumns:
+    """Check and read a ``query.schema`` reply (every field of the report is checked)."""
+    check_content(SCHEMA_QUERY, msg.content, reply=True)
+    try:
+        return SiteColumns.from_json(str(msg.content.config_records[COLUMNS][REPORT]))
+    except ConfigError as e:
+        raise ReplyError(str(e)) from e
+
+
+def instruction_schema(msg: Message) -> str | None:
+    """The agreed schema (JSON) a stats, train or evaluate instruction carries, if any."""
+    record = msg.content.config_records.get(CONFIG)
+    if record is None or SCHEMA_KEY not in record:
+        return None
+    return str(record[SCHEMA_KEY])
+
+
 # --- query.stats ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SiteStats:
@@ -256,9 +300,9 @@ class SiteStats:
     y_sumsq: float
 
 
-def build_stats_instruction() -> RecordDict:
-    """The ``query.stats`` instruction (no settings)."""
-    content = _record_dict({CONFIG: _config_record({})})
+def build_stats_instruction(schema: str | None = None) -> RecordDict:
+    """The ``query.stats`` instruction; ``schema``: the agreed table schema (JSON)."""
+    content = _record_dict({CONFIG: _config_record({SCHEMA_KEY: schema} if schema else {})})
     check_content(STATS, content, reply=False)
     return content
 
@@ -379,14 +423,15 @@ def parse_init_reply(msg: Message) -> InitialModel:
 
 
 # --- train and evaluate ---------------------------------------------------------------------
-def train_config(model_id: str, proximal_mu: float) -> ConfigRecord:
+def train_config(model_id: str, proximal_mu: float, schema: str | None = None) -> ConfigRecord:
     """The ``config`` record of every train instruction (Flower adds ``server-round``)."""
-    return _config_record({MODEL_ID: model_id, PROXIMAL_MU: float(proximal_mu)})
+    values: dict[str, Any] = {MODEL_ID: model_id, PROXIMAL_MU: float(proximal_mu)}
+    return _config_record({**values, SCHEMA_KEY: schema} if schema else values)
 
 
-def evaluate_config(model_id: str) -> ConfigRecord:
+def evaluate_config(model_id: str, schema: str | None = None) -> ConfigRecord:
     """The ``config`` record of every evaluate instruction (Flower adds ``server-round``)."""
-    return _config_record({MODEL_ID: model_id})
+    return _config_record({MODEL_ID: model_id, SCHEMA_KEY: schema} if schema else {MODEL_ID: model_id})
 
 
 @dataclass(frozen=True)
@@ -397,6 +442,7 @@ class ModelInstruction:
     model_id: str
     server_round: int
     proximal_mu: float | None = None
+    schema: str | None = None
 
 
 def parse_model_instruction(msg: Message, kind: str) -> ModelInstruction:
@@ -411,6 +457,7 @@ def parse_model_instruction(msg: Message, kind: str) -> ModelInstruction:
         model_id=str(c[MODEL_ID]),
         server_round=int(c.get(SERVER_ROUND, 0)),
         proximal_mu=float(c[PROXIMAL_MU]) if PROXIMAL_MU in c else None,
+        schema=str(c[SCHEMA_KEY]) if SCHEMA_KEY in c else None,
     )
 
 

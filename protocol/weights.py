@@ -9,6 +9,8 @@ Layout::
       site            = string            # optional
       round           = integer           # optional
       model           = string            # optional architecture id
+      schema          = string            # optional: the table schema the model reads (JSON,
+                                          # protocol.schema, format "fedsplit.schema" version 1)
     /arrays           group, one dataset per parameter, named by its state_dict key
                       dtype float16/float32/float64
     /arrays attribute "order" = the parameter names in model order
@@ -35,6 +37,7 @@ from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_ex
 from protocol.atomic import atomic_path
 from protocol.errors import UpdateError, WeightFileError
 from protocol.h5safety import walk
+from protocol.schema import Schema
 from protocol.update import Update, UpdateHeader
 
 FORMAT = "fedsplit.weights"
@@ -311,6 +314,7 @@ def _validate(
             f"{FORMAT_VERSION}. Upgrade fedsplit or re-export the file. Received: {version!r}",
             reason="wrong_format",
         )
+    _check_schema(f, where)
     if "num_examples" in f.attrs:
         raw = f.attrs["num_examples"]
         if isinstance(raw, np.ndarray | np.generic) and np.ndim(raw) == 0:
@@ -428,6 +432,33 @@ def _validate(
     )
 
 
+def _schema_text(f: h5py.File, where: str) -> str | None:
+    if "schema" not in f.attrs:
+        return None
+    text = _text(f.attrs["schema"])
+    if text is None:
+        raise WeightFileError(f"{where}: root attribute 'schema' must be a JSON string. "
+                              f"Received: {type(f.attrs['schema']).__name__}", reason="schema")
+    return text
+
+
+def _check_schema(f: h5py.File, where: str) -> None:
+    text = _schema_text(f, where)
+    if text is None:
+        return
+    try:
+        Schema.from_json(text)
+    except Exception as e:  # ConfigError from the strict schema reader
+        raise WeightFileError(f"{where}: root attribute 'schema' is not a valid table schema: {e}",
+                              reason="schema") from e
+
+
+def read_schema(source: PathOrFile) -> str | None:
+    """The table schema (JSON, validated) stored with a weight file's model, or None."""
+    with open_weights(source, require_num_examples=False) as wf:
+        return _schema_text(wf._file, _describe(source))
+
+
 def read_weights(source: PathOrFile, *, num_examples: int | None = None) -> Update:
     """Read and fully validate a weight file into an `Update`.
 
@@ -437,8 +468,14 @@ def read_weights(source: PathOrFile, *, num_examples: int | None = None) -> Upda
         return wf.to_update(num_examples)
 
 
-def write_weights(update: Update, path: str | os.PathLike[str], *, compress: bool = False) -> Path:
-    """Write ``update`` to ``path`` atomically (temp file, fsync, rename) and return the path."""
+def write_weights(update: Update, path: str | os.PathLike[str], *, compress: bool = False,
+                  schema: str | None = None) -> Path:
+    """Write ``update`` to ``path`` atomically (temp file, fsync, rename) and return the path.
+
+    ``schema``: the table schema (JSON) the model reads, stored as the ``schema`` attribute.
+    """
+    if schema is not None:
+        Schema.from_json(schema)  # never write a schema the reader would refuse
     target = Path(path)
     if target.suffix.lower() not in SUFFIXES:
         raise WeightFileError(
@@ -454,6 +491,8 @@ def write_weights(update: Update, path: str | os.PathLike[str], *, compress: boo
             f.attrs["round"] = np.int64(update.round)
         if update.model is not None:
             f.attrs["model"] = str(update.model)
+        if schema is not None:
+            f.attrs["schema"] = str(schema)
         group = f.create_group(ARRAYS_GROUP)
         names = list(update.arrays)
         group.attrs[ORDER_ATTR] = np.array(names, dtype=h5py.string_dtype())

@@ -17,12 +17,13 @@ from flwr.serverapp import Grid, ServerApp
 
 import aggregation
 from aggregation.base import AggregationStrategy
+from aggregation.server_optimizers import ServerOptimizer
 from protocol import horizontal_wire as wire
 from protocol.config import RunConfig
 from protocol.errors import ConfigError, FedsplitError
 from server.history import RunHistory, find_resume_point
+from server.privacy import privacy_aggregator, strategy_class, strategy_kwargs
 from server.setup import ModelSetup, prepare_model, wait_for_nodes
-from server.strategy import RegistryStrategy
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +57,27 @@ def check_strategy_fits(aggregator: AggregationStrategy, hospitals: int, cfg: Ru
     )
 
 
+def server_optimizer(cfg: RunConfig) -> ServerOptimizer | None:
+    """The run's server optimizer (``server-opt`` and its settings), or None."""
+    if cfg.server_opt == "none":
+        return None
+    return ServerOptimizer(cfg.server_opt, lr=cfg.server_lr, beta1=cfg.server_beta1,
+                           beta2=cfg.server_beta2, tau=cfg.server_tau,
+                           momentum=cfg.server_momentum)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Agree on a starting model, then run the configured rounds."""
     cfg = RunConfig.from_flower(context.run_config)
-    aggregator = aggregation.get_strategy(cfg.strategy, cfg.params)
+    # dp / secure-aggregation (server/privacy.py): refuses combinations that cannot work
+    aggregator = privacy_aggregator(cfg, aggregation.get_strategy(cfg.strategy, cfg.params))
     # A restarted coordinator continues an unfinished run from its last completed round.
     resume = find_resume_point(Path(cfg.out_dir), cfg.to_flower()) if cfg.resume else None
     history = RunHistory(Path(cfg.out_dir), cfg.to_flower(),
                          previous=resume.history if resume else None)
     quorum = cfg.quorum or cfg.min_nodes
+    optimizer = server_optimizer(cfg)
     try:
         if resume is not None:
             log.info("Resuming after round %d from %s", resume.last_round, resume.global_model)
@@ -75,15 +87,18 @@ def main(grid: Grid, context: Context) -> None:
                 wait_for_nodes(grid, quorum, cfg.round_timeout)
             check_strategy_fits(aggregator, max(cfg.min_nodes, len(list(grid.get_node_ids()))),
                                 cfg)
-            setup = ModelSetup(resume.arrays(), resume.model_id)
+            setup = ModelSetup(resume.arrays(), resume.model_id, resume.schema)
             done = resume.last_round
+            if optimizer is not None:
+                resume.restore_optimizer(optimizer)
         else:
             nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
             check_strategy_fits(aggregator, max(cfg.min_nodes, len(nodes)), cfg)
             setup = prepare_model(grid, nodes, cfg)
             history.set_model(setup.model_id)
+            history.set_schema(setup.schema, setup.warnings)
             done = 0
-        strategy = RegistryStrategy(
+        strategy = strategy_class(cfg)(
             aggregator,
             history,
             quorum=quorum,
@@ -96,6 +111,8 @@ def main(grid: Grid, context: Context) -> None:
             min_train_nodes=quorum,
             min_evaluate_nodes=quorum,
             min_available_nodes=quorum,
+            server_optimizer=optimizer,
+            **strategy_kwargs(cfg),
         )
         if done < cfg.num_server_rounds:
             strategy.start(
@@ -103,8 +120,8 @@ def main(grid: Grid, context: Context) -> None:
                 initial_arrays=setup.arrays,
                 num_rounds=cfg.num_server_rounds - done,
                 timeout=cfg.round_timeout,
-                train_config=wire.train_config(setup.model_id, cfg.proximal_mu),
-                evaluate_config=wire.evaluate_config(setup.model_id),
+                train_config=wire.train_config(setup.model_id, cfg.proximal_mu, setup.schema),
+                evaluate_config=wire.evaluate_config(setup.model_id, setup.schema),
             )
     except FedsplitError as e:
         history.finish("failed", error=f"{type(e).__name__}: {e}")

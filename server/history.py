@@ -1,9 +1,14 @@
 """The coordinator's round history and saved global models, written after every round.
 
-``OUT/history.json`` holds the run configuration, the model id and per round: every site's
-count and metrics, the aggregation report, the federated evaluation, and timings.
+``OUT/history.json`` holds the run configuration, the model id, the agreed table schema
+(``schema``, `protocol.schema.Schema` as JSON, and ``schema_warnings``) and per round: every
+site's count and metrics, the aggregation report, the server optimizer's step (``server_opt``),
+the federated evaluation (per site: ``evaluate.sites[].metrics``), and timings.
 ``OUT/models/round-NNN.h5`` (+ ``.report.json``) and ``OUT/global.h5`` hold the global model in
-the fedsplit weight-file format. Every file is replaced atomically, so a reader (the CLI's
+the fedsplit weight-file format, with the schema as its ``schema`` attribute;
+``OUT/models/round-NNN.opt.h5`` holds the server optimizer's state after that round (its
+``m.<param>`` and ``v.<param>`` arrays, ``num_examples`` = steps taken), so a resumed run
+continues the optimizer where it stopped. Every file is replaced atomically, so a reader (the CLI's
 progress bar, an operator, a restarted coordinator) never sees a half-written one.
 """
 
@@ -16,9 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from aggregation.base import AggregateResult
+from aggregation.server_optimizers import ServerOptimizer
 from protocol.atomic import atomic_path, write_json_atomic
 from protocol.errors import ConfigError, ResumeMismatchError
+from protocol.schema import Schema
+from protocol.update import Update
 from protocol.weights import read_weights, write_weights
 
 if TYPE_CHECKING:
@@ -55,7 +65,16 @@ class RunHistory:
             self.data["rounds"] = [r for r in previous.get("rounds", []) if r["round"] <= done]
             self.data["resumed"] = [*previous.get("resumed", []),
                                     {"after_round": done, "at": time.time()}]
+        self.schema: str | None = (Schema.from_json(self.data["schema"]).to_json()
+                                   if self.data.get("schema") else None)
         self._round_started = time.monotonic()
+        self.save()
+
+    def set_schema(self, schema: str | None, warnings: list[str]) -> None:
+        """Record the agreed table schema (stored with every model written) and its warnings."""
+        self.schema = schema
+        self.data["schema"] = json.loads(schema) if schema else None
+        self.data["schema_warnings"] = list(warnings)
         self.save()
 
     def save(self) -> None:
@@ -82,17 +101,39 @@ class RunHistory:
         sites: list[dict[str, Any]],
         metrics: dict[str, float],
         error: str | None = None,
+        *,
+        arrays: dict[str, np.ndarray] | None = None,
+        server_opt: ServerOptimizer | None = None,
     ) -> None:
-        """Record a round's training replies, aggregation report and saved model."""
+        """Record a round's training replies, aggregation report and saved model.
+
+        ``arrays``: the new global model when it is not the rule's aggregate (a server
+        optimizer stepped it); ``server_opt``: that optimizer, whose state is saved first.
+        """
         entry = self._round(server_round)
         entry["train"] = {"sites": sites, "metrics": metrics}
         if error is not None:
             entry["error"] = error
         if result is not None:
             model_path = self.out_dir / "models" / f"round-{server_round:03d}.h5"
+            if server_opt is not None:
+                write_weights(Update(arrays=server_opt.state_arrays(),
+                                     num_examples=max(server_opt.step_count, 1),
+                                     round=server_round, model=f"server-opt/{server_opt.name}",
+                                     site="coordinator"), optimizer_state_path(model_path))
+                moved = {k: float(np.linalg.norm(arrays[k].astype(np.float64)
+                                                 - result.arrays[k].astype(np.float64)))
+                         for k in arrays} if arrays is not None else {}
+                entry["server_opt"] = {"name": server_opt.name, "lr": server_opt.lr,
+                                       "step": server_opt.step_count,
+                                       "distance_from_aggregate": float(np.sqrt(sum(
+                                           v * v for v in moved.values())))}
+            update = (Update(arrays=arrays, num_examples=result.num_examples)
+                      if arrays is not None else result.to_update())
             write_weights(
-                result.to_update(round=server_round, model=self.data["model_id"], site="global"),
-                model_path,
+                Update(arrays=update.arrays, num_examples=update.num_examples, round=server_round,
+                       model=self.data["model_id"], site="global"),
+                model_path, schema=self.schema,
             )
             write_json_atomic(model_path.with_suffix(".report.json"), result.report.to_dict())
             with atomic_path(self.out_dir / "global.h5") as tmp:
@@ -121,6 +162,11 @@ class RunHistory:
         self.save()
 
 
+def optimizer_state_path(model_path: Path) -> Path:
+    """Where the server optimizer's state after a round is kept: beside its model."""
+    return model_path.with_name(model_path.stem + ".opt.h5")
+
+
 def completed_rounds(history: dict[str, Any]) -> int:
     """The last round whose training phase was recorded (its model, if any, is in global.h5)."""
     return max((int(r["round"]) for r in history.get("rounds", []) if "train" in r), default=0)
@@ -138,6 +184,34 @@ class ResumePoint:
     def arrays(self) -> ArrayRecord:
         """The saved global model as a Flower ``ArrayRecord``."""
         return read_weights(self.global_model).to_array_record()
+
+    @property
+    def schema(self) -> str | None:
+        """The agreed table schema (JSON) of the run, if it has one."""
+        raw = self.history.get("schema")
+        return Schema.from_json(raw).to_json() if raw else None
+
+    def restore_optimizer(self, optimizer: ServerOptimizer) -> None:
+        """Load the server optimizer's state saved after the last completed round.
+
+        Raises `ResumeMismatchError` when the run saved none (it ran without that optimizer, or
+        the state file is gone): continuing with a fresh state would not be the same run.
+        """
+        path = optimizer_state_path(self.global_model.parent / "models" /
+                                    f"round-{self.last_round:03d}.h5")
+        if not path.exists():
+            raise ResumeMismatchError(
+                f"The unfinished run in {self.global_model.parent} has no server-optimizer state "
+                f"for round {self.last_round} ({path.name}), so server-opt={optimizer.name} cannot "
+                f"continue it: {START_OVER}. Received: {path} missing"
+            )
+        saved = read_weights(path)
+        if saved.model != f"server-opt/{optimizer.name}":
+            raise ResumeMismatchError(
+                f"{path} holds the state of {saved.model}, not server-opt/{optimizer.name}: "
+                f"{START_OVER}. Received: {saved.model!r}"
+            )
+        optimizer.load_state(saved.arrays, saved.num_examples)
 
 
 def _fingerprint(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,15 @@
 """Before round 1: agree on the model and its standardisation without seeing any rows.
 
-1. ``query.stats`` to every hospital: schema (input shape, feature names, task) and per-feature
-   count / sum / sum of squares. The coordinator checks that the schemas match and pools the
-   moments into one mean and standard deviation.
-2. ``query.init`` to one hospital: build the model with those statistics; its weights become
+1. ``query.schema`` to every hospital: its column report (kinds, missing counts, frequent
+   categories, labels; `protocol.schema`). The coordinator merges the reports into one
+   versioned table schema (conflicts stop the run with `ConfigError` naming hospital, column
+   and fix; suspicious columns are logged as warnings). Image (NPZ) sites report no table and
+   skip the schema.
+2. ``query.stats`` to every hospital, carrying the schema: input shape, encoded feature names,
+   task and per-feature count / sum / sum of squares. The coordinator checks that they match
+   and pools the moments into one mean and standard deviation (and warns about columns that are
+   constant at one site or orders of magnitude off the others).
+3. ``query.init`` to one hospital: build the model with those statistics; its weights become
    the shared starting point every site trains from (sites must share an initialisation for
    averaging to work).
 
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,18 +31,22 @@ from flwr.serverapp import Grid
 from protocol import horizontal_wire as wire
 from protocol.config import RunConfig
 from protocol.errors import ConfigError, FederationError, FedsplitError
+from protocol.schema import Schema, merge_reports, moment_warnings
 from protocol.stats import combine_moments
-from protocol.weights import read_weights
+from protocol.weights import read_schema, read_weights
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class ModelSetup:
-    """The shared starting model."""
+    """The shared starting model, the table schema it reads (JSON; None for images) and the
+    schema warnings."""
 
     arrays: ArrayRecord
     model_id: str
+    schema: str | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
@@ -80,10 +90,17 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
                 f"hospitals cannot rebuild the architecture. Use a global.h5 written by fedsplit. "
                 f"Received: model=None"
             )
-        return ModelSetup(update.to_array_record(), update.model)
+        return ModelSetup(update.to_array_record(), update.model,
+                          read_schema(cfg.initial_weights))
 
-    replies = _ask(grid, nodes, wire.STATS, wire.build_stats_instruction(), cfg.round_timeout)
+    agreed, warnings = agree_schema(grid, nodes, cfg)
+    schema = agreed.to_json() if agreed is not None else None
+    replies = _ask(grid, nodes, wire.STATS, wire.build_stats_instruction(schema), cfg.round_timeout)
     stats = [_parse(wire.parse_stats_reply, r, wire.STATS) for r in replies]
+    if agreed is not None:
+        warnings += moment_warnings(agreed, {s.name: (s.count, s.sum, s.sumsq) for s in stats})
+    for line in warnings:
+        log.warning("Schema: %s", line)
     ref = stats[0]
     for other in stats[1:]:
         for key, mine, theirs in (("kind", ref.kind, other.kind),
@@ -98,6 +115,8 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
                 )
     tasks = {s.task for s in stats}
     task = cfg.task if cfg.task != "auto" else (tasks.pop() if len(tasks) == 1 else None)
+    if agreed is not None:
+        task = agreed.task
     if task is None:
         raise ConfigError(
             f"Hospitals inferred different tasks from their targets ({sorted(tasks)}); set "
@@ -108,7 +127,8 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
     y_mean = sum(s.y_sum for s in stats) / n
     y_std = float(np.sqrt(max(sum(s.y_sumsq for s in stats) / n - y_mean**2, 0.0)))
     if task == "classification":
-        outputs = cfg.num_classes or 1 + max(s.label_max for s in stats)
+        labels = len(agreed.labels) if agreed is not None else 0
+        outputs = cfg.num_classes or max(labels, 1 + max(s.label_max for s in stats))
         outputs = max(outputs, 2)
     else:
         outputs = 1
@@ -128,7 +148,36 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
     reply = _ask(grid, nodes[:1], wire.INIT, wire.build_init_instruction(request),
                  cfg.round_timeout)[0]
     initial = _parse(wire.parse_init_reply, reply, wire.INIT)
-    return ModelSetup(initial.arrays, initial.model_id)
+    return ModelSetup(initial.arrays, initial.model_id, schema, warnings)
+
+
+def agree_schema(grid: Grid, nodes: list[int], cfg: RunConfig) -> tuple[Schema | None, list[str]]:
+    """``query.schema`` to every hospital; merge their column reports into one schema.
+
+    Returns (None, []) when the hospitals hold images (NPZ), which need no schema; a mix of
+    tables and images is refused.
+    """
+    replies = _ask(grid, nodes, wire.SCHEMA_QUERY, wire.build_schema_instruction(),
+                   cfg.round_timeout)
+    reports = [_parse(wire.parse_schema_reply, r, wire.SCHEMA_QUERY) for r in replies]
+    tables = [r for r in reports if r.table]
+    if not tables:
+        return None, []
+    if len(tables) != len(reports):
+        images = [r.site for r in reports if not r.table]
+        raise ConfigError(
+            f"Hospitals {', '.join(images)} hold images (NPZ) while "
+            f"{', '.join(r.site for r in tables)} hold tables: one federation trains one model on "
+            f"one kind of data. Received: {len(images)} image and {len(tables)} table sites"
+        )
+    names = [r.site for r in reports]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"Two hospitals report the same name; give each its own site-name. "
+                          f"Received: {sorted(names)}")
+    merged = merge_reports(reports, cfg.table_settings, task=cfg.task)
+    log.info("Schema %s agreed: %d columns -> %d features", merged.schema.digest(),
+             len(merged.schema.columns), len(merged.schema.feature_names))
+    return merged.schema, list(merged.warnings)
 
 
 def _head(value: Any) -> Any:

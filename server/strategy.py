@@ -17,6 +17,11 @@ averages list-valued metrics elementwise, as Flower's ``aggregate_metricrecords`
 ``"config"``); any other value, and any argument of another Flower strategy, is refused at
 construction with an error naming it.
 
+With a ``server_optimizer`` (`aggregation.server_optimizers`: Adam, Yogi, Adagrad, AvgM), the
+rule's aggregate is not the new global model: the optimizer steps on the pseudo-gradient
+(aggregate minus the model sent out that round), whatever the rule, so robust and adaptive
+compose; its state is saved with each round's model (`server.history`).
+
 A round updates the global model only when at least ``quorum`` replies are usable: the count
 is taken after the input checks of `aggregation.aggregate_updates` (layout, count, cohort cap,
 finite values), so excluded updates never make up a quorum.
@@ -36,10 +41,12 @@ from flwr.serverapp.strategy import FedAvg
 
 import aggregation
 from aggregation.base import AggregationStrategy, SiteReport
+from aggregation.server_optimizers import ServerOptimizer
 from protocol import horizontal_wire as wire
 from protocol.arrays import ArraySpec
 from protocol.errors import ConfigError, FedsplitError
 from protocol.horizontal_wire import reply_site
+from protocol.update import Update
 from server.history import RunHistory
 
 log = logging.getLogger(__name__)
@@ -130,6 +137,9 @@ class RegistryStrategy(FedAvg):
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn : callable | None (default: None)
         ``(list[RecordDict], weighted_by_key) -> MetricRecord``, called with the usable replies'
         contents; None: the weighted mean (`weighted_mean`).
+    server_optimizer : ServerOptimizer | None (default: None)
+        A server optimizer stepping on the pseudo-gradient of the rule's aggregate (restore
+        its state first when resuming: `server.history.ResumePoint.restore_optimizer`).
     **unsupported
         Any other argument (e.g. FedAvgM's ``server_momentum``) is refused with `ConfigError`.
     """
@@ -143,6 +153,7 @@ class RegistryStrategy(FedAvg):
                  arrayrecord_key: str = wire.ARRAYS, configrecord_key: str = wire.CONFIG,
                  train_metrics_aggr_fn: MetricsAggrFn | None = None,
                  evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
+                 server_optimizer: ServerOptimizer | None = None,
                  **unsupported: Any) -> None:
         if unsupported:
             raise ConfigError(
@@ -187,6 +198,8 @@ class RegistryStrategy(FedAvg):
         self.deadline = deadline
         self.round_offset = round_offset
         self.site_names: dict[int, str] = {}
+        self.server_optimizer = server_optimizer
+        self._current: dict[int, dict[str, np.ndarray]] = {}
         self._sent: dict[tuple[str, int], list[Message]] = {}
         self._skipped: dict[tuple[str, int], str] = {}
 
@@ -222,6 +235,9 @@ class RegistryStrategy(FedAvg):
             ArraySpec(name, tuple(int(d) for d in a.shape), np.dtype(a.dtype))
             for name, a in arrays.items()
         ]
+        if self.server_optimizer is not None:  # the pseudo-gradient is taken against this model
+            self._current[server_round + self.round_offset] = {
+                name: a.numpy() for name, a in arrays.items()}
         return self._configure("train", server_round + self.round_offset, arrays, config, grid)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -265,6 +281,7 @@ class RegistryStrategy(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check replies, exclude bad ones, and merge the rest with the registry strategy."""
         server_round += self.round_offset
+        start = self._current.pop(server_round, None)
         replies = list(replies)
         senders, missing = self._missing("train", server_round, replies)
         valid, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
@@ -333,8 +350,14 @@ class RegistryStrategy(FedAvg):
             [(parsed[k].update.num_examples, parsed[k].metrics) for k in usable],
             [contents[k] for k in usable],
         )
-        self.history.record_train(server_round, result, sites, metrics)
-        return result.to_update().to_array_record(), MetricRecord(metrics)
+        arrays = result.arrays
+        if self.server_optimizer is not None and start is not None:
+            arrays = self.server_optimizer.step(start, result.arrays)
+        self.history.record_train(server_round, result, sites, metrics,
+                                  arrays=arrays if self.server_optimizer is not None else None,
+                                  server_opt=self.server_optimizer)
+        update = Update(arrays=arrays, num_examples=result.num_examples)
+        return update.to_array_record(), MetricRecord(metrics)
 
     def _aggregate_metrics(self, fn: MetricsAggrFn | None, name: str,
                            rows: list[tuple[float, Mapping[str, Metric]]],

@@ -200,8 +200,8 @@ def test_batchnorm_model_travels_as_float64_counter_and_loads_back(site) -> None
     sent = train.content.array_records["arrays"]
     assert {k: (a.dtype, tuple(a.shape)) for k, a in sent.items()} == {
         k: (a.dtype, tuple(a.shape)) for k, a in arrays.items()}
-    # 96 training rows in batches of 32: 3 steps per epoch, one epoch
-    assert float(sent["body.1.num_batches_tracked"].numpy()) == 3.0
+    # 96 training rows in batches of 32: 3 steps per epoch, raised to MIN_LOCAL_STEPS (10)
+    assert float(sent["body.1.num_batches_tracked"].numpy()) == 10.0
     evaluate = ask("evaluate", context, arrays=sent, config=ConfigRecord({"model-id": model_id}))
     assert 0.5 < evaluate.content.metric_records["metrics"]["accuracy"] <= 1.0
 

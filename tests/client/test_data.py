@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from client.data import load_bundled, load_site_file, partition
+from protocol.schema import TableSettings
 from orchestration.experiment import Experiment, prepare_sites
 from protocol import RunConfig
 from protocol.errors import ConfigError
@@ -59,24 +60,28 @@ def test_bad_partitions_are_refused(scheme, match) -> None:
 
 
 def test_site_files_load_and_refuse_bad_tables(tmp_path: Path) -> None:
-    """CSV, Parquet and NPZ load; missing targets and text features are explained."""
+    """CSV, Parquet and NPZ load as they come (gaps get an indicator, text is one-hot, text
+    labels are indexed); a missing target column and unknown file types are explained."""
     frame = pd.DataFrame({"age": [50, 61, np.nan, 47], "bp": [1.0, 2.0, 3.0, 4.0], "y": [0, 1, 1, 0]})
     frame.to_csv(tmp_path / "a.csv", index=False)
     frame.to_parquet(tmp_path / "a.parquet")
     for name in ("a.csv", "a.parquet"):
         data = load_site_file(tmp_path / name, target="y")
-        assert data.x.shape == (4, 2) and data.task == "classification" and np.isnan(data.x[2, 0])
+        assert data.feature_names == ["age", "age:missing", "bp"]
+        assert data.task == "classification" and np.isnan(data.x[2, 0]) and data.x[2, 1] == 1.0
     np.savez(tmp_path / "img.npz", x=np.zeros((5, 8, 8)), y=np.arange(5))
     assert load_site_file(tmp_path / "img.npz", target="y").x.shape == (5, 1, 8, 8)
 
     with pytest.raises(ConfigError, match="no target column 'outcome'"):
         load_site_file(tmp_path / "a.csv", target="outcome")
     frame.assign(ward=["A", "B", "A", "C"]).to_csv(tmp_path / "text.csv", index=False)
-    with pytest.raises(ConfigError, match=r"must be numeric.*ward"):
-        load_site_file(tmp_path / "text.csv", target="y")
+    settings = TableSettings(target="y", min_category_count=1)
+    text = load_site_file(tmp_path / "text.csv", target="y", settings=settings)
+    assert text.feature_names[-3:] == ["ward=A", "ward=B", "ward=C"]
+    assert text.x[:, -3:].tolist() == [[1, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 1]]
     frame.assign(y=["yes", "no", "no", "yes"]).to_csv(tmp_path / "labels.csv", index=False)
-    with pytest.raises(ConfigError, match="labels must be integers"):
-        load_site_file(tmp_path / "labels.csv", target="y", task="classification")
+    labels = load_site_file(tmp_path / "labels.csv", target="y", task="classification")
+    assert labels.y.tolist() == [1, 0, 0, 1] and labels.schema.labels == ("no", "yes")
     with pytest.raises(ConfigError, match=r"\.csv, \.parquet or \.npz"):
         load_site_file(tmp_path / "a.xlsx", target="y")
 
@@ -99,5 +104,5 @@ def test_simulate_encodes_text_labels_once_and_cuts_test_rows_per_site(tmp_path:
     other.to_csv(tmp_path / "odd.csv", index=False)
     bad = Experiment(cfg=RunConfig(target="outcome"), out=tmp_path / "out",
                      site_files=[paths[0], tmp_path / "odd.csv"])
-    with pytest.raises(ConfigError, match=r"same columns.*vertical"):
+    with pytest.raises(ConfigError, match=r"Hospital odd has no column 'b', which h0 has"):
         prepare_sites(bad)

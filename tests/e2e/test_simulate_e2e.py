@@ -89,7 +89,7 @@ def _refused(err: str, code: int, change: str, out: Path) -> None:
 
 
 def test_simulate_refuses_to_resume_on_another_partition(tmp_path: Path, capsys) -> None:
-    """`simulate --out X` interrupted, re-run with --partition dirichlet:0.3: refused, naming rows."""
+    """`simulate --out X` interrupted, re-run with --partition dirichlet:0.5: refused, naming rows."""
     # Prepare: an interrupted `simulate --dataset breast-cancer --sites 3` (iid, seed 0)
     out = tmp_path / "run"
     _interrupted_run(out, Experiment(cfg=RunConfig(num_server_rounds=10), out=out,
@@ -97,7 +97,7 @@ def test_simulate_refuses_to_resume_on_another_partition(tmp_path: Path, capsys)
 
     # Execute: the same command with another partition
     code = run_guarded(app, ["simulate", "--dataset", "breast-cancer", "--sites", "3",
-                             "--partition", "dirichlet:0.3", "--out", str(out)])
+                             "--partition", "dirichlet:0.5", "--out", str(out)])
 
     # Assert
     _refused(capsys.readouterr().err, code, r"site-\d: rows \d+ -> \d+", out)
@@ -122,7 +122,7 @@ def test_simulate_refuses_to_resume_on_an_edited_site_file(tmp_path: Path, capsy
     code = run_guarded(app, ["simulate", "--site", str(files[0]), "--site", str(files[1]),
                              "--out", str(out)])
 
-    # Assert: only site-1 changed, and only its content
+    # Assert: only h2 (hospitals are named after their files) changed, and only its content
     err = capsys.readouterr().err
-    _refused(err, code, r"site-1: content changed \(sha256 [0-9a-f]{12} -> [0-9a-f]{12}\)", out)
-    assert "site-0" not in err
+    _refused(err, code, r"h2: content changed \(sha256 [0-9a-f]{12} -> [0-9a-f]{12}\)", out)
+    assert "h1" not in err.split("Received:")[1]

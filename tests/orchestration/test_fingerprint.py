@@ -63,7 +63,8 @@ def test_the_runner_records_each_site_and_reruns_match(tmp_path: Path) -> None:
     cfg, sites, _ = stage_sites(exp)
     recorded = json.loads(cfg.data_fingerprint)
     assert sorted(recorded) == ["site-0", "site-1"]
-    assert [recorded[f"site-{i}"]["rows"] for i in range(2)] == [len(s) for s in sites] == [40, 60]
+    # sizes are each hospital's share; a fifth of it is its own test patients
+    assert [recorded[f"site-{i}"]["rows"] for i in range(2)] == [len(s) for s in sites] == [32, 48]
     assert cfg.data_fingerprint == data_fingerprint(
         {f"site-{i}": tmp_path / "sites" / f"site-{i}" / "data.csv" for i in range(2)})
     again, _, _ = stage_sites(exp)

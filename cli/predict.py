@@ -1,0 +1,28 @@
+"""``fedsplit predict``: score a raw hospital table with a saved global model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def predict(
+    table: Annotated[Path, typer.Argument(help="The patients' table (CSV or Parquet), as exported.")],
+    model: Annotated[Path, typer.Option("--model", help="A global.h5 written by a fedsplit "
+                                                        "table federation (it stores its schema).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the predictions "
+                                                                "(.csv or .parquet).")],
+) -> None:
+    """One row per input row: probability per class and the predicted class (or value)."""
+    import torch
+
+    from orchestration.predict import predict_file
+
+    torch.set_num_threads(1)
+    result = predict_file(model, table, output)
+    console.print(f"wrote {len(result)} predictions to {output}")

@@ -1,0 +1,154 @@
+"""DP-SGD at one hospital (Opacus), planned for the whole run, with a budget that stops it.
+
+Plan (`plan_noise`): every round a hospital with ``n`` training rows takes the same number of
+optimizer steps as without DP (``client.train.local_steps_per_round``: ``local-steps``, or
+``local-epochs`` epochs of batches, at least 10), each on a Poisson-sampled batch (every row
+joins with probability ``q = min(1, batch_size / n)``). Opacus's
+``get_noise_multiplier`` (RDP accountant) picks the smallest noise multiplier whose epsilon
+after ``rounds * steps_per_round`` steps stays below the budget at the run's delta.
+
+Accounting (`spent_epsilon`): the noise multiplier and the sampling rate are the same in every
+round, so after round ``r`` the hospital has spent what Opacus's ``RDPAccountant`` reports for
+``r * steps_per_round`` steps at that noise. The round number counts every round up to ``r``
+whether or not this hospital was sampled in it: an upper bound, never an under-count.
+
+Budget (`check_budget`): before training, a hospital computes what it would have spent after
+this round; above its budget (a run continued past the planned rounds) it raises
+`PrivacyBudgetError` and does not train. The coordinator records the refusal as the site's
+reason for the round.
+
+Models must allow per-sample gradients: BatchNorm mixes the rows of a batch and is refused
+(``norm=none``); the FedProx term is not a per-sample loss and is refused too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from protocol.errors import ConfigError
+from protocol.privacy import DPSpec, PrivacyBudgetError
+
+
+@dataclass(frozen=True)
+class DPPlan:
+    """A hospital's DP-SGD plan for the whole run."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps_per_round: int
+    rounds: int
+    epsilon: float
+    delta: float
+    clip: float
+
+
+def plan_noise(spec: DPSpec, rows: int, batch_size: int, steps_per_round: int) -> DPPlan:
+    """The noise multiplier that keeps ``spec.rounds`` rounds within ``spec.epsilon``."""
+    if spec.level != "patient":
+        raise ConfigError(f"DP-SGD plans patient-level DP. Received: level={spec.level}")
+    if spec.rounds < 1:
+        raise ConfigError("A DP-SGD plan needs the planned rounds (dp spec rounds=R; the runners "
+                          f"write it from num-server-rounds). Received: rounds={spec.rounds}")
+    if rows < 1:
+        raise ConfigError(f"A hospital needs training rows for DP-SGD. Received: rows={rows}")
+    from opacus.accountants.utils import get_noise_multiplier
+
+    if steps_per_round < 1:
+        raise ConfigError(f"A DP-SGD round takes at least one step. Received: {steps_per_round}")
+    q = min(1.0, batch_size / rows)
+    steps = int(steps_per_round)
+    sigma = get_noise_multiplier(target_epsilon=spec.epsilon, target_delta=spec.delta,
+                                 sample_rate=q, steps=spec.rounds * steps, accountant="rdp")
+    return DPPlan(float(sigma), q, steps, spec.rounds, spec.epsilon, spec.delta, spec.clip)
+
+
+def spent_epsilon(plan: DPPlan, rounds_done: int) -> float:
+    """Epsilon spent after ``rounds_done`` rounds (Opacus RDP accountant; 0 before any)."""
+    if rounds_done <= 0:
+        return 0.0
+    from opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.history = [(plan.noise_multiplier, plan.sample_rate,
+                           rounds_done * plan.steps_per_round)]
+    return float(accountant.get_epsilon(delta=plan.delta))
+
+
+def check_budget(plan: DPPlan, server_round: int, site: str) -> float:
+    """Epsilon after training ``server_round``; raise `PrivacyBudgetError` above the budget."""
+    after = spent_epsilon(plan, server_round)
+    if after > plan.epsilon:
+        raise PrivacyBudgetError(
+            f"Hospital {site} stops training: round {server_round} would bring its spent epsilon "
+            f"to {after:.4f}, above its budget of {plan.epsilon} (delta {plan.delta}); the noise "
+            f"was planned for {plan.rounds} rounds. Start a new run with a new budget (--dp) "
+            f"rather than continuing this one. Received: server_round={server_round}, "
+            f"planned rounds={plan.rounds}"
+        )
+    return after
+
+
+def check_private_model(model: torch.nn.Module, proximal_mu: float) -> None:
+    """Refuse a model or objective that per-sample gradients cannot serve."""
+    from opacus.validators import ModuleValidator
+
+    errors = ModuleValidator.validate(model, strict=False)
+    if errors:
+        raise ConfigError(
+            f"Patient-level DP (DP-SGD) needs per-sample gradients, which this model's layers do "
+            f"not allow (BatchNorm mixes the rows of a batch): use norm=none. Received: "
+            f"{[str(e) for e in errors][:3]}"
+        )
+    if proximal_mu > 0:
+        raise ConfigError(f"Patient-level DP clips per-sample gradients; the FedProx term is not a "
+                          f"per-sample loss. Use proximal-mu=0 with --dp. Received: "
+                          f"proximal_mu={proximal_mu}")
+
+
+def fit_private(model: torch.nn.Module, x: np.ndarray, y: torch.Tensor, plan: DPPlan, *,
+                loss_fn: torch.nn.Module, lr: float, seed: int,
+                device: torch.device | None = None) -> float:
+    """Train ``model`` in place with DP-SGD (Adam, Opacus); return the round's mean loss.
+
+    ``y`` holds the training targets as the loss expects them. Exactly
+    ``plan.steps_per_round`` steps, each on a Poisson-sampled batch at ``plan.sample_rate``.
+    """
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    device = device or torch.device("cpu")
+    check_private_model(model, 0.0)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    data = TensorDataset(torch.as_tensor(x, dtype=torch.float32), y)
+    batch = max(1, round(plan.sample_rate * len(data)))
+    loader = DataLoader(data, batch_size=batch, generator=gen)
+    model.to(device).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    private, optimizer, loader = engine.make_private(
+        module=model, optimizer=optimizer, data_loader=loader,
+        noise_multiplier=plan.noise_multiplier, max_grad_norm=plan.clip,
+        poisson_sampling=True,
+    )
+    total, seen, steps = 0.0, 0, 0
+    while steps < plan.steps_per_round:
+        for xb, yb in loader:
+            if steps == plan.steps_per_round:
+                break
+            steps += 1
+            optimizer.zero_grad()
+            if len(xb) == 0:  # Poisson sampling can draw an empty batch: a step with noise only
+                optimizer.step()
+                continue
+            loss = loss_fn(private(xb.to(device)), yb.to(device))
+            loss.backward()
+            optimizer.step()
+            total += float(loss.item()) * len(xb)
+            seen += len(xb)
+    private.remove_hooks()
+    model.cpu()
+    return total / max(seen, 1)

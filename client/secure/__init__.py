@@ -1,0 +1,1 @@
+"""The hospital's side of secure aggregation (SecAgg+ on Flower's primitives)."""

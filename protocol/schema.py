@@ -1,0 +1,672 @@
+"""The table schema a federation agrees on before round 1, without any row leaving a site.
+
+Hospitals export their tables as they come: numbers, booleans, text categories, missing values
+written in several ways, columns in their own order. Three steps turn them into one model input:
+
+1. **Per-site column report** (`column_report`, sent in the ``query.schema`` reply): for every
+   column its name, kind (``numeric``, ``boolean``, ``categorical`` or ``empty``), how many
+   values are present and missing, for numbers whether they are all 0/1, and for text its
+   categories with their counts. A category seen fewer than ``min_category_count`` times
+   (default `MIN_CATEGORY_COUNT` = 5) at a site is **withheld**: only the number of withheld
+   categories is reported, never their names or counts. For the target: its kind and, when it
+   holds class labels, each label with its count.
+2. **Merged, versioned schema** (`merge_reports`, run by the coordinator): the columns in the
+   order of the first hospital by name, the union vocabulary of each text column in sorted
+   order, a missing-indicator for every column with gaps at any site, the class labels in
+   sorted order. Conflicts raise `ConfigError` naming the hospital, the column and the fix;
+   suspicious columns become warnings (see also `moment_warnings`).
+3. **Encoding** (`encode_frame`), the same at every site and in ``fedsplit predict``:
+
+   - numeric: the number (missing -> NaN, which the model's standardisation turns into the
+     pooled mean);
+   - boolean: 1.0 / 0.0 (``true/false``, ``yes/no``, ``t/f``, ``y/n``, ``1/0``, any case);
+   - categorical: one column per vocabulary entry (``name=value``), 1.0 for the row's value;
+   - ``name:missing``: 1.0 where the value is missing, for columns with gaps somewhere.
+
+   **Fallback**: a category outside the vocabulary (unseen, or withheld everywhere) encodes as
+   all-zero one-hot and sets the column's missing indicator when it has one, i.e. it is treated
+   as missing.
+
+Missing values are empty cells, ``NA``, ``N/A``, ``NaN``, ``null``, ``None`` and ``?`` (any case),
+plus the run's ``na-values``. The schema is JSON (``format`` ``fedsplit.schema``, ``version``
+1); it travels in the Flower stats/train/evaluate instructions and is stored in every weight
+file the coordinator writes, so a model scores raw files on its own.
+
+What the exchange reveals to the coordinator, per site: its row count, every column's name,
+kind, number of present and missing values, whether a numeric column is all 0/1, each text
+category held by at least ``min_category_count`` rows with its count, the number of withheld
+categories, and each class label with its count. Per encoded feature the later statistics
+exchange adds count, sum and sum of squares (mean and spread), as before. Never a row, an ID,
+a rare category's name or a combination of columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from protocol.errors import ConfigError
+
+SCHEMA_FORMAT = "fedsplit.schema"
+SCHEMA_VERSION = 1
+MIN_CATEGORY_COUNT = 5
+#: Cells that mean "missing" (compared stripped and lower-cased), before ``na-values``.
+NA_MARKERS = ("", "na", "n/a", "nan", "null", "none", "?")
+TRUE_WORDS = frozenset({"true", "yes", "t", "y", "1", "1.0"})
+FALSE_WORDS = frozenset({"false", "no", "f", "n", "0", "0.0"})
+KINDS = ("numeric", "boolean", "categorical", "empty")
+#: Most distinct values a numeric target may hold to count as class labels.
+MAX_CLASSES = 20
+#: A site's values this many times larger (or smaller) than the others' are flagged.
+RANGE_FACTOR = 100.0
+MANY_CATEGORIES = 50
+MISSING_SUFFIX = ":missing"
+
+
+# --- reading raw cells ----------------------------------------------------------------------
+def _cell(value: Any) -> str | None:
+    """A raw cell as stripped text; None for a missing value of the file format itself."""
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_):
+        return "true" if value else "false"
+    if isinstance(value, float | np.floating):
+        if math.isnan(float(value)):
+            return None
+        f = float(value)
+        return str(int(f)) if f.is_integer() and abs(f) < 2**53 else repr(f)
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    return str(value).strip()
+
+
+def na_set(extra: Iterable[str] = ()) -> frozenset[str]:
+    """The lower-cased cells read as missing: `NA_MARKERS` plus ``extra``."""
+    return frozenset(NA_MARKERS) | {str(v).strip().lower() for v in extra}
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+@dataclass
+class RawColumn:
+    """One column's cells as text (None = missing), with the kind they read as."""
+
+    name: str
+    cells: list[str | None]
+    kind: str
+    numbers: np.ndarray | None = None  # float64, NaN for missing (numeric columns)
+
+
+def read_column(name: str, values: Sequence[Any], missing: frozenset[str]) -> RawColumn:
+    """Classify a column: all numbers -> numeric; all boolean words -> boolean; else categorical."""
+    cells: list[str | None] = []
+    for v in values:
+        text = _cell(v)
+        cells.append(None if text is None or text.lower() in missing else text)
+    present = [c for c in cells if c is not None]
+    if not present:
+        return RawColumn(name, cells, "empty", np.full(len(cells), np.nan))
+    numbers = [_number(c) for c in present]
+    if all(n is not None for n in numbers):
+        arr = np.array([np.nan if c is None else _number(c) for c in cells], dtype=np.float64)
+        return RawColumn(name, cells, "numeric", arr)
+    if all(c.lower() in TRUE_WORDS | FALSE_WORDS for c in present):
+        return RawColumn(name, cells, "boolean")
+    return RawColumn(name, cells, "categorical")
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    """How a site reads its table (run config: target, id-column, ignore-columns, na-values)."""
+
+    target: str
+    id_column: str = ""
+    ignore_columns: tuple[str, ...] = ()
+    na_values: tuple[str, ...] = ()
+    min_category_count: int = MIN_CATEGORY_COUNT
+
+
+def split_columns(columns: Sequence[str], settings: TableSettings, *, where: str,
+                  need_target: bool = True) -> list[str]:
+    """The feature columns of a table: all but the target, the ID column and ignored ones."""
+    names = [str(c) for c in columns]
+    dup = sorted({c for c in names if names.count(c) > 1})
+    if dup:
+        raise ConfigError(f"{where} has duplicate column names {dup}; rename them. "
+                          f"Received: columns {names}")
+    if need_target and settings.target not in names:
+        raise ConfigError(
+            f"{where} has no target column {settings.target!r}; pass the right one with --target. "
+            f"Columns: {', '.join(names)}. Received: {settings.target!r}"
+        )
+    if settings.id_column and settings.id_column not in names:
+        raise ConfigError(f"{where} has no ID column {settings.id_column!r} (--id-column). "
+                          f"Columns: {', '.join(names)}. Received: {settings.id_column!r}")
+    skip = {settings.target, settings.id_column, *settings.ignore_columns} - {""}
+    return [c for c in names if c not in skip]
+
+
+# --- per-site report ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ColumnReport:
+    """What one site says about one column (never a value of a row)."""
+
+    name: str
+    kind: str
+    count: int
+    missing: int
+    binary: bool = False
+    categories: dict[str, int] = field(default_factory=dict)
+    withheld: int = 0
+
+
+@dataclass(frozen=True)
+class TargetReport:
+    """The target column at one site: its kind and, for class labels, each label's count."""
+
+    kind: str
+    labels: dict[str, int] | None
+
+
+@dataclass(frozen=True)
+class SiteColumns:
+    """A site's column report (``query.schema`` reply); ``table`` False for image (NPZ) sites."""
+
+    site: str
+    rows: int
+    table: bool
+    columns: tuple[ColumnReport, ...] = ()
+    target: TargetReport | None = None
+
+    def to_json(self) -> str:
+        """JSON for the wire."""
+        return json.dumps({
+            "site": self.site, "rows": self.rows, "table": self.table,
+            "columns": [c.__dict__ for c in self.columns],
+            "target": self.target.__dict__ if self.target else None,
+        }, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SiteColumns:
+        """Parse and check a report; anything beyond the documented fields is refused."""
+        try:
+            raw = json.loads(text)
+            _keys(raw, {"site", "rows", "table", "columns", "target"}, "report")
+            columns = []
+            for c in raw["columns"]:
+                _keys(c, {"name", "kind", "count", "missing", "binary", "categories", "withheld"},
+                      "column report")
+                if c["kind"] not in KINDS:
+                    raise ValueError(f"kind {c['kind']!r}")
+                cats = {str(k): int(v) for k, v in dict(c["categories"]).items()}
+                columns.append(ColumnReport(str(c["name"]), str(c["kind"]), int(c["count"]),
+                                            int(c["missing"]), bool(c["binary"]), cats,
+                                            int(c["withheld"])))
+            target = None
+            if raw["target"] is not None:
+                _keys(raw["target"], {"kind", "labels"}, "target report")
+                labels = raw["target"]["labels"]
+                target = TargetReport(str(raw["target"]["kind"]),
+                                      None if labels is None else
+                                      {str(k): int(v) for k, v in dict(labels).items()})
+            return cls(str(raw["site"]), int(raw["rows"]), bool(raw["table"]), tuple(columns),
+                       target)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"A site's column report is not in the documented form "
+                              f"(protocol/schema.py): {e}. Received: {text[:200]!r}") from e
+
+
+def _keys(obj: Any, allowed: set[str], what: str) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what} must be an object")
+    if extra := sorted(set(obj) - allowed):
+        raise ValueError(f"{what} holds undocumented fields {extra}")
+    if missing := sorted(allowed - set(obj)):
+        raise ValueError(f"{what} lacks {missing}")
+
+
+def _label(text: str, kind: str) -> str:
+    """A class label in canonical text: integers without '.0', boolean words lower-cased."""
+    if kind == "boolean":
+        return text.lower()
+    number = _number(text)
+    if number is not None and number.is_integer():
+        return str(int(number))
+    return text
+
+
+def target_report(column: RawColumn) -> TargetReport:
+    """The target's kind and its labels (text, booleans, or up to 20 integer values)."""
+    present = [c for c in column.cells if c is not None]
+    if column.kind == "numeric":
+        values = column.numbers[~np.isnan(column.numbers)]
+        distinct = np.unique(values)
+        if len(distinct) > MAX_CLASSES or not np.all(np.mod(distinct, 1) == 0):
+            return TargetReport("numeric", None)
+    labels: dict[str, int] = {}
+    for c in present:
+        key = _label(c, column.kind)
+        labels[key] = labels.get(key, 0) + 1
+    return TargetReport(column.kind, dict(sorted(labels.items())))
+
+
+def column_report(site: str, frame: Any, settings: TableSettings) -> SiteColumns:
+    """A site's report on its table (a DataFrame): one `ColumnReport` per feature column."""
+    where = f"Hospital {site}'s table"
+    features = split_columns(list(frame.columns), settings, where=where)
+    missing = na_set(settings.na_values)
+    reports = []
+    for name in features:
+        col = read_column(name, frame[name].tolist(), missing)
+        present = [c for c in col.cells if c is not None]
+        cats: dict[str, int] = {}
+        withheld = 0
+        binary = False
+        if col.kind == "categorical":
+            counts: dict[str, int] = {}
+            for c in present:
+                counts[c] = counts.get(c, 0) + 1
+            cats = {k: v for k, v in sorted(counts.items()) if v >= settings.min_category_count}
+            withheld = len(counts) - len(cats)
+        elif col.kind == "numeric":
+            values = col.numbers[~np.isnan(col.numbers)]
+            binary = bool(np.all((values == 0) | (values == 1)))
+        reports.append(ColumnReport(name, col.kind, len(present), len(col.cells) - len(present),
+                                    binary, cats, withheld))
+    target = read_column(settings.target, frame[settings.target].tolist(), missing)
+    gaps = sum(c is None for c in target.cells)
+    if gaps:
+        raise ConfigError(
+            f"{where}: target column {settings.target!r} has {gaps} missing value(s); drop those "
+            f"rows first. Received: {gaps} missing targets"
+        )
+    return SiteColumns(site, len(frame), True, tuple(reports), target_report(target))
+
+
+# --- the merged schema ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SchemaColumn:
+    """One column of the agreed schema."""
+
+    name: str
+    kind: str  # numeric | boolean | categorical
+    categories: tuple[str, ...] = ()
+    missing_indicator: bool = False
+
+    def encoded_names(self) -> list[str]:
+        """The model inputs this column becomes."""
+        names = ([f"{self.name}={c}" for c in self.categories] if self.kind == "categorical"
+                 else [self.name])
+        return names + ([f"{self.name}{MISSING_SUFFIX}"] if self.missing_indicator else [])
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The versioned schema every site encodes with; travels with the model."""
+
+    columns: tuple[SchemaColumn, ...]
+    target: str
+    task: str
+    labels: tuple[str, ...] = ()
+    id_column: str = ""
+    ignore_columns: tuple[str, ...] = ()
+    na_values: tuple[str, ...] = ()
+    min_category_count: int = MIN_CATEGORY_COUNT
+    version: int = SCHEMA_VERSION
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Encoded feature names, in model input order."""
+        return [n for c in self.columns for n in c.encoded_names()]
+
+    @property
+    def settings(self) -> TableSettings:
+        """How to read a table for this schema."""
+        return TableSettings(self.target, self.id_column, self.ignore_columns, self.na_values,
+                             self.min_category_count)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``format``, ``version``, columns, target, labels, reading settings)."""
+        return {
+            "format": SCHEMA_FORMAT, "version": self.version, "target": self.target,
+            "task": self.task, "labels": list(self.labels), "id_column": self.id_column,
+            "ignore_columns": list(self.ignore_columns), "na_values": list(self.na_values),
+            "min_category_count": self.min_category_count,
+            "columns": [{"name": c.name, "kind": c.kind, "categories": list(c.categories),
+                         "missing_indicator": c.missing_indicator} for c in self.columns],
+        }
+
+    def to_json(self) -> str:
+        """Compact, key-sorted JSON (stable: the same schema gives the same text)."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        """sha256 of `to_json` (first 16 hex digits), to name a schema in logs."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_json(cls, text: str | Mapping[str, Any]) -> Schema:
+        """Parse and check a schema (strict: unknown fields or versions are refused)."""
+        try:
+            raw = json.loads(text) if isinstance(text, str) else dict(text)
+            _keys(raw, {"format", "version", "target", "task", "labels", "id_column",
+                        "ignore_columns", "na_values", "min_category_count", "columns"}, "schema")
+            if raw["format"] != SCHEMA_FORMAT:
+                raise ValueError(f"format must be {SCHEMA_FORMAT!r}, not {raw['format']!r}")
+            if raw["version"] != SCHEMA_VERSION:
+                raise ValueError(f"version {raw['version']!r}; this fedsplit reads version "
+                                 f"{SCHEMA_VERSION} (upgrade fedsplit)")
+            if raw["task"] not in ("classification", "regression"):
+                raise ValueError(f"task {raw['task']!r}")
+            columns = []
+            for c in raw["columns"]:
+                _keys(c, {"name", "kind", "categories", "missing_indicator"}, "schema column")
+                if c["kind"] not in ("numeric", "boolean", "categorical"):
+                    raise ValueError(f"column kind {c['kind']!r}")
+                columns.append(SchemaColumn(str(c["name"]), c["kind"],
+                                            tuple(str(v) for v in c["categories"]),
+                                            bool(c["missing_indicator"])))
+            return cls(tuple(columns), str(raw["target"]), raw["task"],
+                       tuple(str(v) for v in raw["labels"]), str(raw["id_column"]),
+                       tuple(str(v) for v in raw["ignore_columns"]),
+                       tuple(str(v) for v in raw["na_values"]), int(raw["min_category_count"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"Not a fedsplit table schema (protocol/schema.py): {e}. "
+                              f"Received: {str(text)[:200]!r}") from e
+
+
+@dataclass(frozen=True)
+class MergedSchema:
+    """`merge_reports`' result: the schema and the warnings about suspicious columns."""
+
+    schema: Schema
+    warnings: list[str]
+
+
+def _fix(column: str) -> str:
+    return f"or leave the column out at every site with --ignore-column {column}"
+
+
+def merge_reports(reports: Sequence[SiteColumns], settings: TableSettings, *,
+                  task: str = "auto") -> MergedSchema:
+    """Merge the sites' column reports into one schema; conflicts raise `ConfigError`.
+
+    Conflicts: a column absent at some site, text at one site and numbers (or booleans) at
+    another, targets of different kinds, text labels a site shares with no other site, a
+    regression task on text labels. Warnings: a column entirely missing at a site (or at every
+    site: it is dropped), text categories withheld at a site and unknown to the others,
+    a text column with more than 50 categories (an ID?).
+    """
+    if not reports:
+        raise ConfigError("No hospital reported its columns. Received: 0 reports")
+    ordered = sorted(reports, key=lambda r: r.site)
+    ref = ordered[0]
+    warnings: list[str] = []
+    by_site = {r.site: {c.name: c for c in r.columns} for r in ordered}
+    for r in ordered[1:]:
+        for name in [c.name for c in ref.columns if c.name not in by_site[r.site]]:
+            raise ConfigError(
+                f"Hospital {r.site} has no column {name!r}, which {ref.site} has: every hospital "
+                f"needs the same columns (in any order). Add it at {r.site} (empty cells if the "
+                f"values are unknown) {_fix(name)}. Received: {r.site} columns "
+                f"{sorted(by_site[r.site])}"
+            )
+        for name in [c.name for c in r.columns if c.name not in by_site[ref.site]]:
+            raise ConfigError(
+                f"Hospital {ref.site} has no column {name!r}, which {r.site} has: every hospital "
+                f"needs the same columns (in any order). Add it at {ref.site} {_fix(name)}. "
+                f"Received: {ref.site} columns {sorted(by_site[ref.site])}"
+            )
+    columns = []
+    withheld: list[str] = []
+    for col in ref.columns:
+        name = col.name
+        per_site = {s: cols[name] for s, cols in by_site.items()}
+        for site, c in per_site.items():
+            if c.kind == "empty":
+                warnings.append(f"column {name!r} is entirely missing at {site} "
+                                f"({c.missing} rows): its rows there count as missing")
+        kinds = {s: c.kind for s, c in per_site.items() if c.kind != "empty"}
+        if not kinds:
+            warnings.append(f"column {name!r} is empty at every hospital; it is left out")
+            continue
+        kind = _merge_kind(name, kinds, per_site)
+        gaps = any(c.missing > 0 for c in per_site.values())
+        cats: tuple[str, ...] = ()
+        if kind == "categorical":
+            union = sorted({k for c in per_site.values() for k in c.categories})
+            cats = tuple(union)
+            held = [f"{site} ({c.withheld})" for site, c in per_site.items() if c.withheld]
+            if held:
+                withheld.append(f"{name} at {', '.join(held)}")
+            if not cats:
+                warnings.append(f"column {name!r}: no category reaches {settings.min_category_count}"
+                                f" rows at any hospital; every value encodes as unseen")
+            if len(cats) > MANY_CATEGORIES:
+                warnings.append(f"column {name!r} has {len(cats)} categories; if it is an ID, "
+                                f"pass --id-column {name} or --ignore-column {name}")
+            gaps = gaps or any(c.withheld for c in per_site.values())
+        columns.append(SchemaColumn(name, kind, cats, gaps))
+    if withheld:
+        warnings.append(
+            f"rare categories withheld (held by fewer than {settings.min_category_count} rows at "
+            f"a hospital; their rows encode as unseen unless another hospital reports them): "
+            f"{'; '.join(withheld)}")
+    if not columns:
+        raise ConfigError("No feature column holds any value at any hospital. Received: "
+                          f"columns {[c.name for c in ref.columns]}")
+    task, labels = _merge_target(ordered, settings.target, task)
+    schema = Schema(tuple(columns), settings.target, task, labels, settings.id_column,
+                    tuple(settings.ignore_columns), tuple(settings.na_values),
+                    settings.min_category_count)
+    return MergedSchema(schema, warnings)
+
+
+def _merge_kind(name: str, kinds: Mapping[str, str], per_site: Mapping[str, ColumnReport]) -> str:
+    found = set(kinds.values())
+    if found == {"numeric"}:
+        return "numeric"
+    if found == {"categorical"}:
+        return "categorical"
+    if found <= {"numeric", "boolean"}:
+        wide = [s for s, k in kinds.items() if k == "numeric" and not per_site[s].binary]
+        if not wide:
+            return "boolean"
+        bools = [s for s, k in kinds.items() if k == "boolean"]
+        raise ConfigError(
+            f"Column {name!r} holds booleans (true/false, yes/no) at {', '.join(bools)} but numbers "
+            f"other than 0/1 at {', '.join(wide)}. Write the same values at every hospital "
+            f"{_fix(name)}. Received: kinds {dict(kinds)}"
+        )
+    text = [s for s, k in kinds.items() if k == "categorical"]
+    other = [s for s, k in kinds.items() if k != "categorical"]
+    example = next((next(iter(per_site[s].categories)) for s in text if per_site[s].categories),
+                   None)
+    shown = f" (e.g. {example!r})" if example is not None else ""
+    raise ConfigError(
+        f"Column {name!r} holds text at {', '.join(text)}{shown} but numbers or booleans at "
+        f"{', '.join(other)}. Clean the values at {', '.join(text)}, declare the text markers "
+        f"as missing with --na-values, {_fix(name)}. Received: kinds {dict(kinds)}"
+    )
+
+
+def _merge_target(reports: Sequence[SiteColumns], target: str,
+                  task: str) -> tuple[str, tuple[str, ...]]:
+    kinds = {r.site: r.target.kind for r in reports if r.target is not None}
+    text_sites = [s for s, k in kinds.items() if k == "categorical"]
+    if len(set(kinds.values())) > 1:
+        first = sorted(kinds)[0]
+        odd = [s for s, k in kinds.items() if k != kinds[first]]
+        raise ConfigError(
+            f"The target {target!r} holds {kinds[first]} labels at {first} but "
+            f"{kinds[odd[0]]} ones at {', '.join(odd)}: the label sets differ. Write the same "
+            f"labels at every hospital. Received: kinds {kinds}"
+        )
+    continuous = [r.site for r in reports if r.target is not None and r.target.labels is None]
+    if task == "auto":
+        task = "regression" if continuous else "classification"
+    if task == "regression":
+        if text_sites or set(kinds.values()) == {"boolean"}:
+            raise ConfigError(f"task=regression needs a numeric target; {target!r} holds labels. "
+                              f"Use task=classification. Received: kinds {kinds}")
+        return task, ()
+    if continuous:
+        raise ConfigError(
+            f"task=classification needs class labels, but {target!r} at {', '.join(continuous)} "
+            f"holds more than {MAX_CLASSES} distinct or non-integer numbers. Use task=regression. "
+            f"Received: {target!r}"
+        )
+    label_sets = {r.site: set(r.target.labels or {}) for r in reports if r.target is not None}
+    if text_sites and len(label_sets) > 1:
+        for site, mine in label_sets.items():
+            others = set().union(*(v for s, v in label_sets.items() if s != site))
+            if not mine & others:
+                raise ConfigError(
+                    f"Hospital {site}'s labels for {target!r} ({sorted(mine)[:6]}) share none with "
+                    f"the other hospitals' ({sorted(others)[:6]}): the label sets differ. Map them "
+                    f"to one set of labels at every hospital. Received: {sorted(mine)[:6]}"
+                )
+    union = set().union(*label_sets.values()) if label_sets else set()
+    numeric = all(_number(v) is not None for v in union)
+    labels = sorted(union, key=(lambda v: float(v)) if numeric else (lambda v: v))
+    return task, tuple(labels)
+
+
+def moment_warnings(schema: Schema, sites: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                    ) -> list[str]:
+    """Warnings from each site's per-feature (count, sum, sum of squares) of encoded features.
+
+    A numeric column constant at a site (every row the same value, while other sites vary:
+    e.g. a cholesterol of 0 recorded for every patient), or whose typical magnitude (root mean
+    square) differs from the other sites' by a factor of `RANGE_FACTOR` or more (a unit mismatch).
+    """
+    names = schema.feature_names
+    out: list[str] = []
+    for col in schema.columns:
+        if col.kind != "numeric":
+            continue
+        k = names.index(col.name)
+        stats = {s: (float(m[0][k]), float(m[1][k]), float(m[2][k])) for s, m in sites.items()}
+        for site, (n, total, sq) in stats.items():
+            if n < 2:
+                continue
+            mean = total / n
+            var = max(sq / n - mean**2, 0.0)
+            others = [v for s, v in stats.items() if s != site and v[0] > 0]
+            if var <= 1e-12 * max(1.0, mean**2):
+                if any(max(o[2] / o[0] - (o[1] / o[0]) ** 2, 0.0) > 1e-12 for o in others):
+                    out.append(f"column {col.name!r} is constant at {site} ({mean:g} in all {int(n)} "
+                               f"rows) but varies elsewhere: a placeholder for missing values? "
+                               f"Declare it with --na-values or leave the column out")
+                continue
+            if not others:
+                continue
+            on, osq = sum(o[0] for o in others), sum(o[2] for o in others)
+            rms, orms = math.sqrt(sq / n), math.sqrt(osq / on)
+            if rms > 0 and orms > 0 and max(rms / orms, orms / rms) >= RANGE_FACTOR:
+                out.append(f"column {col.name!r} at {site} is about {rms / orms:.3g}x the other "
+                           f"hospitals' values (root mean square {rms:.3g} vs {orms:.3g}): "
+                           f"another unit?")
+    return out
+
+
+# --- encoding -------------------------------------------------------------------------------
+def encode_frame(schema: Schema, frame: Any, *, where: str, need_target: bool = True,
+                 refuse_unknown: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """Encode a raw table (a DataFrame) with ``schema``: ``(x float32, y or None)``.
+
+    ``y`` holds class indices into ``schema.labels`` (classification) or float32 values
+    (regression); None when ``need_target`` is False and the table has no target column.
+    Refuses a missing schema column, a value of the wrong kind (naming column and value), a
+    label outside the schema, and with ``refuse_unknown`` any column the schema does not know.
+    """
+    settings = schema.settings
+    has_target = schema.target in [str(c) for c in frame.columns]
+    present = split_columns(list(frame.columns), settings, where=where,
+                            need_target=need_target)
+    known = {c.name for c in schema.columns}
+    if refuse_unknown and (unknown := [c for c in present if c not in known]):
+        raise ConfigError(
+            f"{where} has column(s) the model does not know: {', '.join(unknown)}. The model was "
+            f"trained on {', '.join(sorted(known))}; drop the others. Received: {unknown}"
+        )
+    if lacking := [c.name for c in schema.columns if c.name not in present]:
+        raise ConfigError(
+            f"{where} lacks column(s) the model needs: {', '.join(lacking)} (empty cells are "
+            f"fine when the values are unknown). Received: columns {present}"
+        )
+    missing = na_set(settings.na_values)
+    n = len(frame)
+    parts: list[np.ndarray] = []
+    for col in schema.columns:
+        raw = read_column(col.name, frame[col.name].tolist(), missing)
+        gap = np.array([c is None for c in raw.cells])
+        if col.kind == "numeric":
+            if raw.kind not in ("numeric", "empty"):
+                bad = next(c for c in raw.cells if c is not None and _number(c) is None)
+                raise ConfigError(f"{where}: column {col.name!r} must hold numbers; {bad!r} is not "
+                                  f"one (a missing marker? add it with --na-values). Received: {bad!r}")
+            block = raw.numbers.reshape(n, 1)
+        elif col.kind == "boolean":
+            block = np.full((n, 1), np.nan)
+            for i, c in enumerate(raw.cells):
+                if c is None:
+                    continue
+                low = c.lower()
+                if low not in TRUE_WORDS | FALSE_WORDS:
+                    raise ConfigError(f"{where}: column {col.name!r} must hold true/false, yes/no "
+                                      f"or 1/0; {c!r} is none of them. Received: {c!r}")
+                block[i, 0] = 1.0 if low in TRUE_WORDS else 0.0
+        else:
+            index = {v: j for j, v in enumerate(col.categories)}
+            block = np.zeros((n, len(col.categories)))
+            for i, c in enumerate(raw.cells):
+                if c is None:
+                    continue
+                j = index.get(c)
+                if j is None:  # the documented fallback: unseen -> treated as missing
+                    gap[i] = True
+                else:
+                    block[i, j] = 1.0
+        parts.append(block)
+        if col.missing_indicator:
+            parts.append(gap.astype(np.float64).reshape(n, 1))
+    x = np.concatenate(parts, axis=1).astype(np.float32) if parts else np.zeros((n, 0), np.float32)
+    if not has_target:
+        return x, None
+    return x, encode_target(schema, frame[schema.target].tolist(), where=where)
+
+
+def encode_target(schema: Schema, values: Sequence[Any], *, where: str) -> np.ndarray:
+    """Class indices into ``schema.labels``, or float32 regression values."""
+    missing = na_set(schema.na_values)
+    col = read_column(schema.target, values, missing)
+    if any(c is None for c in col.cells):
+        raise ConfigError(f"{where}: target column {schema.target!r} has missing values; drop "
+                          f"those rows first. Received: {sum(c is None for c in col.cells)} missing")
+    if schema.task == "regression":
+        if col.kind != "numeric":
+            raise ConfigError(f"{where}: target {schema.target!r} must hold numbers for "
+                              f"regression. Received: kind {col.kind}")
+        return col.numbers.astype(np.float32)
+    index = {v: i for i, v in enumerate(schema.labels)}
+    out = np.empty(len(col.cells), dtype=np.int64)
+    for i, c in enumerate(col.cells):
+        key = _label(c, col.kind)
+        if key not in index:
+            raise ConfigError(f"{where}: label {c!r} of {schema.target!r} is not one of the "
+                              f"federation's labels {list(schema.labels)}. Received: {c!r}")
+        out[i] = index[key]
+    return out

@@ -1,0 +1,128 @@
+"""The numbers secure aggregation moves: the encoded update, the masks, the neighbour graph.
+
+Both ends use these (the hospital to encode and mask, the coordinator to unmask and decode);
+the masks, keys, shares and quantisation are Flower's own primitives
+(``flwr.common.secure_aggregation``), nothing here is cryptography of its own.
+
+Encoding (`encode`): hospital k's change to the global model ``d_k = w_k - g`` (every array,
+flattened in name order) must lie in ``[-B, B]`` coordinate-wise; outside it the hospital
+refuses (`out_of_range`), nothing is clipped silently. Flower's ``quantize`` maps it to integers
+in ``[0, L]`` (stochastic rounding), which are multiplied by the integer weight ``a_k`` (its
+count for FedAvg) and followed by ``a_k`` itself, so the vector is
+``[a_k * q(d_k), a_k]`` and the sum over hospitals is ``[sum a_k q(d_k), sum a_k]``: the
+coordinator learns the weighted sum and the total weight, nothing per hospital. Arithmetic is
+modulo ``M = 2^62``; the sum is exact while ``sum a_k * L < M`` (with the default
+``L = 2^20``: a total count below 2^42 rows, checked when decoding; no per-hospital ceiling).
+
+Decoding (`decode`): ``mean = (sum a_k q_k / sum a_k) * 2B / L - B``. Stochastic rounding moves
+each coordinate of each update by less than one step ``2B / L``, so the decoded weighted mean
+differs from the exact one by less than ``2B / L`` per coordinate (``2^-19 * B`` by default).
+
+Neighbours (`neighbours`): SecAgg+ (Bell et al. 2020): hospitals sorted by node id on a ring,
+each sharing secrets with itself and the ``(K - 1) / 2`` nearest on each side (an even ``K``
+below N is raised by one so the graph stays symmetric).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from protocol.errors import UpdateError
+
+MODULUS = 1 << 62
+
+
+def out_of_range(delta: Mapping[str, np.ndarray], bound: float) -> tuple[str, float] | None:
+    """The first array whose change leaves ``[-bound, bound]`` and its largest magnitude, or None."""
+    for name in sorted(delta):
+        top = float(np.max(np.abs(delta[name]))) if np.size(delta[name]) else 0.0
+        if not np.isfinite(top) or top > bound:
+            return name, top
+    return None
+
+
+def encode(delta: Mapping[str, np.ndarray], weight: int, bound: float, levels: int) -> np.ndarray:
+    """``[weight * quantize(delta), weight]`` as int64 (see the module docstring)."""
+    from flwr.common.secure_aggregation.quantization import quantize
+
+    if (bad := out_of_range(delta, bound)) is not None:
+        raise UpdateError(
+            f"This hospital's update changes {bad[0]} by {bad[1]:.4g}, outside the secure "
+            f"aggregation range [-{bound}, {bound}]; it is not sent (nothing is clipped silently). "
+            f"Raise the declared bound (secure-aggregation bound=B) or lower the learning rate. "
+            f"Received: max |change| {bad[1]:.4g} in {bad[0]}"
+        )
+    if weight < 1 or weight * levels >= MODULUS:
+        raise UpdateError(f"The secure weight must be an integer in [1, 2^62 / levels). "
+                          f"Received: {weight}")
+    flat = [np.asarray(delta[n], dtype=np.float64).reshape(-1) for n in sorted(delta)]
+    q = quantize(flat, bound, levels)
+    body = np.concatenate([a.astype(np.int64) for a in q]) if q else np.zeros(0, np.int64)
+    return np.r_[body * np.int64(weight), np.int64(weight)].astype(np.int64)
+
+
+def decode(total: np.ndarray, like: Mapping[str, np.ndarray], bound: float,
+           levels: int) -> tuple[dict[str, np.ndarray], int]:
+    """The weighted mean change (shaped like ``like``) and the total weight from a summed vector."""
+    from flwr.common.secure_aggregation.quantization import dequantize
+
+    weight = int(total[-1])
+    if weight < 1 or weight * levels >= MODULUS:
+        raise UpdateError(f"The secure sum's total weight {weight} times {levels} levels does not "
+                          f"fit the modulus 2^62: the sum wrapped around. Lower levels. "
+                          f"Received: total weight {weight}")
+    mean_q = total[:-1].astype(np.float64) / weight
+    flat = dequantize([mean_q], bound, levels)[0]
+    out, at = {}, 0
+    for name in sorted(like):
+        size = int(np.size(like[name]))
+        out[name] = flat[at:at + size].reshape(np.shape(like[name]))
+        at += size
+    if at != len(flat):
+        raise UpdateError(f"The secure sum holds {len(flat)} values, the model {at}. "
+                          f"Received: {len(total)} entries")
+    return out, weight
+
+
+def vector_size(like: Mapping[str, np.ndarray]) -> int:
+    """Length of an encoded vector for a model shaped like ``like``."""
+    return sum(int(np.size(a)) for a in like.values()) + 1
+
+
+def mask(seed: bytes, size: int) -> np.ndarray:
+    """A pseudo-random int64 vector in ``[0, M)`` from ``seed`` (Flower's ``pseudo_rand_gen``)."""
+    from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+
+    return pseudo_rand_gen(seed, MODULUS, [(size,)])[0].astype(np.int64)
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(a + b) mod M`` for values in ``[0, M)``."""
+    return (a + b) % MODULUS
+
+
+def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(a - b) mod M`` for values in ``[0, M)``."""
+    return (a - b) % MODULUS
+
+
+def neighbours(nodes: Sequence[int], share_num: int) -> dict[int, list[int]]:
+    """SecAgg+ ring: node -> the ``share_num`` nodes (itself included) it shares secrets with."""
+    ring = sorted(nodes)
+    n = len(ring)
+    k = min(share_num, n)
+    if k < n and k % 2 == 0:  # itself plus as many on each side: the graph stays symmetric
+        k += 1
+    out = {}
+    for i, node in enumerate(ring):
+        picked = {node}
+        step = 1
+        while len(picked) < k:
+            picked.add(ring[(i + step) % n])
+            if len(picked) < k:
+                picked.add(ring[(i - step) % n])
+            step += 1
+        out[node] = sorted(picked)
+    return out

@@ -1,0 +1,1 @@
+"""The coordinator's side of secure aggregation: SecAgg+ on Flower's Message API."""

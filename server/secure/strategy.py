@@ -1,0 +1,164 @@
+"""`SecureStrategy`: Flower's FedAvg round loop where the coordinator sees only a masked sum.
+
+Each training round, after Flower samples the hospitals (`RegistryStrategy.configure_train`):
+
+1. ``query.secagg`` stage ``setup`` to the sampled hospitals (public keys back);
+2. ``query.secagg`` stage ``share-keys`` (encrypted Shamir shares back);
+3. the train instruction, with a ``secagg`` record forwarding each hospital's shares: it trains
+   and replies with its masked ``[count * q(change), count]`` vector (no weights, no count);
+4. (in `aggregate_train`) ``query.secagg`` stage ``unmask`` to those that replied; the sum is
+   unmasked and decoded into the count-weighted mean change, added to the global model.
+
+A hospital that fails or is late at stage 1 or 2 leaves the round; one that drops at 3 is
+removed with its neighbours' shares (up to the reconstruction threshold; `server.secure.secagg`).
+Training metrics other than the count (train loss, spent epsilon) travel in the clear and are
+averaged unweighted (the coordinator does not learn the counts). Evaluation is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from aggregation.base import AggregateResult, AggregationReport, SiteReport
+from protocol import privacy as pv
+from protocol import secure_vector as sv
+from protocol.errors import FedsplitError
+from protocol.horizontal_wire import reply_site
+from protocol.privacy import SecureSpec
+from protocol.update import Update
+from server.privacy import PrivateStrategy
+from server.secure.secagg import SecureSum
+from server.strategy import weighted_mean
+
+log = logging.getLogger(__name__)
+
+
+class SecureStrategy(PrivateStrategy):
+    """`PrivateStrategy` whose training rounds run SecAgg+ (see the module docstring)."""
+
+    def __init__(self, *args: Any, secure: SecureSpec, timeout: float | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.secure = secure
+        self.timeout = timeout
+        self._grid: Grid | None = None
+        self._runs: dict[int, tuple[SecureSum, dict[str, np.ndarray]]] = {}
+        self.stage_seconds: dict[int, dict[str, float]] = {}
+
+    def _ask(self, grid: Grid, instructions: dict[int, dict[str, Any]]) -> dict[int, dict]:
+        """Send one ``query.secagg`` stage; return node -> reply record (failed ones left out)."""
+        msgs = [Message(RecordDict({pv.SECAGG: ConfigRecord(cfg)}), dst_node_id=node,
+                        message_type=pv.SECAGG_QUERY) for node, cfg in instructions.items()]
+        out = {}
+        for reply in grid.send_and_receive(msgs, timeout=self.timeout):
+            node = reply.metadata.src_node_id
+            if not reply.has_content() or pv.SECAGG not in reply.content.config_records:
+                reason = reply.error.reason if reply.has_error() else "no secagg record"
+                log.warning("Secure aggregation: node %s left the round: %s", node, reason)
+                continue
+            out[node] = dict(reply.content.config_records[pv.SECAGG])
+        return out
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> list[Message]:
+        """Flower's sampling, then the setup and share-keys stages; the collect stage rides on
+        the train instructions."""
+        msgs = super().configure_train(server_round, arrays, config, grid)
+        r = server_round + self.round_offset
+        if not msgs:
+            return msgs
+        self._grid = grid
+        start = time.monotonic()
+        run = SecureSum(self.secure, [m.metadata.dst_node_id for m in msgs], round=r)
+        try:
+            setup = self._ask(grid, {n: run.setup_config() for n in run.nodes})
+            keys = {n: (rep["pk1"], rep["pk2"]) for n, rep in setup.items()}
+            t1 = time.monotonic()
+            shared = self._ask(grid, run.share_instructions(keys))
+            collect = run.collect_instructions(
+                {n: (list(rep["dsts"]), list(rep["ciphertexts"])) for n, rep in shared.items()})
+        except FedsplitError as e:
+            log.warning("Round %s: secure aggregation could not start: %s", r, e)
+            self._skipped[("train", r)] = f"secure aggregation could not start: {e}"
+            self._sent.pop(("train", r), None)
+            return []
+        self.stage_seconds[r] = {"setup": t1 - start, "share-keys": time.monotonic() - t1}
+        kept = [m for m in msgs if m.metadata.dst_node_id in collect]
+        for m in kept:
+            m.content[pv.SECAGG] = ConfigRecord(collect[m.metadata.dst_node_id])
+        self._sent[("train", r)] = kept
+        self._runs[r] = (run, {k: a.numpy() for k, a in arrays.items()})
+        return kept
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Unmask the sum of the masked replies; the global model moves by the weighted mean."""
+        r = server_round + self.round_offset
+        replies = list(replies)
+        senders, missing = self._missing("train", r, replies)
+        sites: list[dict[str, Any]] = []
+        masked: dict[int, np.ndarray] = {}
+        rows: list[tuple[float, dict[str, Any]]] = []
+        for msg in replies:
+            site = self._site(msg, senders)
+            if not msg.has_content() or pv.MASKED not in msg.content.array_records:
+                reason = msg.error.reason if msg.has_error() else "no masked vector"
+                sites.append({"site": site, "excluded": True,
+                              "reason": f"dropped out of secure aggregation: {reason}"})
+                continue
+            metrics = {k: float(v) for k, v in msg.content.metric_records["metrics"].items()
+                       if not isinstance(v, list)}
+            masked[msg.metadata.src_node_id] = msg.content.array_records[pv.MASKED]["vector"].numpy()
+            rows.append((1.0, metrics))
+            info = {k: str(v) for k, v in msg.content.config_records.get("site", {}).items()
+                    if k != "name"}
+            sites.append({"site": reply_site(msg), "metrics": metrics, "info": info,
+                          "secure": True})
+        sites.extend(missing)
+        if (skipped := self._skipped.pop(("train", r), None)) is not None:
+            self.history.record_train(r, None, sites, {}, error=skipped)
+            return None, None
+        run, start = self._runs.pop(r)
+        t0 = time.monotonic()
+        try:
+            unmask = self._ask(self._grid, run.unmask_instructions(masked))
+            total = run.total({n: (list(rep["nodes"]), list(rep["shares"]))
+                               for n, rep in unmask.items()})
+            mean, count = sv.decode(total, start, self.secure.bound, self.secure.levels)
+        except FedsplitError as e:
+            return self._short(r, sites, f"secure aggregation failed: {e}; global model unchanged")
+        if len(masked) < self.quorum:
+            return self._short(r, sites, f"only {len(masked)} masked replies, fewer than the "
+                                         f"quorum of {self.quorum}; global model unchanged")
+        arrays = {k: (np.asarray(start[k], np.float64) + mean[k]).astype(np.asarray(start[k]).dtype)
+                  for k in start}
+        seconds = {**self.stage_seconds.pop(r, {}), "unmask": time.monotonic() - t0}
+        report = AggregationReport(
+            strategy=self.aggregator.name, params={"secure": self.secure.to_spec()},
+            num_examples=count,
+            sites=[SiteReport(site=s["site"], num_examples=0, weight=0.0,
+                              flags=["secure: count and weight hidden"])
+                   for s in sites if not s.get("excluded")],
+            details={"secure_aggregation": {
+                "hospitals": len(masked), "dropped": len(run.u1) - len(run.u2),
+                "share_num": run.share_num, "threshold": run.threshold,
+                "quantisation_step": 2 * self.secure.bound / self.secure.levels,
+                "stage_seconds": seconds}},
+        )
+        result = AggregateResult(arrays, count, report)
+        metrics = weighted_mean(rows)
+        optimizer = getattr(self, "server_optimizer", None)
+        if optimizer is not None:  # the secure mean is the pseudo-gradient's target, as in plain runs
+            arrays = optimizer.step(start, result.arrays)
+            self.history.record_train(r, result, sites, metrics, arrays=arrays, server_opt=optimizer)
+        else:
+            self.history.record_train(r, result, sites, metrics)
+        self.record_epsilon(r)
+        return Update(arrays=arrays, num_examples=count).to_array_record(), MetricRecord(metrics)
