@@ -112,7 +112,9 @@ def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: s
             if rc in FATAL_EXIT_CODES:
                 raise SiteAgentError(f"{name}: the SuperNode stopped because "
                                      f"{FATAL_EXIT_CODES[rc]}. Received: exit {rc}: {tail}")
-            recent = seen[-20:]
+            # the whole output of this SuperNode run: Flower's refusal line can be followed by a
+            # long traceback (seen: ~70 lines), so a short tail would miss it
+            recent = seen  # (at most the last 200 lines, see _pump)
             if any(NO_KEY.search(line) for line in recent):
                 raise SiteAgentError(
                     f"{name}: the SuperLink requires node authentication: start the agent with "
