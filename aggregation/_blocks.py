@@ -3,18 +3,20 @@
 Robust rules (median, trimmed mean, Krum) need, for every coordinate, the values of all N
 updates at once. Flower stacks all N copies of every layer (and Krum flattens a second full
 copy of every update). Here the model is cut into flat, contiguous blocks of coordinates and,
-for each block, the N updates' values are read into one reusable ``(N, b)`` buffer: straight
-from the HDF5 dataset when the update is an open `protocol.WeightFile` (its `read_into`, one
-hyperslab read; the weight format has one owner, protocol/weights.py), by slicing when it is
-an in-memory `protocol.Update`. The block length ``b`` is chosen so that the buffer plus the
-reducer's own working memory stay under the budget, whatever N. Strategies supply only the
-reducer that turns a stacked block into aggregate values.
+for each block, the N updates' values are read into one reusable ``(N, b)`` buffer: from the
+file's memory-mapped pages when the update is an open `protocol.WeightFile` whose parameter
+is stored contiguous (`WeightFile.mapped`), else straight from the HDF5 dataset (its
+`read_into`, one hyperslab read; the weight format has one owner, protocol/weights.py), by
+slicing when it is an in-memory `protocol.Update`. The block length ``b`` is chosen so that
+the buffer plus the reducer's own working memory stay under the budget, whatever N.
+Strategies supply only the reducer that turns a stacked block into aggregate values.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,6 +31,10 @@ from protocol.weights import WeightFile
 
 #: Default working-memory budget of a robust aggregation (bytes): 512 MiB.
 DEFAULT_MEMORY_BUDGET = 512 * 1024**2
+
+#: Whether a reader drops a mapped weight-file block's pages once it is done with it, so the
+#: process's resident memory holds about one block per file (``FEDSPLIT_UNMAP=0``: keep them).
+UNMAP_DONE = os.environ.get("FEDSPLIT_UNMAP", "1") != "0"
 
 #: Largest stacked buffer worth allocating even when the budget allows more: bigger blocks
 #: only add page faults, while reads (one per update per block) are already large.
@@ -209,10 +215,15 @@ def plan_blocks(specs: Sequence[ArraySpec], max_values: int) -> list[Block]:
 class BlockReader:
     """Reads blocks of one update into caller-provided 1-D buffers.
 
-    Weight files are read with `protocol.WeightFile.read_into` (one low-level hyperslab read
-    straight into the buffer; HDF5 converts byte order and float16 -> float32/64 on the way; a
-    damaged chunk raises `WeightFileError` with reason ``corrupt``). In-memory updates are
-    sliced.
+    Weight files are viewed or copied from their mapped pages when `WeightFile.mapped` maps
+    the parameter (contiguous, native byte order); otherwise read with
+    `protocol.WeightFile.read_into` (one low-level hyperslab read straight into the buffer;
+    HDF5 converts byte order and float16 -> float32/64 on the way; a damaged chunk raises
+    `WeightFileError` with reason ``corrupt``). In-memory updates are sliced. A mapped block's
+    pages are dropped from the process (`WeightFile.unmap`) when the next block is asked for:
+    a view stays valid (its pages are mapped again from the page cache if touched), it just
+    stops counting in the resident memory. With a `Watched` source (and ``check_values``),
+    every block handed out is checked finite and a failure flags the watch.
     """
 
     def __init__(self, source: UpdateSource, *, check_values: bool = True) -> None:
@@ -222,6 +233,16 @@ class BlockReader:
         self._file = self.source if isinstance(self.source, WeightFile) else None
         self._update = self.source if isinstance(self.source, Update) else None
         self._cached: tuple[str, np.ndarray] | None = None
+        self._viewed: Block | None = None  # the mapped block last handed out by `view`
+
+    def _mapped(self, name: str) -> np.ndarray | None:
+        """The parameter mapped from its weight file (`WeightFile.mapped`), or None."""
+        return self._file.mapped(name) if self._file is not None else None
+
+    def _unmap(self, block: Block | None) -> None:
+        """Drop a mapped block's pages from the process (they stay in the page cache)."""
+        if block is not None and self._file is not None and UNMAP_DONE:
+            self._file.unmap(block.name, block.start, block.stop)
 
     def _flat(self, name: str) -> np.ndarray:
         if self._update is not None and self._update.arrays[name].flags.c_contiguous:
@@ -247,7 +268,11 @@ class BlockReader:
 
     def read(self, block: Block, out: np.ndarray) -> None:
         """Fill ``out`` (1-D, ``block.size`` values, any float dtype) with the block's values."""
-        if self._file is not None:
+        mapped = self._mapped(block.name)
+        if mapped is not None:
+            np.copyto(out, mapped[block.start : block.stop], casting="same_kind")
+            self._unmap(block)
+        elif self._file is not None:
             self._read_file(block, out)
         else:
             np.copyto(out, self._flat(block.name)[block.start : block.stop], casting="same_kind")
@@ -255,17 +280,26 @@ class BlockReader:
             self.watch.flag()
 
     def view(self, block: Block) -> np.ndarray | None:
-        """The block's values without copying when the update is in memory, else None."""
-        if self._update is None:
-            return None
-        values = self._flat(block.name)[block.start : block.stop]
+        """The block's values without copying (an in-memory update, a mapped file), else None."""
+        if self._update is not None:
+            values = self._flat(block.name)[block.start : block.stop]
+        else:
+            mapped = self._mapped(block.name)
+            if mapped is None:
+                return None
+            self._unmap(self._viewed)  # the caller is done with the previous block
+            self._viewed = block
+            values = mapped[block.start : block.stop]
         if self.watch is not None and not all_finite(values):
             self.watch.flag()
         return values
 
     def release(self) -> None:
-        """Forget a cached parameter (for sources that materialise arrays)."""
+        """Forget a cached parameter (for sources that materialise arrays) and drop the pages
+        of the last mapped block viewed."""
         self._cached = None
+        self._unmap(self._viewed)
+        self._viewed = None
 
 
 def check_budget(memory_budget: object) -> None:

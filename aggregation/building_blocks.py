@@ -50,7 +50,7 @@ from aggregation._blocks import (
     work_dtype,
 )
 from aggregation._device import active_device
-from aggregation._kernels import compiled, kernel_dtype
+from aggregation._kernels import kernel_dtype, streamed
 from aggregation._threads import map_threads, round_robin, threads_for
 from aggregation.base import AggregateResult, AggregationReport, AggregationStrategy, SiteReport
 from aggregation.compat import check_compatible
@@ -272,7 +272,7 @@ def weighted_mean(
     )
     blocks = [(b, flat_view(arrays, b)) for b in plan.blocks]
     per_dtype = {s.dtype: share.astype(work_dtype(s.dtype)) for s in specs}
-    kernels = compiled(values)
+    kernels = streamed(values)
     sums = [_BlockSum(updates, per_dtype, kernels) for _ in range(plan.threads)]
     map_threads(_BlockSum.run, plan.threads, sums, round_robin(blocks, plan.threads))
     flag_non_finite(updates, list(arrays.values()))
@@ -306,7 +306,7 @@ def distances_to(
         dist, working = device.distances(updates, specs, arrays, memory_budget)
         flag_non_finite(updates, [dist])
         return DistancePass(dist, working)
-    kernels = compiled(values)
+    kernels = streamed(values)
     work = max((work_dtype(s.dtype) for s in specs), key=lambda d: d.itemsize)
     plan = plan_stream(
         specs, len(updates), bytes_per_coordinate=work.itemsize, memory_budget=memory_budget

@@ -81,7 +81,7 @@ def _aggregate(
         watch = ValueWatch()
         try:
             result = _guarded(*args, watch=watch)
-        except Exception:  # noqa: BLE001 - redone below with the full scan, which decides
+        except Exception:  # redone below with the full scan, which decides
             watch.flag()
         if not watch.flagged:
             return result

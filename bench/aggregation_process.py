@@ -9,8 +9,9 @@ and on the same files (page cache warm: every file is read once first):
   Flower's reference function and writes the result with h5py.
 
 It also measures start-up (the interpreter alone, ``import cli.aggregate``, and whether torch
-or flwr got imported) and the read rate of block-wise HDF5 reads (`aggregation._blocks`'s
-reader, as a stacked pass reads) against a plain sequential ``read()`` of the same bytes.
+or flwr got imported) and the read rate of block-wise reads (`aggregation._blocks`'s reader, as
+a stacked pass reads: from the memory-mapped files, and through HDF5 calls with
+``FEDSPLIT_MMAP=0``) against a plain sequential ``read()`` of the same bytes.
 
     .venv/bin/python bench/aggregation_process.py --n 30 --params 10M
 """
@@ -86,10 +87,8 @@ def startup() -> dict[str, Any]:
 
 
 def read_rates(paths: list[Path]) -> dict[str, float]:
-    """GB/s of block-wise HDF5 reads (as a stacked pass) and of a plain read of the same files."""
-    from aggregation._blocks import BLOCK_CAP_BYTES, BlockReader, plan_blocks
-    from protocol import open_weights
-
+    """GB/s of block-wise reads (as a stacked pass: mapped, then HDF5 calls) and of a plain
+    read of the same files."""
     nbytes = 0
     start = time.perf_counter()
     for p in paths:
@@ -97,6 +96,25 @@ def read_rates(paths: list[Path]) -> dict[str, float]:
             while chunk := f.read(64 * 2**20):
                 nbytes += len(chunk)
     plain = nbytes / (time.perf_counter() - start) / 1e9
+    rates = {"plain_read_gbps": plain, "file_bytes": nbytes}
+    for key, flag in (("mapped_block_read_gbps", "1"), ("hdf5_block_read_gbps", "0")):
+        before = os.environ.get("FEDSPLIT_MMAP")
+        os.environ["FEDSPLIT_MMAP"] = flag
+        try:
+            rates[key] = _block_rate(paths)
+        finally:
+            if before is None:
+                os.environ.pop("FEDSPLIT_MMAP")
+            else:
+                os.environ["FEDSPLIT_MMAP"] = before
+    return rates
+
+
+def _block_rate(paths: list[Path]) -> float:
+    """GB/s of reading every block of ``paths`` into one buffer, as a stacked pass does."""
+    from aggregation._blocks import BLOCK_CAP_BYTES, BlockReader, plan_blocks
+    from protocol import open_weights
+
     files = [open_weights(p) for p in paths]
     try:
         specs = files[0].header.specs
@@ -109,11 +127,10 @@ def read_rates(paths: list[Path]) -> dict[str, float]:
             for r in readers:
                 r.read(block, buf[: block.size])
                 payload += block.size * 4
-        blocks = payload / (time.perf_counter() - start) / 1e9
+        return payload / (time.perf_counter() - start) / 1e9
     finally:
         for f in files:
             f.close()
-    return {"plain_read_gbps": plain, "hdf5_block_read_gbps": blocks, "file_bytes": nbytes}
 
 
 def whole_process(
@@ -177,9 +194,11 @@ def report(paths: list[Path], rules: list[str], *, flower: bool, repeat: int = 1
     rates = read_rates(paths)  # first pass warms the page cache
     rates = read_rates(paths)
     print(f"reading {rates['file_bytes'] / 1e9:.2f} GB of weight files (page cache): plain "
-          f"sequential read {rates['plain_read_gbps']:.1f} GB/s, HDF5 block reads "
-          f"{rates['hdf5_block_read_gbps']:.1f} GB/s "
-          f"({100 * rates['hdf5_block_read_gbps'] / rates['plain_read_gbps']:.0f}%)", flush=True)
+          f"sequential read {rates['plain_read_gbps']:.1f} GB/s, block reads "
+          f"{rates['mapped_block_read_gbps']:.1f} GB/s mapped "
+          f"({100 * rates['mapped_block_read_gbps'] / rates['plain_read_gbps']:.0f}%), "
+          f"{rates['hdf5_block_read_gbps']:.1f} GB/s through HDF5 calls (FEDSPLIT_MMAP=0)",
+          flush=True)
     print(f"whole process over {len(paths)} files: `fedsplit aggregate` vs Flower reading them "
           f"with h5py + its reference function (both write the model)", flush=True)
     rows = whole_process(paths, rules, flower=flower, repeat=repeat)

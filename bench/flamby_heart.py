@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> dict:
     for strategy in args.strategies.split(","):
         for seed in range(args.seeds):
             cfg = RunConfig(num_server_rounds=args.rounds, local_steps=args.local_steps,
-                            lr=args.lr, batch_size=args.batch_size, hidden="none",
+                            lr=args.lr, batch_size=args.batch_size, hidden=args.hidden,
+                            na_values=args.na_values,
                             target=HEART_TARGET, id_column=HEART_ID, seed=seed,
                             val_fraction=0.05, resume=False, **RUNS[strategy])
             began = time.perf_counter()
@@ -100,8 +101,10 @@ def _mean(values: list[float]) -> str:
 def report(results: dict) -> None:
     runs = results["runs"]
     first = next(iter(runs.values()))
+    extra = results["config"].get("na_values")
     print(f"\nFed-Heart-Disease, FLamby's protocol, {len(first)} seed(s): mean per-hospital "
-          f"accuracy on each hospital's own test patients")
+          f"accuracy on each hospital's own test patients"
+          f"{f' (--na-values {extra})' if extra else ''}")
     print(f"{'run':<28}{'fedsplit':>18}{'FLamby':>10}")
     central = [r["centralized_mean_per_site"] for r in first]
     print(f"{'pooled training':<28}{_mean(central):>18}{FLAMBY['pooled']:>10.3f}")
@@ -128,6 +131,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--test-fraction", type=float, default=1 / 3)
+    parser.add_argument("--hidden", default="none",
+                        help="none: logistic regression (FLamby's model), or MLP widths")
+    parser.add_argument("--na-values", default="",
+                        help="e.g. chol=0: Switzerland's placeholder cholesterol as missing")
     parser.add_argument("--out", default="runs/flamby-heart")
     args = parser.parse_args()
     unknown = [s for s in args.strategies.split(",") if s not in RUNS]

@@ -72,7 +72,8 @@ def simulate(
     ] = None,
     na_values: Annotated[
         str, typer.Option(help="Extra missing-value markers, comma-separated (besides empty, NA, "
-                               "N/A, NaN, null, None, ?).")
+                               "N/A, NaN, null, None, ?): VALUE for every column, COLUMN=VALUE "
+                               "for one (e.g. chol=0).")
     ] = "",
     min_category_count: Annotated[
         int, typer.Option(min=1, help="A text category with fewer rows at a hospital is withheld "
@@ -142,6 +143,12 @@ def simulate(
                                "hospital] planned for --rounds (docs/privacy.md); runs the "
                                "privacy audit at the end. none = off.")
     ] = "none",
+    secure_aggregation: Annotated[
+        str, typer.Option(help="Secure aggregation (SecAgg+): on, or bound=B[,levels=L]"
+                               "[,neighbours=K][,threshold=T]; the coordinator sees only the sum "
+                               "of the count-weighted changes and the total count "
+                               "(docs/privacy.md). none = off.")
+    ] = "none",
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
@@ -170,10 +177,12 @@ def simulate(
     ParallelConfig.parse(parallel)
     check_attack(attack, attackers, (len(site) if site else 4 if dataset == HEART else sites)
                  - len(leave_out or []))
-    from protocol.privacy import DPSpec, check_run
+    from protocol.privacy import DPSpec, SecureSpec, check_run
 
     dp_spec = DPSpec.parse(dp, rounds=rounds)
-    check_run(dp=dp_spec.to_spec() if dp_spec else "", secure="", strategy=strategy,
+    secure_spec = SecureSpec.parse(secure_aggregation)
+    check_run(dp=dp_spec.to_spec() if dp_spec else "",
+              secure=secure_spec.to_spec() if secure_spec else "", strategy=strategy,
               attack=attack, norm=norm, proximal_mu=proximal_mu, parallel=parallel)
     cfg = RunConfig.from_flower(dict(  # validated: a bad --task or --norm is a ConfigError
         num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
@@ -184,6 +193,7 @@ def simulate(
         server_tau=server_tau, server_momentum=server_momentum, hidden=hidden,
         id_column=id_column, ignore_columns=",".join(ignore_column or []), na_values=na_values,
         min_category_count=min_category_count, dp=dp_spec.to_spec() if dp_spec else "",
+        secure_aggregation=secure_spec.to_spec() if secure_spec else "",
     ))
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [],
                      num_sites=len(site) if site else 4 if dataset == HEART else sites,

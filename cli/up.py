@@ -101,22 +101,30 @@ def up(
                                                   "coordinator and this command both see).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue an unfinished run in OUT after its last "
                                               "completed round (--no-resume: start over).")] = True,
+    secure_aggregation: Annotated[
+        str, typer.Option(help="Secure aggregation (SecAgg+): on, or bound=B[,levels=L]"
+                               "[,neighbours=K][,threshold=T] (docs/privacy.md). none = off.")
+    ] = "none",
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
     from orchestration.experiment import prepare_partitions
     from orchestration.fingerprint import data_fingerprint
     from orchestration.flower_runtime import attach
     from orchestration.local_federation import LocalFederation, Site
+    from protocol.privacy import SecureSpec, check_run
     from server.history import find_resume_point
 
     params = aggregation.parse_param_pairs(param or [])
     aggregation.get_strategy(strategy, params)  # fail fast on a bad name or value
+    secure = SecureSpec.parse(secure_aggregation)
+    check_run(dp="", secure=secure.to_spec() if secure else "", strategy=strategy)
     work = work.resolve()
     out = (out or work / "out").resolve()
     cfg = RunConfig(
         num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
         local_epochs=local_epochs, lr=lr, seed=seed, out_dir=str(out), min_nodes=sites,
         quorum=quorum, round_timeout=round_timeout, resume=resume,
+        secure_aggregation=secure.to_spec() if secure else "",
     )
     started = time.monotonic()
     if superlink is not None:  # the hospitals hold their own data: no fingerprint from here

@@ -30,6 +30,7 @@ from client.data import feature_stats
 from client.models import ModelSpec, build_model
 from client.parallel import fit_parallel
 from client.privacy.agent import patient_dp, train_private
+from client.secure.agent import handle_query, take_secure_record, train_reply
 from client.site import load_site, site_columns
 from client.train import (
     batches_per_epoch,
@@ -77,6 +78,12 @@ def stats(msg: Message, context: Context) -> Message:
     return Message(reply, reply_to=msg)
 
 
+@app.query("secagg")
+def secagg(msg: Message, context: Context) -> Message:
+    """Secure aggregation's setup, share-keys and unmask stages (`client.secure`)."""
+    return Message(handle_query(msg.content, msg.metadata.dst_node_id, context), reply_to=msg)
+
+
 @app.query("init")
 def init(msg: Message, context: Context) -> Message:
     """Reply with a freshly initialised model that carries the agreed statistics."""
@@ -116,6 +123,7 @@ def _hostile(context: Context, cfg: RunConfig) -> Attack | None:
 def train(msg: Message, context: Context) -> Message:
     """Train the global model on local rows; reply with weights, count and metrics."""
     cfg = RunConfig.from_flower(context.run_config)
+    secure = take_secure_record(msg.content)  # secure aggregation's collect stage, or None
     instruction = wire.parse_model_instruction(msg, wire.TRAIN)
     site = load_site(context.node_config, context.node_id, cfg, instruction.schema)
     model = _global_model(instruction)
@@ -138,7 +146,8 @@ def train(msg: Message, context: Context) -> Message:
         update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
         metrics = {"train-loss": loss, "on-gpu": int(device.type == "cuda"), "dp-epsilon": epsilon}
         site_info = {"name": site.name, "device": str(device)}
-        return Message(wire.build_train_reply(update, metrics, site_info), reply_to=msg)
+        return Message(train_reply(secure, context, instruction.arrays, update, metrics, site_info),
+                       reply_to=msg)
     rows = step_rows(len(x), steps, cfg.batch_size, seed)
     if rows is not None:  # exactly `steps` mini-batches: one pass over reshuffled repeats
         x, y = x[rows], y[rows]
@@ -160,7 +169,7 @@ def train(msg: Message, context: Context) -> Message:
         reply = wire.build_train_reply(poisoned, {wire.NUM_EXAMPLES: update.num_examples, **metrics},
                                        site_info)
     else:
-        reply = wire.build_train_reply(update, metrics, site_info)
+        reply = train_reply(secure, context, instruction.arrays, update, metrics, site_info)
     return Message(reply, reply_to=msg)
 
 

@@ -10,7 +10,8 @@ training rows, as they came, into its own folder and their fingerprint into the 
 schema merge the hospitals will run (a conflict stops here, with the same error). The
 federation runs in Flower's simulation engine; then the federated model, the centralized model
 and each hospital-alone model (the same model, trained to the same optimizer-step budget:
-`baseline_steps`) are scored on every hospital's test patients (``per_site``), their mean
+`baseline_steps`, keeping the round with the lowest loss on the hospitals' held-out
+evaluation rows) are scored on every hospital's test patients (``per_site``), their mean
 (``mean_per_site``, FLamby's convention) and the pooled test rows (``metrics``).
 """
 
@@ -285,11 +286,28 @@ def baseline_steps(site_rows: Sequence[int], cfg: RunConfig) -> tuple[int, list[
     return sum(per_site), per_site
 
 
-def train_baseline(train: Dataset, num_outputs: int, cfg: RunConfig, steps: int) -> SiteModel:
-    """Train the federation's model on ``train`` alone for ``steps`` optimizer steps."""
+def train_baseline(train: Dataset, val: Dataset, num_outputs: int, cfg: RunConfig,
+                   steps: int) -> SiteModel:
+    """Train the federation's model on ``train`` alone for ``steps`` optimizer steps.
+
+    The steps run in ``rounds`` chunks (like the federation's rounds); the model kept is the
+    chunk with the lowest loss on ``val`` (the same held-out rows the hospitals evaluate on,
+    never test rows), so a baseline loses neither by under- nor by over-training.
+    """
+    import copy
+
     model = _fresh_model(train, num_outputs, cfg)
-    fit_steps(model, train.x, train.y, steps=steps, lr=cfg.lr, batch_size=cfg.batch_size,
-              seed=cfg.seed)
+    rounds = cfg.num_server_rounds
+    best, best_loss = copy.deepcopy(model.state_dict()), float("inf")
+    for r in range(rounds):
+        chunk = steps // rounds + (1 if r < steps % rounds else 0)
+        if chunk:
+            fit_steps(model, train.x, train.y, steps=chunk, lr=cfg.lr, batch_size=cfg.batch_size,
+                      seed=cfg.seed * 100_003 + r + 1)
+        loss = score(model, val.x, val.y)["loss"]
+        if loss < best_loss:
+            best, best_loss = copy.deepcopy(model.state_dict()), loss
+    model.load_state_dict(best)
     return model
 
 
@@ -398,12 +416,15 @@ def run_experiment(
 
     stage("baselines: centralized and each hospital alone (same model, same optimizer steps)")
     # the rows each agent trains on: its file minus its own held-out evaluation rows
-    trains = {t.name: split_site(data[t.name][0], cfg.val_fraction, cfg.seed)[0] for t in joined}
+    splits = {t.name: split_site(data[t.name][0], cfg.val_fraction, cfg.seed) for t in joined}
+    trains = {name: train for name, (train, _) in splits.items()}
+    vals = {name: val for name, (_, val) in splits.items()}
     central_steps, site_steps = baseline_steps([len(t) for t in trains.values()], cfg)
-    centralized = train_baseline(_concat(list(trains.values())), num_outputs, cfg, central_steps)
+    centralized = train_baseline(_concat(list(trains.values())), _concat(list(vals.values())),
+                                 num_outputs, cfg, central_steps)
     local_only = [
         {"site": name, "num_examples": len(train), "steps": steps,
-         **evaluate(train_baseline(train, num_outputs, cfg, steps), tests)}
+         **evaluate(train_baseline(train, vals[name], num_outputs, cfg, steps), tests)}
         for (name, train), steps in zip(trains.items(), site_steps, strict=True)
     ]
     names = [t.name for t in joined]
@@ -459,6 +480,11 @@ def prepare_partitions(out: Path, dataset: str, sites: int, partition: str = "ii
     Returns hospital name -> its data file (for `orchestration.fingerprint.data_fingerprint`).
     """
     cfg = RunConfig(seed=seed)
+    if dataset == HEART:  # its own four hospitals; the run config's default target and no ID
+        tables = prepare_tables(Experiment(cfg=cfg, out=out, dataset=dataset))
+        for t in tables:
+            t.train = t.train.drop(columns=[HEART_ID]).rename(columns={HEART_TARGET: cfg.target})
+        return {t.name: write_site(t.train, out / t.name, cfg.target) for t in tables}
     tables = prepare_tables(Experiment(cfg=cfg, out=out, dataset=dataset, num_sites=sites,
                                        partition=partition))
     return {name: write_site(t.train, out / name, cfg.target)

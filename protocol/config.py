@@ -91,7 +91,7 @@ class RunConfig(BaseModel):
     na_values: str = Field(
         "", alias="na-values",
         description="Extra cell values read as missing, comma-separated (besides empty, NA, N/A, NaN, "
-                    "null, None and ?, any case).")
+                    "null, None and ?, any case): VALUE for every column, COLUMN=VALUE for one.")
     id_column: str = Field("", alias="id-column",
                            description="A patient ID column in site tables: never a feature, never sent.")
     ignore_columns: str = Field("", alias="ignore-columns",
@@ -126,12 +126,26 @@ class RunConfig(BaseModel):
                     "level=patient|hospital,epsilon=E,delta=D[,clip=C],rounds=R (the budget and "
                     "the rounds it is planned for; docs/privacy.md).")
 
+    secure_aggregation: str = Field(
+        "", alias="secure-aggregation",
+        description="Secure aggregation (SecAgg+, protocol/privacy.py): '' = off, or "
+                    "bound=B[,levels=L][,neighbours=K][,threshold=T] (each coordinate of a "
+                    "hospital's change must lie in [-B, B]; docs/privacy.md).")
+
     @field_validator("dp")
     @classmethod
     def _dp_spec(cls, value: str) -> str:
         from protocol.privacy import DPSpec
 
         DPSpec.parse(value)
+        return value
+
+    @field_validator("secure_aggregation")
+    @classmethod
+    def _secure_spec(cls, value: str) -> str:
+        from protocol.privacy import SecureSpec
+
+        SecureSpec.parse(value)
         return value
 
     @field_validator("strategy_params", "cohort_caps", "data_fingerprint")

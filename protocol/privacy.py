@@ -37,8 +37,9 @@ from protocol.errors import ConfigError, FederationError
 DP_LEVELS = ("patient", "hospital")
 #: Strategies that need to see every single update; secure aggregation hides them.
 NEEDS_SINGLE_UPDATES = frozenset({"median", "trimmed-mean", "krum", "multi-krum"})
-#: Strategies the secure round runs (one secure weighted average per round).
-SECURE_STRATEGIES = ("fedavg",)
+#: Strategies the secure round runs: fedavg (one secure weighted average per round) and
+#: geometric-median (then one more secure weighted average per smoothed Weiszfeld step).
+SECURE_STRATEGIES = ("fedavg", "geometric-median")
 
 
 class PrivacyBudgetError(FederationError):
@@ -199,16 +200,15 @@ def check_secure_strategy(strategy: str) -> None:
             f"Strategy {strategy} cannot run with secure aggregation: it compares the single "
             f"hospitals' updates, and under secure aggregation the coordinator sees only their "
             f"masked sum. Choose robust or secure: drop --secure-aggregation (robust rules need "
-            f"the single updates), or keep it with fedavg, the documented robust-enough default "
-            f"when each hospital's change is bounded (the secure range bound=B refuses larger "
-            f"ones at the hospital). Received: strategy={strategy}"
+            f"the single updates), or keep it with geometric-median (robust, each Weiszfeld step "
+            f"one secure weighted average) or fedavg, the documented robust-enough default when "
+            f"each hospital's change is bounded (the secure range bound=B refuses larger ones at "
+            f"the hospital). Received: strategy={strategy}"
         )
     if strategy not in SECURE_STRATEGIES:
         raise ConfigError(
-            f"Secure aggregation runs {', '.join(SECURE_STRATEGIES)} (one secure weighted average "
-            f"per round); geometric-median under secure aggregation (one secure average per "
-            f"Weiszfeld step) is not available yet. Drop --secure-aggregation or use fedavg. "
-            f"Received: strategy={strategy}")
+            f"Secure aggregation runs {', '.join(SECURE_STRATEGIES)} (secure weighted averages "
+            f"only). Drop --secure-aggregation or use one of them. Received: strategy={strategy}")
 
 
 # --- secure aggregation messages (an extension of protocol.horizontal_wire) -----------------
@@ -217,7 +217,8 @@ SECAGG_QUERY = "query.secagg"  # message type of the setup, share-keys and unmas
 MASKED = "masked"  # arrays record of a masked reply: one int64 vector
 STAGE = "stage"
 SETUP, SHARE, COLLECT, UNMASK = "setup", "share-keys", "collect", "unmask"
-STAGES = (SETUP, SHARE, COLLECT, UNMASK)
+POINT = "point"  # a Weiszfeld step's collect stage: the broadcast point z in, a masked vector out
+STAGES = (SETUP, SHARE, COLLECT, POINT, UNMASK)
 
 #: stage -> (instruction keys, reply keys) of the ``secagg`` config record
 SECAGG_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
@@ -227,6 +228,8 @@ SECAGG_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
             frozenset({"dsts", "ciphertexts"})),
     COLLECT: (frozenset({STAGE, "srcs", "ciphertexts"}),
               frozenset({STAGE})),
+    POINT: (frozenset({STAGE, "srcs", "ciphertexts", "point", "scale", "nu"}),
+            frozenset({"masked"})),
     UNMASK: (frozenset({STAGE, "active", "dropped"}),
              frozenset({"nodes", "shares"})),
 }

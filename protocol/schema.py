@@ -28,9 +28,10 @@ written in several ways, columns in their own order. Three steps turn them into 
    as missing.
 
 Missing values are empty cells, ``NA``, ``N/A``, ``NaN``, ``null``, ``None`` and ``?`` (any case),
-plus the run's ``na-values``. The schema is JSON (``format`` ``fedsplit.schema``, ``version``
-1); it travels in the Flower stats/train/evaluate instructions and is stored in every weight
-file the coordinator writes, so a model scores raw files on its own.
+plus the run's ``na-values`` (``VALUE`` for every column, ``COLUMN=VALUE`` for one). The schema
+is JSON (``format`` ``fedsplit.schema``, ``version`` 1); it travels in the Flower
+stats/train/evaluate instructions and is stored in every weight file the coordinator writes, so
+a model scores raw files on its own.
 
 What the exchange reveals to the coordinator, per site: its row count, every column's name,
 kind, number of present and missing values, whether a numeric column is all 0/1, each text
@@ -86,9 +87,22 @@ def _cell(value: Any) -> str | None:
     return str(value).strip()
 
 
-def na_set(extra: Iterable[str] = ()) -> frozenset[str]:
-    """The lower-cased cells read as missing: `NA_MARKERS` plus ``extra``."""
-    return frozenset(NA_MARKERS) | {str(v).strip().lower() for v in extra}
+def na_set(extra: Iterable[str] = (), column: str | None = None) -> frozenset[str]:
+    """The lower-cased cells read as missing in ``column``: `NA_MARKERS` plus ``extra``.
+
+    An ``extra`` entry ``COLUMN=VALUE`` applies to that column only (``chol=0``: a cholesterol
+    of 0 is a placeholder); any other entry applies to every column. A numeric marker also
+    matches the same number written otherwise (``0`` matches ``0.0``).
+    """
+    out = set(NA_MARKERS)
+    for entry in extra:
+        text = str(entry).strip()
+        name, sep, value = text.partition("=")
+        if not sep:
+            out.add(text.lower())
+        elif column is not None and name.strip() == column:
+            out.add(value.strip().lower())
+    return frozenset(out)
 
 
 def _number(text: str) -> float | None:
@@ -112,9 +126,12 @@ class RawColumn:
 def read_column(name: str, values: Sequence[Any], missing: frozenset[str]) -> RawColumn:
     """Classify a column: all numbers -> numeric; all boolean words -> boolean; else categorical."""
     cells: list[str | None] = []
+    numeric_markers = {n for n in (_number(m) for m in missing) if n is not None}
     for v in values:
         text = _cell(v)
-        cells.append(None if text is None or text.lower() in missing else text)
+        gap = text is None or text.lower() in missing or (
+            bool(numeric_markers) and _number(text) in numeric_markers)
+        cells.append(None if gap else text)
     present = [c for c in cells if c is not None]
     if not present:
         return RawColumn(name, cells, "empty", np.full(len(cells), np.nan))
@@ -266,10 +283,9 @@ def column_report(site: str, frame: Any, settings: TableSettings) -> SiteColumns
     """A site's report on its table (a DataFrame): one `ColumnReport` per feature column."""
     where = f"Hospital {site}'s table"
     features = split_columns(list(frame.columns), settings, where=where)
-    missing = na_set(settings.na_values)
     reports = []
     for name in features:
-        col = read_column(name, frame[name].tolist(), missing)
+        col = read_column(name, frame[name].tolist(), na_set(settings.na_values, name))
         present = [c for c in col.cells if c is not None]
         cats: dict[str, int] = {}
         withheld = 0
@@ -285,7 +301,8 @@ def column_report(site: str, frame: Any, settings: TableSettings) -> SiteColumns
             binary = bool(np.all((values == 0) | (values == 1)))
         reports.append(ColumnReport(name, col.kind, len(present), len(col.cells) - len(present),
                                     binary, cats, withheld))
-    target = read_column(settings.target, frame[settings.target].tolist(), missing)
+    target = read_column(settings.target, frame[settings.target].tolist(),
+                         na_set(settings.na_values, settings.target))
     gaps = sum(c is None for c in target.cells)
     if gaps:
         raise ConfigError(
@@ -569,7 +586,8 @@ def moment_warnings(schema: Schema, sites: Mapping[str, tuple[np.ndarray, np.nda
                 if any(max(o[2] / o[0] - (o[1] / o[0]) ** 2, 0.0) > 1e-12 for o in others):
                     out.append(f"column {col.name!r} is constant at {site} ({mean:g} in all {int(n)} "
                                f"rows) but varies elsewhere: a placeholder for missing values? "
-                               f"Declare it with --na-values or leave the column out")
+                               f"Declare it with --na-values {col.name}={mean:g}, or leave the "
+                               f"column out")
                 continue
             if not others:
                 continue
@@ -607,11 +625,10 @@ def encode_frame(schema: Schema, frame: Any, *, where: str, need_target: bool = 
             f"{where} lacks column(s) the model needs: {', '.join(lacking)} (empty cells are "
             f"fine when the values are unknown). Received: columns {present}"
         )
-    missing = na_set(settings.na_values)
     n = len(frame)
     parts: list[np.ndarray] = []
     for col in schema.columns:
-        raw = read_column(col.name, frame[col.name].tolist(), missing)
+        raw = read_column(col.name, frame[col.name].tolist(), na_set(settings.na_values, col.name))
         gap = np.array([c is None for c in raw.cells])
         if col.kind == "numeric":
             if raw.kind not in ("numeric", "empty"):
@@ -651,8 +668,7 @@ def encode_frame(schema: Schema, frame: Any, *, where: str, need_target: bool = 
 
 def encode_target(schema: Schema, values: Sequence[Any], *, where: str) -> np.ndarray:
     """Class indices into ``schema.labels``, or float32 regression values."""
-    missing = na_set(schema.na_values)
-    col = read_column(schema.target, values, missing)
+    col = read_column(schema.target, values, na_set(schema.na_values, schema.target))
     if any(c is None for c in col.cells):
         raise ConfigError(f"{where}: target column {schema.target!r} has missing values; drop "
                           f"those rows first. Received: {sum(c is None for c in col.cells)} missing")

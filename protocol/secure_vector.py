@@ -32,6 +32,7 @@ import numpy as np
 from protocol.errors import UpdateError
 
 MODULUS = 1 << 62
+_LOW = np.int64(MODULUS - 1)  # x mod 2^62 == x & (2^62 - 1), also for negative int64 x
 
 
 def out_of_range(delta: Mapping[str, np.ndarray], bound: float) -> tuple[str, float] | None:
@@ -99,13 +100,13 @@ def mask(seed: bytes, size: int) -> np.ndarray:
 
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``(a + b) mod M`` for values in ``[0, M)``."""
-    return (a + b) % MODULUS
+    """``(a + b) mod M`` for values in ``[0, M)`` (the sum stays below 2^63)."""
+    return (a + b) & _LOW
 
 
 def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``(a - b) mod M`` for values in ``[0, M)``."""
-    return (a - b) % MODULUS
+    """``(a - b) mod M`` for values in ``[0, M)`` (two's complement: the mask is exact)."""
+    return (a - b) & _LOW
 
 
 def neighbours(nodes: Sequence[int], share_num: int) -> dict[int, list[int]]:
@@ -126,3 +127,74 @@ def neighbours(nodes: Sequence[int], share_num: int) -> dict[int, list[int]]:
             step += 1
         out[node] = sorted(picked)
     return out
+
+
+# --- Weiszfeld steps of the geometric median under secure aggregation -----------------------
+#: Resolution of a hospital's Weiszfeld weight: a_k = round(2^WEIGHT_BITS n_k D / max(nu', dist)).
+WEIGHT_BITS = 10
+#: Resolution of a distance: dist / (2 B sqrt(P)) in units of 2^-DIST_BITS.
+DIST_BITS = 36
+
+
+def flat(delta: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A change as one float64 vector, arrays in name order (the order `encode` uses)."""
+    parts = [np.asarray(delta[n], dtype=np.float64).reshape(-1) for n in sorted(delta)]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def max_distance(size: int, bound: float) -> float:
+    """The largest distance two changes in ``[-B, B]^P`` can have: ``2 B sqrt(P)``."""
+    return 2.0 * bound * float(np.sqrt(max(size, 1)))
+
+
+def weiszfeld_weight(count: int, distance: float, scale: float, nu: float) -> int:
+    """Hospital k's integer Weiszfeld weight for one step (see `encode_weiszfeld`)."""
+    nu_eff = max(nu, scale * 2.0 ** -WEIGHT_BITS)
+    return round((1 << WEIGHT_BITS) * count * scale / max(nu_eff, distance))
+
+
+def encode_weiszfeld(delta: Mapping[str, np.ndarray], count: int, point: np.ndarray,
+                     scale: float, nu: float, bound: float, levels: int) -> np.ndarray:
+    """One smoothed-Weiszfeld step's vector ``[a_k q(d_k), a_k, n_k, n_k * dist_k]``.
+
+    ``dist_k = ||d_k - z||`` to the broadcast point z; the weight alpha_k = n_k / max(nu,
+    dist_k) is sent in fixed point relative to the broadcast scale D (the mean distance of
+    the previous step): ``a_k = round(2^10 n_k D / max(nu', dist_k))`` with
+    ``nu' = max(nu, D 2^-10)`` (weights are only defined up to a common factor; nu' caps a
+    weight at 2^20 n_k). The sum gives the next point ``sum a_k d_k / sum a_k``, the total
+    count and the objective ``g(z) = sum n_k dist_k`` (in units of ``2 B sqrt(P) 2^-36``).
+    A hospital whose weight rounds to 0 (farther than 2^11 D) sends a zero contribution.
+    """
+    from flwr.common.secure_aggregation.quantization import quantize
+
+    d = flat(delta)
+    if (bad := out_of_range(delta, bound)) is not None:
+        raise UpdateError(f"This hospital's update leaves [-{bound}, {bound}] ({bad[0]}). "
+                          f"Received: max |change| {bad[1]:.4g}")
+    if point.shape != d.shape or not np.all(np.isfinite(point)):
+        raise UpdateError(f"The broadcast Weiszfeld point must be {d.size} finite values. "
+                          f"Received: shape {point.shape}")
+    distance = float(np.linalg.norm(d - point))
+    weight = weiszfeld_weight(count, distance, scale, nu)
+    body = np.concatenate([a.astype(np.int64) for a in quantize([d], bound, levels)])
+    far = round(distance / max_distance(d.size, bound) * (1 << DIST_BITS))
+    if weight * levels >= MODULUS or count * (1 << DIST_BITS) >= MODULUS:
+        raise UpdateError(f"A Weiszfeld weight {weight} or count {count} does not fit the "
+                          f"modulus. Received: weight {weight}, count {count}")
+    return np.r_[body * np.int64(weight), np.int64(weight), np.int64(count),
+                 np.int64(count) * np.int64(far)].astype(np.int64)
+
+
+def decode_weiszfeld(total: np.ndarray, like: Mapping[str, np.ndarray], bound: float,
+                     levels: int) -> tuple[dict[str, np.ndarray], int, int, float]:
+    """(next point shaped like ``like``, weight sum, total count, objective g) from a sum."""
+    size = vector_size(like) - 1
+    count, far = int(total[-2]), int(total[-1])
+    if count < 1 or len(total) != size + 3:
+        raise UpdateError(f"A Weiszfeld sum holds {size} values, a weight, a count and a "
+                          f"distance sum. Received: {len(total)} entries, count {count}")
+    objective = far / (1 << DIST_BITS) * max_distance(size, bound)
+    if int(total[-3]) < 1:  # every hospital is far: nothing to move to; the caller keeps z
+        return {}, 0, count, objective
+    point, weight = decode(total[:-2], like, bound, levels)
+    return point, weight, count, objective

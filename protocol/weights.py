@@ -24,8 +24,12 @@ never sees a half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import mmap
 import os
+import sys
+import threading
 from pathlib import Path
 from typing import IO, Any
 
@@ -93,6 +97,10 @@ class WeightFile:
         self._group_id: Any = None  # low-level id of /arrays, looked up once
         self._dataset_ids: dict[str, Any] = {}  # low-level dataset ids by parameter name
         self._specs = {spec.name: spec for spec in header.specs}
+        self._map: mmap.mmap | None = None  # the whole file, mapped read-only on first use
+        self._mapped: dict[str, np.ndarray | None] = {}
+        self._map_address: int | None = None
+        self._map_lock = threading.Lock()
 
     @property
     def header(self) -> UpdateHeader:
@@ -208,6 +216,83 @@ class WeightFile:
                 reason="corrupt",
             ) from e
 
+    def mapped(self, name: str) -> np.ndarray | None:
+        """Parameter ``name``'s values as a flat array mapped from the file, or None.
+
+        Without a copy: the array is a view of the file's pages (page cache), so a pass reads
+        the values where they lie instead of copying them into a buffer first. Given only
+        for a file opened from a path whose parameter is stored contiguous (no filters),
+        allocated, aligned, inside the file and in this machine's byte order; None otherwise
+        (`read_into` then reads it). Values are not checked finite here, like `read_into`.
+        The mapping is copy-on-write: writing to the array changes this process's copy only.
+        The mapping is of the file HDF5 opened (its own descriptor), so a file renamed over
+        it later is not seen; a file truncated in place while open would fault, which
+        fedsplit never does (it writes weight files atomically, by rename). ``FEDSPLIT_MMAP=0``
+        turns mapping off.
+        """
+        if name in self._mapped:
+            return self._mapped[name]
+        spec = self._spec(name)
+        with self._map_lock:  # passes share a file between threads: map it once
+            if name not in self._mapped:
+                try:
+                    self._mapped[name] = self._map_dataset(name, spec)
+                except (OSError, ValueError, RuntimeError, KeyError):
+                    self._mapped[name] = None  # read_into reads it (and names a damaged file)
+            return self._mapped[name]
+
+    def unmap(self, name: str, start: int, stop: int) -> None:
+        """Drop the mapped pages of values ``[start, stop)`` of parameter ``name`` from this
+        process (`mapped`): they stay in the page cache and are mapped again when read, so a
+        pass that is done with a block keeps its resident memory at one block per file.
+        """
+        view = self._mapped.get(name)
+        if view is None or self._map is None or stop <= start:
+            return
+        base = view.__array_interface__["data"][0] - self._base_address()
+        first = base + start * view.itemsize
+        last = base + stop * view.itemsize
+        first += -first % mmap.PAGESIZE  # whole pages inside the range only
+        last -= last % mmap.PAGESIZE
+        if last > first:
+            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+    def _base_address(self) -> int:
+        assert self._map is not None
+        if self._map_address is None:
+            probe = np.frombuffer(self._map, dtype=np.uint8, count=1)
+            self._map_address = probe.__array_interface__["data"][0]
+        return self._map_address
+
+    def _map_dataset(self, name: str, spec: ArraySpec) -> np.ndarray | None:
+        if os.environ.get("FEDSPLIT_MMAP", "1") == "0" or spec.size == 0:
+            return None
+        if self._group_id is None:
+            self._group_id = self._file[ARRAYS_GROUP].id
+        dsid = self._dataset_ids.get(name)
+        if dsid is None:
+            dsid = self._dataset_ids[name] = h5d.open(self._group_id, name.encode("utf-8"))
+        plist = dsid.get_create_plist()
+        if plist.get_layout() != h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count():
+            return None
+        offset = dsid.get_offset()
+        dtype = dsid.dtype
+        native = dtype.byteorder == "=" or dtype.byteorder == {"little": "<", "big": ">"}[
+            sys.byteorder]
+        if offset is None or not native or dtype.newbyteorder("=") != spec.dtype:
+            return None
+        if offset % dtype.itemsize:
+            return None
+        if self._map is None:
+            if self._file.driver != "sec2":
+                return None
+            # copy-on-write: the arrays are writeable like in-memory ones (so compiled kernels
+            # see one array type), and a write would stay in this process, never the file
+            self._map = mmap.mmap(self._file.id.get_vfd_handle(), 0, access=mmap.ACCESS_COPY)
+        if offset + spec.size * dtype.itemsize > len(self._map):
+            return None
+        return np.frombuffer(self._map, dtype=spec.dtype, count=spec.size, offset=offset)
+
     def _spec(self, name: str) -> ArraySpec:
         spec = self._specs.get(name)
         if spec is not None:
@@ -236,6 +321,12 @@ class WeightFile:
         """Close the underlying HDF5 file."""
         self._dataset_ids.clear()
         self._group_id = None
+        self._mapped.clear()
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # arrays still view it: unmapped with them
+                self._map.close()
+            self._map = None
+            self._map_address = None
         self._file.close()
 
     def __enter__(self) -> WeightFile:

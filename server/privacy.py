@@ -5,7 +5,8 @@ per-hospital epsilon recorded in the history.
   metric); it is copied to each train site entry as ``epsilon``.
 - ``dp`` level ``hospital``: FedAvg of clipped changes plus noise (`aggregation.hospital_dp`),
   its noise multiplier planned for the run; every hospital's entry gets the run's epsilon.
-- secure aggregation: `server.secure.strategy.SecureStrategy` exists but is not selected yet.
+- ``secure-aggregation``: `server.secure.strategy.SecureStrategy` (SecAgg+ rounds; the
+  coordinator sees only the masked sum of count-weighted changes and the total count).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from flwr.serverapp import Grid
 from aggregation.base import AggregationStrategy
 from aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams, plan_sigma, spent
 from protocol.config import RunConfig
-from protocol.privacy import DPSpec, check_run
+from protocol.privacy import DPSpec, SecureSpec, check_run
 from server.strategy import RegistryStrategy
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ EPSILON_METRIC = "dp-epsilon"
 
 def privacy_aggregator(cfg: RunConfig, aggregator: AggregationStrategy) -> AggregationStrategy:
     """The run's aggregator under its privacy settings (refusing combinations that cannot work)."""
-    check_run(dp=cfg.dp, secure="", strategy=aggregator.name,
+    check_run(dp=cfg.dp, secure=cfg.secure_aggregation, strategy=aggregator.name,
               attack=cfg.attack, norm=cfg.norm, proximal_mu=cfg.proximal_mu, parallel=cfg.parallel)
     dp = DPSpec.parse(cfg.dp)
     if dp is None or dp.level != "hospital":
@@ -82,10 +83,12 @@ class PrivateStrategy(RegistryStrategy):
 
 
 def strategy_class(cfg: RunConfig) -> type[RegistryStrategy]:
-    """The strategy class the run needs: private (dp set) or the plain registry strategy.
+    """The strategy class the run needs: secure (secure-aggregation set), private (dp set) or
+    the plain registry strategy."""
+    if SecureSpec.parse(cfg.secure_aggregation) is not None:
+        from server.secure.strategy import SecureStrategy  # imports this module
 
-    `server.secure.strategy.SecureStrategy` is not selected yet: its Flower wiring does not
-    complete a round in the simulation engine (docs/privacy.md)."""
+        return SecureStrategy
     if DPSpec.parse(cfg.dp) is not None:
         return PrivateStrategy
     return RegistryStrategy
@@ -96,4 +99,7 @@ def strategy_kwargs(cfg: RunConfig) -> dict[str, Any]:
     cls = strategy_class(cfg)
     if cls is RegistryStrategy:
         return {}
-    return {"dp": DPSpec.parse(cfg.dp)}
+    if cls is PrivateStrategy:
+        return {"dp": DPSpec.parse(cfg.dp)}
+    return {"dp": DPSpec.parse(cfg.dp), "secure": SecureSpec.parse(cfg.secure_aggregation),
+            "timeout": cfg.round_timeout}

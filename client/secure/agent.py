@@ -13,9 +13,14 @@ from typing import Any
 import numpy as np
 
 from client.secure import secagg
+from protocol import horizontal_wire as wire
 from protocol import privacy as pv
 from protocol import secure_vector as sv
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, FederationError, UpdateError
+from protocol.update import Update
+
+UPDATE = "secagg-update"  # Context.state array record: this round's change
+UPDATE_COUNT = "secagg-update-count"  # Context.state config record: its count
 
 
 def handle_query(content: Any, node_id: int, context: Any) -> Any:
@@ -32,6 +37,8 @@ def handle_query(content: Any, node_id: int, context: Any) -> Any:
         reply = secagg.setup(context, node_id, config)
     elif stage == pv.SHARE:
         reply = secagg.share_keys(context, config)
+    elif stage == pv.POINT:
+        reply = {"masked": weiszfeld_masked(context, config).tobytes()}
     elif stage == pv.UNMASK:
         reply = secagg.unmask(context, config)
     else:
@@ -39,6 +46,22 @@ def handle_query(content: Any, node_id: int, context: Any) -> Any:
                           f"Received: stage={stage!r}")
     pv.check_secagg_record(reply, stage, reply=True)
     return RecordDict({pv.SECAGG: ConfigRecord(reply)})
+
+
+def weiszfeld_masked(context: Any, config: dict[str, Any]) -> np.ndarray:
+    """A Weiszfeld step's collect stage: this hospital's masked
+    ``[a_k q(d_k), a_k, n_k, n_k dist_k]`` for the broadcast point (`sv.encode_weiszfeld`)."""
+    state = secagg._state(context)
+    if not state or UPDATE not in context.state.array_records:
+        raise FederationError("A Weiszfeld step arrived but this hospital holds no secure "
+                              "update of this round (it did not train, or set up no keys). "
+                              "Received: stage point")
+    delta = {k: a.numpy() for k, a in context.state.array_records[UPDATE].items()}
+    count = int(context.state.config_records[UPDATE_COUNT]["count"])
+    point = np.frombuffer(bytes(config["point"]), dtype=np.float64)
+    vector = sv.encode_weiszfeld(delta, count, point, float(config["scale"]), float(config["nu"]),
+                                 float(state["bound"]), int(state["levels"]))
+    return secagg.masked_vector(context, config, vector)
 
 
 def take_secure_record(content: Any) -> dict[str, Any] | None:
@@ -51,19 +74,41 @@ def take_secure_record(content: Any) -> dict[str, Any] | None:
     return record
 
 
+def train_reply(secure: Mapping[str, Any] | None, context: Any, start: Mapping[str, np.ndarray],
+                update: Update, metrics: Mapping[str, Any], site_info: Mapping[str, str]) -> Any:
+    """The train reply: plain (weights and count, `protocol.horizontal_wire`) or, when the
+    instruction carried a ``secagg`` record, masked (`secure_train_reply`)."""
+    if secure is None:
+        return wire.build_train_reply(update, metrics, site_info)
+    return secure_train_reply(secure, context, start, update.arrays, update.num_examples,
+                              metrics, site_info)
+
+
 def secure_train_reply(record: Mapping[str, Any], context: Any, start: Mapping[str, np.ndarray],
                        trained: Mapping[str, np.ndarray], num_examples: int,
                        metrics: Mapping[str, Any], site_info: Mapping[str, str]) -> Any:
-    """The masked train reply: ``masked`` (one int64 vector), metrics and site, no weights."""
+    """The masked train reply: ``masked`` (one int64 vector), metrics and site; no weights and
+    no count (the count travels inside the masked vector)."""
     from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
     state = secagg._state(context)
+    if not state:
+        raise FederationError("A secure train instruction arrived but this hospital holds no "
+                              "secure-aggregation keys for the round (setup and share-keys did "
+                              "not reach it). Received: stage collect without setup")
+    if set(start) != set(trained):
+        raise UpdateError(f"The trained model's arrays differ from the global model's. "
+                          f"Received: {sorted(set(start) ^ set(trained))}")
     delta = {k: np.asarray(trained[k], np.float64) - np.asarray(start[k], np.float64)
              for k in start}
     vector = sv.encode(delta, int(num_examples), float(state["bound"]), int(state["levels"]))
     masked = secagg.masked_vector(context, record, vector)
-    values = {k: (int(v) if isinstance(v, int) else float(v)) for k, v in metrics.items()}
+    # kept for the Weiszfeld steps of a secure geometric median (never sent unmasked)
+    context.state.array_records[UPDATE] = ArrayRecord({k: Array(v) for k, v in delta.items()})
+    context.state.config_records[UPDATE_COUNT] = ConfigRecord({"count": int(num_examples)})
+    values = {k: (int(v) if isinstance(v, int) else float(v)) for k, v in metrics.items()
+              if k != wire.NUM_EXAMPLES}
     return RecordDict({pv.MASKED: ArrayRecord({"vector": Array(masked)}),
-                       "metrics": MetricRecord({"num-examples": int(num_examples), **values}),
+                       "metrics": MetricRecord(values),
                        "site": ConfigRecord({k: str(v) for k, v in site_info.items()}),
                        pv.SECAGG: ConfigRecord({pv.STAGE: pv.COLLECT})})

@@ -9,6 +9,9 @@ Each training round, after Flower samples the hospitals (`RegistryStrategy.confi
 4. (in `aggregate_train`) ``query.secagg`` stage ``unmask`` to those that replied; the sum is
    unmasked and decoded into the count-weighted mean change, added to the global model.
 
+With ``geometric-median`` the unmasked mean is z_0 of smoothed Weiszfeld steps, each one more
+secure sum (stages setup, share-keys, ``point``, unmask; `_weiszfeld`, docs/privacy.md).
+
 A hospital that fails or is late at stage 1 or 2 leaves the round; one that drops at 3 is
 removed with its neighbours' shares (up to the reconstruction threshold; `server.secure.secagg`).
 Training metrics other than the count (train loss, spent epsilon) travel in the clear and are
@@ -90,12 +93,77 @@ class SecureStrategy(PrivateStrategy):
             self._sent.pop(("train", r), None)
             return []
         self.stage_seconds[r] = {"setup": t1 - start, "share-keys": time.monotonic() - t1}
-        kept = [m for m in msgs if m.metadata.dst_node_id in collect]
-        for m in kept:
-            m.content[pv.SECAGG] = ConfigRecord(collect[m.metadata.dst_node_id])
+        kept = [self._with_record(m, ConfigRecord(collect[m.metadata.dst_node_id]))
+                for m in msgs if m.metadata.dst_node_id in collect]
         self._sent[("train", r)] = kept
         self._runs[r] = (run, {k: a.numpy() for k, a in arrays.items()})
         return kept
+
+    def _secure_step(self, r: int, nodes: list[int], point: np.ndarray, scale: float,
+                     start: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int, float,
+                                                            list[int]]:
+        """One smoothed-Weiszfeld step as one secure sum among ``nodes`` (fresh keys and masks):
+        (next point, total count, objective g(point), hospitals that took part)."""
+        grid = self._grid
+        run = SecureSum(self.secure, nodes, round=r)
+        setup = self._ask(grid, {n: run.setup_config() for n in run.nodes})
+        shared = self._ask(grid, run.share_instructions(
+            {n: (rep["pk1"], rep["pk2"]) for n, rep in setup.items()}))
+        collect = run.collect_instructions(
+            {n: (list(rep["dsts"]), list(rep["ciphertexts"])) for n, rep in shared.items()})
+        nu = float(self.aggregator.params.nu)
+        replies = self._ask(grid, {n: {**cfg, pv.STAGE: pv.POINT, "point": point.tobytes(),
+                                       "scale": float(scale), "nu": nu}
+                                   for n, cfg in collect.items()})
+        masked = {n: np.frombuffer(bytes(rep["masked"]), dtype=np.int64).copy()
+                  for n, rep in replies.items()}
+        unmask = self._ask(grid, run.unmask_instructions(masked))
+        total = run.total({n: (list(rep["nodes"]), list(rep["shares"]))
+                           for n, rep in unmask.items()})
+        nxt, _weight, count, objective = sv.decode_weiszfeld(total, start, self.secure.bound,
+                                                             self.secure.levels)
+        return nxt, count, objective, run.u2
+
+    def _weiszfeld(self, r: int, nodes: list[int], start: dict[str, np.ndarray],
+                   mean: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The geometric median of the hospitals' changes by smoothed Weiszfeld steps, each one
+        secure weighted average (`aggregation.geometric_median`'s rule and stopping test; each
+        hospital weighs itself by its own distance to the broadcast point). Starts from the
+        secure mean; a step that fails (too many dropouts) ends the iteration at the last point."""
+        params = self.aggregator.params
+        point = mean
+        flat = sv.flat(point)
+        scale = sv.max_distance(flat.size, self.secure.bound) * 2.0 ** -sv.WEIGHT_BITS
+        objectives: list[float] = []
+        stopped = "max_iter"
+        for _ in range(int(params.max_iter)):
+            try:
+                nxt, count, objective, nodes = self._secure_step(r, nodes, flat, scale, start)
+            except FedsplitError as e:
+                log.warning("Round %s: secure Weiszfeld step failed, keeping the last point: %s",
+                            r, e)
+                stopped = f"a secure step failed ({e}); kept the last point"
+                break
+            objectives.append(objective)
+            if not nxt or objective == 0.0:
+                stopped = "no hospital left to move towards" if not nxt else "objective 0"
+                break
+            point, flat, scale = nxt, sv.flat(nxt), objective / count
+            if len(objectives) > 1 and objectives[-2] - objective <= params.eps * objectives[-2]:
+                stopped = "eps"
+                break
+        return point, {"steps": len(objectives), "objectives": objectives, "stopped": stopped}
+
+    @staticmethod
+    def _with_record(msg: Message, record: ConfigRecord) -> Message:
+        """A copy of ``msg`` whose content also holds this node's ``secagg`` record.
+
+        Flower's FedAvg gives every train message of a round the SAME ``RecordDict`` object;
+        adding a node's record to it in place would hand every hospital the last one's
+        (shares from itself, keys it cannot decrypt). Each message gets its own content."""
+        content = RecordDict({**dict(msg.content.items()), pv.SECAGG: record})
+        return Message(content, dst_node_id=msg.metadata.dst_node_id,
+                       message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -137,6 +205,9 @@ class SecureStrategy(PrivateStrategy):
         if len(masked) < self.quorum:
             return self._short(r, sites, f"only {len(masked)} masked replies, fewer than the "
                                          f"quorum of {self.quorum}; global model unchanged")
+        weiszfeld = None
+        if self.aggregator.name == "geometric-median":
+            mean, weiszfeld = self._weiszfeld(r, run.u2, start, mean)
         arrays = {k: (np.asarray(start[k], np.float64) + mean[k]).astype(np.asarray(start[k]).dtype)
                   for k in start}
         seconds = {**self.stage_seconds.pop(r, {}), "unmask": time.monotonic() - t0}
@@ -150,7 +221,8 @@ class SecureStrategy(PrivateStrategy):
                 "hospitals": len(masked), "dropped": len(run.u1) - len(run.u2),
                 "share_num": run.share_num, "threshold": run.threshold,
                 "quantisation_step": 2 * self.secure.bound / self.secure.levels,
-                "stage_seconds": seconds}},
+                "stage_seconds": seconds},
+                **({"weiszfeld": weiszfeld} if weiszfeld is not None else {})},
         )
         result = AggregateResult(arrays, count, report)
         metrics = weighted_mean(rows)

@@ -156,3 +156,20 @@ def test_kernels_work_from_a_read_only_install(tmp_path: Path) -> None:
         for p in (pkg, cache):
             p.chmod(stat.S_IRWXU)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_streamed_passes_use_the_kernels_only_once_loaded(monkeypatch) -> None:
+    """auto: FedAvg's and the distance pass's kernels are not worth loading for themselves."""
+    from aggregation import _kernels
+
+    monkeypatch.delenv("FEDSPLIT_AGG_KERNELS", raising=False)
+    _kernels._load.cache_clear()
+    try:
+        assert _kernels.streamed(1 << 30) is None
+        loaded = _kernels.compiled(1 << 30)  # a stacked rule loads them
+        assert _kernels.streamed(1 << 30) is loaded
+        assert _kernels.streamed(10) is None  # small passes stay in numpy either way
+        monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "numpy")
+        assert _kernels.streamed(1 << 30) is None
+    finally:
+        _kernels._load.cache_clear()

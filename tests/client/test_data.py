@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from client.data import load_bundled, load_site_file, partition
-from protocol.schema import TableSettings
 from orchestration.experiment import Experiment, prepare_sites
 from protocol import RunConfig
 from protocol.errors import ConfigError
+from protocol.schema import TableSettings
 
 
 @pytest.mark.parametrize("scheme", ["iid", "dirichlet:0.5", "sizes:50,100,150"])

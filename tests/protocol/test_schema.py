@@ -166,3 +166,17 @@ def test_regression_targets_and_wrong_kinds_at_encoding() -> None:
         encode_frame(schema, frame.assign(age=["old"] * 30), where="a")
     with pytest.raises(ConfigError, match="task=classification needs class labels"):
         merge_reports([column_report("a", frame, SETTINGS)], SETTINGS, task="classification")
+
+
+def test_a_per_column_missing_marker_applies_to_that_column_only() -> None:
+    """--na-values chol=0: a cholesterol of 0 (or 0.0) is missing; a 0 elsewhere stays a 0."""
+    settings = TableSettings(target="y", na_values=("chol=0", "unknown"))
+    frame = hospital(6, chol=["0", "0.0", "210", "unknown", "180", "0"]).assign(
+        age=["0", "50", "unknown", "61", "70", "45"])
+    report = column_report("a", frame, settings)
+    counts = {c.name: c.missing for c in report.columns}
+    assert counts["chol"] == 4 and counts["age"] == 1  # age 0 stays, 'unknown' is missing
+    schema = merge_reports([report], settings).schema
+    x, _ = encode_frame(schema, frame, where="a")
+    names = schema.feature_names
+    assert x[0, names.index("age")] == 0.0 and x[1, names.index("chol:missing")] == 1.0
