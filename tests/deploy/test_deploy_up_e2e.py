@@ -30,7 +30,11 @@ from orchestration.flower_runtime import flower_env, free_port, health_url, tls_
 from orchestration.local_federation import fedsplit_command
 from protocol.errors import SiteAgentError
 
-ROUND_TIMEOUT = 60
+# Seen in a CI-like run: after the coordinator restart, one hospital's first train reply of the
+# resumed run took 60 s (a fresh clientapp process next to the dead run's stale messages), so a
+# 60 s round-timeout marked a live hospital late. 120 s leaves room; only round 2 (the killed
+# hospital) waits it out.
+ROUND_TIMEOUT = 120
 
 
 def processes_under(root: Path) -> dict[int, str]:
