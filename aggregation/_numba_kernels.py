@@ -105,13 +105,19 @@ def trim_tile(x, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):
                         counts[r, j] += np.int64(v != low[j])
                     else:
                         counts[r, j] += np.int64(v < low[j]) + np.int64(v > high[j])
-        for r in range(n):
-            for j in range(w):
-                d = np.float64(x[r, c0 + j] - res[j])
-                squares[r, j] += d * d
+        _add_squares(x, c0, w, res, squares)
     for r in range(n):
         dropped[r] += counts[r].sum()
         dist2[r] += squares[r].sum()
+
+
+@_jit()
+def _add_squares(x, c0, w, res, squares):
+    """``squares[r, j] += (x[r, c0 + j] - res[j])**2`` in float64 (each update's distance part)."""
+    for r in range(x.shape[0]):
+        for j in range(w):
+            d = np.float64(x[r, c0 + j] - res[j])
+            squares[r, j] += d * d
 
 
 @_jit()
@@ -169,10 +175,7 @@ def weighted_median_tile(x, l0, l1, lo_idx, hi_idx, counts, total, out, used, di
             else:
                 res[j] = buf[k, j]
             out[c0 - l0 + j] = res[j]
-        for r in range(n):
-            for j in range(w):
-                d = np.float64(x[r, c0 + j] - res[j])
-                squares[r, j] += d * d
+        _add_squares(x, c0, w, res, squares)
     for r in range(n):
         dist2[r] += squares[r].sum()
 
@@ -210,10 +213,7 @@ def weighted_trim_tile(x, l0, l1, lo_idx, hi_idx, counts, lo, hi, out, dropped, 
                 dropped[k] += 1.0 - kept / weight
             res[j] = num / den
             out[c0 - l0 + j] = res[j]
-        for r in range(n):
-            for j in range(w):
-                d = np.float64(x[r, c0 + j] - res[j])
-                squares[r, j] += d * d
+        _add_squares(x, c0, w, res, squares)
     for r in range(n):
         dist2[r] += squares[r].sum()
 

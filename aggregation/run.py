@@ -64,28 +64,17 @@ def aggregate_updates(
     if not updates:
         raise NotEnoughUpdatesError("No updates to aggregate. Received: 0 updates")
     check_budget(memory_budget)
-    with using(device) if device is not None or current() is None else contextlib.nullcontext():
-        return _aggregate(strategy, updates, expected, cohort_caps, cap_policy, memory_budget)
-
-
-def _aggregate(
-    strategy: AggregationStrategy,
-    updates: Sequence[UpdateSource],
-    expected: Expected | None,
-    cohort_caps: Mapping[str, int] | None,
-    cap_policy: str,
-    memory_budget: int,
-) -> AggregateResult:
     args = (strategy, updates, expected, cohort_caps, cap_policy, memory_budget)
-    if getattr(strategy, "checks_values_in_pass", False):
-        watch = ValueWatch()
-        try:
-            result = _guarded(*args, watch=watch)
-        except Exception:  # redone below with the full scan, which decides
-            watch.flag()
-        if not watch.flagged:
-            return result
-    return _guarded(*args, watch=None)
+    with using(device) if device is not None or current() is None else contextlib.nullcontext():
+        if getattr(strategy, "checks_values_in_pass", False):
+            watch = ValueWatch()
+            try:
+                result = _guarded(*args, watch=watch)
+            except Exception:  # redone below with the full scan, which decides
+                watch.flag()
+            if not watch.flagged:
+                return result
+        return _guarded(*args, watch=None)
 
 
 def _guarded(

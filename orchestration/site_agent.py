@@ -112,14 +112,13 @@ def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: s
             if rc in FATAL_EXIT_CODES:
                 raise SiteAgentError(f"{name}: the SuperNode stopped because "
                                      f"{FATAL_EXIT_CODES[rc]}. Received: exit {rc}: {tail}")
-            # the whole output of this SuperNode run: Flower's refusal line can be followed by a
-            # long traceback (seen: ~70 lines), so a short tail would miss it
-            recent = seen  # (at most the last 200 lines, see _pump)
-            if any(NO_KEY.search(line) for line in recent):
+            # all of this run's output (its last 200 lines, see _pump): Flower's refusal line can be
+            # followed by a long traceback (seen: ~70 lines), so a short tail would miss it
+            if any(NO_KEY.search(line) for line in seen):
                 raise SiteAgentError(
                     f"{name}: the SuperLink requires node authentication: start the agent with "
                     f"--key (this hospital's registered private key). Received: exit {rc}: {tail}")
-            refusal = next((line for line in recent if NOT_ACTIVATED.search(line)), None)
+            refusal = next((line for line in seen if NOT_ACTIVATED.search(line)), None)
             if refusal is not None:
                 tail = refusal.strip()
                 refused_since = refused_since or started

@@ -1,10 +1,13 @@
 """fedsplit's wire and file formats: weight files, updates, run configuration, errors.
 
-Imports nothing else of fedsplit; every other package builds on it.
+Imports nothing else of fedsplit; every other package builds on it. `RunConfig` (pydantic
+models of every run-config key) loads on first use, so commands that never read a run
+configuration (`fedsplit aggregate`) do not pay for it at start-up.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
-from protocol.config import RunConfig
 from protocol.errors import ConfigError, FedsplitError, UpdateError, WeightFileError
 from protocol.update import Update, UpdateHeader, UpdateSource
 from protocol.weights import (
@@ -36,3 +39,14 @@ __all__ = [
     "read_weights",
     "write_weights",
 ]
+
+if TYPE_CHECKING:
+    from protocol.config import RunConfig
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RunConfig":
+        from protocol.config import RunConfig
+
+        return RunConfig
+    raise AttributeError(f"module 'protocol' has no attribute {name!r}")

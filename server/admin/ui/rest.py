@@ -16,7 +16,7 @@ from server.admin.auth import ADMIN, Principal
 from server.admin.tables import Round, Site, Upload
 from server.admin.timeutil import as_utc
 from server.admin.ui.refusals import RefusedUpload
-from server.admin.ui.siterows import SiteRow, rows_from_round
+from server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
 
 #: Rounds listed on the overview (newest first); older ones stay reachable by id.
 MAX_ROUNDS_LISTED = 100
@@ -44,7 +44,7 @@ class UploadItem:
 
 
 @dataclass
-class RestRound:
+class RestRound(RoundRows):
     """One REST round with its hospitals and uploads."""
 
     id: int
@@ -62,16 +62,6 @@ class RestRound:
     rows: list[SiteRow] = field(default_factory=list)
     uploads: list[UploadItem] = field(default_factory=list)
     sites_uploaded: int = 0
-
-    @property
-    def used(self) -> list[SiteRow]:
-        """Hospitals whose upload went into the aggregate."""
-        return [r for r in self.rows if r.used]
-
-    @property
-    def returned(self) -> list[SiteRow]:
-        """Hospitals whose upload passed the checks."""
-        return [r for r in self.rows if r.returned]
 
 
 def _visible(principal: Principal, site: str) -> bool:

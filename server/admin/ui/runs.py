@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.admin.ui.siterows import SiteRow, rows_from_round
+from server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
 
 HISTORY = "history.json"
 SUMMARY = "summary.json"
@@ -35,7 +35,7 @@ RESCAN_S = 3.0
 
 
 @dataclass
-class FlowerRound:
+class FlowerRound(RoundRows):
     """One round of a Flower run."""
 
     number: int
@@ -48,16 +48,6 @@ class FlowerRound:
     seconds: float | None
     has_model: bool
     num_examples: int | None
-
-    @property
-    def used(self) -> list[SiteRow]:
-        """Hospitals whose update went into the aggregate."""
-        return [r for r in self.rows if r.used]
-
-    @property
-    def returned(self) -> list[SiteRow]:
-        """Hospitals whose update arrived and passed the checks."""
-        return [r for r in self.rows if r.returned]
 
 
 @dataclass

@@ -48,6 +48,22 @@ class SiteRow:
         return not ({"late", "failed", "excluded", "not selected"} & set(self.tags))
 
 
+class RoundRows:
+    """The hospitals of one round (REST or Flower): who returned, who went into the aggregate."""
+
+    rows: list[SiteRow]
+
+    @property
+    def used(self) -> list[SiteRow]:
+        """Hospitals whose update went into the aggregate."""
+        return [r for r in self.rows if r.used]
+
+    @property
+    def returned(self) -> list[SiteRow]:
+        """Hospitals whose update arrived and passed the checks."""
+        return [r for r in self.rows if r.returned]
+
+
 def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
