@@ -35,10 +35,13 @@ def test_secure_fedavg_equals_plain_within_quantisation(tmp_path: Path) -> None:
     step = 2 * 1.0 / (1 << 20)  # documented bound per coordinate and round: 2B / L
     a = read_weights(tmp_path / "plain" / "federation" / "models" / "round-001.h5")
     b = read_weights(tmp_path / "secure" / "federation" / "models" / "round-001.h5")
-    worst = max(float(np.max(np.abs(a.arrays[k].astype(np.float64)
-                                     - b.arrays[k].astype(np.float64)))) for k in a.arrays)
-    # same training, one secure sum: within one quantisation step (+ float32 storage rounding)
-    assert worst < step + 1e-6
+    # Same training, one secure sum: within one quantisation step of plain FedAvg, plus plain
+    # FedAvg's own float32 rounding (documented: 2 ulp of the value; relative, so it matters for
+    # large parameters such as the standardisation buffers, where one ulp of ~650 is 6.1e-5).
+    excess = max(float(np.max(np.abs(a.arrays[k].astype(np.float64) - b.arrays[k].astype(np.float64))
+                              - 2 * np.spacing(np.abs(a.arrays[k]).astype(np.float32))))
+                 for k in a.arrays)
+    assert excess < step
     assert b.num_examples == a.num_examples  # the total count, decoded from the masked sum
     for key in ("accuracy",):
         assert abs(secure["federated"]["mean_per_site"][key]
