@@ -13,6 +13,14 @@ each hospital's own test patients (a third of its rows, drawn per seed; FLamby k
 split). The number reported is FLamby's: the mean over hospitals of the accuracy on their own
 test patients, averaged over seeds; FLamby's published numbers are printed beside it. Each
 hospital alone is scored on its own test patients, as FLamby's local baselines are.
+
+Personalization (``--personalize STEPS``, default: one round's local steps, ``--local-steps``):
+after the last round each hospital fine-tunes the global model on its own training rows
+(FedAvg + local fine-tuning, "FT", the personalized-FL benchmarks' baseline) and that model is
+scored on its own test patients. The budget is fixed before looking at any result: one round of
+the hospital's own local work, no selection. The table shows, per hospital and strategy, the
+global model and the fine-tuned one beside the hospital alone, and whether every hospital does
+at least as well as alone.
 """
 
 from __future__ import annotations
@@ -74,7 +82,8 @@ def run(args: argparse.Namespace) -> dict:
             began = time.perf_counter()
             summary = run_experiment(Experiment(cfg=cfg, out=out / strategy / f"seed-{seed}",
                                                 site_files=sources,
-                                                test_fraction=args.test_fraction))
+                                                test_fraction=args.test_fraction,
+                                                personalize=args.personalize))
             took = time.perf_counter() - began
             fed = summary["federated"]
             own = {s["site"]: s["per_site"][s["site"]]["accuracy"] for s in summary["local_only"]}
@@ -87,8 +96,15 @@ def run(args: argparse.Namespace) -> dict:
                 "centralized_pooled": summary["centralized"]["metrics"]["accuracy"],
                 "alone_on_own": own,
             })
+            tuned = summary["personalized"]
+            if tuned:
+                results["runs"][strategy][-1].update({
+                    "personalized_mean_per_site": tuned["mean_per_site"]["accuracy"],
+                    "personalized_per_site": {k: v["accuracy"] for k, v in tuned["per_site"].items()},
+                    "personalized_pooled": tuned["metrics"]["accuracy"]})
             print(f"{strategy} seed {seed}: mean per hospital {fed['mean_per_site']['accuracy']:.3f}"
-                  f" ({took:.0f} s)", flush=True)
+                  + (f", fine-tuned {tuned['mean_per_site']['accuracy']:.3f}" if tuned else "")
+                  + f" ({took:.0f} s)", flush=True)
     return results
 
 
@@ -108,18 +124,42 @@ def report(results: dict) -> None:
     print(f"{'run':<28}{'fedsplit':>18}{'FLamby':>10}")
     central = [r["centralized_mean_per_site"] for r in first]
     print(f"{'pooled training':<28}{_mean(central):>18}{FLAMBY['pooled']:>10.3f}")
+    steps = results["config"].get("personalize", 0)
     for strategy, rows in runs.items():
         print(f"{strategy:<28}{_mean([r['mean_per_site'] for r in rows]):>18}"
               f"{FLAMBY.get(strategy, float('nan')):>10.3f}")
-    print("\nper hospital (mean over seeds): each hospital alone vs each federated run, on its own "
-          "test patients")
+        if steps:
+            print(f"{'  + fine-tuned':<28}"
+                  f"{_mean([r['personalized_mean_per_site'] for r in rows]):>18}{'':>10}")
     names = list(first[0]["per_site"])
-    print(f"{'hospital':<14}{'alone':>8}{'FLamby':>8}" + "".join(f"{s:>10}" for s in runs))
-    for name in names:
-        alone = statistics.mean(r["alone_on_own"][name] for r in first)
-        cells = "".join(f"{statistics.mean(r['per_site'][name] for r in rows):>10.3f}"
-                        for rows in runs.values())
-        print(f"{name:<14}{alone:>8.3f}{FLAMBY_ALONE[name]:>8.3f}{cells}")
+    # model label -> hospital -> accuracy on its own test patients, mean over seeds
+    models = {"alone": {n: statistics.mean(r["alone_on_own"][n] for r in first) for n in names}}
+    for strategy, rows in runs.items():
+        models[f"{strategy} global"] = {
+            n: statistics.mean(r["per_site"][n] for r in rows) for n in names}
+        if steps:
+            models[f"{strategy} + FT"] = {
+                n: statistics.mean(r["personalized_per_site"][n] for r in rows) for n in names}
+    print(f"\nper hospital (mean over seeds), on its own test patients: alone; per strategy the "
+          f"global model and, with --personalize {steps}, the global model fine-tuned at that "
+          f"hospital (FT)" if steps else "\nper hospital (mean over seeds), on its own test "
+          "patients: alone and the global model of each strategy")
+    width = max(16, *(len(m) + 2 for m in models))
+    print(f"{'hospital':<14}{'FLamby alone':>14}" + "".join(f"{m:>{width}}" for m in models))
+    for name in [*names, "mean"]:
+        cells = "".join(
+            f"{statistics.mean(v.values()) if name == 'mean' else v[name]:>{width}.3f}"
+            for v in models.values())
+        flamby = statistics.mean(FLAMBY_ALONE.values()) if name == "mean" else FLAMBY_ALONE[name]
+        print(f"{name:<14}{flamby:>14.3f}{cells}")
+    print()
+    alone = models["alone"]
+    for label, values in models.items():
+        if label == "alone":
+            continue
+        below = [f"{n} {values[n]:.3f} < {alone[n]:.3f}" for n in names if values[n] < alone[n]]
+        print(f"{label:<20} each hospital >= alone: "
+              + ("yes" if not below else f"no ({'; '.join(below)})"))
 
 
 def main() -> None:
@@ -135,8 +175,15 @@ def main() -> None:
                         help="none: logistic regression (FLamby's model), or MLP widths")
     parser.add_argument("--na-values", default="",
                         help="e.g. chol=0: Switzerland's placeholder cholesterol as missing")
+    parser.add_argument("--personalize", type=int, default=None,
+                        help="fine-tuning mini-batches per hospital after the last round "
+                             "(default: one round's local steps, --local-steps; 0 = off)")
     parser.add_argument("--out", default="runs/flamby-heart")
     args = parser.parse_args()
+    if args.personalize is None:
+        args.personalize = args.local_steps
+    if args.personalize < 0:
+        parser.error(f"--personalize is 0 (off) or a number of mini-batches; got {args.personalize}")
     unknown = [s for s in args.strategies.split(",") if s not in RUNS]
     if unknown:
         parser.error(f"unknown strategies {unknown}; choose from {', '.join(RUNS)}")

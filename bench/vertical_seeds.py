@@ -1,11 +1,16 @@
 """Fused vs each site alone vs centralized over several seeds (split and initial weights).
 
+The baselines (each site alone, centralized) get the federation's steps and keep the round a
+validation cut of their own training rows picks (``orchestration.vertical.local.train_baseline``);
+each row also shows the rounds they kept and the centralized model after the last round.
+
 In-process runs of the same coordinator and site code `fedsplit vertical simulate` runs in Flower
 (same numbers for the same seed). One held-out split of a few hundred rows moves by a row's worth
 (0.5-1 point) from seed to seed, so the mean over seeds is the comparison to read.
 
     .venv/bin/python -m bench.vertical_seeds --titanic ../shared/data/titanic/train.csv --seeds 5
     .venv/bin/python -m bench.vertical_seeds --dataset digits --sites 2 --embedding-dim 32
+    .venv/bin/python -m bench.vertical_seeds --dataset diabetes --sites 2     # regression: r2
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ def main() -> None:
     torch.set_num_threads(1)
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--titanic", type=Path, help="Kaggle Titanic train.csv (seed lecture's groups)")
-    ap.add_argument("--dataset", help="breast-cancer or digits")
+    ap.add_argument("--dataset", help="breast-cancer, digits or diabetes")
     ap.add_argument("--sites", type=int, default=2)
     ap.add_argument("--overlap", type=float, default=1.0)
     ap.add_argument("--seeds", type=int, default=5)
@@ -48,12 +53,17 @@ def main() -> None:
             fused = train_local(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
             base = baselines(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
             key = "accuracy" if labels.task == "classification" else "r2"
-            row = {"seed": seed, "fused": fused["metrics"][key],
-                   "centralized": base["centralized"]["metrics"][key],
-                   "alone": [s["metrics"][key] for s in base["local_only"]]}
+            central = base["centralized"]
+            row = {"seed": seed, "metric": key, "fused": fused["metrics"][key],
+                   "centralized": central["metrics"][key],
+                   "alone": [s["metrics"][key] for s in base["local_only"]],
+                   "rounds_kept": {"centralized": central["rounds_kept"],
+                                   "alone": [s["rounds_kept"] for s in base["local_only"]]},
+                   "centralized_last_round": central["final_metrics"][key]}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("fused", "centralized")}
+    mean = {k: float(np.mean([r[k] for r in rows]))
+            for k in ("fused", "centralized", "centralized_last_round")}
     mean["alone"] = [float(v) for v in np.mean([r["alone"] for r in rows], axis=0)]
     print(json.dumps({"mean_over_seeds": args.seeds, **mean}))
 

@@ -45,11 +45,20 @@ def print_summary(summary: dict[str, Any]) -> None:
     opt = summary.get("server_opt")
     row(f"federated ({summary['strategy']}{' + ' + opt['name'] if opt else ''})",
         summary["federated"], bold=True)
+    tuned = summary.get("personalized")
+    if tuned:
+        row(f"federated + fine-tuned ({tuned['steps']} steps)", tuned, bold=True)
     console.print(table)
+    if tuned:
+        console.print("federated + fine-tuned: each hospital's own fine-tuned copy of the global "
+                      "model, scored on its own test patients (pooled: each row by its hospital's "
+                      "model)")
     if summary["task"] == "regression":
+        entries = [("centralized", summary["centralized"]), ("federated", summary["federated"])]
+        if tuned:
+            entries.append(("federated + fine-tuned", tuned))
         console.print("rmse (pooled): " + ", ".join(
-            f"{label} {entry['metrics']['rmse']:.3f}" for label, entry in (
-                ("centralized", summary["centralized"]), ("federated", summary["federated"]))))
+            f"{label} {entry['metrics']['rmse']:.3f}" for label, entry in entries))
     for line in (summary.get("schema") or {}).get("warnings", []):
         console.print(f"[yellow]schema warning:[/] {line}")
 
@@ -149,6 +158,12 @@ def simulate(
                                "of the count-weighted changes and the total count "
                                "(docs/privacy.md). none = off.")
     ] = "none",
+    personalize: Annotated[
+        int, typer.Option(min=0, help="Personalization: after the last round each hospital "
+                                      "fine-tunes the global model for STEPS mini-batches of Adam "
+                                      "(--lr, --batch-size) on its own training rows, scored on "
+                                      "its own test patients (0 = off).")
+    ] = 0,
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
@@ -198,7 +213,8 @@ def simulate(
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [],
                      num_sites=len(site) if site else 4 if dataset == HEART else sites,
                      partition=partition,
-                     test_fraction=test_fraction, leave_out=leave_out or [])
+                     test_fraction=test_fraction, leave_out=leave_out or [],
+                     personalize=personalize)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=console) as progress:

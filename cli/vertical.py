@@ -24,20 +24,25 @@ app = typer.Typer(help="Vertical federated learning: same patients, different co
 def print_summary(summary: dict[str, Any]) -> None:
     """Each site alone, fused, centralized."""
     keys = ["accuracy"] if summary["task"] == "classification" else ["r2", "rmse"]
+    rounds = len(summary["rounds"])
     table = Table(title=f"Held-out split ({summary['test_examples']} rows)")
     table.add_column("model")
     table.add_column("training rows", justify="right")
+    table.add_column("rounds kept", justify="right")
     for k in keys:
         table.add_column(k, justify="right")
     for s in summary["local_only"]:
-        table.add_row(f"{s['site']} alone", str(s["num_examples"]), *[f"{s['metrics'][k]:.4f}" for k in keys])
+        table.add_row(f"{s['site']} alone", str(s["num_examples"]), f"{s['rounds_kept']} of {rounds}",
+                      *[f"{s['metrics'][k]:.4f}" for k in keys])
     fed = summary["federated"]
-    table.add_row("[bold]fused (federated)[/]", str(summary["train_rows"]),
+    table.add_row("[bold]fused (federated)[/]", str(summary["train_rows"]), f"{rounds} of {rounds}",
                   *[f"[bold]{fed['metrics'][k]:.4f}[/]" for k in keys])
     c = summary["centralized"]
-    table.add_row("centralized (all columns)", str(c["num_examples"]),
+    table.add_row("centralized (all columns)", str(c["num_examples"]), f"{c['rounds_kept']} of {rounds}",
                   *[f"{c['metrics'][k]:.4f}" for k in keys])
     console.print(table)
+    console.print("baselines: the federation's steps, keeping the round that scores best on a "
+                  "validation cut of their own training rows (docs/vertical.md)")
     for o in summary["overlap"]:
         console.print(f"overlap {o['site']}: {o['shared']} of {o['label_rows']} labelled patients "
                       f"({o['share_of_labels']:.0%}){' [yellow]LOW[/]' if o['status'] == 'low' else ''}")
@@ -50,7 +55,8 @@ def simulate(
     labels: Annotated[Path | None, typer.Option(help="Label holder's file: ID column + target.")] = None,
     id_column: Annotated[str, typer.Option(help="ID column in every file.")] = "id",
     target: Annotated[str, typer.Option(help="Target column in the label file.")] = "target",
-    dataset: Annotated[str | None, typer.Option(help="Bundled data: breast-cancer or digits.")] = None,
+    dataset: Annotated[str | None, typer.Option(
+        help="Bundled data: breast-cancer, digits or diabetes (regression).")] = None,
     sites: Annotated[int, typer.Option(min=1, help="Sites to cut --dataset's columns into.")] = 2,
     overlap: Annotated[float, typer.Option(help="--dataset: share of patients every site holds.")] = 1.0,
     task: Annotated[str, typer.Option(help="auto, classification or regression.")] = "auto",
@@ -94,7 +100,8 @@ def compare_fills(
     labels: Annotated[Path | None, typer.Option(help="Label holder's file.")] = None,
     id_column: Annotated[str, typer.Option(help="ID column in every file.")] = "id",
     target: Annotated[str, typer.Option(help="Target column in the label file.")] = "target",
-    dataset: Annotated[str | None, typer.Option(help="Bundled data: breast-cancer or digits.")] = None,
+    dataset: Annotated[str | None, typer.Option(
+        help="Bundled data: breast-cancer, digits or diabetes (regression).")] = None,
     sites: Annotated[int, typer.Option(min=1, help="Sites for --dataset.")] = 2,
     overlap: Annotated[float, typer.Option(help="--dataset: share of patients every site holds.")] = 0.6,
     rounds: Annotated[int, typer.Option(min=1)] = 10,

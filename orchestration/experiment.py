@@ -12,7 +12,9 @@ federation runs in Flower's simulation engine; then the federated model, the cen
 and each hospital-alone model (the same model, trained to the same optimizer-step budget:
 `baseline_steps`, keeping the round with the lowest loss on the hospitals' held-out
 evaluation rows) are scored on every hospital's test patients (``per_site``), their mean
-(``mean_per_site``, FLamby's convention) and the pooled test rows (``metrics``).
+(``mean_per_site``, FLamby's convention) and the pooled test rows (``metrics``). With
+``personalize`` > 0, every hospital also fine-tunes the final global model on its own training
+rows (`orchestration.personalize`), scored on its own test patients (``personalized``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from client.train import fit_steps, local_steps_per_round, score, set_statistics
 from orchestration.certs import site_names
 from orchestration.fingerprint import data_fingerprint
 from orchestration.flower_runtime import simulation
+from orchestration.personalize import personalize
 from orchestration.plots import plot_rounds
 from protocol.atomic import write_json_atomic
 from protocol.config import RunConfig
@@ -118,6 +121,9 @@ class Experiment:
     partition: str = "iid"
     test_fraction: float = 0.2
     leave_out: Sequence[int] = ()
+    #: > 0: every hospital fine-tunes the final global model for this many mini-batches on its
+    #: own training rows (`orchestration.personalize`); 0: off
+    personalize: int = 0
     summary_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -427,6 +433,16 @@ def run_experiment(
          **evaluate(train_baseline(train, vals[name], num_outputs, cfg, steps), tests)}
         for (name, train), steps in zip(trains.items(), site_steps, strict=True)
     ]
+    # rows behind the final model: excluded (e.g. hostile) sites do not count
+    fed_examples = next(e["aggregation"]["num_examples"]
+                        for e in reversed(history["rounds"]) if "aggregation" in e)
+    personalized = None
+    if exp.personalize:
+        stage(f"personalization: each hospital fine-tunes the global model for "
+              f"{exp.personalize} mini-batches on its own training rows")
+        own = {name: split_site(data[name][0], cfg.val_fraction, cfg.seed)[0] for name, _ in tests}
+        personalized = {**personalize(final, own, tests, cfg, exp.personalize),
+                        "num_examples": fed_examples}
     names = [t.name for t in joined]
     hostile = names[len(names) - cfg.attackers:] if cfg.attackers else []
     summary = {
@@ -455,11 +471,9 @@ def run_experiment(
         "centralized": {"num_examples": sum(len(t) for t in trains.values()),
                         "steps": central_steps, **evaluate(centralized, tests)},
         "local_only": local_only,
-        "federated": {**evaluate(final, tests),
-                      # rows behind the final model: excluded (e.g. hostile) sites do not count
-                      "num_examples": next(e["aggregation"]["num_examples"]
-                                           for e in reversed(history["rounds"]) if "aggregation" in e),
+        "federated": {**evaluate(final, tests), "num_examples": fed_examples,
                       "model": str(fed_dir / "global.h5")},
+        "personalized": personalized,
         "rounds": rounds,
         **exp.summary_extra,
     }

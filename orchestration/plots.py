@@ -50,6 +50,8 @@ def plot_rounds(summary: dict[str, Any], path: Path) -> None:
     Bold: the federated model on the pooled test rows; one thin line per hospital: the federated
     model on that hospital's own test patients, with a dotted line of the same colour for the
     hospital's model trained alone, scored on the same patients; dashed: centralized (pooled).
+    With personalization, a star per hospital after the last round: its fine-tuned model on its
+    own test patients (the pooled one in bold colour).
     """
     key = metric_key(summary["task"])
     rounds = [r["round"] for r in summary["rounds"]]
@@ -67,6 +69,14 @@ def plot_rounds(summary: dict[str, Any], path: Path) -> None:
             if name in alone:
                 ax.axhline(alone[name]["per_site"][name][key], ls=":", color=color, alpha=0.9,
                            label=f"{name} alone on {name} (n={alone[name]['num_examples']})")
+        tuned = summary.get("personalized")
+        if tuned:
+            after = rounds[-1] + 0.4
+            ax.plot([after], [tuned["metrics"][key]], "*", ms=13, color="C0",
+                    label=f"fine-tuned at each hospital, {tuned['steps']} steps (pooled)")
+            for i, name in enumerate(summary["rounds"][0].get("per_site", {})):
+                if name in tuned["per_site"]:
+                    ax.plot([after], [tuned["per_site"][name][key]], "*", ms=9, color=f"C{i + 1}")
 
 
 def plot_comparison(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
@@ -80,18 +90,22 @@ def plot_comparison(results: dict[str, dict[str, Any]], path: Path, title: str) 
 
 
 def plot_vertical(summary: dict[str, Any], path: Path) -> None:
-    """Fused per round against each site alone and centralized (``fedsplit vertical simulate``)."""
+    """Fused per round against each site alone and centralized (``fedsplit vertical simulate``);
+    a marker on each baseline's line shows the round it keeps (chosen on a validation cut)."""
     key = metric_key(summary["task"])
     rounds = [r["round"] for r in summary["rounds"]]
     title = f"fedsplit vertical: {len(summary['local_only'])} sites, fill={summary['fill']}"
     with round_axes(path, ylabel=f"held-out {key}", title=title) as ax:
         ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", lw=2,
                 label="fused (federated)")
-        ax.plot(rounds, [m[key] for m in summary["centralized"]["per_round"]], "k--",
+        central = summary["centralized"]
+        ax.plot(rounds, [m[key] for m in central["per_round"]], "k--",
                 label="centralized, all columns")
+        ax.plot([central["rounds_kept"]], [central["metrics"][key]], "ks", ms=7)
         for i, s in enumerate(summary["local_only"]):
             ax.plot(rounds, [m[key] for m in s["per_round"]], ":", color=f"C{i + 1}",
                     label=f"{s['site']} alone")
+            ax.plot([s["rounds_kept"]], [s["metrics"][key]], "s", color=f"C{i + 1}", ms=6)
 
 
 def draw_gpipe(table: GPipeTable, path: Path) -> None:

@@ -3,6 +3,8 @@
 ``breast-cancer``: the 30 columns in order, split into ``sites`` contiguous groups (3 sites: 10
 columns each). ``digits``: the 64 pixels of each 8x8 image in row-major order, split the way
 the seed lecture cuts MNIST at column 392 (2 sites: top and bottom half of every image).
+``diabetes`` (regression, 442 patients): the 10 columns in order (age, sex, bmi, bp, s1-s6),
+split into ``sites`` contiguous groups (2 sites: age/sex/bmi/bp/s1 and s2-s6).
 ``overlap`` < 1 keeps that share of patients at every site and gives each other patient to a
 single site, so views are missing (the partial-overlap case).
 """
@@ -18,7 +20,7 @@ from protocol.errors import ConfigError
 
 ID_COLUMN = "patient_id"
 TARGET = "target"
-VERTICAL_DATASETS = ("breast-cancer", "digits")
+VERTICAL_DATASETS = ("breast-cancer", "digits", "diabetes")
 
 
 @dataclass
@@ -36,6 +38,9 @@ def _load(name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
 
     if name == "breast-cancer":
         b = sk.load_breast_cancer()
+        return b.data, b.target, [str(c) for c in b.feature_names]
+    if name == "diabetes":
+        b = sk.load_diabetes()
         return b.data, b.target, [str(c) for c in b.feature_names]
     if name == "digits":
         b = sk.load_digits()

@@ -1,5 +1,5 @@
 """Four real hospitals' raw tables through `fedsplit simulate --site`, per-hospital scores,
-a server optimizer, and `fedsplit predict` on a raw file: end to end with Flower."""
+a server optimizer, personalization, and `fedsplit predict` on a raw file: end to end with Flower."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ NAMES = ["cleveland", "hungary", "switzerland", "va"]
 
 
 @pytest.mark.slow
-def test_raw_heart_disease_files_train_with_a_server_optimizer_and_predict(tmp_path: Path) -> None:
+def test_raw_heart_disease_files_train_with_a_server_optimizer_and_predict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Text, TRUE/FALSE, empty cells and '?' go in as exported; summary.json carries per_site and
-    mean_per_site for every model; the saved model scores a raw file."""
+    mean_per_site for every model, the fine-tuned models included; the saved model scores a raw
+    file."""
     # Prepare: one raw CSV per hospital; VA writes '?' for missing, columns in another order
     args = []
     for name, frame in load_heart_disease().items():
@@ -31,18 +33,27 @@ def test_raw_heart_disease_files_train_with_a_server_optimizer_and_predict(tmp_p
     # Execute
     code = run_guarded(app, ["simulate", *args, "--target", "disease", "--id-column", "id",
                              "--rounds", "2", "--server-opt", "adam", "--local-steps", "5",
-                             "--out", str(out)])
+                             "--personalize", "8", "--out", str(out)])
     # Assert
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["site_names"] == NAMES
-    for entry in [summary["federated"], summary["centralized"], *summary["local_only"]]:
+    tuned = summary["personalized"]
+    for entry in [summary["federated"], summary["centralized"], *summary["local_only"], tuned]:
         assert sorted(entry["per_site"]) == NAMES
         assert set(entry["mean_per_site"]) >= {"accuracy", "loss"}
         assert 0.0 <= entry["mean_per_site"]["accuracy"] <= 1.0
     assert summary["steps_per_round"] == dict.fromkeys(NAMES, 5)
     assert summary["centralized"]["steps"] == 2 * 4 * 5
     assert [s["steps"] for s in summary["local_only"]] == [10] * 4
+    # personalization: each hospital's own fine-tuned copy, beside the global model's numbers
+    assert tuned["steps"] == 8 and tuned["num_examples"] == summary["federated"]["num_examples"]
+    assert tuned["fine_tune_examples"] == {s["site"]: s["num_examples"] for s in summary["local_only"]}
+    assert any(tuned["per_site"][n]["loss"] != summary["federated"]["per_site"][n]["loss"]
+               for n in NAMES)
+    printed = "".join(capsys.readouterr().out.split())  # rich wraps lines at the console width
+    assert "federated+fine-tuned:eachhospital'sownfine-tunedcopy" in printed
+    assert (out / "rounds.png").stat().st_size > 0
     assert any("constant at switzerland" in w for w in summary["schema"]["warnings"])
     assert sorted(summary["rounds"][-1]["per_site"]) == NAMES
     history = json.loads((out / "federation" / "history.json").read_text())

@@ -24,5 +24,6 @@ def test_titanic_fusion_beats_each_branch_alone(tmp_path: Path) -> None:
     base = baselines(labels, files.sites, files.id_column, params, rounds=8)
     alone = [s["metrics"]["accuracy"] for s in base["local_only"]]
     assert fused["num_examples"] == 178  # 20% of 891 held out, every passenger at both sites
-    assert fused["metrics"]["accuracy"] > max(alone) + 0.02
+    # each branch alone keeps its best round on a validation cut (the fused model its last)
+    assert fused["metrics"]["accuracy"] > max(alone)
     assert fused["metrics"]["accuracy"] >= base["centralized"]["metrics"]["accuracy"] - 0.02

@@ -1,0 +1,80 @@
+"""Personalization: each hospital fine-tunes the final federated model on its own training rows.
+
+FedAvg + local fine-tuning ("FT", the baseline of the personalized-FL benchmarks): after the last
+round, every hospital copies the global model and trains it for ``steps`` mini-batches of Adam
+(the run's ``lr`` and ``batch_size``, a fresh optimizer) on its own training rows only: the
+rows its agent trains on, i.e. its file minus its test patients and minus its own held-out
+evaluation rows. Nothing is selected: the model after exactly ``steps`` steps is the hospital's
+model (no test patient, and no other hospital's row, is ever looked at). Each hospital's model
+is scored on its own test patients (``per_site``), their mean (``mean_per_site``) and the pooled
+test rows, where each row is predicted by its own hospital's model (``metrics``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from client.data import Dataset
+from client.models import SiteModel
+from client.train import fit_steps, score
+from protocol.config import RunConfig
+from protocol.errors import ConfigError
+
+
+def fine_tune(model: SiteModel, train: Dataset, cfg: RunConfig, steps: int, seed: int) -> SiteModel:
+    """A copy of ``model`` trained ``steps`` mini-batches on ``train`` (``model`` is unchanged)."""
+    if steps < 1:
+        raise ConfigError(f"Fine-tuning takes at least one mini-batch; --personalize 0 turns it "
+                          f"off. Received: {steps}")
+    tuned = copy.deepcopy(model)
+    fit_steps(tuned, train.x, train.y, steps=steps, lr=cfg.lr, batch_size=cfg.batch_size, seed=seed)
+    return tuned
+
+
+def pooled_metrics(per_site: Mapping[str, Mapping[str, float]],
+                   tests: Sequence[tuple[str, Dataset]], task: str) -> dict[str, float]:
+    """The metrics over all test rows, each predicted by its own hospital's model.
+
+    Exact from the per-hospital metrics: loss and accuracy are row means (weighted by test
+    rows); rmse pools the squared errors; r2 divides them by the pooled targets' variance.
+    """
+    sizes = np.array([len(t) for _, t in tests], dtype=np.float64)
+    names = [name for name, _ in tests]
+
+    def weighted(key: str) -> float:
+        return float(np.dot(sizes, [per_site[n][key] for n in names]) / sizes.sum())
+
+    out = {"loss": weighted("loss")}
+    if task == "classification":
+        out["accuracy"] = weighted("accuracy")
+        return out
+    ss_res = float(np.dot(sizes, [per_site[n]["rmse"] ** 2 for n in names]))
+    truth = np.concatenate([np.asarray(t.y, dtype=np.float64) for _, t in tests])
+    ss_tot = float(((truth - truth.mean()) ** 2).sum())
+    out["r2"] = 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
+    out["rmse"] = float(np.sqrt(ss_res / len(truth)))
+    return out
+
+
+def personalize(model: SiteModel, trains: Mapping[str, Dataset],
+                tests: Sequence[tuple[str, Dataset]], cfg: RunConfig, steps: int) -> dict[str, Any]:
+    """Fine-tune ``model`` at every hospital of ``tests`` on its ``trains`` rows; score each on
+    its own test patients. Returns the summary entry (``steps``, ``metrics``, ``per_site``,
+    ``mean_per_site``, ``fine_tune_examples``: ``{name: rows fine-tuned on}``)."""
+    missing = [name for name, _ in tests if name not in trains]
+    if missing:
+        raise ConfigError(f"Every hospital scored needs its own training rows to fine-tune on. "
+                          f"Received: none for {missing}")
+    per_site = {}
+    for i, (name, test) in enumerate(tests):
+        tuned = fine_tune(model, trains[name], cfg, steps, seed=cfg.seed * 100_003 + 50_021 + i)
+        per_site[name] = score(tuned, test.x, test.y)
+    keys = sorted({k for m in per_site.values() for k in m})
+    return {"steps": steps, "metrics": pooled_metrics(per_site, tests, model.spec.task),
+            "per_site": per_site,
+            "mean_per_site": {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys},
+            "fine_tune_examples": {name: len(trains[name]) for name, _ in tests}}

@@ -1,0 +1,136 @@
+"""Personalization: each hospital fine-tunes the global model on its own training rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from client.data import Dataset
+from client.models import SiteModel
+from client.site import split_site
+from client.train import score
+from orchestration.experiment import (
+    Experiment,
+    _concat,
+    _fresh_model,
+    check_schema,
+    encode_sites,
+    prepare_tables,
+    train_baseline,
+)
+from orchestration.personalize import fine_tune, personalize, pooled_metrics
+from protocol.config import RunConfig
+from protocol.errors import ConfigError
+
+
+def hospitals(dataset: str, tmp_path: Path, cfg: RunConfig) -> tuple[dict[str, Dataset],
+                                                                   list[tuple[str, Dataset]]]:
+    """Three hospitals of a bundled dataset (label-skewed for classification): the rows each
+    agent trains on, and each hospital's own test patients."""
+    partition = "dirichlet:1.0" if dataset != "diabetes" else "iid"
+    exp = Experiment(cfg=cfg, out=tmp_path, dataset=dataset, num_sites=3, partition=partition)
+    tables = prepare_tables(exp)
+    checked = check_schema(tables, cfg)
+    pairs = encode_sites(tables, checked[0] if checked else None)
+    trains = {t.name: split_site(train, cfg.val_fraction, cfg.seed)[0]
+              for t, (train, _) in zip(tables, pairs, strict=True)}
+    tests = [(t.name, test) for t, (_, test) in zip(tables, pairs, strict=True)]
+    return trains, tests
+
+
+def global_model(trains: dict[str, Dataset], cfg: RunConfig, num_outputs: int) -> SiteModel:
+    """A model trained on all hospitals' rows: stands in for the federation's final model."""
+    pooled = _concat(list(trains.values()))
+    return train_baseline(pooled, pooled, num_outputs, cfg, steps=20)
+
+
+def weights(model: SiteModel) -> list[np.ndarray]:
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def test_fine_tune_trains_a_copy_and_leaves_the_global_model(tmp_path: Path) -> None:
+    # Prepare
+    cfg = RunConfig(seed=0, target="target", hidden="16")
+    trains, _ = hospitals("wine", tmp_path, cfg)
+    model = global_model(trains, cfg, num_outputs=3)
+    before = weights(model)
+    # Execute
+    tuned = fine_tune(model, trains["site-0"], cfg, steps=10, seed=1)
+    # Assert: the global model is untouched, the hospital's copy moved
+    assert all(np.array_equal(a, b) for a, b in zip(before, weights(model), strict=True))
+    assert any(not np.allclose(a, b) for a, b in zip(before, weights(tuned), strict=True))
+    assert tuned.spec == model.spec
+
+
+def test_every_hospital_scores_its_own_fine_tuned_model_on_its_own_patients(tmp_path: Path) -> None:
+    # Prepare: label-skewed hospitals, so a hospital's own rows pull its copy away from the global
+    cfg = RunConfig(seed=0, target="target", hidden="16")
+    trains, tests = hospitals("breast-cancer", tmp_path, cfg)
+    model = global_model(trains, cfg, num_outputs=2)
+    # Execute
+    entry = personalize(model, trains, tests, cfg, steps=30)
+    # Assert: the summary entry's shape
+    names = [name for name, _ in tests]
+    assert entry["steps"] == 30
+    assert list(entry["per_site"]) == names
+    assert entry["fine_tune_examples"] == {name: len(trains[name]) for name in names}
+    assert set(entry["metrics"]) == {"loss", "accuracy"}
+    for key in ("loss", "accuracy"):
+        assert entry["mean_per_site"][key] == pytest.approx(
+            np.mean([entry["per_site"][n][key] for n in names]))
+    sizes = np.array([len(t) for _, t in tests])
+    assert entry["metrics"]["accuracy"] == pytest.approx(
+        np.dot(sizes, [entry["per_site"][n]["accuracy"] for n in names]) / sizes.sum())
+    # each hospital's number is its own model's, not the global model's
+    plain = {name: score(model, t.x, t.y) for name, t in tests}
+    assert all(entry["per_site"][n]["loss"] != pytest.approx(plain[n]["loss"]) for n in names)
+    # reproducible from the seed
+    assert personalize(model, trains, tests, cfg, steps=30)["per_site"] == entry["per_site"]
+
+
+@pytest.mark.parametrize("dataset,num_outputs", [("wine", 3), ("diabetes", 1)])
+def test_pooled_metrics_equal_scoring_every_row_with_its_hospitals_model(
+        tmp_path: Path, dataset: str, num_outputs: int) -> None:
+    # Prepare: two hospitals, each with its own (different) model
+    cfg = RunConfig(seed=0, target="target", hidden="16")
+    trains, tests = hospitals(dataset, tmp_path, cfg)
+    tests = tests[:2]
+    models = {name: fine_tune(global_model(trains, cfg, num_outputs), trains[name], cfg, 15, i)
+              for i, (name, _) in enumerate(tests)}
+    per_site = {name: score(models[name], t.x, t.y) for name, t in tests}
+    # Execute
+    pooled = pooled_metrics(per_site, tests, "classification" if num_outputs > 1 else "regression")
+    # Assert: against predictions made row by row with the row's own hospital's model
+    with torch.no_grad():
+        if num_outputs > 1:
+            hits = np.concatenate([models[n](torch.as_tensor(t.x)).argmax(1).numpy() == t.y
+                                   for n, t in tests])
+            assert pooled["accuracy"] == pytest.approx(hits.mean())
+        else:
+            pred = np.concatenate([models[n].predict(torch.as_tensor(t.x)).numpy().ravel()
+                                   for n, t in tests])
+            truth = np.concatenate([t.y for _, t in tests]).astype(np.float64)
+            ss_res = ((truth - pred) ** 2).sum()
+            assert pooled["rmse"] == pytest.approx(np.sqrt(ss_res / len(truth)), rel=1e-5)
+            assert pooled["r2"] == pytest.approx(
+                1 - ss_res / ((truth - truth.mean()) ** 2).sum(), rel=1e-5)
+    assert pooled["loss"] == pytest.approx(
+        sum(len(t) * per_site[n]["loss"] for n, t in tests) / sum(len(t) for _, t in tests))
+
+
+def test_fine_tuning_needs_a_step_and_every_hospitals_rows(tmp_path: Path) -> None:
+    cfg = RunConfig(seed=0, target="target", hidden="16")
+    trains, tests = hospitals("wine", tmp_path, cfg)
+    model = _fresh_model(trains["site-0"], 3, cfg)
+    with pytest.raises(ConfigError, match="Received: 0"):
+        fine_tune(model, trains["site-0"], cfg, steps=0, seed=0)
+    with pytest.raises(ConfigError, match="site-2"):
+        personalize(model, {k: v for k, v in trains.items() if k != "site-2"}, tests, cfg, 5)
