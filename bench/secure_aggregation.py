@@ -1,28 +1,35 @@
 """Round-time overhead of secure aggregation (SecAgg+) vs plain FedAvg, at 10, 20, 100 hospitals.
 
-Measured IN PROCESS (a Flower simulation of 100 hospitals does not fit this 2-core machine):
-the real protocol code (`client.secure.secagg`, `server.secure.secagg`,
-`protocol.secure_vector`, Flower's key agreement, Shamir shares, Fernet, ``pseudo_rand_gen``)
-runs every hospital's stages one after the other, each timed on its own. A round's time is
-modelled as the hospitals working in parallel and the coordinator after them:
+Two tables (issue 13's goal: secure <= 2x plain at 100 hospitals, where Flower's full-graph
+SecAgg costs 36x):
 
-- plain  = max_k(train_k) + FedAvg of the N updates (`aggregation.aggregate_updates`);
-- secure = max_k(train_k + setup_k + share-keys_k + encode-and-mask_k + unmask_k)
-  + the coordinator's stages (neighbour graph, routing, unmasking, decoding).
+1. **Flower simulation** (what the issue compares; `bench/secure_aggregation_flower.py`):
+   ``fedsplit simulate`` plain and with ``--secure-aggregation on``, same data and seed, an MLP
+   of about 100k parameters, round times from the coordinator's history (rounds 2..R).
+2. **In process** (isolates the computation): the real protocol code (`client.secure.secagg`,
+   `server.secure.secagg`, `protocol.secure_vector`, Flower's key agreement, Shamir shares,
+   Fernet, ``pseudo_rand_gen``) runs every hospital's stages one after the other, each timed on
+   its own. A round's time is modelled as the hospitals working in parallel and the
+   coordinator after them:
 
-``train_k`` is real local training: ``--steps`` Adam mini-batches of ``--batch`` rows of an
-MLP with about ``--params`` parameters (fedsplit's minimum local work is 10 mini-batches).
-Not included: the network (a masked vector is int64, twice the bytes of float32 weights) and
-the three extra message round trips (setup, share-keys, unmask) a deployment adds.
+   - plain  = max_k(train_k) + FedAvg of the N updates (`aggregation.aggregate_updates`);
+   - secure = max_k(train_k + setup_k + share-keys_k + encode-and-mask_k + unmask_k)
+     + the coordinator's stages (neighbour graph, routing, unmasking, decoding; the unmasking
+     runs in ``--workers`` processes, `server.secure.unmask`).
+
+   ``train_k`` is real local training: ``--steps`` Adam mini-batches of ``--batch`` rows of an
+   MLP with about ``--params`` parameters (fedsplit's minimum local work is 10 mini-batches).
+   Not included: the network (a masked vector is int64, twice the bytes of float32 weights)
+   and the three extra message round trips (setup, share-keys, unmask) a deployment adds.
 
     .venv/bin/python bench/secure_aggregation.py --hospitals 10,20,100
-
-Goal (issue 13): secure <= 2x plain at 100 hospitals.
+    .venv/bin/python bench/secure_aggregation.py --in-process-only --neighbours 11
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,11 +40,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/aggregation.py must not shadow
 
+import secure_aggregation_flower as flower_bench
+
 import aggregation
 from client.secure import secagg
 from protocol import secure_vector as sv
 from protocol.privacy import SecureSpec
 from protocol.update import Update
+from server.secure import unmask
 from server.secure.secagg import SecureSum
 
 
@@ -91,8 +101,8 @@ def plain_seconds(deltas: list[dict[str, np.ndarray]], counts: list[int]) -> flo
     return best
 
 
-def secure_seconds(deltas: list[dict[str, np.ndarray]], counts: list[int], spec: SecureSpec
-                   ) -> tuple[float, float, SecureSum, float]:
+def secure_seconds(deltas: list[dict[str, np.ndarray]], counts: list[int], spec: SecureSpec,
+                   workers: int) -> tuple[float, float, SecureSum, float]:
     """(slowest hospital's protocol seconds, coordinator seconds, the sum, max decode error)."""
     nodes = [(1 << 63) + 7919 * i for i in range(len(deltas))]  # node ids as Flower draws them
     ctx = {n: _Node() for n in nodes}
@@ -134,7 +144,7 @@ def secure_seconds(deltas: list[dict[str, np.ndarray]], counts: list[int], spec:
         reply = timed(n, secagg.unmask, ctx[n], cfg)
         replies[n] = (reply["nodes"], reply["shares"])
     t0 = time.perf_counter()
-    mean, _ = sv.decode(run.total(replies), deltas[0], spec.bound, spec.levels)
+    mean, _ = sv.decode(run.total(replies, workers), deltas[0], spec.bound, spec.levels)
     server += time.perf_counter() - t0
     total = sum(counts)
     exact = {k: sum(d[k].astype(np.float64) * c for d, c in zip(deltas, counts, strict=True)) / total
@@ -147,25 +157,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hospitals", default="10,20,100")
     parser.add_argument("--params", type=int, default=100_000)
-    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--bound", type=float, default=1.0)
+    parser.add_argument("--neighbours", type=int, default=0, help="K (0: 2 ceil(log2 N) + 1)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="unmasking processes (0: FEDSPLIT_SECAGG_WORKERS or the CPUs)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--in-process-only", action="store_true")
+    which.add_argument("--flower-only", action="store_true")
+    flower_bench.add_arguments(parser)
     args = parser.parse_args()
+    hospitals = [int(h) for h in args.hospitals.split(",")]
+    if not args.in_process_only:
+        flower_bench.table(hospitals, args)
+    if not args.flower_only:
+        in_process(hospitals, args)
+
+
+def in_process(hospitals: list[int], args: argparse.Namespace) -> None:
+    """The in-process table (see the module docstring)."""
     torch.set_num_threads(1)
-    spec = SecureSpec(bound=args.bound)
+    spec = SecureSpec(bound=args.bound, neighbours=args.neighbours)
+    workers = args.workers or unmask.workers()
+    for ready in unmask.warm_up(unmask.MIN_PARALLEL, workers):  # a coordinator starts it once
+        ready.result()
     train, delta = train_seconds(args.params, args.steps, args.batch)
     size = sv.vector_size(delta) - 1
-    print(f"model: {size} parameters; local training ({args.steps} x {args.batch} rows): "
-          f"{train * 1000:.1f} ms per hospital")
+    print(f"In process: load average {os.getloadavg()[0]:.2f}; model: {size} parameters; "
+          f"local training ({args.steps} x {args.batch} rows): "
+          f"{train * 1000:.1f} ms per hospital; unmasking workers: {workers}")
     print(f"{'N':>4} {'K':>3} {'T':>3} {'plain ms':>9} {'secure ms':>10} {'ratio':>6} "
           f"{'hospital ms':>12} {'coordinator ms':>15} {'max error':>10} {'bound 2B/L':>10}")
     rng = np.random.default_rng(0)
-    for n in (int(h) for h in args.hospitals.split(",")):
+    for n in hospitals:
         deltas = [{k: np.clip(v * rng.uniform(0.5, 1.5), -args.bound, args.bound)
                    for k, v in delta.items()} for _ in range(n)]
         counts = [int(c) for c in rng.integers(50, 5000, n)]
         plain = train + plain_seconds(deltas, counts)
-        hospital, coordinator, run, err = secure_seconds(deltas, counts, spec)
+        hospital, coordinator, run, err = secure_seconds(deltas, counts, spec, workers)
         secure = train + hospital + coordinator
         print(f"{n:>4} {run.share_num:>3} {run.threshold:>3} {plain * 1000:>9.1f} "
               f"{secure * 1000:>10.1f} {secure / plain:>6.2f} {hospital * 1000:>12.1f} "

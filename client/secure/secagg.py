@@ -6,7 +6,8 @@ Per round, four stages (the coordinator drives them, `server.secure`):
 
 1. ``setup``: make two key pairs (pk1/sk1 for pairwise masks, pk2/sk2 to encrypt shares).
 2. ``share-keys``: given the public keys of its neighbours, draw a fresh private-mask seed
-   ``b``, split ``b`` and ``sk1`` into Shamir shares (threshold T of K), and encrypt each
+   ``b`` (`protocol.secure_vector.SEED_BYTES`, 128 bits), split ``b`` and ``sk1`` into Shamir
+   shares (threshold T of K), and encrypt each
    neighbour's pair of shares with the key agreed from sk2 and its pk2.
 3. ``collect`` (with the train instruction, or a Weiszfeld step): decrypt the shares received,
    encode the update (`protocol.secure_vector.encode`) and add the private mask PRG(b) and,
@@ -96,22 +97,27 @@ def share_keys(context: Any, config: dict[str, Any]) -> dict[str, Any]:
     if len(nodes) < state["threshold"]:
         raise FederationError(f"Fewer neighbours ({len(nodes)}) than the reconstruction "
                               f"threshold ({state['threshold']}). Received: {nodes}")
-    seed = os.urandom(32)
+    seed = os.urandom(sv.SEED_BYTES)
     b_shares = create_shares(seed, state["threshold"], len(nodes))
     sk_shares = create_shares(state["sk1"], state["threshold"], len(nodes))
     sk2 = bytes_to_private_key(state["sk2"])
-    dsts, ciphertexts = [], []
+    dsts, ciphertexts, ss2 = [], [], []
     held_nodes, held_b, held_sk = [me], [b_shares[nodes.index(me)]], [sk_shares[nodes.index(me)]]
     for i, (node, pk2) in enumerate(zip(nodes, pk2s, strict=True)):
         if node == me:
+            ss2.append(b"")
             continue
         key = generate_shared_key(sk2, bytes_to_public_key(pk2))
         plain = share_keys_plaintext_concat(me, node, b_shares[i], sk_shares[i])
         dsts.append(str(node))
         ciphertexts.append(encrypt(key, plain))
+        ss2.append(key)
+    # "ss2": the key agreed with each neighbour, kept to decrypt its shares at the collect stage
+    # (as Flower's secaggplus_mod keeps ss2_dict; the state holds sk2 itself anyway)
     state.update({"stage": "share-keys", "rd-seed": seed, "nodes": [str(n) for n in nodes],
-                  "pk1s": pk1s, "pk2s": pk2s, "held-nodes": [str(n) for n in held_nodes],
-                  "held-b": held_b, "held-sk": held_sk})
+                  "pk1s": pk1s, "pk2s": pk2s, "ss2": ss2,
+                  "held-nodes": [str(n) for n in held_nodes], "held-b": held_b,
+                  "held-sk": held_sk})
     _save(context, state)
     return {"dsts": dsts, "ciphertexts": ciphertexts}
 
@@ -132,7 +138,6 @@ def masked_vector(context: Any, config: dict[str, Any], vector: np.ndarray) -> n
     if len(srcs) + 1 < state["threshold"]:
         raise FederationError(f"Only {len(srcs)} neighbours sent shares, fewer than the "
                               f"threshold allows. Received: {srcs}")
-    sk2 = bytes_to_private_key(state["sk2"])
     sk1 = bytes_to_private_key(state["sk1"])
     held_nodes = [int(n) for n in state["held-nodes"]]
     held_b, held_sk = list(state["held-b"]), list(state["held-sk"])
@@ -141,8 +146,7 @@ def masked_vector(context: Any, config: dict[str, Any], vector: np.ndarray) -> n
         if src not in nodes or src == me:
             raise FederationError(f"Shares arrived from a node that is not a neighbour. "
                                   f"Received: {src}")
-        pk2 = state["pk2s"][nodes.index(src)]
-        plain = decrypt(generate_shared_key(sk2, bytes_to_public_key(pk2)), ciphertext)
+        plain = decrypt(state["ss2"][nodes.index(src)], ciphertext)
         got_src, got_dst, b_share, sk_share = share_keys_plaintext_separate(plain)
         if got_src != src or got_dst != me:
             raise FederationError(f"A share was relayed to the wrong hospital. Received: from "

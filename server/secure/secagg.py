@@ -23,6 +23,7 @@ import numpy as np
 from protocol import secure_vector as sv
 from protocol.errors import FederationError
 from protocol.privacy import SecureSpec
+from server.secure import unmask
 
 
 @dataclass
@@ -89,12 +90,12 @@ class SecureSum:
         return {n: {"stage": "unmask", "active": [str(a) for a in self.graph[n] if a in self.u2],
                     "dropped": [str(d) for d in self.graph[n] if d in dropped]} for n in self.u2}
 
-    def total(self, replies: Mapping[int, tuple[list[int], list[bytes]]]) -> np.ndarray:
-        """The unmasked sum of U2's vectors, from the stage-4 replies."""
-        from flwr.common.secure_aggregation.crypto.shamir import combine_shares
-        from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
-        from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
+    def total(self, replies: Mapping[int, tuple[list[int], list[bytes]]],
+              workers: int | None = None) -> np.ndarray:
+        """The unmasked sum of U2's vectors, from the stage-4 replies.
 
+        The reconstructions and masks run in ``workers`` processes (`server.secure.unmask`;
+        default ``FEDSPLIT_SECAGG_WORKERS``)."""
         collected: dict[int, list[bytes]] = {}
         for _sender, (owners, shares) in replies.items():
             for owner, share in zip(owners, shares, strict=True):
@@ -103,6 +104,7 @@ class SecureSum:
         total = np.zeros(size, dtype=np.int64)
         for vec in self.masked.values():
             total = sv.add(total, vec)
+        jobs = []
         for node in self.u1:
             got = collected.get(node, [])
             if len(got) < self.threshold:
@@ -110,19 +112,16 @@ class SecureSum:
                     f"Hospital node {node}'s mask cannot be removed: {len(got)} of its neighbours "
                     f"returned shares, the reconstruction threshold is {self.threshold} (too many "
                     f"dropouts this round). Received: {len(got)} shares")
-            secret = combine_shares(got[: self.threshold])
+            shares = tuple(got[: self.threshold])
             if node in self.u2:  # its private mask seed
-                total = sv.sub(total, sv.mask(secret, size))
+                jobs.append(unmask.Job(shares))
                 continue
-            sk1 = bytes_to_private_key(secret)  # dropped: remove the pairwise masks others added
-            for other in self.graph[node]:
-                if other == node or other not in self.u2:
-                    continue
-                pair = sv.mask(generate_shared_key(sk1, bytes_to_public_key(self.keys[other][0])),
-                               size)
-                # `other` added +pair if other < node, else -pair
-                total = sv.sub(total, pair) if other < node else sv.add(total, pair)
-        return total
+            # dropped: remove the pairwise masks its active neighbours added for it
+            # (`other` added +pair if other < node, else -pair)
+            jobs.append(unmask.Job(shares, tuple(
+                (self.keys[other][0], 1 if other < node else -1)
+                for other in self.graph[node] if other != node and other in self.u2)))
+        return sv.sub(total, unmask.parallel_correction(jobs, size, workers))
 
     def _need(self, have: int, what: str) -> None:
         if have < max(2, self.threshold):

@@ -37,6 +37,7 @@ from protocol.horizontal_wire import reply_site
 from protocol.privacy import SecureSpec
 from protocol.update import Update
 from server.privacy import PrivateStrategy
+from server.secure import unmask
 from server.secure.secagg import SecureSum
 from server.strategy import weighted_mean
 
@@ -78,6 +79,7 @@ class SecureStrategy(PrivateStrategy):
         if not msgs:
             return msgs
         self._grid = grid
+        unmask.warm_up(len(msgs))  # the unmasking pool starts while the keys are exchanged
         start = time.monotonic()
         run = SecureSum(self.secure, [m.metadata.dst_node_id for m in msgs], round=r)
         try:

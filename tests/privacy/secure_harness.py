@@ -20,8 +20,10 @@ class Node:
 
 
 def secure_sum(spec: SecureSpec, vectors: Mapping[int, np.ndarray], *,
-               drop_before_collect: Iterable[int] = ()) -> tuple[np.ndarray, SecureSum]:
-    """Sum ``vectors`` (node -> int64 vector) with SecAgg+; dropped nodes never send theirs."""
+               drop_before_collect: Iterable[int] = (), workers: int | None = None
+               ) -> tuple[np.ndarray, SecureSum]:
+    """Sum ``vectors`` (node -> int64 vector) with SecAgg+; dropped nodes never send theirs;
+    the coordinator unmasks with ``workers`` processes (default: `server.secure.unmask.workers`)."""
     nodes = sorted(vectors)
     ctx = {n: Node() for n in nodes}
     run = SecureSum(spec, nodes, round=1)
@@ -42,4 +44,4 @@ def secure_sum(spec: SecureSpec, vectors: Mapping[int, np.ndarray], *,
     for n, cfg in run.unmask_instructions(masked).items():
         reply = secagg.unmask(ctx[n], cfg)
         replies[n] = (reply["nodes"], reply["shares"])
-    return run.total(replies), run
+    return run.total(replies, workers), run
