@@ -10,6 +10,12 @@ is stored contiguous (`WeightFile.mapped`), else straight from the HDF5 dataset 
 slicing when it is an in-memory `protocol.Update`. The block length ``b`` is chosen so that
 the buffer plus the reducer's own working memory stay under the budget, whatever N.
 Strategies supply only the reducer that turns a stacked block into aggregate values.
+
+A reducer whose compiled kernels read the updates where they lie (`StackReducer.takes_rows`)
+gets a block as `Rows` instead: one view per update (its own memory, or the weight file's
+mapped pages), no stacked copy and no separate finite check; the reducer's own output
+(`StackReducer.proof`: distances, the Gram matrix) proves the values finite instead. Blocks
+that cannot be viewed (HDF5 reads, float16 files) are still stacked.
 """
 
 from __future__ import annotations
@@ -279,18 +285,22 @@ class BlockReader:
         if self.watch is not None and not all_finite(out):
             self.watch.flag()
 
-    def view(self, block: Block) -> np.ndarray | None:
-        """The block's values without copying (an in-memory update, a mapped file), else None."""
+    def view(self, block: Block, *, check: bool = True) -> np.ndarray | None:
+        """The block's values without copying (an in-memory update, a mapped file), else None.
+
+        ``check=False`` skips the finite check of a `Watched` source (the caller proves the
+        values finite from its own output, e.g. a stacked pass's `StackReducer.proof`)."""
         if self._update is not None:
             values = self._flat(block.name)[block.start : block.stop]
         else:
             mapped = self._mapped(block.name)
             if mapped is None:
                 return None
-            self._unmap(self._viewed)  # the caller is done with the previous block
-            self._viewed = block
+            if block != self._viewed:  # the caller is done with the previous block
+                self._unmap(self._viewed)
+                self._viewed = block
             values = mapped[block.start : block.stop]
-        if self.watch is not None and not all_finite(values):
+        if check and self.watch is not None and not all_finite(values):
             self.watch.flag()
         return values
 
@@ -365,24 +375,71 @@ def plan_stack(
     )
 
 
+class Rows:
+    """A block's N rows read in place: one 1-D view per update (its own memory or mapped pages).
+
+    What `iter_stacks` hands a reducer instead of a stacked copy when every update's block can
+    be viewed (`BlockReader.view`) in the plan's dtype; `addresses` are the rows' first values,
+    as the compiled kernels take them (`aggregation._numba_kernels`).
+    """
+
+    def __init__(self, views: list[np.ndarray]) -> None:
+        self.views = views  # keeps the memory alive while a kernel reads it
+
+    @property
+    def addresses(self) -> np.ndarray:
+        """int64 address of each row's first value."""
+        return np.array([v.__array_interface__["data"][0] for v in self.views], dtype=np.int64)
+
+
+def stack_addresses(stack: np.ndarray) -> np.ndarray:
+    """int64 address of each row of a C-contiguous stacked block (as `Rows.addresses`)."""
+    return stack.ctypes.data + np.arange(stack.shape[0], dtype=np.int64) * stack.strides[0]
+
+
+def _rows_of(readers: Sequence[BlockReader], block: Block, dtype: np.dtype) -> Rows | None:
+    """Every reader's block as an in-place view of ``dtype`` (unchecked), else None."""
+    views = []
+    for reader in readers:
+        v = reader.view(block, check=False)
+        if v is None or v.dtype != dtype or not v.flags.c_contiguous:
+            return None
+        views.append(v)
+    return Rows(views)
+
+
 def iter_stacks(
-    updates: Sequence[UpdateSource], specs: Sequence[ArraySpec], plan: BlockPlan
-) -> Iterator[tuple[Block, np.ndarray]]:
+    updates: Sequence[UpdateSource],
+    specs: Sequence[ArraySpec],
+    plan: BlockPlan,
+    *,
+    rows: bool = False,
+) -> Iterator[tuple[Block, np.ndarray | Rows]]:
     """Yield ``(block, stack)`` for every block; ``stack`` is ``(N, block.size)``, C-contiguous.
 
     Row k holds update k's values in ``plan.dtype``. The buffer is reused: a reducer must
-    finish with (or copy) a stack before asking for the next one.
+    finish with (or copy) a stack before asking for the next one. With ``rows``, a block whose
+    N values can all be viewed in place (`Rows`: in-memory updates, memory-mapped weight files,
+    already in ``plan.dtype``) is yielded as `Rows` instead, unchecked and without a copy (the
+    stacked buffer is then allocated only if some block needs it); the caller proves those
+    values finite (`run_stacked` and `StackReducer.proof`).
     """
     if len(updates) != plan.num_updates:
         raise ValueError(f"plan is for {plan.num_updates} updates. Received: {len(updates)}")
     readers = [BlockReader(u) for u in updates]
-    buffer = np.empty(plan.num_updates * plan.values_per_block, dtype=plan.dtype)
+    buffer: np.ndarray | None = None
     current = None
     for block in plan_blocks(specs, plan.values_per_block):
         if block.name != current:
             for r in readers:
                 r.release()
             current = block.name
+        in_place = _rows_of(readers, block, plan.dtype) if rows else None
+        if in_place is not None:
+            yield block, in_place
+            continue
+        if buffer is None:
+            buffer = np.empty(plan.num_updates * plan.values_per_block, dtype=plan.dtype)
         stack = buffer[: plan.num_updates * block.size].reshape(plan.num_updates, block.size)
         # rows are filled by the worker threads, a contiguous share of updates each
         threads = threads_for(stack.size, len(readers))
@@ -413,8 +470,20 @@ class StackReducer:
     #: extra bytes per coordinate of a block (results, thresholds)
     bytes_per_coordinate: int = 0
 
-    def __call__(self, block: Block, stack: np.ndarray, out: np.ndarray | None) -> None:
-        """Reduce ``stack`` (N, block.size); write results to ``out`` (flat, or None)."""
+    def takes_rows(self, plan: BlockPlan) -> bool:
+        """Whether blocks of ``plan`` may come as `Rows` (in place) instead of a stack.
+
+        A reducer that says yes reads every value it is given and returns values from `proof`
+        that are all finite only when those inputs are.
+        """
+        return False
+
+    def proof(self) -> list[np.ndarray]:
+        """Results that are non-finite whenever any value read as `Rows` was (see `takes_rows`)."""
+        return []
+
+    def __call__(self, block: Block, stack: np.ndarray | Rows, out: np.ndarray | None) -> None:
+        """Reduce ``stack`` (N, block.size) or `Rows`; write results to ``out`` (flat, or None)."""
         raise NotImplementedError
 
 
@@ -429,6 +498,9 @@ def run_stacked(
     """Feed every stacked block of ``updates`` to ``reducer``; return the plan it ran under.
 
     With ``outputs`` (from `empty_like_specs`), the reducer gets the block's flat output range.
+    When the reducer `takes_rows`, blocks that can be read in place come as `Rows`; their
+    values are then proved finite by the reducer's `proof` (a non-finite one flags the
+    updates' `ValueWatch`, and `aggregation.run` redoes the round with the full scan).
     """
     plan = plan_stack(
         len(updates),
@@ -437,8 +509,13 @@ def run_stacked(
         bytes_per_value=reducer.bytes_per_value,
         bytes_per_coordinate=reducer.bytes_per_coordinate,
     )
-    for block, stack in iter_stacks(updates, specs, plan):
+    rows = reducer.takes_rows(plan)
+    in_place = False
+    for block, stack in iter_stacks(updates, specs, plan, rows=rows):
+        in_place = in_place or isinstance(stack, Rows)
         reducer(block, stack, flat_view(outputs, block) if outputs is not None else None)
+    if in_place:
+        flag_non_finite(updates, reducer.proof())
     return plan
 
 

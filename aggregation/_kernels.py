@@ -8,7 +8,11 @@ they replace, in one pass over cache-resident data instead of several numpy call
   rule needs, with the trim-and-sum, the per-update drop counts and the distances fused in;
   the count-weighted variants carry each value's update index through the same network;
 - FedAvg's weighted sum: one fused multiply-add per update and coordinate;
-- the distance pass and Krum's tile centring (the Gram product itself stays in BLAS).
+- the distance pass, and Krum's tiles gathered from the updates and centred in one pass (the
+  Gram product itself stays in BLAS).
+
+The stacked kernels read the updates in place (`aggregation._blocks.Rows`: in-memory updates,
+memory-mapped weight files) instead of a stacked copy.
 
 Choice (``FEDSPLIT_AGG_KERNELS``, read at every pass):
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from types import ModuleType
 
 import numpy as np
@@ -60,10 +65,40 @@ def mode() -> str:
 @functools.cache
 def _load() -> ModuleType | None:
     try:
-        from aggregation import _numba_kernels
+        import numba  # noqa: F401
     except ImportError:
         return None
+    _skip_scipy_probe()
+    from aggregation import _numba_kernels
+
     return _numba_kernels
+
+
+def _skip_scipy_probe() -> None:
+    """Keep numba from importing scipy.linalg when the kernels load (0.2-0.4 s of CPU).
+
+    ``numba.np.arraymath``, which every kernel's typing loads, probes once at import whether
+    scipy's BLAS is there (``numba.np.linalg.ensure_blas``: ``import scipy.linalg``), only to
+    pick a BLAS inner product for ``np.correlate``-like functions the kernels do not use. The
+    probe is answered "no" while that module is imported (those functions then use numba's
+    own loop in this process); ``ensure_blas`` itself is restored at once, so ``np.dot`` and
+    ``np.linalg`` in other jitted code still find scipy. Nothing is done when arraymath or
+    scipy.linalg is already loaded.
+    """
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return
+    import numba.np.linalg as linalg
+
+    probe = linalg.ensure_blas
+
+    def absent() -> None:
+        raise ImportError("not probed: fedsplit's kernels use no BLAS")
+
+    linalg.ensure_blas = absent
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        linalg.ensure_blas = probe
 
 
 def compiled(values: int) -> ModuleType | None:

@@ -6,12 +6,16 @@ Arrays are float32 or float64 and C-contiguous; scalars are int64 or float64, so
 compiles for two signatures at most. Every kernel releases the GIL (``nogil``) and is cached
 on disk (``cache=True``) when a cache directory is writable.
 
-The order-statistic kernels work on ``x[:, l0:l1]`` of a stacked block ``x`` (N, b), in chunks
-of `CHUNK` coordinates: the chunk's N x CHUNK values are copied into a buffer that stays in
-the L1 cache, sorted by a sorting network run across the chunk's coordinates (each
-compare-exchange is a vectorised min/max of two rows), and the rule's value, each update's
-drop count and its squared distance to the result are taken from the buffer and the
-unsorted block.
+The order-statistic kernels and Krum's `gather_centered` take a block as ``rows``: an int64
+array holding the address of each update's first value of the block
+(`aggregation._blocks.Rows`: the update's own memory or its weight file's mapped pages; or the
+rows of a stacked buffer, `aggregation._blocks.stack_addresses`), so they read the N updates
+where they lie without a stacked copy. The order-statistic kernels work on coordinates
+``l0:l1`` in chunks of `CHUNK` coordinates: the chunk's N x CHUNK values are copied into a
+buffer that stays in the L1 cache, sorted by a sorting network run across the chunk's
+coordinates (each compare-exchange is a vectorised min/max of two rows), and the rule's
+value, each update's drop count and its squared distance to the result are taken from the
+buffer and the unsorted rows.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 #: Coordinates sorted together: N x CHUNK values (12.8 KB for N=50 float32) stay in L1.
 CHUNK = 64
@@ -45,31 +52,51 @@ def _jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     return wrap
 
 
-@_jit()
-def trim_tile(x, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):
-    """Mean of sorted ranks ``cut .. N-cut-1`` of ``x[:, l0:l1]`` into ``out`` (length l1 - l0).
+@intrinsic
+def _pointer(typingctx, address):
+    """An int64 memory address as a ``void*`` (for `numba.carray`)."""
+    sig = types.voidptr(types.int64)
 
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return sig, codegen
+
+
+@_jit(inline="always")
+def _row(rows, r, length, dtype):
+    """Row ``r`` of a block as an array of ``length`` values: ``rows[r]`` is its address."""
+    return numba.carray(_pointer(rows[r]), (length,), dtype)
+
+
+@_jit()
+def trim_tile(rows, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):
+    """Mean of sorted ranks ``cut .. N-cut-1`` of coordinates ``l0:l1`` into ``out`` (l1 - l0).
+
+    ``rows[k]`` is the address of update k's block (its values contiguous, of ``out``'s dtype;
+    a row of the stacked buffer or the update's own memory: `aggregation._blocks.Rows`).
     One or two kept values are returned / halved in the input precision (as ``np.median``);
     more are summed in float64 in rank order and divided by their number. ``dropped[k]`` gains
     the number of coordinates where update k's value lies outside the kept range (differs
     from the single kept value when one is kept); ``dist2[k]`` gains the float64 sum of
     ``(x_k - result)**2``, each difference taken in the input precision.
     """
-    n = x.shape[0]
+    n = rows.shape[0]
     width = n - 2 * cut
     chunk = min(CHUNK, l1 - l0)
-    buf = np.empty((n, chunk), dtype=x.dtype)
-    res = np.empty(chunk, dtype=x.dtype)
-    low = np.empty(chunk, dtype=x.dtype)
-    high = np.empty(chunk, dtype=x.dtype)
+    buf = np.empty((n, chunk), dtype=out.dtype)
+    res = np.empty(chunk, dtype=out.dtype)
+    low = np.empty(chunk, dtype=out.dtype)
+    high = np.empty(chunk, dtype=out.dtype)
     total = np.empty(chunk, dtype=np.float64)
     counts = np.zeros((n, chunk), dtype=np.int64)
     squares = np.zeros((n, chunk), dtype=np.float64)
     for c0 in range(l0, l1, chunk):
         w = min(chunk, l1 - c0)
         for r in range(n):
+            x = _row(rows, r, l1, out.dtype)
             for j in range(w):
-                buf[r, j] = x[r, c0 + j]
+                buf[r, j] = x[c0 + j]
         for c in range(lo_idx.shape[0]):
             a = lo_idx[c]
             b = hi_idx[c]
@@ -99,34 +126,37 @@ def trim_tile(x, l0, l1, lo_idx, hi_idx, cut, out, dropped, dist2):
                 low[j] = buf[cut, j]
                 high[j] = buf[n - cut - 1, j]
             for r in range(n):
+                x = _row(rows, r, l1, out.dtype)
                 for j in range(w):
-                    v = x[r, c0 + j]
+                    v = x[c0 + j]
                     if width == 1:
                         counts[r, j] += np.int64(v != low[j])
                     else:
                         counts[r, j] += np.int64(v < low[j]) + np.int64(v > high[j])
-        _add_squares(x, c0, w, res, squares)
+        _add_squares(rows, l1, c0, w, res, squares)
     for r in range(n):
         dropped[r] += counts[r].sum()
         dist2[r] += squares[r].sum()
 
 
 @_jit()
-def _add_squares(x, c0, w, res, squares):
-    """``squares[r, j] += (x[r, c0 + j] - res[j])**2`` in float64 (each update's distance part)."""
-    for r in range(x.shape[0]):
+def _add_squares(rows, length, c0, w, res, squares):
+    """``squares[r, j] += (x_r[c0 + j] - res[j])**2`` in float64 (each update's distance part)."""
+    for r in range(rows.shape[0]):
+        x = _row(rows, r, length, res.dtype)
         for j in range(w):
-            d = np.float64(x[r, c0 + j] - res[j])
+            d = np.float64(x[c0 + j] - res[j])
             squares[r, j] += d * d
 
 
 @_jit()
-def _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx):
-    """Sort ``x[:, c0:c0+w]`` per coordinate into ``buf``, carrying update indices in ``idx``."""
-    n = x.shape[0]
+def _sorted_with_index(rows, length, c0, w, lo_idx, hi_idx, buf, idx):
+    """Sort coordinates ``c0:c0+w`` per coordinate into ``buf``, carrying update indices."""
+    n = rows.shape[0]
     for r in range(n):
+        x = _row(rows, r, length, buf.dtype)
         for j in range(w):
-            buf[r, j] = x[r, c0 + j]
+            buf[r, j] = x[c0 + j]
             idx[r, j] = r
     for c in range(lo_idx.shape[0]):
         a = lo_idx[c]
@@ -144,21 +174,21 @@ def _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx):
 
 
 @_jit()
-def weighted_median_tile(x, l0, l1, lo_idx, hi_idx, counts, total, out, used, dist2):
-    """Count-weighted median of ``x[:, l0:l1]`` (definition: `aggregation._order.weighted_median`).
+def weighted_median_tile(rows, l0, l1, lo_idx, hi_idx, counts, total, out, used, dist2):
+    """Count-weighted median of coordinates ``l0:l1`` (`aggregation._order.weighted_median`).
 
-    ``used[k]`` gains the number of coordinates where update k's value made the result;
-    ``dist2`` as in `trim_tile`.
+    ``rows`` as in `trim_tile`; ``used[k]`` gains the number of coordinates where update k's
+    value made the result; ``dist2`` as in `trim_tile`.
     """
-    n = x.shape[0]
+    n = rows.shape[0]
     chunk = min(CHUNK, l1 - l0)
-    buf = np.empty((n, chunk), dtype=x.dtype)
+    buf = np.empty((n, chunk), dtype=out.dtype)
     idx = np.empty((n, chunk), dtype=np.int64)
-    res = np.empty(chunk, dtype=x.dtype)
+    res = np.empty(chunk, dtype=out.dtype)
     squares = np.zeros((n, chunk), dtype=np.float64)
     for c0 in range(l0, l1, chunk):
         w = min(chunk, l1 - c0)
-        _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx)
+        _sorted_with_index(rows, l1, c0, w, lo_idx, hi_idx, buf, idx)
         for j in range(w):
             cum = 0
             k = 0
@@ -175,27 +205,27 @@ def weighted_median_tile(x, l0, l1, lo_idx, hi_idx, counts, total, out, used, di
             else:
                 res[j] = buf[k, j]
             out[c0 - l0 + j] = res[j]
-        _add_squares(x, c0, w, res, squares)
+        _add_squares(rows, l1, c0, w, res, squares)
     for r in range(n):
         dist2[r] += squares[r].sum()
 
 
 @_jit()
-def weighted_trim_tile(x, l0, l1, lo_idx, hi_idx, counts, lo, hi, out, dropped, dist2):
-    """Count-weighted trimmed mean of ``x[:, l0:l1]`` (`aggregation._order.weighted_trimmed_mean`).
+def weighted_trim_tile(rows, l0, l1, lo_idx, hi_idx, counts, lo, hi, out, dropped, dist2):
+    """Count-weighted trimmed mean of ``l0:l1`` (`aggregation._order.weighted_trimmed_mean`).
 
-    ``dropped[k]`` gains the share of update k's count trimmed at each coordinate (float64);
-    ``dist2`` as in `trim_tile`.
+    ``rows`` as in `trim_tile`; ``dropped[k]`` gains the share of update k's count trimmed at
+    each coordinate (float64); ``dist2`` as in `trim_tile`.
     """
-    n = x.shape[0]
+    n = rows.shape[0]
     chunk = min(CHUNK, l1 - l0)
-    buf = np.empty((n, chunk), dtype=x.dtype)
+    buf = np.empty((n, chunk), dtype=out.dtype)
     idx = np.empty((n, chunk), dtype=np.int64)
-    res = np.empty(chunk, dtype=x.dtype)
+    res = np.empty(chunk, dtype=out.dtype)
     squares = np.zeros((n, chunk), dtype=np.float64)
     for c0 in range(l0, l1, chunk):
         w = min(chunk, l1 - c0)
-        _sorted_with_index(x, c0, w, lo_idx, hi_idx, buf, idx)
+        _sorted_with_index(rows, l1, c0, w, lo_idx, hi_idx, buf, idx)
         for j in range(w):
             cum = 0.0
             num = 0.0
@@ -213,7 +243,7 @@ def weighted_trim_tile(x, l0, l1, lo_idx, hi_idx, counts, lo, hi, out, dropped, 
                 dropped[k] += 1.0 - kept / weight
             res[j] = num / den
             out[c0 - l0 + j] = res[j]
-        _add_squares(x, c0, w, res, squares)
+        _add_squares(rows, l1, c0, w, res, squares)
     for r in range(n):
         dist2[r] += squares[r].sum()
 
@@ -274,3 +304,29 @@ def center_columns(x, l0, l1):
         for r in range(n):
             for j in range(w):
                 x[r, c0 + j] -= mean[j]
+
+
+@_jit()
+def gather_centered(rows, l0, l1, tile):
+    """``tile[:, :l1-l0]`` = coordinates ``l0:l1`` of the rows, minus each coordinate's mean.
+
+    ``rows`` as in `trim_tile`. The same arithmetic as `center_columns` (float64 column mean
+    of the rows in order, cast, subtracted in the input precision), reading each update's own
+    memory straight into the cache-resident tile instead of centring a stacked copy in place.
+    """
+    n = rows.shape[0]
+    w = l1 - l0
+    total = np.zeros(w, dtype=np.float64)
+    mean = np.empty(w, dtype=tile.dtype)
+    for r in range(n):
+        x = _row(rows, r, l1, tile.dtype)
+        for j in range(w):
+            v = x[l0 + j]
+            tile[r, j] = v
+            total[j] += v
+    for j in range(w):
+        mean[j] = total[j] / n
+    for r in range(n):
+        for j in range(w):
+            tile[r, j] -= mean[j]
+

@@ -9,8 +9,10 @@ how often its value was dropped and its squared distance to the aggregate.
 With the compiled kernels (`aggregation._kernels`: numba installed, a large pass or
 ``FEDSPLIT_AGG_KERNELS=numba``) each thread's share of a block goes to one kernel call instead:
 a sorting network run across coordinates in L1-sized chunks, with the trim-and-sum, drop
-counts and distances fused in (`aggregation._numba_kernels`); the numpy code below is the
-reference it is tested against. On a GPU (`aggregation._device`) the block goes to torch.
+counts and distances fused in (`aggregation._numba_kernels`), reading the updates in place
+(`aggregation._blocks.Rows`) when they are in memory or mapped, so no stack is filled; the
+distances then prove the values finite. The numpy code below is the reference it is tested
+against. On a GPU (`aggregation._device`) the block goes to torch.
 
 Unweighted rule with cut ``k`` (values dropped at each end): mean of the sorted values
 ``k .. N-k-1``. The median is the cut ``(N-1)//2`` (one or two middle values, averaged in the
@@ -30,10 +32,13 @@ import numpy as np
 
 from aggregation._blocks import (
     Block,
+    BlockPlan,
+    Rows,
     Scratch,
     StackReducer,
     empty_like_specs,
     run_stacked,
+    stack_addresses,
     tiles,
     work_dtype,
 )
@@ -125,24 +130,37 @@ class _OrderReducer(StackReducer):
             self._pool.put(scratch)
 
     def _kernel(
-        self, stack: np.ndarray, l0: int, l1: int, out: np.ndarray, dropped: np.ndarray,
+        self, rows: np.ndarray, l0: int, l1: int, out: np.ndarray, dropped: np.ndarray,
         dist2: np.ndarray,
     ) -> None:
-        """Run the compiled kernel on ``stack[:, l0:l1]`` (results into ``out``, length l1-l0)."""
+        """Run the compiled kernel on coordinates ``l0:l1`` of the rows at addresses ``rows``
+        (results into ``out``, length l1-l0)."""
         raise NotImplementedError
 
-    def _run_kernel(self, stack: np.ndarray, out: np.ndarray, l0: int, l1: int) -> tuple:
+    def _run_kernel(self, rows: np.ndarray, out: np.ndarray, l0: int, l1: int) -> tuple:
         dropped = np.zeros(self.n, dtype=np.float64)
         dist2 = np.zeros(self.n, dtype=np.float64)
-        self._kernel(stack, l0, l1, out[l0:l1], dropped, dist2)
+        self._kernel(rows, l0, l1, out[l0:l1], dropped, dist2)
         return dropped, dist2
+
+    def takes_rows(self, plan: BlockPlan) -> bool:
+        """The kernels read the updates in place (the numpy path and the GPU need a stack)."""
+        return self.device is None and self.kernels is not None and kernel_dtype(plan.dtype)
+
+    def proof(self) -> list[np.ndarray]:
+        """The squared distances: every value read enters one, so they are finite only if all
+        values were (or the sum overflowed)."""
+        return [self.dist2]
 
     def _torch(self, stack: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Aggregate the block on the GPU; return (dropped, dist2)."""
         raise NotImplementedError
 
-    def __call__(self, block: Block, stack: np.ndarray, out: np.ndarray | None) -> None:
+    def __call__(self, block: Block, stack: np.ndarray | Rows, out: np.ndarray | None) -> None:
         assert out is not None
+        if isinstance(stack, Rows):  # read in place: only offered when the kernels run
+            self._kernels(block, stack.addresses, out)
+            return
         if self.device is not None:
             dropped, dist2 = self._torch(stack, out)
             self.dropped += dropped
@@ -150,14 +168,21 @@ class _OrderReducer(StackReducer):
             self.coords += block.size
             return
         if self.kernels is not None and kernel_dtype(stack.dtype) and out.dtype == stack.dtype:
-            share = -(-block.size // self.workers)
-            share = -(-share // 64) * 64  # whole kernel chunks per thread
-            ranges = [(l0, min(l0 + share, block.size)) for l0 in range(0, block.size, share)]
-            results = map_threads(
-                functools.partial(self._run_kernel, stack, out), len(ranges), *zip(*ranges, strict=True)
-            )
-        else:
-            results = self._numpy_tiles(block, stack, out)
+            self._kernels(block, stack_addresses(stack), out)
+            return
+        self._add(self._numpy_tiles(block, stack, out), block)
+
+    def _kernels(self, block: Block, rows: np.ndarray, out: np.ndarray) -> None:
+        """The compiled kernel over the block's rows (addresses), a range of coordinates a thread."""
+        share = -(-block.size // self.workers)
+        share = -(-share // 64) * 64  # whole kernel chunks per thread
+        ranges = [(l0, min(l0 + share, block.size)) for l0 in range(0, block.size, share)]
+        results = map_threads(
+            functools.partial(self._run_kernel, rows, out), len(ranges), *zip(*ranges, strict=True)
+        )
+        self._add(results, block)
+
+    def _add(self, results: list, block: Block) -> None:
         for dropped, dist2 in results:
             self.dropped += dropped
             self.dist2 += dist2
@@ -183,10 +208,10 @@ class TrimReducer(_OrderReducer):
             raise ValueError(f"cut must satisfy 0 <= 2*cut < N={self.n}. Received: {cut}")
         self.cut = cut
 
-    def _kernel(self, stack, l0, l1, out, dropped, dist2) -> None:
+    def _kernel(self, rows, l0, l1, out, dropped, dist2) -> None:
         lo, hi = selection_network(self.n, self.cut, self.n - self.cut - 1)
         counts = np.zeros(self.n, dtype=np.int64)
-        self.kernels.trim_tile(stack, l0, l1, lo, hi, self.cut, out, counts, dist2)
+        self.kernels.trim_tile(rows, l0, l1, lo, hi, self.cut, out, counts, dist2)
         dropped += counts
 
     def _torch(self, stack: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -234,11 +259,11 @@ class WeightedMedianReducer(_OrderReducer):
         super().__init__(counts)
         self.total = int(counts.sum())
 
-    def _kernel(self, stack, l0, l1, out, dropped, dist2) -> None:
+    def _kernel(self, rows, l0, l1, out, dropped, dist2) -> None:
         lo, hi = selection_network(self.n, 0, self.n - 1)
         used = np.zeros(self.n, dtype=np.int64)
         self.kernels.weighted_median_tile(
-            stack, l0, l1, lo, hi, self.counts.astype(np.int64), self.total, out, used, dist2
+            rows, l0, l1, lo, hi, self.counts.astype(np.int64), self.total, out, used, dist2
         )
         dropped += (l1 - l0) - used
 
@@ -273,10 +298,10 @@ class WeightedTrimReducer(_OrderReducer):
         total = float(counts.sum())
         self.lo, self.hi = beta * total, (1.0 - beta) * total
 
-    def _kernel(self, stack, l0, l1, out, dropped, dist2) -> None:
+    def _kernel(self, rows, l0, l1, out, dropped, dist2) -> None:
         lo, hi = selection_network(self.n, 0, self.n - 1)
         self.kernels.weighted_trim_tile(
-            stack, l0, l1, lo, hi, self.counts.astype(np.float64), self.lo, self.hi, out,
+            rows, l0, l1, lo, hi, self.counts.astype(np.float64), self.lo, self.hi, out,
             dropped, dist2,
         )
 

@@ -9,6 +9,10 @@ multiplied by its weight ``n_k / sum n`` and added to the block's accumulator. N
 stacked or cast-copied first, so the input is read at close to memory speed
 (`bench/aggregation.py` measures the share of the machine's read bandwidth reached).
 
+Called through `aggregation.aggregate_updates`, the same pass also gives the report's
+distances: each block's distances are taken right after its mean, while the updates' blocks
+are still in the cache, instead of a second pass reading every input again.
+
 Precision: float32 products and sums (float64 for float64 models) within groups of 16 updates,
 the group sums added in float64 (details in `aggregation.building_blocks`). Blocks are shared
 out among ``FEDSPLIT_AGG_THREADS`` threads (default: every core, at most 8); numpy's loops
@@ -39,13 +43,27 @@ class FedAvg(AggregationStrategy):
     summary = "Count-weighted mean of all updates (McMahan et al. 2017). No parameters."
     Params = FedAvgParams
 
+    #: `aggregation.run` asks for the report's distances in the mean's own pass
+    fuses_distances = True
+
     def aggregate(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
+        self,
+        updates: Sequence[UpdateSource],
+        *,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        distances: bool = False,
     ) -> AggregateResult:
-        """Return sum(n_k * w_k) / sum(n_k), block by block (float64 across groups)."""
+        """Return sum(n_k * w_k) / sum(n_k), block by block (float64 across groups).
+
+        With ``distances`` the report's ``l2_to_aggregate`` is filled in by the same pass (each
+        block's distances while its inputs are in the cache); else `aggregation.run` adds them.
+        """
         inputs = inputs_of(self, updates)
-        mean = weighted_mean(updates, inputs.counts, memory_budget=memory_budget)
-        sites = site_reports(inputs.headers, inputs.counts / inputs.total)
+        mean = weighted_mean(
+            updates, inputs.counts, memory_budget=memory_budget, distances=distances
+        )
+        columns = {} if mean.distances is None else {"l2_to_aggregate": mean.distances}
+        sites = site_reports(inputs.headers, inputs.counts / inputs.total, **columns)
         return make_result(
             self, inputs, mean.arrays, sites,
             memory_budget=memory_budget, working_bytes=mean.working_bytes,

@@ -13,12 +13,14 @@ Gram-matrix formulation: all pairwise squared distances follow from the N x N Gr
 G = X X^T of the (flattened) updates, ||w_i - w_j||^2 = G_ii + G_jj - 2 G_ij. G is
 accumulated block by block (`aggregation._blocks`): each block of N updates is centred on its
 coordinate-wise mean (distances do not change, cancellation does) and multiplied by its own
-transpose with BLAS, summed in float64 (tiles dealt to the worker threads, the centring
-compiled when the kernels are on; on a GPU, in torch). No flattened second copy of the updates and no N^2
-loop over full-length vectors, as Flower's reference needs; the extra memory stays within
-the budget, and the distance of every update to the aggregate comes from G for free. The
-selection's count-weighted mean is one streamed pass (`building_blocks.weighted_mean`; for
-Krum's single choice the weight is exactly 1, so the update is returned bit for bit).
+transpose with BLAS, summed in float64 (tiles dealt to the worker threads; on a GPU, in
+torch). With the compiled kernels each tile is gathered straight from the updates (in memory
+or mapped) and centred in one pass into a per-thread buffer, with no stacked copy. No
+flattened second copy of the updates and no N^2 loop over full-length vectors, as Flower's
+reference needs; the extra memory stays within the budget, and the distance of every update
+to the aggregate comes from G for free. The selection's count-weighted mean is one streamed
+pass (`building_blocks.weighted_mean`; for Krum's single choice the weight is exactly 1, so
+the update is returned bit for bit).
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET, Block, StackReducer, run_stacked, tiles
+from aggregation._blocks import (
+    DEFAULT_MEMORY_BUDGET,
+    Block,
+    BlockPlan,
+    Rows,
+    Scratch,
+    StackReducer,
+    run_stacked,
+    tiles,
+)
 from aggregation._device import DEVICE_BYTES_PER_VALUE, active_device
 from aggregation._kernels import compiled, kernel_dtype
 from aggregation._threads import map_threads, round_robin, worker_count
@@ -61,6 +72,24 @@ class GramReducer(StackReducer):
             self.bytes_per_value = DEVICE_BYTES_PER_VALUE
         self.workers = worker_count()
         self.grams = [np.zeros((n, n), dtype=np.float64) for _ in range(self.workers)]
+        self.scratch = [Scratch() for _ in range(self.workers)]
+
+    def takes_rows(self, plan: BlockPlan) -> bool:
+        """With the kernels, each tile is gathered and centred straight from the updates.
+
+        Each thread then holds one (N, tile) buffer instead of the (N, b) stack; blocks of at
+        least one tile per thread keep those buffers within the stack the plan counted."""
+        return (
+            self.device is None
+            and self.kernels is not None
+            and kernel_dtype(plan.dtype)
+            and plan.values_per_block >= self.workers * GRAM_TILE
+        )
+
+    def proof(self) -> list[np.ndarray]:
+        """The Gram matrix: a non-finite value makes its tile's column mean, hence every
+        centred value of that column and the diagonal, non-finite."""
+        return self.grams
 
     @property
     def gram(self) -> np.ndarray:
@@ -77,7 +106,23 @@ class GramReducer(StackReducer):
                 tile -= tile.mean(axis=0, dtype=np.float64).astype(tile.dtype)
             gram += tile @ tile.T
 
-    def __call__(self, block: Block, stack: np.ndarray, out: np.ndarray | None) -> None:
+    def _gathered(self, rows: np.ndarray, dtype: np.dtype, slot: int, part: Sequence[slice]) -> None:
+        gram = self.grams[slot]
+        for sl in part:
+            # the same tiles as the stacked path, so the same BLAS products, bit for bit
+            tile = self.scratch[slot].get("tile", (len(rows), sl.stop - sl.start), dtype)
+            self.kernels.gather_centered(rows, sl.start, sl.stop, tile)
+            gram += tile @ tile.T
+
+    def __call__(self, block: Block, stack: np.ndarray | Rows, out: np.ndarray | None) -> None:
+        if isinstance(stack, Rows):  # read in place: only offered when the kernels run
+            parts = list(tiles(block.size, GRAM_TILE))
+            threads = max(1, min(self.workers, len(parts)))
+            map_threads(
+                functools.partial(self._gathered, stack.addresses, stack.views[0].dtype),
+                threads, range(threads), round_robin(parts, threads),
+            )
+            return
         if self.device is not None:
             self.grams[0] += self.device.gram(stack)
             return

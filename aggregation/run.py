@@ -6,7 +6,7 @@ budget (fewer accepted updates than its `min_updates` is refused, naming the exc
 returns the aggregate with a report holding one entry per input update: the count used, its
 weight, whether and why it was excluded, how often it was trimmed or whether it was selected,
 and its L2 distance to the aggregate (`building_blocks.distances_to` for rules that leave it
-out).
+out; a rule with ``fuses_distances``, FedAvg, is asked for them in its own pass).
 
 The finite-value check costs a full read of every update, so for a rule that declares
 `AggregationStrategy.checks_values_in_pass` it is fused into the rule's own pass: the guard
@@ -109,7 +109,10 @@ def _guarded(
         + "; ".join(f"{r.site}: {r.reason}" for r in excluded) + "."
         if excluded else "",
     )
-    result = strategy.aggregate(guard.accepted, memory_budget=memory_budget)
+    if getattr(strategy, "fuses_distances", False):  # FedAvg: distances in the mean's pass
+        result = strategy.aggregate(guard.accepted, memory_budget=memory_budget, distances=True)
+    else:
+        result = strategy.aggregate(guard.accepted, memory_budget=memory_budget)
     missing = [i for i, s in enumerate(result.report.sites) if s.l2_to_aggregate is None]
     if missing:
         dists = distances_to(

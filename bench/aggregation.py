@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
           f"numpy {np.__version__}; N={n} updates x {size / 1e6:.2f}M float32 parameters "
           f"({input_bytes / 1e9:.2f} GB in); memory read bandwidth {bw / 1e9:.1f} GB/s "
           f"({bw_how}); "
-          f"our budget {budget / 2**20:.0f} MiB", flush=True)
+          f"our budget {budget / 2**20:.0f} MiB; load average {os.getloadavg()[0]:.1f}",
+          flush=True)
     params_of = {"trimmed-mean": {"beta": args.beta}, "krum": {"f": args.f},
                  "multi-krum": {"f": args.f, "m": m}}
     flower = {} if args.no_flower else flower_functions(n, args.f, m, args.beta)
@@ -291,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "fedavg":
             row["fraction_of_read_bandwidth"] = input_bytes / t_ours / bw
             line += f"  [{100 * input_bytes / t_ours / bw:.0f}% of read bandwidth]"
+        row["load_average"] = os.getloadavg()[0]
+        line += f"  load {row['load_average']:.1f}"
         del res
         results["rules"][name] = row
         print(line, flush=True)

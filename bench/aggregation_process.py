@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -62,12 +63,26 @@ RULE_ARGS = {
 
 
 def _timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    return _run(cmd, env)[0]
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system, all threads) of the subprocess ``cmd``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed ({done.returncode}): {done.stderr[-1500:]}")
-    return elapsed
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
+
+
+def _best(cmd: list[str], env: dict[str, str], repeat: int) -> tuple[float, float]:
+    """Best wall time and best CPU time over ``repeat`` runs."""
+    runs = [_run(cmd, env) for _ in range(repeat)]
+    return min(r[0] for r in runs), min(r[1] for r in runs)
 
 
 def startup() -> dict[str, Any]:
@@ -136,7 +151,11 @@ def _block_rate(paths: list[Path]) -> float:
 def whole_process(
     paths: list[Path], rules: list[str], *, flower: bool = True, repeat: int = 1
 ) -> dict[str, dict[str, float]]:
-    """Time ``fedsplit aggregate`` and (optionally) Flower + h5py on ``paths`` per rule."""
+    """Time ``fedsplit aggregate`` and (optionally) Flower + h5py on ``paths`` per rule.
+
+    Each row is printed as soon as it is measured, with the CPU time of both processes
+    (user + system, all threads; steadier than wall time on a shared machine) and the load
+    average when it was taken."""
     fedsplit = [sys.executable, "-c", "import sys; from cli.app import main; sys.argv[0] = "
                 "'fedsplit'; main()"]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
@@ -147,11 +166,18 @@ def whole_process(
             args = [a.format(m=len(paths) - 2) for a in RULE_ARGS[rule]]
             cmd = [*fedsplit, "aggregate", *map(str, paths), "-o", str(out), "--strategy", rule,
                    *args]
-            row = {"ours_s": min(_timed(cmd, env) for _ in range(repeat))}
+            row: dict[str, float] = {}
+            row["ours_s"], row["ours_cpu_s"] = _best(cmd, env, repeat)
+            line = f"  {rule:<14}ours {row['ours_s']:6.2f} s ({row['ours_cpu_s']:5.2f} s CPU)"
             if flower:
                 fl = [sys.executable, "-c", FLOWER_SCRIPT, rule, str(out), *map(str, paths)]
-                row["flower_s"] = min(_timed(fl, env) for _ in range(repeat))
+                row["flower_s"], row["flower_cpu_s"] = _best(fl, env, repeat)
                 row["speedup"] = row["flower_s"] / row["ours_s"]
+                row["cpu_ratio"] = row["flower_cpu_s"] / row["ours_cpu_s"]
+                line += (f"   Flower {row['flower_s']:6.2f} s ({row['flower_cpu_s']:5.2f} s CPU)"
+                         f"   {row['speedup']:5.1f}x (CPU {row['cpu_ratio']:4.1f}x)")
+            row["load_average"] = os.getloadavg()[0]
+            print(f"{line}   load {row['load_average']:.1f}", flush=True)
             results[rule] = row
     return results
 
@@ -202,11 +228,6 @@ def report(paths: list[Path], rules: list[str], *, flower: bool, repeat: int = 1
     print(f"whole process over {len(paths)} files: `fedsplit aggregate` vs Flower reading them "
           f"with h5py + its reference function (both write the model)", flush=True)
     rows = whole_process(paths, rules, flower=flower, repeat=repeat)
-    for rule, row in rows.items():
-        line = f"  {rule:<14}ours {row['ours_s']:7.2f} s"
-        if "flower_s" in row:
-            line += f"   Flower {row['flower_s']:7.2f} s   {row['speedup']:5.1f}x"
-        print(line, flush=True)
     return {"startup": up, "read": rates, "whole_process": rows, "n": len(paths)}
 
 

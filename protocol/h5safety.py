@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import h5py
 import h5py.h5pl
@@ -39,6 +40,14 @@ class DatasetInfo:
     path: str
     shape: tuple[int, ...]
     dtype: np.dtype
+    #: where the values lie in the file when they can be memory-mapped as they are (contiguous
+    #: storage, no filters, this machine's byte order, allocated, aligned); None when they
+    #: cannot; `UNKNOWN` when the walk did not look (the high-level check's datasets)
+    offset: int | object | None = None
+
+
+#: `DatasetInfo.offset` of a dataset whose storage the walk did not inspect
+UNKNOWN = object()
 
 
 @dataclass
@@ -172,7 +181,19 @@ def _fast_dataset_info(dsid: h5d.DatasetID, path: str, max_elements: int) -> Dat
         return None
     if dtype is None or dsid.dtype != dtype:  # h5py's own mapping must agree (e.g. no odd floats)
         return None
-    return DatasetInfo(path, shape, dtype.newbyteorder("="))
+    return DatasetInfo(path, shape, dtype.newbyteorder("="), _mappable_offset(dsid, plist, dtype))
+
+
+def _mappable_offset(dsid: h5d.DatasetID, plist: Any, dtype: np.dtype) -> int | None:
+    """The file offset of the dataset's values when they can be mapped as they lie, else None."""
+    if plist.get_layout() != h5d.CONTIGUOUS or plist.get_nfilters():
+        return None
+    if not dtype.isnative:
+        return None
+    offset = dsid.get_offset()
+    if offset is None or offset % dtype.itemsize:
+        return None
+    return int(offset)
 
 
 def _link_error(where: str, path: str, kind: str, target: str) -> WeightFileError:
@@ -228,7 +249,9 @@ def check_dataset(ds: h5py.Dataset, path: str, max_elements: int, where: str) ->
             f"Upload the round's model. Received: shape {ds.shape}",
             reason="too_large",
         )
-    return DatasetInfo(path.lstrip("/"), tuple(int(d) for d in ds.shape), dtype.newbyteorder("="))
+    return DatasetInfo(
+        path.lstrip("/"), tuple(int(d) for d in ds.shape), dtype.newbyteorder("="), UNKNOWN
+    )
 
 
 def _kind_name(ds: h5py.Dataset) -> str:

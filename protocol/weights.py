@@ -40,7 +40,7 @@ from h5py import h5d, h5s
 from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
 from protocol.atomic import atomic_path
 from protocol.errors import UpdateError, WeightFileError
-from protocol.h5safety import walk
+from protocol.h5safety import UNKNOWN, walk
 from protocol.schema import Schema
 from protocol.update import Update, UpdateHeader
 
@@ -90,8 +90,17 @@ class WeightFile:
     strategies can stream parameters from disk one at a time.
     """
 
-    def __init__(self, handle: h5py.File, header: UpdateHeader, where: str) -> None:
+    def __init__(
+        self,
+        handle: h5py.File,
+        header: UpdateHeader,
+        where: str,
+        offsets: dict[str, int | None] | None = None,
+    ) -> None:
         self._file = handle
+        # where each parameter's values lie when `walk` saw they can be mapped (None: they
+        # cannot); a parameter missing here is inspected when first mapped
+        self._offsets = dict(offsets or {})
         self._header = header
         self._where = where
         self._group_id: Any = None  # low-level id of /arrays, looked up once
@@ -267,6 +276,9 @@ class WeightFile:
     def _map_dataset(self, name: str, spec: ArraySpec) -> np.ndarray | None:
         if os.environ.get("FEDSPLIT_MMAP", "1") == "0" or spec.size == 0:
             return None
+        if name in self._offsets:  # the structure check already saw the storage
+            offset = self._offsets[name]
+            return None if offset is None else self._map_at(offset, spec)
         if self._group_id is None:
             self._group_id = self._file[ARRAYS_GROUP].id
         dsid = self._dataset_ids.get(name)
@@ -283,15 +295,20 @@ class WeightFile:
             return None
         if offset % dtype.itemsize:
             return None
+        return self._map_at(offset, spec)
+
+    def _map_at(self, offset: int, spec: ArraySpec) -> np.ndarray | None:
+        """The parameter's values mapped from byte ``offset`` of the file (None: cannot map)."""
         if self._map is None:
             if self._file.driver != "sec2":
                 return None
             # copy-on-write: the arrays are writeable like in-memory ones (so compiled kernels
             # see one array type), and a write would stay in this process, never the file
             self._map = mmap.mmap(self._file.id.get_vfd_handle(), 0, access=mmap.ACCESS_COPY)
-        if offset + spec.size * dtype.itemsize > len(self._map):
+        size = spec.size
+        if offset + size * spec.dtype.itemsize > len(self._map):
             return None
-        return np.frombuffer(self._map, dtype=spec.dtype, count=spec.size, offset=offset)
+        return np.frombuffer(self._map, dtype=spec.dtype, count=size, offset=offset)
 
     def _spec(self, name: str) -> ArraySpec:
         spec = self._specs.get(name)
@@ -378,18 +395,19 @@ def open_weights(
             reason="corrupt",
         ) from e
     try:
-        header = _validate(handle, where, require_num_examples, max_elements)
+        header, offsets = _validate(handle, where, require_num_examples, max_elements)
         if header.site is None and default_site is not None:
             header = dataclasses.replace(header, site=default_site)
     except BaseException:
         handle.close()
         raise
-    return WeightFile(handle, header, where)
+    return WeightFile(handle, header, where, offsets)
 
 
 def _validate(
     f: h5py.File, where: str, require_num_examples: bool, max_elements: int | None
-) -> UpdateHeader:
+) -> tuple[UpdateHeader, dict[str, int | None]]:
+    """The file's header, and where each parameter's values lie when they can be mapped."""
     fmt = _text(f.attrs.get("format"))
     if fmt != FORMAT:
         raise WeightFileError(
@@ -514,13 +532,17 @@ def _validate(
                 f"coordinator refuses models that large. Received: > {max_elements} at {name!r}",
                 reason="too_large",
             )
-    return UpdateHeader(
+    offsets = {
+        name: info.offset for name, info in datasets.items() if info.offset is not UNKNOWN
+    }
+    header = UpdateHeader(
         num_examples=num_examples,
         specs=tuple(specs),
         site=_text(f.attrs.get("site")),
         round=_optional_int(f.attrs, "round", where),
         model=_text(f.attrs.get("model")),
     )
+    return header, offsets
 
 
 def _schema_text(f: h5py.File, where: str) -> str | None:
