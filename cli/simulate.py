@@ -47,12 +47,16 @@ def print_summary(summary: dict[str, Any]) -> None:
         summary["federated"], bold=True)
     tuned = summary.get("personalized")
     if tuned:
-        row(f"federated + fine-tuned ({tuned['steps']} steps)", tuned, bold=True)
+        row("federated + fine-tuned", tuned, bold=True)
     console.print(table)
     if tuned:
-        console.print("federated + fine-tuned: each hospital's own fine-tuned copy of the global "
-                      "model, scored on its own test patients (pooled: each row by its hospital's "
-                      "model)")
+        steps = tuned["steps_per_site"]
+        budget = ("as many mini-batches as alone: "
+                  + ", ".join(f"{name} {n}" for name, n in steps.items())
+                  if tuned["steps"] == "alone" else f"{tuned['steps']} mini-batches")
+        console.print(f"federated + fine-tuned: each hospital's own fine-tuned copy of the global "
+                      f"model ({budget}), scored on its own test patients (pooled: each row by "
+                      f"its hospital's model)")
     if summary["task"] == "regression":
         entries = [("centralized", summary["centralized"]), ("federated", summary["federated"])]
         if tuned:
@@ -159,16 +163,19 @@ def simulate(
                                "(docs/privacy.md). none = off.")
     ] = "none",
     personalize: Annotated[
-        int, typer.Option(min=0, help="Personalization: after the last round each hospital "
-                                      "fine-tunes the global model for STEPS mini-batches of Adam "
-                                      "(--lr, --batch-size) on its own training rows, scored on "
-                                      "its own test patients (0 = off).")
-    ] = 0,
+        str, typer.Option(help="Personalization: after the last round each hospital "
+                               "fine-tunes the global model for STEPS mini-batches of Adam "
+                               "(--lr, --batch-size) on its own training rows, scored on its "
+                               "own test patients; 'alone' = each hospital its hospital-alone "
+                               "step budget (rounds x its steps per round). 0 = off.",
+                          metavar="STEPS|alone")
+    ] = "0",
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
 
     from orchestration.experiment import Experiment, check_attack, run_experiment
+    from orchestration.personalize import parse_budget
 
     torch.set_num_threads(1)  # one thread per process: the cores are shared with the hospitals
     from client.data import HEART
@@ -214,7 +221,7 @@ def simulate(
                      num_sites=len(site) if site else 4 if dataset == HEART else sites,
                      partition=partition,
                      test_fraction=test_fraction, leave_out=leave_out or [],
-                     personalize=personalize)
+                     personalize=parse_budget(personalize))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=console) as progress:

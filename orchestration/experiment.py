@@ -10,11 +10,13 @@ training rows, as they came, into its own folder and their fingerprint into the 
 schema merge the hospitals will run (a conflict stops here, with the same error). The
 federation runs in Flower's simulation engine; then the federated model, the centralized model
 and each hospital-alone model (the same model, trained to the same optimizer-step budget:
-`baseline_steps`, keeping the round with the lowest loss on the hospitals' held-out
-evaluation rows) are scored on every hospital's test patients (``per_site``), their mean
-(``mean_per_site``, FLamby's convention) and the pooled test rows (``metrics``). With
-``personalize`` > 0, every hospital also fine-tunes the final global model on its own training
-rows (`orchestration.personalize`), scored on its own test patients (``personalized``).
+`baseline_steps`, keeping the round that scores best by the task metric on the hospitals'
+held-out evaluation rows, ties to the later round: `orchestration.selection`) are scored
+on every hospital's test patients (``per_site``), their mean (``mean_per_site``, FLamby's
+convention) and the pooled test rows (``metrics``). With ``personalize`` > 0 (mini-batches) or
+``"alone"`` (each hospital's hospital-alone step budget), every hospital also fine-tunes the
+final global model on its own training rows (`orchestration.personalize`), scored on its own
+test patients (``personalized``).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ from client.train import fit_steps, local_steps_per_round, score, set_statistics
 from orchestration.certs import site_names
 from orchestration.fingerprint import data_fingerprint
 from orchestration.flower_runtime import simulation
-from orchestration.personalize import personalize
+from orchestration.personalize import ALONE, parse_budget, personalize
 from orchestration.plots import plot_rounds
+from orchestration.selection import BestRound, selection_metric
 from protocol.atomic import write_json_atomic
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
@@ -122,8 +125,9 @@ class Experiment:
     test_fraction: float = 0.2
     leave_out: Sequence[int] = ()
     #: > 0: every hospital fine-tunes the final global model for this many mini-batches on its
-    #: own training rows (`orchestration.personalize`); 0: off
-    personalize: int = 0
+    #: own training rows (`orchestration.personalize`); ``"alone"``: for its hospital-alone
+    #: step budget (`baseline_steps`); 0: off
+    personalize: int | str = 0
     summary_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -293,28 +297,30 @@ def baseline_steps(site_rows: Sequence[int], cfg: RunConfig) -> tuple[int, list[
 
 
 def train_baseline(train: Dataset, val: Dataset, num_outputs: int, cfg: RunConfig,
-                   steps: int) -> SiteModel:
+                   steps: int) -> tuple[SiteModel, BestRound]:
     """Train the federation's model on ``train`` alone for ``steps`` optimizer steps.
 
     The steps run in ``rounds`` chunks (like the federation's rounds); the model kept is the
-    chunk with the lowest loss on ``val`` (the same held-out rows the hospitals evaluate on,
-    never test rows), so a baseline loses neither by under- nor by over-training.
+    chunk that scores best on ``val`` by the task metric (accuracy or r2, ties to the later
+    chunk: `orchestration.selection`), ``val`` being the same held-out rows the hospitals
+    evaluate on, never test rows. So a baseline loses neither by under- nor by over-training.
+    Returns the kept model and the selection (``round`` kept, ``scores`` per round).
     """
     import copy
 
     model = _fresh_model(train, num_outputs, cfg)
+    key = selection_metric(model.spec.task)
     rounds = cfg.num_server_rounds
-    best, best_loss = copy.deepcopy(model.state_dict()), float("inf")
+    picker, best = BestRound(), copy.deepcopy(model.state_dict())
     for r in range(rounds):
         chunk = steps // rounds + (1 if r < steps % rounds else 0)
         if chunk:
             fit_steps(model, train.x, train.y, steps=chunk, lr=cfg.lr, batch_size=cfg.batch_size,
                       seed=cfg.seed * 100_003 + r + 1)
-        loss = score(model, val.x, val.y)["loss"]
-        if loss < best_loss:
-            best, best_loss = copy.deepcopy(model.state_dict()), loss
+        if picker.offer(score(model, val.x, val.y)[key]):
+            best = copy.deepcopy(model.state_dict())
     model.load_state_dict(best)
-    return model
+    return model, picker
 
 
 def evaluate(model: SiteModel, tests: Sequence[tuple[str, Dataset]]) -> dict[str, Any]:
@@ -393,6 +399,7 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run the federation and the baselines; write summary.json and rounds.png into ``exp.out``."""
     stage = on_stage or (lambda _msg: None)
+    budget = parse_budget(exp.personalize)  # a bad value stops before Flower starts
     out = exp.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg, joined, everyone = stage_sites(exp)
@@ -426,22 +433,28 @@ def run_experiment(
     trains = {name: train for name, (train, _) in splits.items()}
     vals = {name: val for name, (_, val) in splits.items()}
     central_steps, site_steps = baseline_steps([len(t) for t in trains.values()], cfg)
-    centralized = train_baseline(_concat(list(trains.values())), _concat(list(vals.values())),
-                                 num_outputs, cfg, central_steps)
-    local_only = [
-        {"site": name, "num_examples": len(train), "steps": steps,
-         **evaluate(train_baseline(train, vals[name], num_outputs, cfg, steps), tests)}
-        for (name, train), steps in zip(trains.items(), site_steps, strict=True)
-    ]
+    def baseline(train: Dataset, val: Dataset, steps: int) -> dict[str, Any]:
+        model, chosen = train_baseline(train, val, num_outputs, cfg, steps)
+        return {"num_examples": len(train), "steps": steps, "rounds_kept": chosen.round,
+                "val_metric": chosen.scores, "val_examples": len(val), **evaluate(model, tests)}
+
+    centralized = baseline(_concat(list(trains.values())), _concat(list(vals.values())),
+                           central_steps)
+    local_only = [{"site": name, **baseline(train, vals[name], steps)}
+                  for (name, train), steps in zip(trains.items(), site_steps, strict=True)]
     # rows behind the final model: excluded (e.g. hostile) sites do not count
     fed_examples = next(e["aggregation"]["num_examples"]
                         for e in reversed(history["rounds"]) if "aggregation" in e)
     personalized = None
-    if exp.personalize:
-        stage(f"personalization: each hospital fine-tunes the global model for "
-              f"{exp.personalize} mini-batches on its own training rows")
+    if budget:
         own = {name: split_site(data[name][0], cfg.val_fraction, cfg.seed)[0] for name, _ in tests}
-        personalized = {**personalize(final, own, tests, cfg, exp.personalize),
+        # ALONE: each hospital's own alone budget (for a left-out hospital, the one it would get)
+        steps = dict(zip(own, baseline_steps([len(t) for t in own.values()], cfg)[1],
+                         strict=True)) if budget == ALONE else budget
+        stage(f"personalization: each hospital fine-tunes the global model for "
+              f"{'its hospital-alone step budget' if budget == ALONE else budget} mini-batches "
+              f"on its own training rows")
+        personalized = {"steps": budget, **personalize(final, own, tests, cfg, steps),
                         "num_examples": fed_examples}
     names = [t.name for t in joined]
     hostile = names[len(names) - cfg.attackers:] if cfg.attackers else []
@@ -468,8 +481,7 @@ def run_experiment(
         "test_examples_per_site": {name: len(t) for name, t in tests},
         "steps_per_round": {name: steps_per_round(len(t), cfg) for name, t in trains.items()},
         "config": cfg.to_flower(),
-        "centralized": {"num_examples": sum(len(t) for t in trains.values()),
-                        "steps": central_steps, **evaluate(centralized, tests)},
+        "centralized": centralized,
         "local_only": local_only,
         "federated": {**evaluate(final, tests), "num_examples": fed_examples,
                       "model": str(fed_dir / "global.h5")},

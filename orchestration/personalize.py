@@ -8,13 +8,19 @@ evaluation rows. Nothing is selected: the model after exactly ``steps`` steps is
 model (no test patient, and no other hospital's row, is ever looked at). Each hospital's model
 is scored on its own test patients (``per_site``), their mean (``mean_per_site``) and the pooled
 test rows, where each row is predicted by its own hospital's model (``metrics``).
+
+The budget (``--personalize``) is a number of mini-batches, the same at every hospital, or
+``alone``: each hospital fine-tunes for exactly the steps its hospital-alone baseline trains
+(``rounds x`` its steps per round, `orchestration.experiment.baseline_steps`). With ``alone``
+the comparison with the hospital alone is one of starting points only: the same local
+compute, from the federated model instead of from scratch.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -23,6 +29,27 @@ from client.models import SiteModel
 from client.train import fit_steps, score
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
+
+#: ``--personalize alone``: each hospital's hospital-alone step budget
+ALONE = "alone"
+
+Budget = int | Literal["alone"]
+
+
+def parse_budget(value: str | int) -> Budget:
+    """``--personalize``: 0 (off), a number of mini-batches, or ``alone``; else `ConfigError`."""
+    text = str(value).strip().lower()
+    if text == ALONE:
+        return ALONE
+    try:
+        steps = int(text)
+    except ValueError:
+        steps = -1
+    if steps < 0 or isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigError(f"--personalize is 0 (off), a number of fine-tuning mini-batches per "
+                          f"hospital (e.g. 100), or 'alone' (each hospital's hospital-alone step "
+                          f"budget). Received: {value!r}")
+    return steps
 
 
 def fine_tune(model: SiteModel, train: Dataset, cfg: RunConfig, steps: int, seed: int) -> SiteModel:
@@ -61,20 +88,27 @@ def pooled_metrics(per_site: Mapping[str, Mapping[str, float]],
 
 
 def personalize(model: SiteModel, trains: Mapping[str, Dataset],
-                tests: Sequence[tuple[str, Dataset]], cfg: RunConfig, steps: int) -> dict[str, Any]:
+                tests: Sequence[tuple[str, Dataset]], cfg: RunConfig,
+                steps: int | Mapping[str, int]) -> dict[str, Any]:
     """Fine-tune ``model`` at every hospital of ``tests`` on its ``trains`` rows; score each on
-    its own test patients. Returns the summary entry (``steps``, ``metrics``, ``per_site``,
-    ``mean_per_site``, ``fine_tune_examples``: ``{name: rows fine-tuned on}``)."""
-    missing = [name for name, _ in tests if name not in trains]
+    its own test patients. ``steps``: the same mini-batches everywhere, or ``{name: steps}``.
+
+    Returns the summary entry (``steps_per_site``, ``metrics``, ``per_site``,
+    ``mean_per_site``, ``fine_tune_examples``: ``{name: rows fine-tuned on}``); the caller adds
+    ``steps``, the budget as asked."""
+    budget = steps if isinstance(steps, Mapping) else {name: steps for name, _ in tests}
+    missing = [name for name, _ in tests if name not in trains or name not in budget]
     if missing:
-        raise ConfigError(f"Every hospital scored needs its own training rows to fine-tune on. "
-                          f"Received: none for {missing}")
+        raise ConfigError(f"Every hospital scored needs its own training rows and a step budget "
+                          f"to fine-tune with. Received: none for {missing}")
     per_site = {}
     for i, (name, test) in enumerate(tests):
-        tuned = fine_tune(model, trains[name], cfg, steps, seed=cfg.seed * 100_003 + 50_021 + i)
+        tuned = fine_tune(model, trains[name], cfg, budget[name],
+                          seed=cfg.seed * 100_003 + 50_021 + i)
         per_site[name] = score(tuned, test.x, test.y)
     keys = sorted({k for m in per_site.values() for k in m})
-    return {"steps": steps, "metrics": pooled_metrics(per_site, tests, model.spec.task),
+    return {"steps_per_site": {name: budget[name] for name, _ in tests},
+            "metrics": pooled_metrics(per_site, tests, model.spec.task),
             "per_site": per_site,
             "mean_per_site": {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys},
             "fine_tune_examples": {name: len(trains[name]) for name, _ in tests}}

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from client.vertical.site import SiteAgent, SiteState
+from orchestration.selection import BestRound, selection_metric
 from protocol.vertical.config import FusionParams
 from protocol.vertical.table import id_column_values, read_frame
 from protocol.vertical.wire import Payload, check_payload, from_record, to_record
@@ -113,7 +114,8 @@ def best_round(labels: LabelTable, site_files: Sequence[str | Path], id_column: 
 
     The cut is ``val_fraction`` of the training rows (a seeded draw; never held-out rows). The
     score is the task's metric (accuracy, or r2: the squared error), ties going to the later
-    round. Returns ``round`` (1-based), ``val_metric`` per round and ``val_rows``.
+    round (`orchestration.selection`, the horizontal baselines' rule). Returns ``round``
+    (1-based), ``val_metric`` per round and ``val_rows``.
     """
     coordinator, _ = local_coordinator(labels, site_files, id_column, params, seed=seed,
                                        test_fraction=test_fraction)
@@ -123,13 +125,12 @@ def best_round(labels: LabelTable, site_files: Sequence[str | Path], id_column: 
     if len(keep) < 2:
         return {"round": rounds, "val_metric": [], "val_rows": 0}  # too few rows to cut: all rounds
     coordinator.train_rows = keep
-    key = "accuracy" if labels.task == "classification" else "r2"
-    scores = []
+    key = selection_metric(labels.task)
+    picker = BestRound()
     for _ in range(rounds):
         coordinator.train_round()
-        scores.append(coordinator.evaluate(val_rows)["metrics"][key])
-    best = max(range(rounds), key=lambda r: (scores[r], r))  # ties: the later round
-    return {"round": best + 1, "val_metric": scores, "val_rows": len(val_rows)}
+        picker.offer(coordinator.evaluate(val_rows)["metrics"][key])
+    return {"round": picker.round, "val_metric": picker.scores, "val_rows": len(val_rows)}
 
 
 def train_baseline(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,

@@ -33,7 +33,7 @@ def test_raw_heart_disease_files_train_with_a_server_optimizer_and_predict(
     # Execute
     code = run_guarded(app, ["simulate", *args, "--target", "disease", "--id-column", "id",
                              "--rounds", "2", "--server-opt", "adam", "--local-steps", "5",
-                             "--personalize", "8", "--out", str(out)])
+                             "--personalize", "alone", "--out", str(out)])
     # Assert
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -46,13 +46,21 @@ def test_raw_heart_disease_files_train_with_a_server_optimizer_and_predict(
     assert summary["steps_per_round"] == dict.fromkeys(NAMES, 5)
     assert summary["centralized"]["steps"] == 2 * 4 * 5
     assert [s["steps"] for s in summary["local_only"]] == [10] * 4
-    # personalization: each hospital's own fine-tuned copy, beside the global model's numbers
-    assert tuned["steps"] == 8 and tuned["num_examples"] == summary["federated"]["num_examples"]
+    # each baseline keeps its best round by validation accuracy, ties to the later round
+    for entry in [summary["centralized"], *summary["local_only"]]:
+        scores = entry["val_metric"]
+        assert len(scores) == 2 and entry["val_examples"] >= 1
+        assert entry["rounds_kept"] == max(r for r in (1, 2) if scores[r - 1] == max(scores))
+    # personalization ('alone'): each hospital's own fine-tuned copy, for its alone budget
+    assert tuned["steps"] == "alone"
+    assert tuned["steps_per_site"] == {s["site"]: s["steps"] for s in summary["local_only"]}
+    assert tuned["num_examples"] == summary["federated"]["num_examples"]
     assert tuned["fine_tune_examples"] == {s["site"]: s["num_examples"] for s in summary["local_only"]}
     assert any(tuned["per_site"][n]["loss"] != summary["federated"]["per_site"][n]["loss"]
                for n in NAMES)
     printed = "".join(capsys.readouterr().out.split())  # rich wraps lines at the console width
-    assert "federated+fine-tuned:eachhospital'sownfine-tunedcopy" in printed
+    assert ("federated+fine-tuned:eachhospital'sownfine-tunedcopyoftheglobalmodel(asmany"
+            "mini-batchesasalone:cleveland10,hungary10,switzerland10,va10)") in printed
     assert (out / "rounds.png").stat().st_size > 0
     assert any("constant at switzerland" in w for w in summary["schema"]["warnings"])
     assert sorted(summary["rounds"][-1]["per_site"]) == NAMES

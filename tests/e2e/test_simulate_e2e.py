@@ -67,6 +67,11 @@ def test_simulate_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
                              "--out", str(tmp_path / "cnn")]) == 2
     assert "the cnn, which has none" in capsys.readouterr().err
     assert not (tmp_path / "cnn" / "flower").exists()
+    for bad in ("ten", "-3"):
+        assert run_guarded(app, ["simulate", "--dataset", "wine", "--personalize", bad,
+                                 "--out", str(tmp_path / "ft")]) == 2
+        assert re.search(r"or 'alone'.*Received: '" + bad, capsys.readouterr().err)
+    assert not (tmp_path / "ft" / "flower").exists()
 
 
 def _interrupted_run(out: Path, exp: Experiment) -> None:

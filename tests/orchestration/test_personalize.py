@@ -21,7 +21,7 @@ from orchestration.experiment import (
     prepare_tables,
     train_baseline,
 )
-from orchestration.personalize import fine_tune, personalize, pooled_metrics
+from orchestration.personalize import ALONE, fine_tune, parse_budget, personalize, pooled_metrics
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
 
@@ -44,7 +44,7 @@ def hospitals(dataset: str, tmp_path: Path, cfg: RunConfig) -> tuple[dict[str, D
 def global_model(trains: dict[str, Dataset], cfg: RunConfig, num_outputs: int) -> SiteModel:
     """A model trained on all hospitals' rows: stands in for the federation's final model."""
     pooled = _concat(list(trains.values()))
-    return train_baseline(pooled, pooled, num_outputs, cfg, steps=20)
+    return train_baseline(pooled, pooled, num_outputs, cfg, steps=20)[0]
 
 
 def weights(model: SiteModel) -> list[np.ndarray]:
@@ -79,7 +79,7 @@ def test_every_hospital_scores_its_own_fine_tuned_model_on_its_own_patients(tmp_
     entry = personalize(model, trains, tests, cfg, steps=30)
     # Assert: the summary entry's shape
     names = [name for name, _ in tests]
-    assert entry["steps"] == 30
+    assert entry["steps_per_site"] == dict.fromkeys(names, 30)
     assert list(entry["per_site"]) == names
     assert entry["fine_tune_examples"] == {name: len(trains[name]) for name in names}
     assert set(entry["metrics"]) == {"loss", "accuracy"}
@@ -134,3 +134,33 @@ def test_fine_tuning_needs_a_step_and_every_hospitals_rows(tmp_path: Path) -> No
         fine_tune(model, trains["site-0"], cfg, steps=0, seed=0)
     with pytest.raises(ConfigError, match="site-2"):
         personalize(model, {k: v for k, v in trains.items() if k != "site-2"}, tests, cfg, 5)
+
+
+def test_a_budget_per_hospital_fine_tunes_each_for_its_own_steps(tmp_path: Path) -> None:
+    # Prepare
+    cfg = RunConfig(seed=0, target="target", hidden="16")
+    trains, tests = hospitals("wine", tmp_path, cfg)
+    model = global_model(trains, cfg, num_outputs=3)
+    budget = {"site-0": 5, "site-1": 30, "site-2": 12}
+    # Execute
+    entry = personalize(model, trains, tests, cfg, steps=budget)
+    # Assert: each hospital's number is that of its own budget (site-1: 30 steps, as a uniform
+    # 30 gives it), and another budget gives another model
+    assert entry["steps_per_site"] == budget
+    uniform = personalize(model, trains, tests, cfg, steps=30)
+    assert entry["per_site"]["site-1"] == uniform["per_site"]["site-1"]
+    assert entry["per_site"]["site-0"]["loss"] != pytest.approx(uniform["per_site"]["site-0"]["loss"])
+    with pytest.raises(ConfigError, match="site-2"):
+        personalize(model, trains, tests, cfg, steps={"site-0": 5, "site-1": 5})
+
+
+@pytest.mark.parametrize("value,budget", [("0", 0), ("100", 100), (7, 7), ("alone", ALONE),
+                                          (" Alone ", ALONE)])
+def test_the_budget_option_takes_steps_or_alone(value: str | int, budget: int | str) -> None:
+    assert parse_budget(value) == budget
+
+
+@pytest.mark.parametrize("value", ["-1", "ten", "1.5", "", "alone,5", 2.5, True])
+def test_a_bad_budget_names_what_is_allowed(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"'alone'.*Received: "):
+        parse_budget(value)  # type: ignore[arg-type]
