@@ -72,8 +72,10 @@ def plot_rounds(summary: dict[str, Any], path: Path) -> None:
         tuned = summary.get("personalized")
         if tuned:
             after = rounds[-1] + 0.4
+            budget = ("its alone budget" if tuned["steps"] == "alone"
+                      else f"{tuned['steps']} steps")
             ax.plot([after], [tuned["metrics"][key]], "*", ms=13, color="C0",
-                    label=f"fine-tuned at each hospital, {tuned['steps']} steps (pooled)")
+                    label=f"fine-tuned at each hospital, {budget} (pooled)")
             for i, name in enumerate(summary["rounds"][0].get("per_site", {})):
                 if name in tuned["per_site"]:
                     ax.plot([after], [tuned["per_site"][name][key]], "*", ms=9, color=f"C{i + 1}")
