@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -50,11 +51,19 @@ def _bound(ref: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     return spacing
 
 
+def _objective(z, updates) -> float:
+    """The geometric median's objective sum_k n_k ||w_k - z|| over all arrays (float64)."""
+    return sum(u.num_examples * np.sqrt(sum(
+        np.sum((u.arrays[k].astype(np.float64) - z.arrays[k].astype(np.float64)) ** 2)
+        for k in z.arrays)) for u in updates)
+
+
 @pytest.mark.parametrize("name,params", RULES)
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_kernels_match_the_numpy_reference(h, monkeypatch, name, params, dtype) -> None:
     """Random cases (odd and even N, ties, 0-d parameters): same bits or within the bound."""
-    rng = np.random.default_rng(abs(hash((name, str(params), np.dtype(dtype).name))) % 2**32)
+    # a stable seed per case (str hashes are salted per process: the cases would change per run)
+    rng = np.random.default_rng(zlib.crc32(f"{name}|{params}|{np.dtype(dtype).name}".encode()))
     for case in range(8):
         n = int(rng.integers(5, 14)) if "krum" in name else int(rng.integers(1, 14))
         ties = case % 3 == 0
@@ -75,7 +84,12 @@ def test_kernels_match_the_numpy_reference(h, monkeypatch, name, params, dtype) 
             if exact or dtype == np.float16:  # float16 models stay on the numpy path
                 np.testing.assert_array_equal(have, want, err_msg=f"{name} N={n} case {case}")
             elif name == "geometric-median":
-                np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-5)
+                # both are eps-approximate minimisers of g(z) = sum_k n_k ||w_k - z||: the
+                # stopping rule bounds the objective, not each coordinate
+                scale = max(float(np.max(np.abs(want))), 1.0)
+                np.testing.assert_allclose(have, want, rtol=1e-3, atol=1e-3 * scale)
+                assert _objective(got, updates) == pytest.approx(_objective(ref, updates),
+                                                                 rel=1e-4), (n, case)
             else:
                 values = np.stack([u.arrays[key] for u in updates]).astype(np.float64)
                 err = np.abs(have.astype(np.float64) - want.astype(np.float64))
