@@ -23,6 +23,8 @@ hospital-alone baseline trains (rounds x local steps), so "+ FT" against "alone"
 same local compute started from the federated model instead of from scratch; no selection.
 The table shows, per hospital and strategy, the global model and the fine-tuned one beside the
 hospital alone, and whether every hospital does at least as well as alone.
+``--personalize-scope bias`` fine-tunes only the final layer's bias (a per-hospital prior
+correction, every other weight the global model's); ``all`` (default) every weight.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ import torch  # noqa: E402
 
 from client.data import HEART_ID, HEART_TARGET, load_heart_disease  # noqa: E402
 from orchestration.experiment import Experiment, SiteSource, run_experiment  # noqa: E402
-from orchestration.personalize import ALONE, parse_budget  # noqa: E402
+from orchestration.personalize import (  # noqa: E402
+    ALONE,
+    SCOPES,
+    parse_budget,
+    parse_scope,
+)
 from protocol.config import RunConfig  # noqa: E402
 from protocol.errors import ConfigError  # noqa: E402
 
@@ -105,7 +112,8 @@ def run(args: argparse.Namespace) -> dict:
             summary = run_experiment(Experiment(cfg=cfg, out=out / strategy / f"seed-{seed}",
                                                 site_files=sources,
                                                 test_fraction=args.test_fraction,
-                                                personalize=args.personalize))
+                                                personalize=args.personalize,
+                                                personalize_scope=args.personalize_scope))
             took = time.perf_counter() - began
             fed = summary["federated"]
             own = {s["site"]: s["per_site"][s["site"]]["accuracy"] for s in summary["local_only"]}
@@ -125,7 +133,8 @@ def run(args: argparse.Namespace) -> dict:
                     "personalized_mean_per_site": tuned["mean_per_site"]["accuracy"],
                     "personalized_per_site": {k: v["accuracy"] for k, v in tuned["per_site"].items()},
                     "personalized_pooled": tuned["metrics"]["accuracy"],
-                    "personalized_steps": tuned["steps_per_site"]})
+                    "personalized_steps": tuned["steps_per_site"],
+                    "personalized_scope": tuned["scope"]})
             print(f"{strategy} seed {seed}: mean per hospital {fed['mean_per_site']['accuracy']:.3f}"
                   + (f", fine-tuned {tuned['mean_per_site']['accuracy']:.3f}" if tuned else "")
                   + f" ({took:.0f} s)", flush=True)
@@ -151,11 +160,13 @@ def report(results: dict) -> None:
     central = [r["centralized_mean_per_site"] for r in first]
     print(f"{'pooled training':<28}{_mean(central):>18}{FLAMBY['pooled']:>10.3f}")
     steps = results["config"].get("personalize", 0)
+    scope = results["config"].get("personalize_scope", "all")
+    ft = "+ FT" if scope == "all" else f"+ FT {scope}"
     for strategy, rows in runs.items():
         print(f"{strategy:<28}{_mean([r['mean_per_site'] for r in rows]):>18}"
               f"{FLAMBY.get(strategy, float('nan')):>10.3f}")
         if steps:
-            print(f"{'  + fine-tuned':<28}"
+            print(f"{'  ' + ft:<28}"
                   f"{_mean([r['personalized_mean_per_site'] for r in rows]):>18}{'':>10}")
     names = list(first[0]["per_site"])
     # model label -> hospital -> accuracy on its own test patients, one value per seed
@@ -163,14 +174,15 @@ def report(results: dict) -> None:
     for strategy, rows in runs.items():
         models[f"{strategy} global"] = {n: [r["per_site"][n] for r in rows] for n in names}
         if steps:
-            models[f"{strategy} + FT"] = {
+            models[f"{strategy} {ft}"] = {
                 n: [r["personalized_per_site"][n] for r in rows] for n in names}
     for values in models.values():  # per seed, the mean over hospitals
         values["mean"] = [statistics.mean(v) for v in zip(*values.values(), strict=True)]
     print(f"\nper hospital (mean +- sd over seeds), on its own test patients: alone; per "
-          f"strategy the global model and, with --personalize {steps}, the global model "
-          f"fine-tuned at that hospital (FT)" if steps else "\nper hospital (mean +- sd over "
-          "seeds), on its own test patients: alone and the global model of each strategy")
+          f"strategy the global model and, with --personalize {steps} --personalize-scope "
+          f"{scope}, the global model fine-tuned at that hospital (FT)" if steps else
+          "\nper hospital (mean +- sd over seeds), on its own test patients: alone and the "
+          "global model of each strategy")
     width = max(18, *(len(m) + 2 for m in models))
     print(f"{'hospital':<14}{'FLamby alone':>14}" + "".join(f"{m:>{width}}" for m in models))
     for name in [*names, "mean"]:
@@ -206,10 +218,14 @@ def main() -> None:
                         help="fine-tuning mini-batches per hospital after the last round, or "
                              "'alone' (default): each hospital's hospital-alone step budget, "
                              "rounds x local steps; 0 = off")
+    parser.add_argument("--personalize-scope", default="all", choices=SCOPES,
+                        help="which weights each hospital fine-tunes: all (default) or bias "
+                             "(only the final layer's bias, a per-hospital prior correction)")
     parser.add_argument("--out", default="runs/flamby-heart")
     args = parser.parse_args()
     try:
         args.personalize = parse_budget(args.personalize)
+        args.personalize_scope = parse_scope(args.personalize_scope)
         args.seed_list = parse_seeds(args.seeds)
     except ConfigError as err:
         parser.error(str(err))

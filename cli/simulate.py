@@ -54,8 +54,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         budget = ("as many mini-batches as alone: "
                   + ", ".join(f"{name} {n}" for name, n in steps.items())
                   if tuned["steps"] == "alone" else f"{tuned['steps']} mini-batches")
+        part = "its final layer's bias, " if tuned.get("scope") == "bias" else ""
         console.print(f"federated + fine-tuned: each hospital's own fine-tuned copy of the global "
-                      f"model ({budget}), scored on its own test patients (pooled: each row by "
+                      f"model ({part}{budget}), scored on its own test patients (pooled: each row by "
                       f"its hospital's model)")
     if summary["task"] == "regression":
         entries = [("centralized", summary["centralized"]), ("federated", summary["federated"])]
@@ -170,12 +171,18 @@ def simulate(
                                "step budget (rounds x its steps per round). 0 = off.",
                           metavar="STEPS|alone")
     ] = "0",
+    personalize_scope: Annotated[
+        str, typer.Option(help="Which weights --personalize fine-tunes: all (every weight) or "
+                               "bias (only the final layer's bias, a per-hospital prior "
+                               "correction; every other weight stays the global model's).",
+                          metavar="all|bias")
+    ] = "all",
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
 
     from orchestration.experiment import Experiment, check_attack, run_experiment
-    from orchestration.personalize import parse_budget
+    from orchestration.personalize import parse_budget, parse_scope
 
     torch.set_num_threads(1)  # one thread per process: the cores are shared with the hospitals
     from client.data import HEART
@@ -221,7 +228,8 @@ def simulate(
                      num_sites=len(site) if site else 4 if dataset == HEART else sites,
                      partition=partition,
                      test_fraction=test_fraction, leave_out=leave_out or [],
-                     personalize=parse_budget(personalize))
+                     personalize=parse_budget(personalize),
+                     personalize_scope=parse_scope(personalize_scope))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=console) as progress:
@@ -248,5 +256,9 @@ def simulate(
             auc = summary["privacy"]["audit"]["per_site"].get(name, {}).get("auc")
             console.print(f"{name}: epsilon {site_eps['epsilon']:.3f} of {dp_spec.epsilon}"
                           + (f", membership AUC {auc:.3f}" if auc is not None else ""))
+        head = summary["privacy"]["audit"].get("headline")
+        if head:
+            console.print(f"membership AUC (federation, {head['attack']}): {head['auc']:.3f} "
+                          f"[{head['ci95'][0]:.3f}, {head['ci95'][1]:.3f}]")
     console.print(f"wrote {out / 'summary.json'}, {out / 'rounds.png'}, global model "
                   f"{summary['federated']['model']}")

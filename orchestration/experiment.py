@@ -49,7 +49,7 @@ from client.train import fit_steps, local_steps_per_round, score, set_statistics
 from orchestration.certs import site_names
 from orchestration.fingerprint import data_fingerprint
 from orchestration.flower_runtime import simulation
-from orchestration.personalize import ALONE, parse_budget, personalize
+from orchestration.personalize import ALONE, parse_budget, parse_scope, personalize
 from orchestration.plots import plot_rounds
 from orchestration.selection import BestRound, selection_metric
 from protocol.atomic import write_json_atomic
@@ -128,6 +128,8 @@ class Experiment:
     #: own training rows (`orchestration.personalize`); ``"alone"``: for its hospital-alone
     #: step budget (`baseline_steps`); 0: off
     personalize: int | str = 0
+    #: what personalization fine-tunes: ``all`` weights or the final layer's ``bias``
+    personalize_scope: str = "all"
     summary_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -400,6 +402,7 @@ def run_experiment(
     """Run the federation and the baselines; write summary.json and rounds.png into ``exp.out``."""
     stage = on_stage or (lambda _msg: None)
     budget = parse_budget(exp.personalize)  # a bad value stops before Flower starts
+    scope = parse_scope(exp.personalize_scope)
     out = exp.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg, joined, everyone = stage_sites(exp)
@@ -454,7 +457,7 @@ def run_experiment(
         stage(f"personalization: each hospital fine-tunes the global model for "
               f"{'its hospital-alone step budget' if budget == ALONE else budget} mini-batches "
               f"on its own training rows")
-        personalized = {"steps": budget, **personalize(final, own, tests, cfg, steps),
+        personalized = {"steps": budget, **personalize(final, own, tests, cfg, steps, scope),
                         "num_examples": fed_examples}
     names = [t.name for t in joined]
     hostile = names[len(names) - cfg.attackers:] if cfg.attackers else []

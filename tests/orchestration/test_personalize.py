@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
+from cli.app import app
+from cli.errors import run_guarded
 from client.data import Dataset
-from client.models import SiteModel
+from client.models import ModelSpec, SiteModel, build_model
 from client.site import split_site
 from client.train import score
 from orchestration.experiment import (
@@ -19,9 +23,18 @@ from orchestration.experiment import (
     check_schema,
     encode_sites,
     prepare_tables,
+    run_experiment,
     train_baseline,
 )
-from orchestration.personalize import ALONE, fine_tune, parse_budget, personalize, pooled_metrics
+from orchestration.personalize import (
+    ALONE,
+    final_bias,
+    fine_tune,
+    parse_budget,
+    parse_scope,
+    personalize,
+    pooled_metrics,
+)
 from protocol.config import RunConfig
 from protocol.errors import ConfigError
 
@@ -164,3 +177,101 @@ def test_the_budget_option_takes_steps_or_alone(value: str | int, budget: int | 
 def test_a_bad_budget_names_what_is_allowed(value: object) -> None:
     with pytest.raises(ConfigError, match=r"'alone'.*Received: "):
         parse_budget(value)  # type: ignore[arg-type]
+
+
+def state(model: SiteModel) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("hidden,norm,bias", [("none", "none", "body.0.bias"),
+                                              ("16", "none", "body.2.bias"),
+                                              ("16-8", "batch", "body.6.bias")])
+def test_bias_scope_moves_only_the_final_layers_bias(
+        tmp_path: Path, hidden: str, norm: str, bias: str) -> None:
+    # Prepare: logistic regression, an MLP, and an MLP with BatchNorm (its running statistics
+    # move in training mode and must stay the global model's too)
+    cfg = RunConfig(seed=0, target="target", hidden=hidden, norm=norm)
+    trains, _ = hospitals("wine", tmp_path, cfg)
+    model = global_model(trains, cfg, num_outputs=3)
+    before = state(model)
+    # Execute
+    tuned = fine_tune(model, trains["site-0"], cfg, steps=40, seed=1, scope="bias")
+    # Assert: the final bias moved; every other tensor is bit-identical to the global model's
+    after = state(tuned)
+    assert final_bias(model) == bias
+    assert not torch.equal(after[bias], before[bias])
+    assert list(after) == list(before)
+    assert all(torch.equal(after[k], before[k]) for k in before if k != bias)
+    assert all(torch.equal(v, before[k]) for k, v in state(model).items())  # global untouched
+    assert all(p.requires_grad for p in tuned.parameters())  # trainable again, as any model
+    # scope 'all' (the default) moves the other weights too
+    full = state(fine_tune(model, trains["site-0"], cfg, steps=40, seed=1))
+    assert not torch.equal(full[f"{bias[:-5]}.weight"], before[f"{bias[:-5]}.weight"])
+
+
+def test_bias_scope_through_personalize_records_its_scope(tmp_path: Path) -> None:
+    # Prepare
+    cfg = RunConfig(seed=0, target="target", hidden="16")
+    trains, tests = hospitals("breast-cancer", tmp_path, cfg)
+    model = global_model(trains, cfg, num_outputs=2)
+    # Execute: bias only, and the default (all)
+    entry = personalize(model, trains, tests, cfg, steps=30, scope="bias")
+    plain = personalize(model, trains, tests, cfg, steps=30)
+    # Assert
+    assert entry["scope"] == "bias" and plain["scope"] == "all"
+    assert all(entry["per_site"][n]["loss"] != pytest.approx(plain["per_site"][n]["loss"])
+               for n, _ in tests)
+
+
+def test_the_final_bias_is_found_in_the_cnn_and_refused_without_one() -> None:
+    cnn = build_model(ModelSpec("cnn", "classification", (1, 8, 8), 10), seed=0)
+    assert final_bias(cnn) == "body.6.bias"
+    model = build_model(ModelSpec("mlp", "classification", (4,), 2, hidden=(8,)), seed=0)
+    model.body[-1] = nn.Linear(8, 2, bias=False)
+    with pytest.raises(ConfigError, match=r"MLP .* and the CNN .*Received: last layer Linear "
+                                          r"'body.2'"):
+        final_bias(model)
+    model.body.append(nn.BatchNorm1d(2))
+    with pytest.raises(ConfigError, match=r"Received: last layer BatchNorm1d 'body\.3'"):
+        final_bias(model)
+
+
+@pytest.mark.parametrize("value,scope", [("all", "all"), ("bias", "bias"), (" Bias ", "bias")])
+def test_the_scope_option_takes_all_or_bias(value: str, scope: str) -> None:
+    assert parse_scope(value) == scope
+
+
+@pytest.mark.parametrize("value", ["", "head", "weights", "all,bias"])
+def test_a_bad_scope_names_the_choices(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match=r"one of all, bias.*Received: "):
+        parse_scope(value)
+    cfg = RunConfig(seed=0, target="target", hidden="16")
+    trains, tests = hospitals("wine", tmp_path, cfg)
+    model = _fresh_model(trains["site-0"], 3, cfg)
+    with pytest.raises(ConfigError, match=r"one of all, bias"):
+        personalize(model, trains, tests, cfg, steps=5, scope=value)
+    with pytest.raises(ConfigError, match=r"one of all, bias"):
+        fine_tune(model, trains["site-0"], cfg, steps=5, seed=0, scope=value)
+
+
+def test_simulate_refuses_a_bad_scope_before_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_guarded(app, ["simulate", "--dataset", "wine", "--personalize", "alone",
+                             "--personalize-scope", "head", "--out", str(tmp_path / "run")])
+    assert code == ConfigError.exit_code
+    assert "--personalize-scope is one of all, bias" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_summary_records_the_personalization_scope(tmp_path: Path) -> None:
+    # Prepare: a short real federation (Flower simulation) of three hospitals
+    cfg = RunConfig(num_server_rounds=1, local_steps=3, seed=0, target="target", hidden="none")
+    exp = Experiment(cfg=cfg, out=tmp_path / "run", dataset="wine", num_sites=3, personalize=4,
+                     personalize_scope="bias")
+    # Execute
+    run_experiment(exp)
+    # Assert
+    tuned = json.loads((tmp_path / "run" / "summary.json").read_text())["personalized"]
+    assert tuned["scope"] == "bias" and tuned["steps"] == 4
+    assert tuned["steps_per_site"] == {"site-0": 4, "site-1": 4, "site-2": 4}
