@@ -8,9 +8,10 @@ and on the same files (page cache warm: every file is read once first):
 - Flower: a subprocess that imports Flower, reads every file with h5py into numpy arrays, runs
   Flower's reference function and writes the result with h5py.
 
-It also measures start-up (the interpreter alone, ``import cli.aggregate``, and whether torch
-or flwr got imported) and the read rate of block-wise reads (`aggregation._blocks`'s reader, as
-a stacked pass reads: from the memory-mapped files, and through HDF5 calls with
+It also measures start-up (the interpreter alone, ``import cli.app``, ``import cli.aggregate``,
+the whole ``fedsplit aggregate --help`` process and which heavy packages it imported, and the
+compiled kernels' start) and the read rate of block-wise reads (`aggregation._blocks`'s reader,
+as a stacked pass reads: from the memory-mapped files, and through HDF5 calls with
 ``FEDSPLIT_MMAP=0``) against a plain sequential ``read()`` of the same bytes.
 
     .venv/bin/python bench/aggregation_process.py --n 30 --params 10M
@@ -85,19 +86,48 @@ def _best(cmd: list[str], env: dict[str, str], repeat: int) -> tuple[float, floa
     return min(r[0] for r in runs), min(r[1] for r in runs)
 
 
+KERNEL_START = """
+import time, numpy as np
+from aggregation import _kernels
+wall, cpu = time.perf_counter(), time.process_time()
+kernels = _kernels._load()
+x = np.ones(8, np.float32)
+kernels.squared_distance(x, x)
+print(time.perf_counter() - wall, time.process_time() - cpu)
+"""
+
+HEAVY = ("torch", "flwr", "pandas", "fastapi", "sklearn", "numba")
+
+
 def startup() -> dict[str, Any]:
-    """Interpreter start, ``import cli.aggregate`` and ``import cli.app`` (best of 3 each)."""
+    """Best of 3 each: the interpreter alone, ``import cli.app``, ``import cli.aggregate``, the
+    whole ``fedsplit aggregate --help`` process (what every aggregation pays before its first
+    file), and the compiled kernels' start (``import numba`` and loading one cached kernel,
+    which robust rules pay on large passes); plus which heavy packages the command imported."""
     py = sys.executable
-    probe = "import sys, {m}; print(int('torch' in sys.modules), int('flwr' in sys.modules))"
+    cmd = [py, "-c", "import sys; from cli.app import main; sys.argv[0] = 'fedsplit'; main()",
+           "aggregate", "--help"]
     out: dict[str, Any] = {
         "python_s": min(_timed([py, "-c", "pass"]) for _ in range(3)),
-        "import_cli_aggregate_s": min(_timed([py, "-c", "import cli.aggregate"]) for _ in range(3)),
         "import_cli_app_s": min(_timed([py, "-c", "import cli.app"]) for _ in range(3)),
+        "import_cli_aggregate_s": min(_timed([py, "-c", "import cli.aggregate"]) for _ in range(3)),
     }
-    flags = subprocess.run(
-        [py, "-c", probe.format(m="cli.app")], cwd=ROOT, capture_output=True, text=True
-    ).stdout.split()
-    out["torch_imported"], out["flwr_imported"] = bool(int(flags[0])), bool(int(flags[1]))
+    runs = [_run(cmd) for _ in range(3)]
+    out["aggregate_help_s"] = min(r[0] for r in runs)
+    out["aggregate_help_cpu_s"] = min(r[1] for r in runs)
+    kernel = []
+    for _ in range(3):
+        done = subprocess.run([py, "-c", KERNEL_START], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode == 0:
+            kernel.append(tuple(float(v) for v in done.stdout.split()))
+    out["kernels_start_s"] = min(k[0] for k in kernel) if kernel else None
+    out["kernels_start_cpu_s"] = min(k[1] for k in kernel) if kernel else None
+    probe = ("import sys, io, contextlib; from cli.app import app; from cli.errors import "
+             "run_guarded\nwith contextlib.redirect_stdout(io.StringIO()): run_guarded(app, "
+             "['aggregate', '--help'])\nprint(' '.join(m for m in " + repr(HEAVY) +
+             " if m in sys.modules))")
+    loaded = subprocess.run([py, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    out["heavy_imported"] = loaded.stdout.split()
     return out
 
 
@@ -213,10 +243,15 @@ def main(argv: list[str] | None = None) -> int:
 def report(paths: list[Path], rules: list[str], *, flower: bool, repeat: int = 1) -> dict:
     """Print and return start-up, read rates and whole-process times for ``paths``."""
     up = startup()
-    print(f"start-up: python {up['python_s']:.3f} s; + import cli.aggregate "
-          f"{up['import_cli_aggregate_s'] - up['python_s']:.3f} s; + import cli.app (every "
-          f"command) {up['import_cli_app_s'] - up['python_s']:.3f} s; torch imported: "
-          f"{up['torch_imported']}, flwr imported: {up['flwr_imported']}", flush=True)
+    kernels = ("numba not installed" if up["kernels_start_s"] is None else
+               f"{up['kernels_start_s']:.3f} s ({up['kernels_start_cpu_s']:.3f} s CPU)")
+    print(f"start-up: python {up['python_s']:.3f} s; import cli.app "
+          f"{up['import_cli_app_s'] - up['python_s']:+.3f} s; import cli.aggregate "
+          f"{up['import_cli_aggregate_s'] - up['python_s']:+.3f} s; whole `fedsplit aggregate "
+          f"--help` {up['aggregate_help_s']:.3f} s ({up['aggregate_help_cpu_s']:.3f} s CPU), "
+          f"heavy packages imported: {', '.join(up['heavy_imported']) or 'none'} (of "
+          f"{', '.join(HEAVY)}); compiled kernels' start (import numba, one cached kernel): "
+          f"{kernels}", flush=True)
     rates = read_rates(paths)  # first pass warms the page cache
     rates = read_rates(paths)
     print(f"reading {rates['file_bytes'] / 1e9:.2f} GB of weight files (page cache): plain "

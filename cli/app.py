@@ -1,28 +1,92 @@
-"""Registers every ``fedsplit`` command; each lives in its own module."""
+"""Registers every ``fedsplit`` command; each lives in its own module, imported on first use.
+
+A command's module (and what it imports: Flower, torch, FastAPI, pandas, ...) loads only when
+that command runs or its help is shown, so ``fedsplit aggregate`` pays for typer, numpy, h5py
+and the aggregation package, not for every other command. ``fedsplit --help`` still lists
+every command (it loads them all to do so), in the order of `COMMANDS`.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from cli import (
-    admin,
-    aggregate,
-    certs,
-    compare_strategies,
-    export,
-    pipeline_schedule,
-    predict,
-    privacy_audit,
-    simulate,
-    site,
-    strategies,
-    up,
-    upload,
-    vertical,
-)
 from cli.errors import run_guarded
+
+#: ``(name, module, attribute)`` of every command, in the order ``fedsplit --help`` lists them:
+#: the attribute is a command function, or a `typer.Typer` for a command group.
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("simulate", "cli.simulate", "simulate"),
+    ("compare-strategies", "cli.compare_strategies", "compare_strategies"),
+    ("predict", "cli.predict", "predict"),
+    ("aggregate", "cli.aggregate", "aggregate"),
+    ("strategies", "cli.strategies", "strategies"),
+    ("privacy-audit", "cli.privacy_audit", "privacy_audit"),
+    ("pipeline-schedule", "cli.pipeline_schedule", "pipeline_schedule"),
+    ("upload", "cli.upload", "upload"),
+    ("export", "cli.export", "export"),
+    ("up", "cli.up", "up"),
+    ("certs", "cli.certs", "certs"),
+    ("admin", "cli.admin", "admin_app"),
+    ("site", "cli.site", "app"),
+    ("vertical", "cli.vertical", "app"),
+)
+
+
+def load_command(name: str, *, rich_markup_mode: typer.core.MarkupMode = None) -> click.Command:
+    """Import command ``name``'s module and build its click command as ``app.command(name)``
+    (or ``app.add_typer(..., name=name)`` for a group) would have."""
+    module, attr = next((m, a) for n, m, a in COMMANDS if n == name)
+    target = getattr(importlib.import_module(module), attr)
+    holder = typer.Typer()
+    if isinstance(target, typer.Typer):
+        holder.add_typer(target, name=name)
+        return typer.main.get_group_from_info(
+            holder.registered_groups[0], pretty_exceptions_short=True,
+            suggest_commands=True, rich_markup_mode=rich_markup_mode,
+        )
+    holder.command(name)(target)
+    return typer.main.get_command_from_info(
+        holder.registered_commands[0], pretty_exceptions_short=True,
+        rich_markup_mode=rich_markup_mode,
+    )
+
+
+class LazyGroup(TyperGroup):
+    """The root group: knows every command's name, builds a command when it is first asked."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, _, _ in COMMANDS]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and any(n == cmd_name for n, _, _ in COMMANDS):
+            self.commands[cmd_name] = load_command(cmd_name,
+                                                   rich_markup_mode=self.rich_markup_mode)
+        return self.commands.get(cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """As typer's, but suggests from every command name, loaded or not."""
+        try:
+            return click.Group.resolve_command(self, ctx, args)
+        except click.UsageError as e:
+            from difflib import get_close_matches  # only on a mistyped command (5 ms)
+
+            matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if self.suggest_commands and matches:
+                suggestions = ", ".join(f"{m!r}" for m in matches)
+                e.message = f"{e.message.rstrip('.')}. Did you mean {suggestions}?"
+            raise
+
+
+def _root() -> None:
+    """The root group's (empty) callback: typer builds a group only for an app with one."""
+
 
 app = typer.Typer(
     name="fedsplit",
@@ -30,22 +94,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=LazyGroup,
+    callback=_root,
 )
-
-app.command("simulate")(simulate.simulate)
-app.command("compare-strategies")(compare_strategies.compare_strategies)
-app.command("predict")(predict.predict)
-app.command("aggregate")(aggregate.aggregate)
-app.command("strategies")(strategies.strategies)
-app.command("privacy-audit")(privacy_audit.privacy_audit)
-app.command("pipeline-schedule")(pipeline_schedule.pipeline_schedule)
-app.add_typer(admin.admin_app, name="admin")
-app.command("upload")(upload.upload)
-app.command("export")(export.export)
-app.command("up")(up.up)
-app.add_typer(site.app, name="site")
-app.command("certs")(certs.certs)
-app.add_typer(vertical.app, name="vertical")
 
 
 def main() -> None:
