@@ -13,7 +13,6 @@ from client.parallel.config import ParallelConfig, as_config
 from client.parallel.device_map import resolve_device_map, resolve_devices
 from client.parallel.layer_split import fit_layer_split
 from client.parallel.loop import check_inputs
-from client.parallel.pipeline import train_pipeline
 from client.parallel.replicas import train_replicas
 from client.train import fit, pick_device
 
@@ -108,6 +107,11 @@ def fit_parallel(
         loss, seconds = fit_layer_split(model, x, y, device_map=device_map, devices=devices, **common)
     else:
         devices = resolve_devices(cfg.devices, len(device_map), distinct_cuda=True)
+        # imported here, not with the agent: torch.distributed.pipelining pulls in FSDP and
+        # torch.distributed._shard, whose circular imports deadlock (`_DeadlockError`) when
+        # Flower's simulation loads the ClientApp while the coordinator's thread imports Opacus
+        from client.parallel.pipeline import train_pipeline
+
         run = train_pipeline(model, x, y, device_map=device_map, devices=devices,
                              microbatches=cfg.microbatches, start_method=cfg.start_method,
                              timeout_s=cfg.timeout_s, **common)
