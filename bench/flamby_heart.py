@@ -15,16 +15,22 @@ split). The number reported is FLamby's: the mean over hospitals of the accuracy
 test patients, averaged over seeds; FLamby's published numbers are printed beside it. Each
 hospital alone is scored on its own test patients, as FLamby's local baselines are.
 
-Personalization (``--personalize``, default ``alone``): after the last round each hospital
-fine-tunes the global model on its own training rows (FedAvg + local fine-tuning, "FT", the
-personalized-FL benchmarks' baseline) and that model is scored on its own test patients. The
-budget is declared, not tuned: ``alone`` gives each hospital exactly the optimizer steps its
-hospital-alone baseline trains (rounds x local steps), so "+ FT" against "alone" compares the
-same local compute started from the federated model instead of from scratch; no selection.
-The table shows, per hospital and strategy, the global model and the fine-tuned one beside the
-hospital alone, and whether every hospital does at least as well as alone.
-``--personalize-scope bias`` fine-tunes only the final layer's bias (a per-hospital prior
-correction, every other weight the global model's); ``all`` (default) every weight.
+Personalization (``--personalize``), after the last round, each hospital on its own training
+rows, scored on its own test patients:
+
+- ``prior`` (the default): each hospital refits only the final bias to its own training rows,
+  exactly, and keeps it when a likelihood-ratio test rejects the global bias at 5%
+  (`orchestration.personalize.prior_test`); the row is "+ prior" and the report counts the
+  hospitals that refitted.
+- a number of steps, or ``alone``: FedAvg + local fine-tuning ("FT", the personalized-FL
+  benchmarks' baseline); ``alone`` gives each hospital exactly the optimizer steps its
+  hospital-alone baseline trains (rounds x local steps), so "+ FT" against "alone" compares the
+  same local compute started from the federated model instead of from scratch; no selection.
+  ``--personalize-scope bias`` fine-tunes only the final layer's bias, ``all`` every weight
+  (``auto``: ``all``).
+
+The table shows, per hospital and strategy, the global model and the personalized one beside
+the hospital alone, and whether every hospital does at least as well as alone.
 """
 
 from __future__ import annotations
@@ -44,10 +50,10 @@ import torch  # noqa: E402
 from client.data import HEART_ID, HEART_TARGET, load_heart_disease  # noqa: E402
 from orchestration.experiment import Experiment, SiteSource, run_experiment  # noqa: E402
 from orchestration.personalize import (  # noqa: E402
-    ALONE,
+    PRIOR,
     SCOPES,
     parse_budget,
-    parse_scope,
+    resolve_scope,
 )
 from protocol.config import RunConfig  # noqa: E402
 from protocol.errors import ConfigError  # noqa: E402
@@ -133,8 +139,9 @@ def run(args: argparse.Namespace) -> dict:
                     "personalized_mean_per_site": tuned["mean_per_site"]["accuracy"],
                     "personalized_per_site": {k: v["accuracy"] for k, v in tuned["per_site"].items()},
                     "personalized_pooled": tuned["metrics"]["accuracy"],
-                    "personalized_steps": tuned["steps_per_site"],
-                    "personalized_scope": tuned["scope"]})
+                    "personalized_steps": tuned.get("steps_per_site"),
+                    "personalized_scope": tuned["scope"],
+                    "prior_test": tuned.get("prior_test")})
             print(f"{strategy} seed {seed}: mean per hospital {fed['mean_per_site']['accuracy']:.3f}"
                   + (f", fine-tuned {tuned['mean_per_site']['accuracy']:.3f}" if tuned else "")
                   + f" ({took:.0f} s)", flush=True)
@@ -161,7 +168,7 @@ def report(results: dict) -> None:
     print(f"{'pooled training':<28}{_mean(central):>18}{FLAMBY['pooled']:>10.3f}")
     steps = results["config"].get("personalize", 0)
     scope = results["config"].get("personalize_scope", "all")
-    ft = "+ FT" if scope == "all" else f"+ FT {scope}"
+    ft = "+ prior" if steps == PRIOR else "+ FT" if scope == "all" else f"+ FT {scope}"
     for strategy, rows in runs.items():
         print(f"{strategy:<28}{_mean([r['mean_per_site'] for r in rows]):>18}"
               f"{FLAMBY.get(strategy, float('nan')):>10.3f}")
@@ -178,7 +185,11 @@ def report(results: dict) -> None:
                 n: [r["personalized_per_site"][n] for r in rows] for n in names}
     for values in models.values():  # per seed, the mean over hospitals
         values["mean"] = [statistics.mean(v) for v in zip(*values.values(), strict=True)]
-    print(f"\nper hospital (mean +- sd over seeds), on its own test patients: alone; per "
+    print("\nper hospital (mean +- sd over seeds), on its own test patients: alone; per "
+          "strategy the global model and, with --personalize prior, the global model with the "
+          "final bias each hospital refitted when its likelihood-ratio test said so"
+          if steps == PRIOR else
+          f"\nper hospital (mean +- sd over seeds), on its own test patients: alone; per "
           f"strategy the global model and, with --personalize {steps} --personalize-scope "
           f"{scope}, the global model fine-tuned at that hospital (FT)" if steps else
           "\nper hospital (mean +- sd over seeds), on its own test patients: alone and the "
@@ -198,6 +209,11 @@ def report(results: dict) -> None:
         below = [f"{n} {means[n]:.3f} < {alone[n]:.3f}" for n in names if means[n] < alone[n]]
         print(f"{label:<20} each hospital >= alone (mean over seeds): "
               + ("yes" if not below else f"no ({'; '.join(below)})"))
+    if steps == PRIOR:
+        for strategy, rows in runs.items():
+            refitted = {n: sum(r["prior_test"][n]["adopted"] for r in rows) for n in names}
+            print(f"{strategy}: seeds where the hospital refitted its bias (p < 0.05): "
+                  + ", ".join(f"{n} {k}/{len(rows)}" for n, k in refitted.items()))
 
 
 def main() -> None:
@@ -214,18 +230,20 @@ def main() -> None:
                         help="none: logistic regression (FLamby's model), or MLP widths")
     parser.add_argument("--na-values", default="",
                         help="e.g. chol=0: Switzerland's placeholder cholesterol as missing")
-    parser.add_argument("--personalize", default=ALONE,
-                        help="fine-tuning mini-batches per hospital after the last round, or "
-                             "'alone' (default): each hospital's hospital-alone step budget, "
-                             "rounds x local steps; 0 = off")
-    parser.add_argument("--personalize-scope", default="all", choices=SCOPES,
-                        help="which weights each hospital fine-tunes: all (default) or bias "
-                             "(only the final layer's bias, a per-hospital prior correction)")
+    parser.add_argument("--personalize", default=PRIOR,
+                        help="'prior' (default): each hospital refits the final bias when a "
+                             "likelihood-ratio test says so; fine-tuning mini-batches per "
+                             "hospital after the last round; 'alone': each hospital's "
+                             "hospital-alone step budget, rounds x local steps; 0 = off")
+    parser.add_argument("--personalize-scope", default="auto", choices=SCOPES,
+                        help="which weights each hospital fine-tunes: all or bias (only the "
+                             "final layer's bias, a per-hospital prior correction); auto "
+                             "(default): all for a step budget, bias for prior")
     parser.add_argument("--out", default="runs/flamby-heart")
     args = parser.parse_args()
     try:
         args.personalize = parse_budget(args.personalize)
-        args.personalize_scope = parse_scope(args.personalize_scope)
+        args.personalize_scope = resolve_scope(args.personalize or 1, args.personalize_scope)
         args.seed_list = parse_seeds(args.seeds)
     except ConfigError as err:
         parser.error(str(err))

@@ -46,10 +46,18 @@ def print_summary(summary: dict[str, Any]) -> None:
     row(f"federated ({summary['strategy']}{' + ' + opt['name'] if opt else ''})",
         summary["federated"], bold=True)
     tuned = summary.get("personalized")
+    tuned_label = "federated + prior" if tuned and "prior_test" in tuned else "federated + fine-tuned"
     if tuned:
-        row("federated + fine-tuned", tuned, bold=True)
+        row(tuned_label, tuned, bold=True)
     console.print(table)
-    if tuned:
+    if tuned and "prior_test" in tuned:
+        tested = tuned["prior_test"]
+        console.print("federated + prior: each hospital refits the global model's final bias "
+                      "on its own training rows and keeps it when a likelihood-ratio test rejects "
+                      "the global bias (p < 0.05): " + ", ".join(
+                          f"{name} {'refitted' if t['adopted'] else 'global'} (p={t['p_value']:.2g})"
+                          for name, t in tested.items()))
+    elif tuned:
         steps = tuned["steps_per_site"]
         budget = ("as many mini-batches as alone: "
                   + ", ".join(f"{name} {n}" for name, n in steps.items())
@@ -61,7 +69,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     if summary["task"] == "regression":
         entries = [("centralized", summary["centralized"]), ("federated", summary["federated"])]
         if tuned:
-            entries.append(("federated + fine-tuned", tuned))
+            entries.append((tuned_label, tuned))
         console.print("rmse (pooled): " + ", ".join(
             f"{label} {entry['metrics']['rmse']:.3f}" for label, entry in entries))
     for line in (summary.get("schema") or {}).get("warnings", []):
@@ -168,21 +176,25 @@ def simulate(
                                "fine-tunes the global model for STEPS mini-batches of Adam "
                                "(--lr, --batch-size) on its own training rows, scored on its "
                                "own test patients; 'alone' = each hospital its hospital-alone "
-                               "step budget (rounds x its steps per round). 0 = off.",
-                          metavar="STEPS|alone")
+                               "step budget (rounds x its steps per round); 'prior' = each "
+                               "hospital refits only the final bias on its own rows, kept when "
+                               "a likelihood-ratio test (p < 0.05) says its label mix differs. "
+                               "0 = off.",
+                          metavar="STEPS|alone|prior")
     ] = "0",
     personalize_scope: Annotated[
         str, typer.Option(help="Which weights --personalize fine-tunes: all (every weight) or "
                                "bias (only the final layer's bias, a per-hospital prior "
-                               "correction; every other weight stays the global model's).",
-                          metavar="all|bias")
-    ] = "all",
+                               "correction; every other weight stays the global model's); "
+                               "auto = all for a step budget, bias for prior.",
+                          metavar="auto|all|bias")
+    ] = "auto",
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
 
     from orchestration.experiment import Experiment, check_attack, run_experiment
-    from orchestration.personalize import parse_budget, parse_scope
+    from orchestration.personalize import parse_budget, resolve_scope
 
     torch.set_num_threads(1)  # one thread per process: the cores are shared with the hospitals
     from client.data import HEART
@@ -229,7 +241,8 @@ def simulate(
                      partition=partition,
                      test_fraction=test_fraction, leave_out=leave_out or [],
                      personalize=parse_budget(personalize),
-                     personalize_scope=parse_scope(personalize_scope))
+                     personalize_scope=resolve_scope(parse_budget(personalize) or 1,
+                                                     personalize_scope))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=console) as progress:

@@ -92,6 +92,16 @@ def _loss_fn(model: SiteModel) -> nn.Module:
     return nn.CrossEntropyLoss() if model.spec.task == "classification" else nn.MSELoss()
 
 
+def training_targets(model: SiteModel, y: np.ndarray) -> torch.Tensor:
+    """The targets as the training loss sees them: class indices, or standardized values."""
+    return _targets(model, y)
+
+
+def loss_function(model: SiteModel) -> nn.Module:
+    """The training loss: cross-entropy (classification) or mean squared error (regression)."""
+    return _loss_fn(model)
+
+
 def fit(
     model: SiteModel,
     x: np.ndarray,

@@ -16,7 +16,8 @@ on every hospital's test patients (``per_site``), their mean (``mean_per_site``,
 convention) and the pooled test rows (``metrics``). With ``personalize`` > 0 (mini-batches) or
 ``"alone"`` (each hospital's hospital-alone step budget), every hospital also fine-tunes the
 final global model on its own training rows (`orchestration.personalize`), scored on its own
-test patients (``personalized``).
+test patients (``personalized``); with ``"prior"`` each hospital refits the final bias instead,
+when a likelihood-ratio test on its own rows says its label mix differs.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from client.train import fit_steps, local_steps_per_round, score, set_statistics
 from orchestration.certs import site_names
 from orchestration.fingerprint import data_fingerprint
 from orchestration.flower_runtime import simulation
-from orchestration.personalize import ALONE, parse_budget, parse_scope, personalize
+from orchestration.personalize import ALONE, PRIOR, parse_budget, personalize, resolve_scope
 from orchestration.plots import plot_rounds
 from orchestration.selection import BestRound, selection_metric
 from protocol.atomic import write_json_atomic
@@ -126,10 +127,11 @@ class Experiment:
     leave_out: Sequence[int] = ()
     #: > 0: every hospital fine-tunes the final global model for this many mini-batches on its
     #: own training rows (`orchestration.personalize`); ``"alone"``: for its hospital-alone
-    #: step budget (`baseline_steps`); 0: off
+    #: step budget (`baseline_steps`); ``"prior"``: a tested refit of the final bias; 0: off
     personalize: int | str = 0
-    #: what personalization fine-tunes: ``all`` weights or the final layer's ``bias``
-    personalize_scope: str = "all"
+    #: what personalization fine-tunes: ``all`` weights or the final layer's ``bias``; ``auto``:
+    #: ``all`` for a step budget, ``bias`` for ``prior``
+    personalize_scope: str = "auto"
     summary_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -402,7 +404,7 @@ def run_experiment(
     """Run the federation and the baselines; write summary.json and rounds.png into ``exp.out``."""
     stage = on_stage or (lambda _msg: None)
     budget = parse_budget(exp.personalize)  # a bad value stops before Flower starts
-    scope = parse_scope(exp.personalize_scope)
+    scope = resolve_scope(budget or 1, exp.personalize_scope)
     out = exp.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg, joined, everyone = stage_sites(exp)
@@ -454,7 +456,9 @@ def run_experiment(
         # ALONE: each hospital's own alone budget (for a left-out hospital, the one it would get)
         steps = dict(zip(own, baseline_steps([len(t) for t in own.values()], cfg)[1],
                          strict=True)) if budget == ALONE else budget
-        stage(f"personalization: each hospital fine-tunes the global model for "
+        stage("personalization: each hospital tests and refits the global model's final bias "
+              "on its own training rows" if budget == PRIOR else
+              f"personalization: each hospital fine-tunes the global model for "
               f"{'its hospital-alone step budget' if budget == ALONE else budget} mini-batches "
               f"on its own training rows")
         personalized = {"steps": budget, **personalize(final, own, tests, cfg, steps, scope),

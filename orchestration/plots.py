@@ -72,8 +72,8 @@ def plot_rounds(summary: dict[str, Any], path: Path) -> None:
         tuned = summary.get("personalized")
         if tuned:
             after = rounds[-1] + 0.4
-            budget = ("its alone budget" if tuned["steps"] == "alone"
-                      else f"{tuned['steps']} steps")
+            budget = {"alone": "its alone budget", "prior": "tested bias refit"}.get(
+                str(tuned["steps"]), f"{tuned['steps']} steps")
             ax.plot([after], [tuned["metrics"][key]], "*", ms=13, color="C0",
                     label=f"fine-tuned at each hospital, {budget} (pooled)")
             for i, name in enumerate(summary["rounds"][0].get("per_site", {})):

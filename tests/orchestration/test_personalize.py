@@ -236,21 +236,22 @@ def test_the_final_bias_is_found_in_the_cnn_and_refused_without_one() -> None:
         final_bias(model)
 
 
-@pytest.mark.parametrize("value,scope", [("all", "all"), ("bias", "bias"), (" Bias ", "bias")])
+@pytest.mark.parametrize("value,scope", [("all", "all"), ("bias", "bias"), (" Bias ", "bias"),
+                                         ("auto", "auto")])
 def test_the_scope_option_takes_all_or_bias(value: str, scope: str) -> None:
     assert parse_scope(value) == scope
 
 
 @pytest.mark.parametrize("value", ["", "head", "weights", "all,bias"])
 def test_a_bad_scope_names_the_choices(tmp_path: Path, value: str) -> None:
-    with pytest.raises(ConfigError, match=r"one of all, bias.*Received: "):
+    with pytest.raises(ConfigError, match=r"one of auto, all, bias.*Received: "):
         parse_scope(value)
     cfg = RunConfig(seed=0, target="target", hidden="16")
     trains, tests = hospitals("wine", tmp_path, cfg)
     model = _fresh_model(trains["site-0"], 3, cfg)
-    with pytest.raises(ConfigError, match=r"one of all, bias"):
+    with pytest.raises(ConfigError, match=r"one of auto, all, bias"):
         personalize(model, trains, tests, cfg, steps=5, scope=value)
-    with pytest.raises(ConfigError, match=r"one of all, bias"):
+    with pytest.raises(ConfigError, match=r"one of auto, all, bias"):
         fine_tune(model, trains["site-0"], cfg, steps=5, seed=0, scope=value)
 
 
@@ -259,7 +260,7 @@ def test_simulate_refuses_a_bad_scope_before_training(
     code = run_guarded(app, ["simulate", "--dataset", "wine", "--personalize", "alone",
                              "--personalize-scope", "head", "--out", str(tmp_path / "run")])
     assert code == ConfigError.exit_code
-    assert "--personalize-scope is one of all, bias" in capsys.readouterr().err
+    assert "--personalize-scope is one of auto, all, bias" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
