@@ -304,12 +304,18 @@ class BlockReader:
             self.watch.flag()
         return values
 
+    def forget(self) -> None:
+        """Forget a cached parameter (for sources that materialise arrays)."""
+        self._cached = None
+
     def release(self) -> None:
-        """Forget a cached parameter (for sources that materialise arrays) and drop the pages
-        of the last mapped block viewed."""
+        """At the end of a pass: forget a cached parameter and drop the pages of the mapped
+        blocks the pass is done with (`WeightFile.drop_done`), the last one viewed included."""
         self._cached = None
         self._unmap(self._viewed)
         self._viewed = None
+        if self._file is not None and UNMAP_DONE:
+            self._file.drop_done()
 
 
 def check_budget(memory_budget: object) -> None:
@@ -432,7 +438,7 @@ def iter_stacks(
     for block in plan_blocks(specs, plan.values_per_block):
         if block.name != current:
             for r in readers:
-                r.release()
+                r.forget()
             current = block.name
         in_place = _rows_of(readers, block, plan.dtype) if rows else None
         if in_place is not None:

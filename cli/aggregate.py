@@ -22,6 +22,7 @@ from aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from aggregation.base import AggregationReport
 from aggregation.files import aggregate_files
 from aggregation.guard import CAP_POLICIES
+from cli.app import skip_teardown
 from protocol import ConfigError
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
@@ -176,6 +177,7 @@ def aggregate(
     result, target = done.result, done.report_path
     print_report(result.report)
     Console().print(f"wrote {output} (num_examples={result.num_examples}) and report {target}")
+    skip_teardown()  # the model and report are written and closed, the report printed
 
 
 __all__ = ["DEFAULT_MEMORY_BUDGET", "aggregate", "parse_bytes", "parse_caps", "print_report"]

@@ -9,6 +9,7 @@ every command (it loads them all to do so), in the order of `COMMANDS`.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -99,6 +100,32 @@ app = typer.Typer(
 )
 
 
+#: Set by a command that has finished everything it makes (`skip_teardown`).
+_SKIP_TEARDOWN = False
+
+
+def skip_teardown() -> None:
+    """Let `main` end the process without the interpreter's teardown once the command succeeds.
+
+    For a command that has written, closed and printed everything it makes and started nothing
+    that outlives it (`fedsplit aggregate`): tearing down numpy, h5py, pydantic, rich and numba
+    (freeing every module and object one by one) took 0.07 s after a FedAvg and 0.13 s after a
+    median over 30 x 10M files, while the work itself took under a second. `main` flushes
+    stdout and stderr and ends with the command's exit code (`os._exit`); a failing command,
+    and any use of `app` other than the console script (tests, `run_guarded`), end normally.
+    """
+    global _SKIP_TEARDOWN
+    _SKIP_TEARDOWN = True
+
+
 def main() -> None:
     """Console-script entry point."""
-    sys.exit(run_guarded(app))  # thread limits: see cli/__init__.py
+    code = run_guarded(app)  # thread limits: see cli/__init__.py
+    if _SKIP_TEARDOWN and code == 0:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):  # e.g. a closed pipe: the interpreter reports it as always
+            sys.exit(code)
+        os._exit(code)
+    sys.exit(code)

@@ -83,6 +83,26 @@ def _optional_int(attrs: h5py.AttributeManager, key: str, where: str) -> int | N
     return int(value)
 
 
+#: Pages of values a pass is done with are dropped from the process in runs of this many
+#: bytes per file (`WeightFile.unmap`): a few calls where one call per block cost more than the
+#: reads (FedAvg over 30 x 10M files: 0.98 s -> 0.84 s; runs of 1 MiB: 0.86 s, 16 MiB: 0.82 s)
+UNMAP_RUN_BYTES = 4 * 2**20
+#: ... and at most this many bytes over all mapped files together (runs get shorter when many
+#: files are mapped at once, down to `UNMAP_MIN_RUN_BYTES`): the resident memory a pass holds
+#: in done pages stays about the same however many hospitals send a file.
+UNMAP_TOTAL_BYTES = 128 * 2**20
+UNMAP_MIN_RUN_BYTES = 256 * 1024
+
+_MAPPED = [0]  # weight files mapped now, in this process (`_MAPPED_LOCK`)
+_MAPPED_LOCK = threading.Lock()
+
+
+def _unmap_run() -> int:
+    """Bytes of done pages a mapped file drops at once (`WeightFile.unmap`)."""
+    share = UNMAP_TOTAL_BYTES // max(1, _MAPPED[0])
+    return max(UNMAP_MIN_RUN_BYTES, min(UNMAP_RUN_BYTES, share))
+
+
 class WeightFile:
     """An open, structurally validated weight file; parameters are read on demand.
 
@@ -110,6 +130,10 @@ class WeightFile:
         self._mapped: dict[str, np.ndarray | None] = {}
         self._map_address: int | None = None
         self._map_lock = threading.Lock()
+        # bytes of the mapping that passes are done with and that are not dropped yet
+        # (`unmap`): how many, and the range they lie in
+        self._done_bytes = 0
+        self._done_span = (0, 0)
 
     @property
     def header(self) -> UpdateHeader:
@@ -251,9 +275,18 @@ class WeightFile:
             return self._mapped[name]
 
     def unmap(self, name: str, start: int, stop: int) -> None:
-        """Drop the mapped pages of values ``[start, stop)`` of parameter ``name`` from this
-        process (`mapped`): they stay in the page cache and are mapped again when read, so a
-        pass that is done with a block keeps its resident memory at one block per file.
+        """Mark values ``[start, stop)`` of parameter ``name`` (`mapped`) as done: their pages
+        are dropped from this process, staying in the page cache (mapped again if touched).
+
+        Pages are dropped (`madvise(MADV_DONTNEED)`) once a run of them is done
+        (`UNMAP_RUN_BYTES`, shorter when many files are mapped: `UNMAP_TOTAL_BYTES` over all of
+        them), all at once: the whole pages of the file range the done values lie in, in one
+        call. One call per short block cost more than the pass's reads (each call also stops
+        the other threads' CPUs to flush their address caches). A pass moves forward through
+        the file, so the range is about the blocks done; a block another thread is still
+        reading in it only has its pages mapped again (the values are unchanged). So a pass's
+        resident memory stays at its current blocks plus under one run per file. `drop_done`
+        drops the rest at the end of a pass.
         """
         view = self._mapped.get(name)
         if view is None or self._map is None or stop <= start:
@@ -261,9 +294,27 @@ class WeightFile:
         base = view.__array_interface__["data"][0] - self._base_address()
         first = base + start * view.itemsize
         last = base + stop * view.itemsize
+        with self._map_lock:
+            if self._done_bytes:
+                lo, hi = self._done_span
+                first, last = min(lo, first), max(hi, last)
+            self._done_bytes += (stop - start) * view.itemsize
+            self._done_span = (first, last)
+            if self._done_bytes >= _unmap_run():
+                self._drop_done()
+
+    def drop_done(self) -> None:
+        """Drop the pages of the values `unmap` was told are done and not dropped yet (a
+        pass calls this when it ends)."""
+        with self._map_lock:
+            self._drop_done()
+
+    def _drop_done(self) -> None:
+        first, last = self._done_span
+        self._done_bytes, self._done_span = 0, (0, 0)
         first += -first % mmap.PAGESIZE  # whole pages inside the range only
         last -= last % mmap.PAGESIZE
-        if last > first:
+        if self._map is not None and last > first:
             self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
 
     def _base_address(self) -> int:
@@ -305,6 +356,8 @@ class WeightFile:
             # copy-on-write: the arrays are writeable like in-memory ones (so compiled kernels
             # see one array type), and a write would stay in this process, never the file
             self._map = mmap.mmap(self._file.id.get_vfd_handle(), 0, access=mmap.ACCESS_COPY)
+            with _MAPPED_LOCK:
+                _MAPPED[0] += 1
         size = spec.size
         if offset + size * spec.dtype.itemsize > len(self._map):
             return None
@@ -339,10 +392,13 @@ class WeightFile:
         self._dataset_ids.clear()
         self._group_id = None
         self._mapped.clear()
+        self._done_bytes, self._done_span = 0, (0, 0)
         if self._map is not None:
             with contextlib.suppress(BufferError):  # arrays still view it: unmapped with them
                 self._map.close()
             self._map = None
+            with _MAPPED_LOCK:
+                _MAPPED[0] -= 1
             self._map_address = None
         self._file.close()
 

@@ -134,6 +134,94 @@ def test_mapped_values_equal_the_stored_ones(h, tmp_path) -> None:
         np.testing.assert_array_equal(big, u.arrays["p0"].reshape(-1))
 
 
+def _resident_kb(path: Path) -> int:
+    """Resident size (kB) of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's header
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+needs_smaps = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux /proc only")
+
+
+@needs_smaps
+def test_done_values_are_dropped_in_runs_and_at_the_end(tmp_path, monkeypatch) -> None:
+    """`unmap` drops pages once `UNMAP_RUN_BYTES` are done (not block by block); `drop_done`
+    drops the rest; the values read the same afterwards."""
+    from protocol import Update
+    from protocol import weights as weights_module
+
+    monkeypatch.setattr(weights_module, "UNMAP_RUN_BYTES", 1024 * 1024)
+    monkeypatch.setattr(weights_module, "UNMAP_TOTAL_BYTES", 2**40)
+    values = np.random.default_rng(11).standard_normal(1_000_000).astype(np.float32)  # 4 MB
+    path = write_weights(Update({"p": values}, num_examples=3), tmp_path / "big.h5").resolve()
+    with open_weights(path) as f:
+        mapped = f.mapped("p")
+        assert mapped is not None
+        assert float(mapped.sum(dtype=np.float64)) == pytest.approx(float(values.sum(dtype=np.float64)))
+        full = _resident_kb(path)
+        assert full >= 3900
+        f.unmap("p", 0, 200_000)  # 0.8 MB done: under the run, nothing dropped yet
+        assert _resident_kb(path) >= full - 8
+        f.unmap("p", 200_000, 300_000)  # 1.2 MB done: dropped in one go
+        assert _resident_kb(path) <= full - 1150
+        f.unmap("p", 300_000, 400_000)  # 0.4 MB more: kept until the run is long enough
+        assert _resident_kb(path) >= full - 1200 - 8
+        f.drop_done()  # the end of a pass drops what is left
+        assert _resident_kb(path) <= full - 1550
+        np.testing.assert_array_equal(mapped, values)  # mapped again from the page cache
+
+
+def test_runs_shorten_when_many_files_are_mapped(h, tmp_path, monkeypatch) -> None:
+    """The run of done pages a file drops at once is `UNMAP_RUN_BYTES`, shorter when more files
+    are mapped than `UNMAP_TOTAL_BYTES` allows runs for, never under `UNMAP_MIN_RUN_BYTES`."""
+    from protocol import weights as weights_module
+
+    monkeypatch.setattr(weights_module, "UNMAP_RUN_BYTES", 4 << 20)
+    monkeypatch.setattr(weights_module, "UNMAP_MIN_RUN_BYTES", 1 << 20)
+    updates = h.make_updates(4, shapes=[(30, 20)], seed=13)
+    files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
+    try:
+        before = weights_module._MAPPED[0]
+        for f in files:
+            assert f.mapped("p0") is not None
+        assert weights_module._MAPPED[0] == before + 4
+        monkeypatch.setattr(weights_module, "UNMAP_TOTAL_BYTES", (before + 4) * (2 << 20))
+        assert weights_module._unmap_run() == 2 << 20
+        monkeypatch.setattr(weights_module, "UNMAP_TOTAL_BYTES", 1 << 30)
+        assert weights_module._unmap_run() == 4 << 20
+        monkeypatch.setattr(weights_module, "UNMAP_TOTAL_BYTES", 1)
+        assert weights_module._unmap_run() == 1 << 20
+    finally:
+        for f in files:
+            f.close()
+    assert weights_module._MAPPED[0] == before
+
+
+@needs_smaps
+def test_a_pass_leaves_no_done_block_resident(h, tmp_path) -> None:
+    """After FedAvg's pass over mapped files, none of their blocks stays in the process."""
+    from aggregation.building_blocks import weighted_mean
+
+    updates = h.make_updates(3, shapes=[(600, 500)], seed=12)  # 1.2 MB each
+    paths = [write_weights(u, tmp_path / f"{u.site}.h5").resolve() for u in updates]
+    files = [open_weights(p) for p in paths]
+    try:
+        mean = weighted_mean(files, [1.0, 2.0, 3.0])
+        weighted = zip([1, 2, 3], updates, strict=True)
+        expected = sum(w * u.arrays["p0"].astype(np.float64) for w, u in weighted) / 6
+        np.testing.assert_allclose(mean.arrays["p0"], expected, rtol=1e-5, atol=1e-6)
+        assert all(_resident_kb(p) <= 64 for p in paths), [_resident_kb(p) for p in paths]
+    finally:
+        for f in files:
+            f.close()
+
+
 def test_compressed_big_endian_and_userblock_files(tmp_path) -> None:
     """Not mapped when compressed or in the other byte order; a userblock shifts nothing."""
     rng = np.random.default_rng(9)

@@ -165,3 +165,46 @@ def test_unknown_command_suggests_the_close_one() -> None:
     result = CliRunner().invoke(app, ["aggregat"])
     assert result.exit_code != 0
     assert "Did you mean 'aggregate'?" in result.output
+
+
+#: Runs the console-script entry point with an exit handler that says whether the
+#: interpreter's teardown ran.
+MAIN_PROBE = """
+import atexit, sys
+atexit.register(lambda: print("teardown ran", file=sys.stderr, flush=True))
+from cli.app import main
+sys.argv[0] = "fedsplit"
+main()
+"""
+
+
+def test_a_successful_aggregate_ends_without_the_teardown_and_loses_no_output(files, tmp_path) -> None:
+    """`fedsplit aggregate` ends with `os._exit` once everything is written: the whole report
+    reaches a piped stdout, the model and report files are complete, the exit code is 0; the
+    interpreter's teardown (here an exit handler) is skipped. A failing aggregate and every
+    other command end normally, teardown included."""
+    from protocol import open_weights
+
+    out = tmp_path / "m.h5"
+    done = subprocess.run(
+        [sys.executable, "-c", MAIN_PROBE, "aggregate", *map(str, files), "-o", str(out),
+         "--strategy", "median"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "teardown ran" not in done.stderr
+    assert done.stdout.rstrip().endswith("m.report.json")  # the last line printed arrived
+    assert "total" in done.stdout and "h4" in done.stdout
+    with open_weights(out) as f:
+        assert f.header.num_examples == sum(10 + k for k in range(5))
+    assert json.loads((tmp_path / "m.report.json").read_text())["strategy"] == "median"
+
+    failed = subprocess.run(
+        [sys.executable, "-c", MAIN_PROBE, "aggregate", str(tmp_path / "missing.h5"), "-o",
+         str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert failed.returncode != 0
+    assert "WeightFileError" in failed.stderr and "teardown ran" in failed.stderr
+    other = subprocess.run([sys.executable, "-c", MAIN_PROBE, "strategies"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert other.returncode == 0 and "teardown ran" in other.stderr

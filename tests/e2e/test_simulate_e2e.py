@@ -70,7 +70,7 @@ def test_simulate_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
     for bad in ("ten", "-3"):
         assert run_guarded(app, ["simulate", "--dataset", "wine", "--personalize", bad,
                                  "--out", str(tmp_path / "ft")]) == 2
-        assert re.search(r"or 'alone'.*Received: '" + bad, capsys.readouterr().err)
+        assert re.search(r"'alone'.*or 'prior'.*Received: '" + bad, capsys.readouterr().err)
     assert not (tmp_path / "ft" / "flower").exists()
 
 
