@@ -52,12 +52,12 @@ def processes_under(root: Path) -> dict[int, str]:
     return found
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 0.5) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if result := check():
             return result
-        time.sleep(0.5)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
@@ -110,10 +110,14 @@ def test_up_tls_refuses_intruder_survives_hospital_and_coordinator_kills(tmp_pat
         # Round 1 done; kill hospital-3 while its ClientApp is training round 2.
         wait_for("round 1", lambda: "evaluate" in round_entry(read_history(out), 1), 300)
         h3_home = homes / "hospital-3"
-        earlier = {p for p, c in processes_under(h3_home).items() if "flwr-clientapp" in c}
-        wait_for("hospital-3's round-2 ClientApp", lambda: {
-            p for p, c in processes_under(h3_home).items() if "flwr-clientapp" in c} - earlier, 90)
         pids = json.loads((work / "pids.json").read_text())
+        earlier = {p for p, c in processes_under(h3_home).items() if "flwr-clientapp" in c}
+        # polled every 50 ms: the kill must land while the ClientApp still starts up (its
+        # imports take seconds), not after it has replied; at 0.5 s a loaded machine let
+        # hospital-3's round-2 reply through before the kill
+        wait_for("hospital-3's round-2 ClientApp", lambda: {
+            p for p, c in processes_under(h3_home).items() if "flwr-clientapp" in c} - earlier, 90,
+            every=0.05)
         killpg(pids["hospital-3"])
         killed_at = time.monotonic()
 
