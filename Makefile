@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/fedsplit simulate --dataset heart-disease --rounds 10 --out runs/demo
+	$(BIN)/fedsplit simulate --dataset heart-disease --rounds 10 --personalize prior --out runs/demo
 
 test: setup
 	$(BIN)/python -m pytest -q
