@@ -184,3 +184,23 @@ def test_simulate_records_the_prior_test_in_the_summary(tmp_path: Path) -> None:
         if not record["adopted"]:
             assert tuned["per_site"][name] == summary["federated"]["per_site"][name]
     assert (tmp_path / "run" / "rounds.png").stat().st_size > 0
+
+
+def test_a_hospital_of_one_class_gets_a_large_finite_shift(tmp_path: Path) -> None:
+    # Prepare: a hospital whose rows are all class 1 (Switzerland's training rows in some seeds):
+    # the likelihood grows without bound as the bias moves, so the refit must stop finite
+    cfg = RunConfig(seed=0, target="target", hidden="16")
+    trains, _ = hospitals("breast-cancer", tmp_path, cfg)
+    model = pooled_model(trains, cfg, num_outputs=2)
+    pooled = _concat(list(trains.values()))
+    rows = np.flatnonzero(pooled.y == 1)
+    hospital = replace(pooled, x=pooled.x[rows], y=pooled.y[rows])
+    # Execute
+    tuned, test = prior_test(model, hospital)
+    # Assert
+    assert np.all(np.isfinite(test["bias_shift"])) and np.isfinite(test["statistic"])
+    assert test["bias_shift"][1] - test["bias_shift"][0] > 0
+    assert all(np.all(np.isfinite(v)) for v in tensors(tuned).values())
+    assert test["adopted"] and test["p_value"] < 1e-3
+    with torch.no_grad():
+        assert (tuned(torch.as_tensor(hospital.x)).argmax(1) == 1).all()
