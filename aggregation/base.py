@@ -110,6 +110,9 @@ class AggregationStrategy(ABC):
     #: scan when they meet a non-finite value. Leave False for rules that read values any
     #: other way or keep state between rounds.
     checks_values_in_pass: ClassVar[bool] = False
+    #: True when `aggregate` takes ``distances=True`` and then fills in every report's
+    #: ``l2_to_aggregate`` in its own pass (FedAvg); `aggregation.run` asks for it
+    fuses_distances: ClassVar[bool] = False
 
     def __init__(self, params: StrategyParams | None = None) -> None:
         self.params = params if params is not None else self.Params()

@@ -245,21 +245,39 @@ class _BlockSum:
         Run right after the block's mean, while the updates' blocks are still in the cache
         (and mapped): the same arithmetic per block as `distances_to`, without its second read
         of every input."""
-        work = work_dtype(out.dtype)
         assert self.dist2 is not None
+        work = work_dtype(out.dtype)
         diff = self._buf("term", work, block.size)  # the mean's term buffer is free again
-        kernels = self.kernels if kernel_dtype(work) and out.dtype == work else None
-        for k, reader in enumerate(self.readers):
-            values = reader.view(block)
-            if values is None:  # a weight file read with HDF5 calls: read it again
-                reader.read(block, diff)
-                values = diff
-            if kernels is not None and values.dtype == work:
-                self.dist2[k] += kernels.squared_distance(values, out)
-                continue
-            with np.errstate(invalid="ignore", over="ignore"):  # non-finite: flagged after
-                np.subtract(values, out, out=diff, dtype=work, casting="unsafe")
-            self.dist2[k] += float(np.dot(diff, diff))
+        add_squared_distances(self.readers, block, out, diff, self.dist2, self.kernels)
+
+
+def add_squared_distances(
+    readers: Sequence[BlockReader],
+    block: Block,
+    ref: np.ndarray,
+    diff: np.ndarray,
+    total: np.ndarray,
+    kernels: ModuleType | None,
+) -> None:
+    """Add each reader's squared L2 distance to ``ref`` over ``block`` into ``total[k]``.
+
+    ``diff`` (``block.size`` values of the working dtype) is scratch, and the buffer a block
+    that cannot be viewed is read into. Compiled (``kernels``, when ``ref`` is in the working
+    dtype): difference, square and float64 sum in one pass; else the difference in the working
+    dtype and BLAS's dot. Non-finite values pass through (the caller checks its output)."""
+    work = diff.dtype
+    fused = kernels is not None and kernel_dtype(work) and ref.dtype == work
+    for k, reader in enumerate(readers):
+        values = reader.view(block)
+        if values is None:  # a weight file read with HDF5 calls
+            reader.read(block, diff)
+            values = diff
+        if fused and values.dtype == work:
+            total[k] += kernels.squared_distance(values, ref)
+            continue
+        with np.errstate(invalid="ignore", over="ignore"):  # non-finite: flagged after
+            np.subtract(values, ref, out=diff, dtype=work, casting="unsafe")
+        total[k] += float(np.dot(diff, diff))
 
 
 def shares_of(weights: Sequence[float] | np.ndarray, num_updates: int) -> np.ndarray:
@@ -366,23 +384,7 @@ def distances_to(
         total = np.zeros(len(updates), dtype=np.float64)
         for block in part:
             ref = np.asarray(arrays[block.name]).reshape(-1)[block.start : block.stop]
-            diff = buf[: block.size]
-            fused = kernels is not None and kernel_dtype(ref.dtype) and ref.dtype == work
-            for k, reader in enumerate(readers):
-                vals = reader.view(block)
-                if fused:  # compiled: difference, square and float64 sum in one pass
-                    if vals is None:
-                        reader.read(block, diff)
-                        vals = diff
-                    if vals.dtype == work:
-                        total[k] += kernels.squared_distance(vals, ref)
-                        continue
-                if vals is None:
-                    reader.read(block, diff)
-                    np.subtract(diff, ref, out=diff, casting="unsafe")
-                else:
-                    np.subtract(vals, ref, out=diff, dtype=work, casting="unsafe")
-                total[k] += float(np.dot(diff, diff))
+            add_squared_distances(readers, block, ref, buf[: block.size], total, kernels)
         for reader in readers:
             reader.release()
         return total

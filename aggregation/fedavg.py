@@ -43,8 +43,7 @@ class FedAvg(AggregationStrategy):
     summary = "Count-weighted mean of all updates (McMahan et al. 2017). No parameters."
     Params = FedAvgParams
 
-    #: `aggregation.run` asks for the report's distances in the mean's own pass
-    fuses_distances = True
+    fuses_distances = True  # the report's distances in the mean's own pass
 
     def aggregate(
         self,

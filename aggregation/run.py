@@ -109,10 +109,8 @@ def _guarded(
         + "; ".join(f"{r.site}: {r.reason}" for r in excluded) + "."
         if excluded else "",
     )
-    if getattr(strategy, "fuses_distances", False):  # FedAvg: distances in the mean's pass
-        result = strategy.aggregate(guard.accepted, memory_budget=memory_budget, distances=True)
-    else:
-        result = strategy.aggregate(guard.accepted, memory_budget=memory_budget)
+    fused = {"distances": True} if strategy.fuses_distances else {}  # in the rule's own pass
+    result = strategy.aggregate(guard.accepted, memory_budget=memory_budget, **fused)
     missing = [i for i, s in enumerate(result.report.sites) if s.l2_to_aggregate is None]
     if missing:
         dists = distances_to(

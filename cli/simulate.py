@@ -194,7 +194,6 @@ def simulate(
     import torch
 
     from orchestration.experiment import Experiment, check_attack, run_experiment
-    from orchestration.personalize import parse_budget, resolve_scope
 
     torch.set_num_threads(1)  # one thread per process: the cores are shared with the hospitals
     from client.data import HEART
@@ -240,9 +239,7 @@ def simulate(
                      num_sites=len(site) if site else 4 if dataset == HEART else sites,
                      partition=partition,
                      test_fraction=test_fraction, leave_out=leave_out or [],
-                     personalize=parse_budget(personalize),
-                     personalize_scope=resolve_scope(parse_budget(personalize) or 1,
-                                                     personalize_scope))
+                     personalize=personalize, personalize_scope=personalize_scope)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=console) as progress:

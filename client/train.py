@@ -81,25 +81,17 @@ def set_statistics(
         model.target_std.fill_(float(target_std) if target_std > 1e-6 else 1.0)
 
 
-def _targets(model: SiteModel, y: np.ndarray) -> torch.Tensor:
+def training_targets(model: SiteModel, y: np.ndarray) -> torch.Tensor:
+    """The targets as the training loss sees them: class indices, or standardized values."""
     if model.spec.task == "classification":
         return torch.as_tensor(y, dtype=torch.long)
     scaled = (np.asarray(y, dtype=np.float32) - float(model.target_mean)) / float(model.target_std)
     return torch.as_tensor(scaled, dtype=torch.float32).reshape(-1, 1)
 
 
-def _loss_fn(model: SiteModel) -> nn.Module:
-    return nn.CrossEntropyLoss() if model.spec.task == "classification" else nn.MSELoss()
-
-
-def training_targets(model: SiteModel, y: np.ndarray) -> torch.Tensor:
-    """The targets as the training loss sees them: class indices, or standardized values."""
-    return _targets(model, y)
-
-
 def loss_function(model: SiteModel) -> nn.Module:
     """The training loss: cross-entropy (classification) or mean squared error (regression)."""
-    return _loss_fn(model)
+    return nn.CrossEntropyLoss() if model.spec.task == "classification" else nn.MSELoss()
 
 
 def fit(
@@ -132,10 +124,10 @@ def fit(
     device = device or torch.device("cpu")
     model.to(device).train()
     xt = torch.as_tensor(x, dtype=torch.float32)
-    yt = _targets(model, y)
+    yt = training_targets(model, y)
     start = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    loss_fn = _loss_fn(model)
+    loss_fn = loss_function(model)
     gen = torch.Generator().manual_seed(seed)
     last = float("nan")
     for _ in range(epochs):
@@ -189,7 +181,7 @@ def score(
     model.to(device).eval()
     xt = torch.as_tensor(x, dtype=torch.float32).to(device)
     out = model(xt)
-    loss = float(_loss_fn(model)(out, _targets(model, y).to(device)))
+    loss = float(loss_function(model)(out, training_targets(model, y).to(device)))
     if model.spec.task == "classification":
         acc = float((out.argmax(1).cpu().numpy() == np.asarray(y)).mean())
         result = {"loss": loss, "accuracy": acc}

@@ -181,12 +181,15 @@ def _fast_dataset_info(dsid: h5d.DatasetID, path: str, max_elements: int) -> Dat
         return None
     if dtype is None or dsid.dtype != dtype:  # h5py's own mapping must agree (e.g. no odd floats)
         return None
-    return DatasetInfo(path, shape, dtype.newbyteorder("="), _mappable_offset(dsid, plist, dtype))
+    return DatasetInfo(path, shape, dtype.newbyteorder("="), mappable_offset(dsid, plist, dtype))
 
 
-def _mappable_offset(dsid: h5d.DatasetID, plist: Any, dtype: np.dtype) -> int | None:
-    """The file offset of the dataset's values when they can be mapped as they lie, else None."""
-    if plist.get_layout() != h5d.CONTIGUOUS or plist.get_nfilters():
+def mappable_offset(dsid: h5d.DatasetID, plist: Any, dtype: np.dtype) -> int | None:
+    """The file offset of the dataset's values when they can be mapped as they lie (contiguous,
+    in the file itself, unfiltered, native byte order, aligned), else None. ``plist`` and
+    ``dtype`` are the dataset's creation property list and numpy dtype."""
+    if (plist.get_layout() != h5d.CONTIGUOUS or plist.get_nfilters()
+            or plist.get_external_count()):
         return None
     if not dtype.isnative:
         return None

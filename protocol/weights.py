@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import mmap
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import IO, Any
@@ -40,7 +39,7 @@ from h5py import h5d, h5s
 from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
 from protocol.atomic import atomic_path
 from protocol.errors import UpdateError, WeightFileError
-from protocol.h5safety import UNKNOWN, walk
+from protocol.h5safety import UNKNOWN, mappable_offset, walk
 from protocol.schema import Schema
 from protocol.update import Update, UpdateHeader
 
@@ -335,18 +334,10 @@ class WeightFile:
         dsid = self._dataset_ids.get(name)
         if dsid is None:
             dsid = self._dataset_ids[name] = h5d.open(self._group_id, name.encode("utf-8"))
-        plist = dsid.get_create_plist()
-        if plist.get_layout() != h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count():
+        if dsid.dtype.newbyteorder("=") != spec.dtype:
             return None
-        offset = dsid.get_offset()
-        dtype = dsid.dtype
-        native = dtype.byteorder == "=" or dtype.byteorder == {"little": "<", "big": ">"}[
-            sys.byteorder]
-        if offset is None or not native or dtype.newbyteorder("=") != spec.dtype:
-            return None
-        if offset % dtype.itemsize:
-            return None
-        return self._map_at(offset, spec)
+        offset = mappable_offset(dsid, dsid.get_create_plist(), dsid.dtype)
+        return None if offset is None else self._map_at(offset, spec)
 
     def _map_at(self, offset: int, spec: ArraySpec) -> np.ndarray | None:
         """The parameter's values mapped from byte ``offset`` of the file (None: cannot map)."""
@@ -358,10 +349,9 @@ class WeightFile:
             self._map = mmap.mmap(self._file.id.get_vfd_handle(), 0, access=mmap.ACCESS_COPY)
             with _MAPPED_LOCK:
                 _MAPPED[0] += 1
-        size = spec.size
-        if offset + size * spec.dtype.itemsize > len(self._map):
+        if offset + spec.size * spec.dtype.itemsize > len(self._map):
             return None
-        return np.frombuffer(self._map, dtype=spec.dtype, count=size, offset=offset)
+        return np.frombuffer(self._map, dtype=spec.dtype, count=spec.size, offset=offset)
 
     def _spec(self, name: str) -> ArraySpec:
         spec = self._specs.get(name)
