@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	# openmined-psi without its dependencies: its exact protobuf pin breaks Flower's gRPC stack
 	$(BIN)/python -m pip install --quiet --no-deps "openmined-psi==2.0.6"
+	# the streamed aggregation kernels (C, cffi): built now rather than by the first aggregation;
+	# without a C compiler this says why and the passes stay in numpy
+	-$(BIN)/python -m aggregation._ckernels
 	touch $(STAMP)
 
 demo: setup

@@ -273,9 +273,14 @@ class BlockReader:
             out[...] = dest
 
     def read(self, block: Block, out: np.ndarray) -> None:
-        """Fill ``out`` (1-D, ``block.size`` values, any float dtype) with the block's values."""
-        mapped = self._mapped(block.name)
-        if mapped is not None:
+        """Fill ``out`` (1-D, ``block.size`` values, any float dtype) with the block's values.
+
+        A weight file's block is copied with one positional read (`WeightFile.read_values`)
+        when it lies in the file as it is and ``out`` has its dtype; else from its mapped pages
+        (casting), else with an HDF5 hyperslab read."""
+        if self._file is not None and self._file.read_values(block.name, block.start, out):
+            pass
+        elif (mapped := self._mapped(block.name)) is not None:
             np.copyto(out, mapped[block.start : block.stop], casting="same_kind")
             self._unmap(block)
         elif self._file is not None:
@@ -284,6 +289,21 @@ class BlockReader:
             np.copyto(out, self._flat(block.name)[block.start : block.stop], casting="same_kind")
         if self.watch is not None and not all_finite(out):
             self.watch.flag()
+
+    def fetch(self, block: Block, buf: np.ndarray | None) -> np.ndarray:
+        """The block's values for a streamed pass: a view of an in-memory update, else read
+        into ``buf`` (`read`: ``block.size`` values, the dtype wanted) and ``buf`` returned.
+
+        Weight files are copied rather than viewed in their mapping: a pass that reads each
+        value once pays less for one copy from the page cache than for mapping the pages and
+        dropping them again (FedAvg over 30 files x 10M: 0.17 s against 0.28 s). ``buf`` may
+        be None only for in-memory updates."""
+        if self._update is not None:
+            return self.view(block)
+        if buf is None:
+            raise ValueError(f"fetch needs a buffer to read {block.name!r} into. Received: None")
+        self.read(block, buf)
+        return buf
 
     def view(self, block: Block, *, check: bool = True) -> np.ndarray | None:
         """The block's values without copying (an in-memory update, a mapped file), else None.

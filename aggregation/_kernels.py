@@ -42,26 +42,32 @@ import functools
 import os
 import sys
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from aggregation.errors import AggregationError
 
+if TYPE_CHECKING:
+    from aggregation._ckernels import StreamedKernels
+
 #: ``auto`` uses the compiled kernels from this many values read by a pass (N x coordinates).
 COMPILED_FROM = 1 << 20
 
-MODES = ("auto", "numba", "numpy")
+MODES = ("auto", "compiled", "numba", "numpy")
 
 
 def mode() -> str:
-    """``FEDSPLIT_AGG_KERNELS``: ``auto`` (default), ``numba`` or ``numpy``."""
+    """``FEDSPLIT_AGG_KERNELS``: ``auto`` (default), ``compiled`` (``numba`` is the same) or
+    ``numpy``."""
     raw = os.environ.get("FEDSPLIT_AGG_KERNELS", "").strip().lower() or "auto"
     if raw not in MODES:
         raise AggregationError(
-            f"FEDSPLIT_AGG_KERNELS is 'auto' (compiled kernels for large passes when numba is "
-            f"installed), 'numba' (always) or 'numpy' (the reference code). Received: {raw!r}"
+            f"FEDSPLIT_AGG_KERNELS is 'auto' (compiled kernels where they pay: numba's for large "
+            f"stacked passes, the C streamed kernels once built), 'compiled' (always; 'numba' is "
+            f"the same) or 'numpy' (the reference code). Received: {raw!r}"
         )
-    return raw
+    return "compiled" if raw == "numba" else raw
 
 
 @functools.cache
@@ -141,21 +147,35 @@ def compiled(values: int) -> ModuleType | None:
     if chosen == "numpy" or (chosen == "auto" and values < COMPILED_FROM):
         return None
     module = _load()
-    if module is None and chosen == "numba":
+    if module is None and chosen == "compiled":
         raise AggregationError(
-            "FEDSPLIT_AGG_KERNELS=numba asks for the compiled kernels, but numba is not "
+            "FEDSPLIT_AGG_KERNELS=compiled asks for the compiled kernels, but numba is not "
             "installed. Install it (pip install 'numba>=0.60') or unset the variable. "
-            "Received: FEDSPLIT_AGG_KERNELS=numba"
+            "Received: FEDSPLIT_AGG_KERNELS=compiled"
         )
     return module
 
 
-def streamed(values: int) -> ModuleType | None:
-    """The kernels for a memory-bound streamed pass: as `compiled`, but under ``auto`` only
-    when they are already loaded (a stacked rule or an earlier pass loaded them)."""
-    if mode() == "auto" and _load.cache_info().currsize == 0:
+def streamed() -> StreamedKernels | None:
+    """The C kernels of the memory-bound streamed passes (`aggregation._ckernels`: FedAvg's
+    weighted sum, the distance pass), or None for numpy.
+
+    No size threshold: they load in about a millisecond (built once per machine and source
+    version). ``auto`` uses them when they could be built here; ``compiled`` (or ``numba``)
+    fails with the reason when they could not; ``numpy`` never uses them."""
+    chosen = mode()
+    if chosen == "numpy":
         return None
-    return compiled(values)
+    from aggregation import _ckernels
+
+    kernels = _ckernels.load()
+    if kernels is None and chosen != "auto":
+        raise AggregationError(
+            "FEDSPLIT_AGG_KERNELS=compiled asks for the compiled kernels, but the streamed "
+            f"kernels could not be built here: {_ckernels.failure()} Or unset the variable "
+            "(auto: numpy where they are missing). Received: FEDSPLIT_AGG_KERNELS=compiled"
+        )
+    return kernels
 
 
 def kernel_dtype(dtype: np.dtype) -> bool:

@@ -249,39 +249,6 @@ def weighted_trim_tile(rows, l0, l1, lo_idx, hi_idx, counts, lo, hi, out, droppe
 
 
 @_jit()
-def scale_into(dest, values, weight):
-    """``dest = values * weight`` (``weight`` a scalar of dest's dtype): a group's first term."""
-    for i in range(dest.shape[0]):
-        dest[i] = values[i] * weight
-
-
-@_jit()
-def add_scaled(dest, values, weight):
-    """``dest += values * weight``: product rounded, then the sum (no fused multiply-add)."""
-    for i in range(dest.shape[0]):
-        dest[i] = dest[i] + values[i] * weight
-
-
-@_jit()
-def squared_distance(values, ref):
-    """``sum((values - ref)**2)``: differences in the input precision, squares summed in float64.
-
-    Eight interleaved float64 partial sums (so the loop vectorises), added at the end.
-    """
-    acc = np.zeros(8, dtype=np.float64)
-    n = values.shape[0]
-    full = n - n % 8
-    for i in range(0, full, 8):
-        for j in range(8):
-            d = np.float64(values[i + j] - ref[i + j])
-            acc[j] += d * d
-    for i in range(full, n):
-        d = np.float64(values[i] - ref[i])
-        acc[0] += d * d
-    return acc.sum()
-
-
-@_jit()
 def center_columns(x, l0, l1):
     """Subtract from ``x[:, l0:l1]`` each column's mean (float64 mean, cast, then subtracted).
 

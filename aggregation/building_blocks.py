@@ -11,8 +11,10 @@ A rule's `aggregate` is usually::
 
 Both passes stream the model in blocks of coordinates (`aggregation._blocks.plan_blocks`),
 short enough that a block's buffers stay in the CPU's L2 cache, shared out among worker
-threads (`aggregation._threads`). Every update is read once per pass, straight from where it
-lies (a view of an in-memory update, one hyperslab read of a weight file); nothing is stacked.
+threads (`aggregation._threads`). Every update is read once per pass, from where it lies (a
+view of an in-memory update; a weight file's block copied from the page cache by one
+positional read, `protocol.WeightFile.read_values`, or one HDF5 hyperslab read when it needs
+converting); nothing is stacked.
 The block length shrinks when the memory budget asks for it; a block's arithmetic is the same
 per coordinate whatever its length, so the weighted mean's result does not depend on the budget.
 
@@ -22,23 +24,26 @@ sums are added in float64. The rounding error is that of a float32 sum of `GROUP
 many hospitals there are (float16 models do not accumulate in float16).
 
 ``weighted_mean(..., distances=True)`` also returns each update's distance to the mean, taken
-block by block right after the block's mean while its inputs are in the cache (FedAvg's
-report), instead of a second `distances_to` pass.
+right after each tile's (C kernels) or block's (numpy: a view again, or a second read from the
+page cache) mean while its inputs are in the cache (FedAvg's report), instead of a second
+`distances_to` pass.
 
-Compiled kernels (`aggregation._kernels`, numba): the weighted mean's multiply and add fused
-into one pass per update (the same roundings: the product is rounded before the sum, so the
-result is bit for bit the numpy one) and the
-distance pass's difference, square and sum fused (squares summed in float64 instead of
-BLAS's float32 dot). On a GPU (`aggregation._device`) both passes run in torch with float64
-sums.
+Compiled kernels (`aggregation._ckernels`: C built with cffi, no start-up to pay for): the
+weighted mean is one call per block, which sums the N updates tile by tile (2048 coordinates:
+products rounded before the add, groups of `GROUP` in the working precision, float64 across,
+so the result is the numpy one bit for bit) and, with distances, adds each update's squared
+distance to the finished tile while its values are in the cache; weight files' blocks are
+read into one row per update first (`BlockReader.fetch`: a positional read).
+The distance pass's difference, square and sum are one call per update (squares summed in
+float64 instead of BLAS's float32 dot). On a GPU (`aggregation._device`) both passes run in
+torch with float64 sums.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -47,6 +52,7 @@ from aggregation._blocks import (
     Block,
     BlockReader,
     Scratch,
+    base,
     check_budget,
     empty_like_specs,
     flag_non_finite,
@@ -61,7 +67,10 @@ from aggregation.base import AggregateResult, AggregationReport, AggregationStra
 from aggregation.compat import check_compatible
 from aggregation.errors import AggregationError, NotEnoughUpdatesError
 from protocol.arrays import ArraySpec
-from protocol.update import UpdateHeader, UpdateSource
+from protocol.update import Update, UpdateHeader, UpdateSource
+
+if TYPE_CHECKING:
+    from aggregation._ckernels import StreamedKernels
 
 #: Largest block of a streamed pass (coordinates): the weighted mean's term, group and float64
 #: accumulators (4 + 4 + 8 bytes a coordinate for float32 models) take 2 MiB, about one core's
@@ -178,7 +187,7 @@ class _BlockSum:
         self,
         updates: Sequence[UpdateSource],
         weights: dict[np.dtype, np.ndarray],
-        kernels: ModuleType | None = None,
+        kernels: StreamedKernels | None = None,
         distances: bool = False,
     ) -> None:
         # values are not checked as read: weighted_mean checks its output (`flag_non_finite`)
@@ -188,17 +197,37 @@ class _BlockSum:
         self.kernels = kernels
         # each update's squared distance to the mean, summed block by block (``distances``)
         self.dist2 = np.zeros(len(updates), dtype=np.float64) if distances else None
+        self.reads_files = reads_files(updates)
 
     def _buf(self, key: str, dtype: np.dtype, size: int) -> np.ndarray:
         # one buffer per dtype, so models mixing dtypes do not reallocate block after block
         return self.scratch.get(f"{key}-{dtype}", (size,), dtype)
 
-    def run(self, blocks: Sequence[tuple[Block, np.ndarray]]) -> None:
-        """Sum every block in ``blocks`` into its output range."""
-        for block, out in blocks:
-            self.block(block, out)
+    def run(self, blocks: Sequence[Block], arrays: dict[str, np.ndarray]) -> None:
+        """Sum every block in ``blocks`` into its range of ``arrays``."""
+        for block in blocks:
+            out = flat_view(arrays, block)  # one view at a time: no list of them all
+            if self.kernels is not None and kernel_dtype(out.dtype):
+                self.compiled_block(self.kernels, block, out)
+            else:
+                self.block(block, out)
         for reader in self.readers:
             reader.release()
+
+    def compiled_block(self, kernels: StreamedKernels, block: Block, out: np.ndarray) -> None:
+        """`block` in one C call (float32/float64 models): every update's block is a view of
+        its own memory or read into its row of a ``(N, block)`` buffer first, and the call
+        sums them tile by tile (each tile's distances too, while its inputs are cached)."""
+        dtype = out.dtype
+        n = len(self.readers)
+        rows = self.scratch.get(f"rows-{dtype}", (n, block.size), dtype) if self.reads_files else None
+        values = []
+        for k, reader in enumerate(self.readers):
+            got = reader.fetch(block, None if rows is None else rows[k])
+            if got.dtype != dtype or not got.flags.c_contiguous:
+                got = np.ascontiguousarray(got, dtype=dtype)
+            values.append(got)
+        kernels.weighted_sum(values, self.weights[dtype], GROUP, out, self.dist2)
 
     def block(self, block: Block, out: np.ndarray) -> None:
         """Write the weighted sum of every update's ``block`` to ``out`` (flat, model dtype)."""
@@ -211,21 +240,10 @@ class _BlockSum:
         group = out if single and work == out.dtype else self._buf("group", work, size)
         term = self._buf("term", work, size)
         total = group if single else self._buf("total", np.dtype(np.float64), size)
-        kernels = self.kernels if kernel_dtype(work) else None
         for first in range(0, n, step):
             for k in range(first, min(first + step, n)):
                 dest = group if k == first else term
-                values = self.readers[k].view(block)
-                if values is None:  # a weight file: one hyperslab read into the buffer
-                    self.readers[k].read(block, dest)
-                    values = dest
-                if kernels is not None and values.dtype == work:
-                    # compiled: the product and the sum in one pass, same roundings as below
-                    if k == first:
-                        kernels.scale_into(group, values, weights[k])
-                    else:
-                        kernels.add_scaled(group, values, weights[k])
-                    continue
+                values = self.readers[k].fetch(block, dest)
                 np.multiply(values, weights[k], out=dest, casting="same_kind")
                 if k != first:
                     np.add(group, term, out=group)
@@ -237,18 +255,10 @@ class _BlockSum:
         if total is not out:
             out[...] = total
         if self.dist2 is not None:
-            self.distances(block, out)
-
-    def distances(self, block: Block, out: np.ndarray) -> None:
-        """Add each update's squared distance to the finished mean block ``out``.
-
-        Run right after the block's mean, while the updates' blocks are still in the cache
-        (and mapped): the same arithmetic per block as `distances_to`, without its second read
-        of every input."""
-        assert self.dist2 is not None
-        work = work_dtype(out.dtype)
-        diff = self._buf("term", work, block.size)  # the mean's term buffer is free again
-        add_squared_distances(self.readers, block, out, diff, self.dist2, self.kernels)
+            # each update's block again (a view, or read again from the page cache), while
+            # the finished mean block is in the cache: the same arithmetic as `distances_to`
+            diff = self._buf("term", work, size)  # the mean's term buffer is free again
+            add_squared_distances(self.readers, block, out, diff, self.dist2, None)
 
 
 def add_squared_distances(
@@ -257,27 +267,30 @@ def add_squared_distances(
     ref: np.ndarray,
     diff: np.ndarray,
     total: np.ndarray,
-    kernels: ModuleType | None,
+    kernels: StreamedKernels | None,
 ) -> None:
     """Add each reader's squared L2 distance to ``ref`` over ``block`` into ``total[k]``.
 
-    ``diff`` (``block.size`` values of the working dtype) is scratch, and the buffer a block
-    that cannot be viewed is read into. Compiled (``kernels``, when ``ref`` is in the working
-    dtype): difference, square and float64 sum in one pass; else the difference in the working
-    dtype and BLAS's dot. Non-finite values pass through (the caller checks its output)."""
+    Each reader's block is fetched (`BlockReader.fetch`: a view, or read) into ``diff``
+    (``block.size`` values of the working dtype, also the difference's scratch). Compiled
+    (``kernels``, when ``ref`` and the values are in the working dtype): difference, square
+    and float64 sum in one pass; else the difference in the working dtype and BLAS's dot.
+    Non-finite values pass through (the caller checks its output)."""
     work = diff.dtype
     fused = kernels is not None and kernel_dtype(work) and ref.dtype == work
     for k, reader in enumerate(readers):
-        values = reader.view(block)
-        if values is None:  # a weight file read with HDF5 calls
-            reader.read(block, diff)
-            values = diff
-        if fused and values.dtype == work:
-            total[k] += kernels.squared_distance(values, ref)
+        got = reader.fetch(block, diff)
+        if fused and got.dtype == work and got.flags.c_contiguous:
+            total[k] += kernels.squared_distance(got, ref)
             continue
         with np.errstate(invalid="ignore", over="ignore"):  # non-finite: flagged after
-            np.subtract(values, ref, out=diff, dtype=work, casting="unsafe")
+            np.subtract(got, ref, out=diff, dtype=work, casting="unsafe")
         total[k] += float(np.dot(diff, diff))
+
+
+def reads_files(updates: Sequence[UpdateSource]) -> bool:
+    """Whether a pass over ``updates`` reads some of them into buffers (not all in memory)."""
+    return any(not isinstance(base(u), Update) for u in updates)
 
 
 def shares_of(weights: Sequence[float] | np.ndarray, num_updates: int) -> np.ndarray:
@@ -323,25 +336,40 @@ def weighted_mean(
             flag_non_finite(updates, [dist])
             working = max(working, used)
         return MeanPass(arrays=arrays, working_bytes=working, distances=dist)
-    work_types = {work_dtype(s.dtype) for s in specs}
+    kernels = streamed()
+    rows = len(updates) if reads_files(updates) else 0
+    need = _mean_bytes(specs, rows, kernels)
+    if kernels is not None and need > memory_budget:
+        kernels = None  # a budget too small for one row per update: numpy's buffers instead
+        need = _mean_bytes(specs, rows, kernels)
     plan = plan_stream(
-        specs,
-        len(updates),
-        # term and group in the working precision, total in float64, per working dtype
-        bytes_per_coordinate=sum(2 * w.itemsize + 8 for w in work_types) or 1,
-        memory_budget=memory_budget,
+        specs, len(updates), bytes_per_coordinate=need, memory_budget=memory_budget
     )
-    blocks = [(b, flat_view(arrays, b)) for b in plan.blocks]
     per_dtype = {s.dtype: share.astype(work_dtype(s.dtype)) for s in specs}
-    kernels = streamed(values)
     sums = [_BlockSum(updates, per_dtype, kernels, distances) for _ in range(plan.threads)]
-    map_threads(_BlockSum.run, plan.threads, sums, round_robin(blocks, plan.threads))
+    map_threads(
+        _BlockSum.run, plan.threads, sums, round_robin(plan.blocks, plan.threads),
+        [arrays] * plan.threads,
+    )
     flag_non_finite(updates, list(arrays.values()))
     dist = None
     if distances:
         dist = np.sqrt(np.sum([s.dist2 for s in sums], axis=0))
         flag_non_finite(updates, [dist])
     return MeanPass(arrays=arrays, working_bytes=plan.working_bytes, distances=dist)
+
+
+def _mean_bytes(specs: Sequence[ArraySpec], rows: int, kernels: StreamedKernels | None) -> int:
+    """Working bytes per coordinate of a weighted-mean block, summed over the model's dtypes.
+
+    The C kernels (float32/64 parameters) hold one row per update for blocks read from weight
+    files (`_BlockSum.compiled_block`; ``rows`` is N then, else 0) and a tile's group and
+    float64 sums; numpy holds term and group in the working precision and a float64 total."""
+    return sum(
+        (rows + 1) * d.itemsize + 8 if kernels is not None and kernel_dtype(d)
+        else 2 * work_dtype(d).itemsize + 8
+        for d in {s.dtype for s in specs}
+    )
 
 
 class DistancePass(NamedTuple):
@@ -371,7 +399,7 @@ def distances_to(
         dist, working = device.distances(updates, specs, arrays, memory_budget)
         flag_non_finite(updates, [dist])
         return DistancePass(dist, working)
-    kernels = streamed(values)
+    kernels = streamed()
     work = max((work_dtype(s.dtype) for s in specs), key=lambda d: d.itemsize)
     plan = plan_stream(
         specs, len(updates), bytes_per_coordinate=work.itemsize, memory_budget=memory_budget

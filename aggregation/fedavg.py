@@ -3,20 +3,25 @@
     w = sum_k n_k * w_k / sum_k n_k
 
 One streamed pass of `aggregation.building_blocks.weighted_mean` with the sample counts as
-weights: the model is cut into cache-sized blocks and every update is read once, straight from
-where it lies (a view of an in-memory update, one HDF5 hyperslab read for a weight file),
-multiplied by its weight ``n_k / sum n`` and added to the block's accumulator. Nothing is
-stacked or cast-copied first, so the input is read at close to memory speed
+weights: the model is cut into cache-sized blocks and every update is read once, from where it
+lies (a view of an in-memory update; for a weight file, one positional read of the block's
+bytes from the page cache, or an HDF5 hyperslab read when the values need converting).
+With the C kernels (`aggregation._ckernels`, the default where a C compiler built them) each
+block is one call that multiplies every update's values by its weight ``n_k / sum n`` and
+sums them tile by tile; in numpy, each update's block is multiplied into a cache-resident
+buffer and added to the block's accumulator. Nothing is stacked or cast-copied first
 (`bench/aggregation.py` measures the share of the machine's read bandwidth reached).
 
 Called through `aggregation.aggregate_updates`, the same pass also gives the report's
-distances: each block's distances are taken right after its mean, while the updates' blocks
-are still in the cache, instead of a second pass reading every input again.
+distances: each tile's (C) or block's (numpy) distances are taken right after its mean, while
+the updates' values are still in the cache, instead of a second pass over every input.
 
 Precision: float32 products and sums (float64 for float64 models) within groups of 16 updates,
-the group sums added in float64 (details in `aggregation.building_blocks`). Blocks are shared
-out among ``FEDSPLIT_AGG_THREADS`` threads (default: every core, at most 8); numpy's loops
-release the GIL. Extra memory is a few cache-sized buffers per thread, within the budget.
+the group sums added in float64 (details in `aggregation.building_blocks`); the C kernels give
+the same bits. Blocks are shared out among ``FEDSPLIT_AGG_THREADS`` threads (default: every
+core, at most 8); the kernels and numpy's loops release the GIL. Extra memory is a few
+cache-sized buffers per thread (with the C kernels and weight files, one block row per
+update), within the budget.
 """
 
 from __future__ import annotations

@@ -245,10 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{'rule':<17}{'ours s':>9}{'GB/s':>7}{'peak MB':>9}{'e2e s':>8}"
               f"{'flower s':>10}{'peak MB':>9}{'speedup':>9}{'mem ratio':>10}")
     print(header, flush=True)
-    from aggregation._kernels import compiled
+    from aggregation._kernels import compiled, streamed
 
     kernels = compiled(1 << 30)
-    print(f"# kernels: {'numba ' + kernels.numba.__version__ if kernels else 'numpy'} "
+    c_kernels = streamed()
+    print(f"# kernels: {'numba ' + kernels.numba.__version__ if kernels else 'numpy'}, "
+          f"streamed passes: {'C (cffi, ' + c_kernels.path.name + ')' if c_kernels else 'numpy'} "
           f"(FEDSPLIT_AGG_KERNELS={os.environ.get('FEDSPLIT_AGG_KERNELS', 'auto')}), "
           f"threads: {os.environ.get('FEDSPLIT_AGG_THREADS', 'default')}", flush=True)
     if kernels is not None:  # compile (or load from the cache) outside the timed runs

@@ -8,7 +8,8 @@ and on the same files (page cache warm: every file is read once first):
 - Flower: a subprocess that imports Flower, reads every file with h5py into numpy arrays, runs
   Flower's reference function and writes the result with h5py.
 
-fedsplit's packages are compiled to bytecode first, as an install has them (`compile_bytecode`).
+fedsplit's packages are compiled to bytecode first, as an install has them, and the streamed
+passes' C kernels built, as ``make setup`` does (`compile_bytecode`).
 It also measures start-up (the interpreter alone, ``import cli.app``, ``import cli.aggregate``,
 the whole ``fedsplit aggregate --help`` process and which heavy packages it imported, and the
 compiled kernels' start) and the read rate of block-wise reads (`aggregation._blocks`'s reader,
@@ -92,8 +93,8 @@ import time, numpy as np
 from aggregation import _kernels
 wall, cpu = time.perf_counter(), time.process_time()
 kernels = _kernels._load()
-x = np.ones(8, np.float32)
-kernels.squared_distance(x, x)
+x = np.ones((2, 8), np.float32)
+kernels.center_columns(x, 0, 8)
 print(time.perf_counter() - wall, time.process_time() - cpu)
 """
 
@@ -260,7 +261,12 @@ def compile_bytecode() -> str:
     if not ok:
         raise RuntimeError(f"could not compile {', '.join(PACKAGES)} (see above)")
     flag = os.environ.get("PYTHONDONTWRITEBYTECODE")
-    return f"compiled {', '.join(PACKAGES)} (PYTHONDONTWRITEBYTECODE={flag or 'unset'})"
+    from aggregation import _ckernels  # built now (as `make setup` does), not in a timed run
+
+    built = _ckernels.load()
+    streamed = f"C kernels {built.path.name}" if built else f"no C kernels ({_ckernels.failure()})"
+    return (f"compiled {', '.join(PACKAGES)} (PYTHONDONTWRITEBYTECODE={flag or 'unset'}); "
+            f"streamed passes: {streamed}")
 
 
 def report(paths: list[Path], rules: list[str], *, flower: bool, repeat: int = 1) -> dict:

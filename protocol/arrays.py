@@ -6,6 +6,7 @@ weight-file reader, the Flower adapter and the REST upload path refuse the same 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -34,7 +35,7 @@ class ArraySpec:
     @property
     def size(self) -> int:
         """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))  # Python ints: exact, and no numpy call per block read
 
     @property
     def nbytes(self) -> int:

@@ -9,12 +9,21 @@ needs a plugin library: code loaded at read time), compound/string/object/refere
 dtypes, null dataspaces and datasets whose declared size is over the limit. Only `h5py`
 metadata calls are made; no data is read.
 
+The walk is h5py's low-level API, each property asked once (about 30 us a dataset, most of it
+HDF5 opening and closing it): a group's links and their object addresses in one pass (an
+address seen twice is an alias), a dataset's storage from its object header when that shows
+plain contiguous bytes (no external file list, no filter pipeline; the creation property list
+otherwise), its type matched with ``H5Tequal`` against the standard IEEE float and integer
+types. Anything it does not plainly accept goes to the high-level checks (`check_dataset`,
+`_refuse_link`), which make the refusal.
+
 `protocol.weights` runs it on every weight file it opens; the admin API runs it on every upload
 (fedsplit or Keras layout) inside its sandboxed parser.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -58,76 +67,171 @@ class Tree:
     datasets: list[DatasetInfo] = field(default_factory=list)
 
 
-def natural_key(name: str) -> list[tuple[int, int, str]]:
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[tuple[int, int, str], ...]:
     """Sort key that puts 'vars/2' before 'vars/10'."""
-    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t]
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in _DIGITS.split(name) if t)
+
+
+#: `natural_key` of names up to this long is remembered (files of one model repeat their names)
+_CACHED_KEY_CHARS = 256
+_cached_natural_key = functools.lru_cache(maxsize=4096)(natural_key)
+
+
+def _sort_key(name: str) -> tuple[tuple[int, int, str], ...]:
+    return _cached_natural_key(name) if len(name) <= _CACHED_KEY_CHARS else natural_key(name)
 
 
 def walk(f: h5py.File, *, where: str, max_depth: int, max_elements: int) -> Tree:
     """Check the whole file's structure and return its groups and datasets.
 
     ``where`` starts every message ("Weight file x.h5", "The uploaded file"). Uses h5py's
-    low-level API (a few microseconds an object); anything unusual (a link that is not a hard
-    link, an object that is neither group nor dataset, a dataset the fast check does not
-    accept) is handed to the high-level checks, which make the refusal.
+    low-level API (a few microseconds an object, each property asked of HDF5 once); anything
+    unusual (a link that is not a hard link, an object that is neither group nor dataset, a
+    dataset the fast check does not accept) is handed to the high-level checks, which make the
+    refusal.
     """
-    tree = Tree()
-    seen: set[int] = set()
-    _walk_group(h5g.open(f.id, b"/"), "", 0, tree, seen, max_depth, max_elements, where)
-    return tree
+    walker = _Walk(where, max_depth, max_elements)
+    walker.group(h5g.open(f.id, b"/"), "", 0)
+    return walker.tree
 
 
-def _walk_group(
-    gid: h5g.GroupID, prefix: str, depth: int, tree: Tree, seen: set[int], max_depth: int,
-    max_elements: int, where: str,
-) -> None:
-    if depth > max_depth:
-        raise WeightFileError(
-            f"{where} nests groups deeper than {max_depth} levels at /{prefix}; weight files are "
-            f"shallow (fedsplit: /arrays/NAME, Keras: layers/NAME/vars/N). Received: depth > {max_depth}",
-            reason="too_deep",
-        )
-    names = {raw.decode("utf-8", "surrogateescape"): raw for raw in gid}
-    for name in sorted(names, key=natural_key):
-        raw = names[name]
-        path = f"{prefix}{name}"
-        try:
-            hard = gid.links.get_info(raw).type == h5l.TYPE_HARD
-        except Exception:  # h5py cannot even describe this link: the high-level check refuses
-            hard = False
-        if not hard:
-            _refuse_link(h5py.Group(gid), name, path, where)
-        obj = h5o.open(gid, raw)
-        key = hash(obj)
-        if key in seen:
+def _links(gid: h5g.GroupID) -> dict[str, tuple[bytes, int | None]]:
+    """The group's links by name: (raw name, the object's address for a hard link, else None).
+
+    One pass over the group (``H5Literate``); a group whose links h5py cannot describe that way
+    is listed link by link, a link it cannot describe at all counting as not hard.
+    """
+    found: list[tuple[bytes, int | None]] = []
+
+    def visit(raw: bytes, info: Any) -> None:
+        found.append((raw, info.u if info.type == h5l.TYPE_HARD else None))
+
+    try:
+        gid.links.iterate(visit, info=True)
+    except Exception:  # described link by link below
+        found = []
+        for raw in gid:
+            try:
+                info = gid.links.get_info(raw)
+                found.append((raw, info.u if info.type == h5l.TYPE_HARD else None))
+            except Exception:  # h5py cannot even describe this link: the high-level check refuses
+                found.append((raw, None))
+    return {raw.decode("utf-8", "surrogateescape"): (raw, address) for raw, address in found}
+
+
+class _Walk:
+    """One structure walk: its limits, what it found, the object addresses it has seen, and the
+    plain type the last dataset had (the next dataset's type is compared with it first)."""
+
+    __slots__ = ("last_type", "max_depth", "max_elements", "seen", "tree", "where")
+
+    def __init__(self, where: str, max_depth: int, max_elements: int) -> None:
+        self.where = where
+        self.max_depth = max_depth
+        self.max_elements = max_elements
+        self.tree = Tree()
+        self.seen: set[int] = set()
+        self.last_type: tuple[h5t.TypeID, np.dtype, np.dtype] | None = None
+
+    def group(self, gid: h5g.GroupID, prefix: str, depth: int) -> None:
+        """Check group ``gid`` (at ``/prefix``) and everything under it."""
+        where = self.where
+        if depth > self.max_depth:
             raise WeightFileError(
-                f"{where}: /{path} is a second hard link to an object already seen; every group and "
-                f"parameter must appear once (aliases make cycles and duplicate weights). "
-                f"Received: /{path}",
-                reason="link",
+                f"{where} nests groups deeper than {self.max_depth} levels at /{prefix}; weight "
+                f"files are shallow (fedsplit: /arrays/NAME, Keras: layers/NAME/vars/N). "
+                f"Received: depth > {self.max_depth}",
+                reason="too_deep",
             )
-        seen.add(key)
-        if len(seen) > MAX_OBJECTS:
-            raise WeightFileError(
-                f"{where} holds more than {MAX_OBJECTS} groups and datasets; no model needs that "
-                f"many. Received: > {MAX_OBJECTS} objects",
-                reason="too_many_objects",
-            )
-        if isinstance(obj, h5g.GroupID):
-            tree.groups.append(path)
-            _walk_group(obj, f"{path}/", depth + 1, tree, seen, max_depth, max_elements, where)
-        elif isinstance(obj, h5d.DatasetID):
-            info = _fast_dataset_info(obj, path, max_elements)
-            if info is None:  # something the fast check does not accept: the full check decides
-                info = check_dataset(h5py.Dataset(obj), f"/{path}", max_elements, where)
-            tree.datasets.append(info)
-        else:
-            kind = type(h5py.Group(gid)[name]).__name__
-            raise WeightFileError(
-                f"{where}: /{path} is a {kind}; a weight file holds only groups and "
-                f"datasets. Received: /{path}",
-                reason="unexpected_object",
-            )
+        links = _links(gid)
+        seen = self.seen
+        after_dataset = False  # the previous object here was a dataset: this one likely is too
+        for name in sorted(links, key=_sort_key):
+            raw, address = links[name]
+            path = f"{prefix}{name}"
+            if address is None:
+                _refuse_link(h5py.Group(gid), name, path, where)
+            # a hard link gives its object's address (one file: one address space), so a link
+            # to an address already seen is a second hard link to that object
+            if address in seen:
+                raise WeightFileError(
+                    f"{where}: /{path} is a second hard link to an object already seen; every "
+                    f"group and parameter must appear once (aliases make cycles and duplicate "
+                    f"weights). Received: /{path}",
+                    reason="link",
+                )
+            seen.add(address)
+            if len(seen) > MAX_OBJECTS:
+                raise WeightFileError(
+                    f"{where} holds more than {MAX_OBJECTS} groups and datasets; no model needs "
+                    f"that many. Received: > {MAX_OBJECTS} objects",
+                    reason="too_many_objects",
+                )
+            obj: Any = None
+            if after_dataset:  # opening it as a dataset skips h5o's type lookup
+                try:
+                    obj = h5d.open(gid, raw)
+                except Exception:  # not a dataset: opened as any object below
+                    obj = None
+            if obj is None:
+                obj = h5o.open(gid, raw)
+            after_dataset = isinstance(obj, h5d.DatasetID)
+            if after_dataset:
+                info = self.dataset(obj, path)
+                if info is None:  # something the fast check does not accept: the full check decides
+                    info = check_dataset(h5py.Dataset(obj), f"/{path}", self.max_elements, where)
+                self.tree.datasets.append(info)
+            elif isinstance(obj, h5g.GroupID):
+                self.tree.groups.append(path)
+                self.group(obj, f"{path}/", depth + 1)
+            else:
+                kind = type(h5py.Group(gid)[name]).__name__
+                raise WeightFileError(
+                    f"{where}: /{path} is a {kind}; a weight file holds only groups and "
+                    f"datasets. Received: /{path}",
+                    reason="unexpected_object",
+                )
+
+    def dataset(self, dsid: h5d.DatasetID, path: str) -> DatasetInfo | None:
+        """The dataset's info when it plainly passes `check_dataset`, else None.
+
+        Accepts only: not virtual, no external storage, allowed filters, a simple or scalar
+        dataspace within ``max_elements``, and a type that is exactly a standard IEEE float or
+        integer type (`_PLAIN_TYPES`). Each property is asked of HDF5 once.
+        """
+        offset = _plain_contiguous(dsid)  # the values' offset when stored as plain bytes
+        if offset is None:  # anything else: the creation property list tells
+            plist = dsid.get_create_plist()
+            layout = plist.get_layout()
+            if layout == h5d.VIRTUAL or plist.get_external_count() > 0:
+                return None
+            nfilters = plist.get_nfilters()
+            if nfilters and any(plist.get_filter(i)[0] not in ALLOWED_FILTERS
+                                for i in range(nfilters)):
+                return None
+            if layout == h5d.CONTIGUOUS and not nfilters:  # and no external storage
+                offset = dsid.get_offset()
+        space = dsid.get_space()
+        shape = space.get_simple_extent_dims()  # dims (only simple dataspaces have any), ()
+        # when scalar, None when null
+        if not shape and (shape is None or space.get_simple_extent_type() != h5s.SCALAR):
+            return None
+        if math.prod(shape) > self.max_elements:
+            return None
+        tid = dsid.get_type()
+        plain = self.last_type
+        if plain is None or not tid.equal(plain[0]):
+            plain = _plain_entry(tid)
+            if plain is None:
+                return None
+            self.last_type = plain
+        _std, dtype, native = plain
+        if offset is not None and (not dtype.isnative or offset % dtype.itemsize):
+            offset = None  # mapped as it lies only in this machine's byte order, aligned
+        return DatasetInfo(path, shape, native, offset)
 
 
 def _refuse_link(group: h5py.Group, name: str, path: str, where: str) -> None:
@@ -143,55 +247,84 @@ def _refuse_link(group: h5py.Group, name: str, path: str, where: str) -> None:
     raise _link_error(where, path, "a user-defined link", f"({type(link).__name__})")
 
 
-#: (class, size, order/sign) -> dtype, for the plain numeric types the fast check accepts
-_FAST_TYPES: dict[tuple[int, int, int], np.dtype] = {
-    **{(h5t.FLOAT, n, o): np.dtype(f"{e}f{n}") for n in (2, 4, 8)
-       for o, e in ((h5t.ORDER_LE, "<"), (h5t.ORDER_BE, ">"))},
-    **{(h5t.INTEGER, n, s): np.dtype(f"{k}{n}") for n in (1, 2, 4, 8)
-       for s, k in ((h5t.SGN_2, "i"), (h5t.SGN_NONE, "u"))},
-}
+def _plain_types() -> dict[tuple[int, int], tuple[tuple[h5t.TypeID, np.dtype, np.dtype], ...]]:
+    """(class, size) -> (HDF5 type, its numpy dtype, that dtype in native byte order) for every
+    standard IEEE float (16/32/64 bits) and integer (8 to 64 bits, signed or not), little- and
+    big-endian."""
+    table: dict[tuple[int, int], list[tuple[h5t.TypeID, np.dtype, np.dtype]]] = {}
+    kinds = [(h5t.FLOAT, n, "IEEE_F", "f") for n in (2, 4, 8)]
+    kinds += [(h5t.INTEGER, n, f"STD_{k.upper()}", k) for n in (1, 2, 4, 8) for k in "iu"]
+    for cls, size, h5name, kind in kinds:
+        for order, suffix in (("<", "LE"), (">", "BE")):
+            dtype = np.dtype(f"{order}{kind}{size}")
+            std = getattr(h5t, f"{h5name}{size * 8}{suffix}")
+            native = np.dtype(dtype.type)  # numpy's own instance: `in` and `==` find it first
+            table.setdefault((cls, size), []).append((std, dtype, native))
+    return {key: tuple(entries) for key, entries in table.items()}
 
 
-def _fast_dataset_info(dsid: h5d.DatasetID, path: str, max_elements: int) -> DatasetInfo | None:
-    """The dataset's info when it plainly passes `check_dataset`, else None (low-level calls).
+#: the plain numeric types the fast check accepts, by (class, size): a dataset's type must equal
+#: one of them (``H5Tequal``: byte order, precision, offset, bit fields, exponent bias, padding),
+#: so a float of another bit layout, which h5py still calls float32 and HDF5 converts when
+#: reading, is never taken for a plain one (nor read as it lies)
+_PLAIN_TYPES = _plain_types()
 
-    Accepts only: not virtual, no external storage, allowed filters, a simple or scalar
-    dataspace within ``max_elements``, and an IEEE float or integer type whose numpy dtype
-    h5py gives as the plain one of that size.
+
+def _plain_entry(tid: h5t.TypeID) -> tuple[h5t.TypeID, np.dtype, np.dtype] | None:
+    """The `_PLAIN_TYPES` entry ``tid`` is equal to, else None."""
+    for entry in _PLAIN_TYPES.get((tid.get_class(), tid.get_size()), ()):
+        if tid.equal(entry[0]):
+            return entry
+    return None
+
+
+def plain_type(tid: h5t.TypeID) -> tuple[np.dtype, h5t.TypeID] | None:
+    """(numpy dtype, standard HDF5 type) of HDF5 type ``tid`` when it is exactly a standard IEEE
+    float or integer type (the dtype is the one h5py gives for it; the standard type reads it
+    without conversion), else None."""
+    entry = _plain_entry(tid)
+    return None if entry is None else (entry[1], entry[0])
+
+
+#: object header message types (HDF5 file format ids) every dataset's header holds: dataspace
+#: (0x01), datatype (0x03), data layout (0x08)
+_DATASET_MESSAGES = (1 << 0x01) | (1 << 0x03) | (1 << 0x08)
+#: ... and those that put a dataset's values anywhere but as plain bytes in the file: external
+#: file list (0x07: raw storage in other files), filter pipeline (0x0B)
+_STORAGE_MESSAGES = (1 << 0x07) | (1 << 0x0B)
+
+
+def _plain_contiguous(dsid: h5d.DatasetID) -> int | None:
+    """The dataset's file offset when its object header shows it is stored as plain bytes in the
+    file: contiguous (only contiguous storage has an offset: chunked, compact and virtual
+    datasets have none), with no external file list and no filter pipeline message; else None
+    (the creation property list then tells).
+
+    What the creation property list would say (`check_dataset`, `mappable_offset`), read from
+    the header HDF5 builds it from, without building it (a third of the walk's time per
+    dataset); a header summary that lacks the messages every dataset has is not trusted.
     """
-    plist = dsid.get_create_plist()
-    if plist.get_layout() == h5d.VIRTUAL or plist.get_external_count() > 0:
+    offset = dsid.get_offset()
+    if offset is None:
         return None
-    if any(plist.get_filter(i)[0] not in ALLOWED_FILTERS for i in range(plist.get_nfilters())):
+    try:
+        present = h5o.get_info(dsid).hdr.mesg.present
+    except Exception:  # no header summary from this h5py: the property list tells
         return None
-    space = dsid.get_space()
-    if space.get_simple_extent_type() not in (h5s.SIMPLE, h5s.SCALAR):
+    if present & _DATASET_MESSAGES != _DATASET_MESSAGES or present & _STORAGE_MESSAGES:
         return None
-    shape = tuple(int(d) for d in space.shape)
-    size = math.prod(shape)
-    if size > max_elements:
-        return None
-    tid = dsid.get_type()
-    cls = tid.get_class()
-    if cls == h5t.FLOAT:
-        dtype = _FAST_TYPES.get((cls, tid.get_size(), tid.get_order()))
-    elif cls == h5t.INTEGER:
-        dtype = _FAST_TYPES.get((cls, tid.get_size(), tid.get_sign()))
-    else:
-        return None
-    if dtype is None or dsid.dtype != dtype:  # h5py's own mapping must agree (e.g. no odd floats)
-        return None
-    return DatasetInfo(path, shape, dtype.newbyteorder("="), mappable_offset(dsid, plist, dtype))
+    return int(offset)
 
 
 def mappable_offset(dsid: h5d.DatasetID, plist: Any, dtype: np.dtype) -> int | None:
     """The file offset of the dataset's values when they can be mapped as they lie (contiguous,
-    in the file itself, unfiltered, native byte order, aligned), else None. ``plist`` and
-    ``dtype`` are the dataset's creation property list and numpy dtype."""
+    in the file itself, unfiltered, a standard type in native byte order, aligned), else None.
+    ``plist`` and ``dtype`` are the dataset's creation property list and numpy dtype."""
     if (plist.get_layout() != h5d.CONTIGUOUS or plist.get_nfilters()
             or plist.get_external_count()):
         return None
-    if not dtype.isnative:
+    found = plain_type(dsid.get_type()) if dtype.isnative else None
+    if found is None or found[0] != dtype:
         return None
     offset = dsid.get_offset()
     if offset is None or offset % dtype.itemsize:
@@ -235,7 +368,9 @@ def check_dataset(ds: h5py.Dataset, path: str, max_elements: int, where: str) ->
             )
     if ds.shape is None:
         raise WeightFileError(
-            f"{where}: {path} has a null dataspace (no shape). Received: shape None", "dtype"
+            f"{where}: {path} has a null dataspace (no shape, no values); weight files hold "
+            f"arrays. Write the parameter's values. Received: shape None",
+            reason="dtype",
         )
     dtype = ds.dtype
     if dtype.kind not in "fiu" or dtype.names is not None or dtype.subdtype is not None:

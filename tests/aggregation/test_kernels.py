@@ -155,10 +155,10 @@ def test_kernels_work_from_a_read_only_install(tmp_path: Path) -> None:
         p.chmod(stat.S_IREAD | stat.S_IEXEC | (0 if p.is_file() else stat.S_IXUSR))
     code = (
         "import numpy as np, ro_kernels as k\n"
-        "d = np.zeros(5, np.float32)\n"
-        "k.scale_into(d, np.arange(5, dtype=np.float32), np.float32(2))\n"
-        "assert d.tolist() == [0, 2, 4, 6, 8], d\n"
-        "print(type(k.scale_into._cache).__name__)\n"
+        "x = np.array([[1, 2], [3, 6]], np.float32)\n"
+        "k.center_columns(x, 0, 2)\n"
+        "assert x.tolist() == [[-1, -2], [1, 2]], x\n"
+        "print(type(k.center_columns._cache).__name__)\n"
     )
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "HOME": str(cache),
            "PYTHONPATH": str(pkg), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -172,18 +172,16 @@ def test_kernels_work_from_a_read_only_install(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_streamed_passes_use_the_kernels_only_once_loaded(monkeypatch) -> None:
-    """auto: FedAvg's and the distance pass's kernels are not worth loading for themselves."""
-    from aggregation import _kernels
+def test_streamed_passes_take_the_c_kernels_and_stacked_ones_numba(monkeypatch) -> None:
+    """auto: the streamed passes use the C kernels (no start-up to pay for); numpy: neither."""
+    from aggregation import _ckernels, _kernels
 
     monkeypatch.delenv("FEDSPLIT_AGG_KERNELS", raising=False)
-    _kernels._load.cache_clear()
-    try:
-        assert _kernels.streamed(1 << 30) is None
-        loaded = _kernels.compiled(1 << 30)  # a stacked rule loads them
-        assert _kernels.streamed(1 << 30) is loaded
-        assert _kernels.streamed(10) is None  # small passes stay in numpy either way
-        monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "numpy")
-        assert _kernels.streamed(1 << 30) is None
-    finally:
-        _kernels._load.cache_clear()
+    streamed = _kernels.streamed()
+    assert isinstance(streamed, _ckernels.StreamedKernels) and streamed.path.is_file()
+    assert _kernels.compiled(10) is None  # small stacked passes stay in numpy
+    assert _kernels.compiled(1 << 30) is not None
+    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "numpy")
+    assert _kernels.streamed() is None and _kernels.compiled(1 << 30) is None
+    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "numba")  # the old name of "compiled"
+    assert _kernels.mode() == "compiled" and _kernels.streamed() is streamed

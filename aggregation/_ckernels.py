@@ -1,0 +1,359 @@
+"""The streamed passes' compiled kernels: C, built with cffi on first use and cached.
+
+FedAvg's weighted sum and the distance pass read every value once and do little arithmetic
+on it: they are bound by memory, and what a compiled kernel saves there (about half the pass:
+one fused loop instead of several numpy calls, each re-reading its block) is smaller than
+numba's start-up (about 0.2 s to import numba and load cached kernels). So these two kernels
+are a few lines of C compiled by cffi, loaded as a plain extension module in about a
+millisecond, which releases the GIL on every call (the aggregation's worker threads run
+them side by side). The order statistics and Krum's tiles stay in numba
+(`aggregation._numba_kernels`): their start-up pays for itself on the passes they serve.
+
+Kernels (the same arithmetic as the numpy reference in `aggregation.building_blocks`):
+
+- `StreamedKernels.weighted_sum`: one block of the weighted mean over N updates, each given
+  where it lies (an in-memory update's own memory, or the row a weight file's block was read
+  into). Products are rounded to the working precision before they
+  are added (compiled without contraction into fused multiply-adds), in groups of
+  ``group`` updates whose sums are added in float64 (float32 models), or one float64 sum
+  (float64 models): the result is bit for bit the numpy reference's. With ``dist2``, each
+  update's squared distance to the finished mean is added in the same call, tile by tile
+  (2048 coordinates: the tile's N inputs are still in the core's cache when it is re-read).
+- `StreamedKernels.squared_distance`: ``sum((x - ref)**2)``, differences in the input
+  precision, squares summed in float64 over eight interleaved partial sums (as the numba
+  kernel it replaces; the numpy reference sums float32 squares with BLAS's dot).
+
+Building: ``python -m aggregation._ckernels`` (``make setup`` runs it), or the first pass that
+wants the kernels, builds them in a subprocess (cffi and the machine's C compiler, about a
+second) into the first writable of the package's ``__pycache__`` and the user's cache
+(``$XDG_CACHE_HOME/fedsplit/kernels``, default ``~/.cache/fedsplit/kernels``), named by a hash
+of the source and flags, so a changed source is rebuilt and never loaded stale; the module is
+moved into place by rename, so a concurrent process never loads half a file
+(``FEDSPLIT_KERNEL_DIR`` names one directory instead of both). Where no C
+compiler (or no Python headers) is found, the reason is recorded beside it and the passes
+stay in numpy (``FEDSPLIT_AGG_KERNELS=compiled`` then fails and names the reason; running
+``python -m aggregation._ckernels`` tries again).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+#: The kernels' C source. ``addr`` holds the address of each update's block (int64).
+SOURCE = r"""
+#include <stdint.h>
+
+#define TILE 2048
+
+static double sq_f32(const float *x, const float *ref, int64_t n) {
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) {
+            double d = (double)(float)(x[j + l] - ref[j + l]);
+            a[l] += d * d;
+        }
+    for (; j < n; j++) {
+        double d = (double)(float)(x[j] - ref[j]);
+        a[0] += d * d;
+    }
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+static double sq_f64(const double *x, const double *ref, int64_t n) {
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) {
+            double d = x[j + l] - ref[j + l];
+            a[l] += d * d;
+        }
+    for (; j < n; j++) {
+        double d = x[j] - ref[j];
+        a[0] += d * d;
+    }
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+double fs_squared_distance_f32(const float *x, const float *ref, int64_t n) {
+    return sq_f32(x, ref, n);
+}
+
+double fs_squared_distance_f64(const double *x, const double *ref, int64_t n) {
+    return sq_f64(x, ref, n);
+}
+
+void fs_weighted_sum_f32(const int64_t *addr, int64_t n, int64_t size, const float *share,
+                         int64_t group, float *out, double *dist2) {
+    float g[TILE];
+    double total[TILE];
+    int single = n <= group;
+    for (int64_t s = 0; s < size; s += TILE) {
+        int64_t m = size - s < TILE ? size - s : TILE;
+        for (int64_t first = 0; first < n; first += group) {
+            int64_t last = first + group < n ? first + group : n;
+            const float *x = (const float *)(intptr_t)addr[first] + s;
+            float w = share[first];
+            for (int64_t j = 0; j < m; j++) g[j] = x[j] * w;
+            for (int64_t k = first + 1; k < last; k++) {
+                const float *y = (const float *)(intptr_t)addr[k] + s;
+                float wk = share[k];
+                for (int64_t j = 0; j < m; j++) {
+                    float p = y[j] * wk;
+                    g[j] = g[j] + p;
+                }
+            }
+            if (single)
+                for (int64_t j = 0; j < m; j++) out[s + j] = g[j];
+            else if (first == 0)
+                for (int64_t j = 0; j < m; j++) total[j] = (double)g[j];
+            else
+                for (int64_t j = 0; j < m; j++) total[j] = total[j] + (double)g[j];
+        }
+        if (!single)
+            for (int64_t j = 0; j < m; j++) out[s + j] = (float)total[j];
+        if (dist2)
+            for (int64_t k = 0; k < n; k++)
+                dist2[k] += sq_f32((const float *)(intptr_t)addr[k] + s, out + s, m);
+    }
+}
+
+void fs_weighted_sum_f64(const int64_t *addr, int64_t n, int64_t size, const double *share,
+                         double *out, double *dist2) {
+    for (int64_t s = 0; s < size; s += TILE) {
+        int64_t m = size - s < TILE ? size - s : TILE;
+        double *o = out + s;
+        const double *x = (const double *)(intptr_t)addr[0] + s;
+        double w = share[0];
+        for (int64_t j = 0; j < m; j++) o[j] = x[j] * w;
+        for (int64_t k = 1; k < n; k++) {
+            const double *y = (const double *)(intptr_t)addr[k] + s;
+            double wk = share[k];
+            for (int64_t j = 0; j < m; j++) {
+                double p = y[j] * wk;
+                o[j] = o[j] + p;
+            }
+        }
+        if (dist2)
+            for (int64_t k = 0; k < n; k++)
+                dist2[k] += sq_f64((const double *)(intptr_t)addr[k] + s, o, m);
+    }
+}
+"""
+
+CDEF = """
+double fs_squared_distance_f32(const float *x, const float *ref, int64_t n);
+double fs_squared_distance_f64(const double *x, const double *ref, int64_t n);
+void fs_weighted_sum_f32(const int64_t *addr, int64_t n, int64_t size, const float *share,
+                         int64_t group, float *out, double *dist2);
+void fs_weighted_sum_f64(const int64_t *addr, int64_t n, int64_t size, const double *share,
+                         double *out, double *dist2);
+"""
+
+#: -ffp-contract=off: a product is rounded before it is added, as numpy does (no fused
+#: multiply-add), so the weighted sum is the reference's bit for bit.
+FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math")
+
+#: Coordinates a fused call handles at a time (must match ``TILE`` in `SOURCE`).
+TILE = 2048
+
+_DIGEST = hashlib.sha256("\0".join((SOURCE, CDEF, *FLAGS)).encode()).hexdigest()[:16]
+#: The extension module's name: the source's hash, so a changed source is never loaded stale.
+MODULE = f"_fedsplit_streamed_{_DIGEST}"
+
+
+def cache_dirs() -> list[Path]:
+    """Where the built module is looked for, and built into (the first writable one):
+    ``FEDSPLIT_KERNEL_DIR`` alone when set, else the package's ``__pycache__`` and the user's
+    cache."""
+    if os.environ.get("FEDSPLIT_KERNEL_DIR"):
+        return [Path(os.environ["FEDSPLIT_KERNEL_DIR"])]
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return [Path(__file__).resolve().parent / "__pycache__", user / "fedsplit" / "kernels"]
+
+
+def _filename() -> str:
+    return MODULE + importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+class StreamedKernels:
+    """The loaded C kernels, called with numpy arrays (the GIL is released during each call)."""
+
+    def __init__(self, module: ModuleType, path: Path) -> None:
+        self._ffi = module.ffi
+        self._lib = module.lib
+        #: the extension module file the kernels were loaded from
+        self.path = path
+
+    def weighted_sum(
+        self,
+        values: Sequence[np.ndarray],
+        share: np.ndarray,
+        group: int,
+        out: np.ndarray,
+        dist2: np.ndarray | None,
+    ) -> None:
+        """Write ``sum_k share[k] * values[k]`` (one block of N updates) into ``out``.
+
+        ``values`` are N C-contiguous 1-D arrays of ``out``'s size and dtype (float32 or
+        float64): each update's block where it lies or where it was read to; ``share`` holds
+        the weights in that dtype. float32: groups of ``group`` updates summed in float32,
+        the group sums in float64 (float64: one sum). ``dist2`` (float64, one per update),
+        when given, gets each update's squared distance to ``out`` added.
+        """
+        ffi, lib = self._ffi, self._lib
+        kind = "float" if out.dtype == np.float32 else "double"
+        # the N addresses as int64 (the arrays stay alive through ``values`` during the call)
+        addr = ffi.new("int64_t[]", [int(ffi.cast("intptr_t", ffi.from_buffer(v))) for v in values])
+        d2 = ffi.NULL if dist2 is None else ffi.from_buffer("double[]", dist2, require_writable=True)
+        dest = ffi.from_buffer(f"{kind}[]", out, require_writable=True)
+        weights = ffi.from_buffer(f"{kind}[]", share)
+        if kind == "float":
+            lib.fs_weighted_sum_f32(addr, len(values), out.size, weights, group, dest, d2)
+        else:
+            lib.fs_weighted_sum_f64(addr, len(values), out.size, weights, dest, d2)
+
+    def squared_distance(self, values: np.ndarray, ref: np.ndarray) -> float:
+        """``sum((values - ref)**2)`` of two contiguous 1-D arrays of one dtype (float32/64)."""
+        ffi, lib = self._ffi, self._lib
+        if values.dtype == np.float32:
+            return float(lib.fs_squared_distance_f32(
+                ffi.from_buffer("float[]", values), ffi.from_buffer("float[]", ref), values.size
+            ))
+        return float(lib.fs_squared_distance_f64(
+            ffi.from_buffer("double[]", values), ffi.from_buffer("double[]", ref), values.size
+        ))
+
+
+def _import(path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
+    spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _failure_note(directory: Path) -> Path:
+    return directory / f"{MODULE}.failed"
+
+
+def failure() -> str | None:
+    """Why the kernels could not be built here (recorded by the last attempt), else None."""
+    for directory in cache_dirs():
+        note = _failure_note(directory)
+        if note.is_file():
+            return note.read_text(errors="replace").strip() or "the build failed"
+    return None
+
+
+@functools.cache
+def load() -> StreamedKernels | None:
+    """The kernels, built first if no cached build exists; None where they cannot be built
+    (the reason: `failure`). Builds at most once per process and source version."""
+    for directory in cache_dirs():
+        path = directory / _filename()
+        if path.is_file():
+            try:
+                return StreamedKernels(_import(path), path)
+            except ImportError:
+                continue  # unreadable or foreign: try the next place, or rebuild
+    if failure() is not None:
+        return None
+    built = _build_in_subprocess()
+    return StreamedKernels(_import(built), built) if built is not None else None
+
+
+def _build_in_subprocess() -> Path | None:
+    """Build in a child process (its compiler output captured); the module's path, or None
+    with the reason recorded (`failure`)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "aggregation._ckernels", "--quiet"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True, text=True, check=False,
+    )
+    if done.returncode == 0:
+        for directory in cache_dirs():
+            path = directory / _filename()
+            if path.is_file():
+                return path
+    return None
+
+
+def build() -> Path:
+    """Build the kernels into the first writable cache directory and return the module's path.
+
+    Raises `RuntimeError` naming the reason when no directory is writable or the compile
+    fails (no C compiler, no Python headers, cffi missing); the reason is also recorded
+    (`failure`) so later processes use numpy without trying again.
+    """
+    import tempfile
+
+    errors = []
+    for directory in cache_dirs():
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=directory, prefix=".build-"):
+                pass  # writable: a build can be moved into place here
+        except OSError as e:
+            errors.append(f"{directory}: {e.strerror or e}")
+            continue
+        _failure_note(directory).unlink(missing_ok=True)
+        try:
+            return _compile_into(directory)
+        except Exception as e:  # any build failure means "use numpy": recorded
+            reason = (
+                f"the streamed kernels could not be compiled ({type(e).__name__}: {e}); "
+                f"install a C compiler and Python's headers (Debian: apt-get install gcc "
+                f"python3-dev), then run: python -m aggregation._ckernels"
+            )
+            _failure_note(directory).write_text(reason + "\n")
+            raise RuntimeError(reason) from e
+    raise RuntimeError(
+        "no writable directory for the streamed kernels (" + "; ".join(errors) + "); set "
+        "XDG_CACHE_HOME to a writable directory, then run: python -m aggregation._ckernels"
+    )
+
+
+def _compile_into(directory: Path) -> Path:
+    import tempfile
+
+    from cffi import FFI
+
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source(MODULE, SOURCE, extra_compile_args=list(FLAGS))
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
+        built = Path(ffi.compile(tmpdir=tmp, verbose=False))
+        target = directory / _filename()
+        os.replace(built, target)  # atomic: a concurrent loader sees the old name or the whole file
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m aggregation._ckernels [--quiet]``: build the kernels (again) and say where."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        path = build()
+    except RuntimeError as e:
+        print(f"fedsplit streamed kernels: not built: {e}", file=sys.stderr)
+        return 1
+    if "--quiet" not in args:
+        print(f"fedsplit streamed kernels: built {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
