@@ -55,7 +55,21 @@ SOURCE = r"""
 
 #define TILE 2048
 
-static double sq_f32(const float *x, const float *ref, int64_t n) {
+/* One machine-code clone per instruction set, chosen when the module loads (glibc's ifunc):
+   AVX2 where the CPU has it, else the x86-64 baseline. No FMA either way (-ffp-contract=off
+   and no "fma" target), and no reassociation, so every clone computes the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+#if defined(__GNUC__)
+#define INLINE static inline __attribute__((always_inline))
+#else
+#define INLINE static inline
+#endif
+
+INLINE double sq_f32(const float *x, const float *ref, int64_t n) {
     double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t j = 0;
     for (; j + 8 <= n; j += 8)
@@ -70,7 +84,7 @@ static double sq_f32(const float *x, const float *ref, int64_t n) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-static double sq_f64(const double *x, const double *ref, int64_t n) {
+INLINE double sq_f64(const double *x, const double *ref, int64_t n) {
     double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t j = 0;
     for (; j + 8 <= n; j += 8)
@@ -85,15 +99,15 @@ static double sq_f64(const double *x, const double *ref, int64_t n) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-double fs_squared_distance_f32(const float *x, const float *ref, int64_t n) {
+CLONES double fs_squared_distance_f32(const float *x, const float *ref, int64_t n) {
     return sq_f32(x, ref, n);
 }
 
-double fs_squared_distance_f64(const double *x, const double *ref, int64_t n) {
+CLONES double fs_squared_distance_f64(const double *x, const double *ref, int64_t n) {
     return sq_f64(x, ref, n);
 }
 
-void fs_weighted_sum_f32(const int64_t *addr, int64_t n, int64_t size, const float *share,
+CLONES void fs_weighted_sum_f32(const int64_t *addr, int64_t n, int64_t size, const float *share,
                          int64_t group, float *out, double *dist2) {
     float g[TILE];
     double total[TILE];
@@ -128,7 +142,7 @@ void fs_weighted_sum_f32(const int64_t *addr, int64_t n, int64_t size, const flo
     }
 }
 
-void fs_weighted_sum_f64(const int64_t *addr, int64_t n, int64_t size, const double *share,
+CLONES void fs_weighted_sum_f64(const int64_t *addr, int64_t n, int64_t size, const double *share,
                          double *out, double *dist2) {
     for (int64_t s = 0; s < size; s += TILE) {
         int64_t m = size - s < TILE ? size - s : TILE;
@@ -167,9 +181,10 @@ FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math")
 #: Coordinates a fused call handles at a time (must match ``TILE`` in `SOURCE`).
 TILE = 2048
 
-_DIGEST = hashlib.sha256("\0".join((SOURCE, CDEF, *FLAGS)).encode()).hexdigest()[:16]
 #: The extension module's name: the source's hash, so a changed source is never loaded stale.
-MODULE = f"_fedsplit_streamed_{_DIGEST}"
+MODULE = "_fedsplit_streamed_" + hashlib.blake2b(
+    "\0".join((SOURCE, CDEF, *FLAGS)).encode(), digest_size=8
+).hexdigest()
 
 
 def cache_dirs() -> list[Path]:
@@ -339,6 +354,9 @@ def _compile_into(directory: Path) -> Path:
         built = Path(ffi.compile(tmpdir=tmp, verbose=False))
         target = directory / _filename()
         os.replace(built, target)  # atomic: a concurrent loader sees the old name or the whole file
+    for stale in directory.glob("_fedsplit_streamed_*"):
+        if stale.name != target.name:  # earlier sources' builds and their failure notes
+            stale.unlink(missing_ok=True)
     return target
 
 

@@ -41,7 +41,6 @@ from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_ex
 from protocol.atomic import atomic_path
 from protocol.errors import UpdateError, WeightFileError
 from protocol.h5safety import UNKNOWN, mappable_offset, plain_type, walk
-from protocol.schema import Schema
 from protocol.update import Update, UpdateHeader
 
 FORMAT = "fedsplit.weights"
@@ -735,6 +734,8 @@ def _check_schema(f: h5py.File, where: str, root: h5g.GroupID | None = None) -> 
     text = _schema_text(f, where, root)
     if text is None:
         return
+    from protocol.schema import Schema  # loaded only for a file that carries one
+
     try:
         Schema.from_json(text)
     except Exception as e:  # ConfigError from the strict schema reader
@@ -764,6 +765,8 @@ def write_weights(update: Update, path: str | os.PathLike[str], *, compress: boo
     ``schema``: the table schema (JSON) the model reads, stored as the ``schema`` attribute.
     """
     if schema is not None:
+        from protocol.schema import Schema
+
         Schema.from_json(schema)  # never write a schema the reader would refuse
     target = Path(path)
     if target.suffix.lower() not in SUFFIXES:
