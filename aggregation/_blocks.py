@@ -290,6 +290,16 @@ class BlockReader:
         if self.watch is not None and not all_finite(out):
             self.watch.flag()
 
+    def whole(self, name: str) -> np.ndarray | None:
+        """An in-memory update's parameter as a flat C-contiguous array (a view when it can
+        be), else None: for readers that take each block at its address."""
+        return self._flat(name) if self._update is not None else None
+
+    def raw_location(self, name: str) -> tuple[int, int] | None:
+        """``(descriptor, byte offset)`` of a weight file's parameter stored as it lies
+        (`protocol.WeightFile.raw_location`), else None: for readers that read it themselves."""
+        return self._file.raw_location(name) if self._file is not None else None
+
     def fetch(self, block: Block, buf: np.ndarray | None) -> np.ndarray:
         """The block's values for a streamed pass: a view of an in-memory update, else read
         into ``buf`` (`read`: ``block.size`` values, the dtype wanted) and ``buf`` returned.

@@ -43,7 +43,6 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -51,7 +50,10 @@ import numpy as np
 
 #: The kernels' C source. ``addr`` holds the address of each update's block (int64).
 SOURCE = r"""
+#include <errno.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #define TILE 2048
 
@@ -107,71 +109,128 @@ CLONES double fs_squared_distance_f64(const double *x, const double *ref, int64_
     return sq_f64(x, ref, n);
 }
 
-CLONES void fs_weighted_sum_f32(const int64_t *addr, int64_t n, int64_t size, const float *share,
-                         int64_t group, float *out, double *dist2) {
+/* Point ptr[k] at values [s, s + m) of update k: src[k] is the address of its block's first
+   value when fd[k] < 0, else the byte offset of that value in file fd[k], and the values are
+   read (pread, whole, retried on EINTR) into row k of rows (m values each). Returns -1, or
+   the index of the update whose read failed, with err[0] = errno (0: the file ended early)
+   and err[1] = bytes read. */
+static int64_t place_rows(const int64_t *src, const int64_t *fd, int64_t n, int64_t s,
+                          int64_t m, int64_t itemsize, char *rows, int64_t *ptr, int64_t *err) {
+    int64_t bytes = m * itemsize;
+    for (int64_t k = 0; k < n; k++) {
+        if (fd[k] < 0) {
+            ptr[k] = src[k] + s * itemsize;
+            continue;
+        }
+        char *dst = rows + k * bytes;
+        int64_t got = 0;
+        while (got < bytes) {
+            ssize_t r = pread((int)fd[k], dst + got, (size_t)(bytes - got),
+                              (off_t)(src[k] + s * itemsize + got));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                err[0] = r < 0 ? errno : 0;
+                err[1] = got;
+                return k;
+            }
+            got += r;
+        }
+        ptr[k] = (int64_t)(intptr_t)dst;
+    }
+    return -1;
+}
+
+/* The weighted sum of one block of `size` values, `sub` values at a time: each update's
+   sub-block is placed (read from its file into `rows`, n x sub values, which stay in the
+   core's cache; or taken where it lies), then summed tile by tile, and with dist2 each
+   update's squared distance to the finished tile added. */
+CLONES int64_t fs_weighted_sum_f32(const int64_t *src, const int64_t *fd, int64_t n,
+                                   int64_t size, int64_t sub, const float *share,
+                                   int64_t group, float *out, double *dist2, float *rows,
+                                   int64_t *ptr, int64_t *err) {
     float g[TILE];
     double total[TILE];
     int single = n <= group;
-    for (int64_t s = 0; s < size; s += TILE) {
-        int64_t m = size - s < TILE ? size - s : TILE;
-        for (int64_t first = 0; first < n; first += group) {
-            int64_t last = first + group < n ? first + group : n;
-            const float *x = (const float *)(intptr_t)addr[first] + s;
-            float w = share[first];
-            for (int64_t j = 0; j < m; j++) g[j] = x[j] * w;
-            for (int64_t k = first + 1; k < last; k++) {
-                const float *y = (const float *)(intptr_t)addr[k] + s;
-                float wk = share[k];
-                for (int64_t j = 0; j < m; j++) {
-                    float p = y[j] * wk;
-                    g[j] = g[j] + p;
+    for (int64_t s0 = 0; s0 < size; s0 += sub) {
+        int64_t mm = size - s0 < sub ? size - s0 : sub;
+        int64_t failed = place_rows(src, fd, n, s0, mm, sizeof(float), (char *)rows, ptr, err);
+        if (failed >= 0)
+            return failed;
+        float *o = out + s0;
+        for (int64_t s = 0; s < mm; s += TILE) {
+            int64_t m = mm - s < TILE ? mm - s : TILE;
+            for (int64_t first = 0; first < n; first += group) {
+                int64_t last = first + group < n ? first + group : n;
+                const float *x = (const float *)(intptr_t)ptr[first] + s;
+                float w = share[first];
+                for (int64_t j = 0; j < m; j++) g[j] = x[j] * w;
+                for (int64_t k = first + 1; k < last; k++) {
+                    const float *y = (const float *)(intptr_t)ptr[k] + s;
+                    float wk = share[k];
+                    for (int64_t j = 0; j < m; j++) {
+                        float p = y[j] * wk;
+                        g[j] = g[j] + p;
+                    }
                 }
+                if (single)
+                    for (int64_t j = 0; j < m; j++) o[s + j] = g[j];
+                else if (first == 0)
+                    for (int64_t j = 0; j < m; j++) total[j] = (double)g[j];
+                else
+                    for (int64_t j = 0; j < m; j++) total[j] = total[j] + (double)g[j];
             }
-            if (single)
-                for (int64_t j = 0; j < m; j++) out[s + j] = g[j];
-            else if (first == 0)
-                for (int64_t j = 0; j < m; j++) total[j] = (double)g[j];
-            else
-                for (int64_t j = 0; j < m; j++) total[j] = total[j] + (double)g[j];
+            if (!single)
+                for (int64_t j = 0; j < m; j++) o[s + j] = (float)total[j];
+            if (dist2)
+                for (int64_t k = 0; k < n; k++)
+                    dist2[k] += sq_f32((const float *)(intptr_t)ptr[k] + s, o + s, m);
         }
-        if (!single)
-            for (int64_t j = 0; j < m; j++) out[s + j] = (float)total[j];
-        if (dist2)
-            for (int64_t k = 0; k < n; k++)
-                dist2[k] += sq_f32((const float *)(intptr_t)addr[k] + s, out + s, m);
     }
+    return -1;
 }
 
-CLONES void fs_weighted_sum_f64(const int64_t *addr, int64_t n, int64_t size, const double *share,
-                         double *out, double *dist2) {
-    for (int64_t s = 0; s < size; s += TILE) {
-        int64_t m = size - s < TILE ? size - s : TILE;
-        double *o = out + s;
-        const double *x = (const double *)(intptr_t)addr[0] + s;
-        double w = share[0];
-        for (int64_t j = 0; j < m; j++) o[j] = x[j] * w;
-        for (int64_t k = 1; k < n; k++) {
-            const double *y = (const double *)(intptr_t)addr[k] + s;
-            double wk = share[k];
-            for (int64_t j = 0; j < m; j++) {
-                double p = y[j] * wk;
-                o[j] = o[j] + p;
+CLONES int64_t fs_weighted_sum_f64(const int64_t *src, const int64_t *fd, int64_t n,
+                                   int64_t size, int64_t sub, const double *share,
+                                   double *out, double *dist2, double *rows, int64_t *ptr,
+                                   int64_t *err) {
+    for (int64_t s0 = 0; s0 < size; s0 += sub) {
+        int64_t mm = size - s0 < sub ? size - s0 : sub;
+        int64_t failed = place_rows(src, fd, n, s0, mm, sizeof(double), (char *)rows, ptr, err);
+        if (failed >= 0)
+            return failed;
+        for (int64_t s = 0; s < mm; s += TILE) {
+            int64_t m = mm - s < TILE ? mm - s : TILE;
+            double *o = out + s0 + s;
+            const double *x = (const double *)(intptr_t)ptr[0] + s;
+            double w = share[0];
+            for (int64_t j = 0; j < m; j++) o[j] = x[j] * w;
+            for (int64_t k = 1; k < n; k++) {
+                const double *y = (const double *)(intptr_t)ptr[k] + s;
+                double wk = share[k];
+                for (int64_t j = 0; j < m; j++) {
+                    double p = y[j] * wk;
+                    o[j] = o[j] + p;
+                }
             }
+            if (dist2)
+                for (int64_t k = 0; k < n; k++)
+                    dist2[k] += sq_f64((const double *)(intptr_t)ptr[k] + s, o, m);
         }
-        if (dist2)
-            for (int64_t k = 0; k < n; k++)
-                dist2[k] += sq_f64((const double *)(intptr_t)addr[k] + s, o, m);
     }
+    return -1;
 }
 """
 
 CDEF = """
 double fs_squared_distance_f32(const float *x, const float *ref, int64_t n);
 double fs_squared_distance_f64(const double *x, const double *ref, int64_t n);
-void fs_weighted_sum_f32(const int64_t *addr, int64_t n, int64_t size, const float *share,
-                         int64_t group, float *out, double *dist2);
-void fs_weighted_sum_f64(const int64_t *addr, int64_t n, int64_t size, const double *share,
-                         double *out, double *dist2);
+int64_t fs_weighted_sum_f32(const int64_t *src, const int64_t *fd, int64_t n, int64_t size,
+                            int64_t sub, const float *share, int64_t group, float *out,
+                            double *dist2, float *rows, int64_t *ptr, int64_t *err);
+int64_t fs_weighted_sum_f64(const int64_t *src, const int64_t *fd, int64_t n, int64_t size,
+                            int64_t sub, const double *share, double *out, double *dist2,
+                            double *rows, int64_t *ptr, int64_t *err);
 """
 
 #: -ffp-contract=off: a product is rounded before it is added, as numpy does (no fused
@@ -210,33 +269,23 @@ class StreamedKernels:
         #: the extension module file the kernels were loaded from
         self.path = path
 
+    def address(self, values: np.ndarray) -> int:
+        """Where a C-contiguous array's first value lies (for ``src`` of `weighted_sum`)."""
+        return int(self._ffi.cast("intptr_t", self._ffi.from_buffer(values)))
+
     def weighted_sum(
         self,
-        values: Sequence[np.ndarray],
+        num_updates: int,
+        dtype: np.dtype,
+        sub: int,
         share: np.ndarray,
-        group: int,
-        out: np.ndarray,
         dist2: np.ndarray | None,
-    ) -> None:
-        """Write ``sum_k share[k] * values[k]`` (one block of N updates) into ``out``.
-
-        ``values`` are N C-contiguous 1-D arrays of ``out``'s size and dtype (float32 or
-        float64): each update's block where it lies or where it was read to; ``share`` holds
-        the weights in that dtype. float32: groups of ``group`` updates summed in float32,
-        the group sums in float64 (float64: one sum). ``dist2`` (float64, one per update),
-        when given, gets each update's squared distance to ``out`` added.
-        """
-        ffi, lib = self._ffi, self._lib
-        kind = "float" if out.dtype == np.float32 else "double"
-        # the N addresses as int64 (the arrays stay alive through ``values`` during the call)
-        addr = ffi.new("int64_t[]", [int(ffi.cast("intptr_t", ffi.from_buffer(v))) for v in values])
-        d2 = ffi.NULL if dist2 is None else ffi.from_buffer("double[]", dist2, require_writable=True)
-        dest = ffi.from_buffer(f"{kind}[]", out, require_writable=True)
-        weights = ffi.from_buffer(f"{kind}[]", share)
-        if kind == "float":
-            lib.fs_weighted_sum_f32(addr, len(values), out.size, weights, group, dest, d2)
-        else:
-            lib.fs_weighted_sum_f64(addr, len(values), out.size, weights, dest, d2)
+        group: int,
+        reads: bool,
+    ) -> WeightedSum:
+        """A worker's prepared weighted-mean calls over ``dtype`` (float32/64) blocks, reading
+        files ``sub`` values at a time (see `WeightedSum`)."""
+        return WeightedSum(self, num_updates, np.dtype(dtype), sub, share, dist2, group, reads)
 
     def squared_distance(self, values: np.ndarray, ref: np.ndarray) -> float:
         """``sum((values - ref)**2)`` of two contiguous 1-D arrays of one dtype (float32/64)."""
@@ -248,6 +297,75 @@ class StreamedKernels:
         return float(lib.fs_squared_distance_f64(
             ffi.from_buffer("double[]", values), ffi.from_buffer("double[]", ref), values.size
         ))
+
+
+class WeightedSum:
+    """One worker's weighted-mean calls: its buffers, and their C pointers, made once.
+
+    Before each call the caller fills ``src`` and ``fd`` (one entry per update): update k's
+    block is at address ``src[k]`` when ``fd[k] < 0`` (memory the caller keeps alive), else at
+    byte offset ``src[k]`` of the file open as descriptor ``fd[k]``, which the call reads
+    itself, ``sub`` values at a time, into row k of its ``(N, sub)`` buffer (one positional
+    read per update and sub-block, the GIL released; the buffer stays in the core's cache).
+    A call then writes ``sum_k share[k] * x_k`` into ``out``: float32, groups of ``group``
+    updates summed in float32 and the group sums in float64 (float64: one sum); with
+    ``dist2``, each update's squared distance to ``out`` is added to it.
+    """
+
+    def __init__(
+        self,
+        kernels: StreamedKernels,
+        num_updates: int,
+        dtype: np.dtype,
+        sub: int,
+        share: np.ndarray,
+        dist2: np.ndarray | None,
+        group: int,
+        reads: bool,
+    ) -> None:
+        ffi = kernels._ffi
+        kind = "float" if dtype == np.float32 else "double"
+        if kind == "double" and dtype != np.float64:
+            raise ValueError(f"the C kernels take float32 or float64. Received: {dtype}")
+        if share.dtype != dtype or share.shape != (num_updates,):
+            raise ValueError(f"one {dtype} weight per update. Received: {share.dtype} "
+                             f"{share.shape}")
+        if sub < 1:
+            raise ValueError(f"sub-blocks of at least one value. Received: {sub}")
+        self.dtype = dtype
+        self.sub = sub
+        self.src = np.zeros(num_updates, dtype=np.int64)
+        self.fd = np.full(num_updates, -1, dtype=np.int64)
+        self._rows = np.empty(num_updates * sub, dtype=dtype) if reads else None
+        self._err = np.zeros(2, dtype=np.int64)
+        self._work = np.zeros(num_updates, dtype=np.int64)
+        self._keep = (share, dist2)  # the buffers the pointers below point into
+        self._kind = kind
+        self._ffi = ffi
+        lib = kernels._lib
+        self._fn = lib.fs_weighted_sum_f32 if kind == "float" else lib.fs_weighted_sum_f64
+        self._head = (ffi.from_buffer("int64_t[]", self.src), ffi.from_buffer("int64_t[]", self.fd),
+                      num_updates)
+        self._share = (ffi.from_buffer(f"{kind}[]", share),) + ((group,) if kind == "float" else ())
+        self._tail = (
+            ffi.NULL if dist2 is None else ffi.from_buffer("double[]", dist2, require_writable=True),
+            ffi.NULL if self._rows is None else ffi.from_buffer(
+                f"{kind}[]", self._rows, require_writable=True),
+            ffi.from_buffer("int64_t[]", self._work, require_writable=True),
+            ffi.from_buffer("int64_t[]", self._err, require_writable=True),
+        )
+
+    def __call__(self, out: np.ndarray) -> tuple[int, int, int] | None:
+        """Sum the updates ``src``/``fd`` point at into ``out`` (contiguous, this dtype).
+        Returns None, or ``(k, errno, bytes read)`` when update k's read failed (errno 0: the
+        file ended early); ``out`` is then incomplete."""
+        if out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out must be contiguous {self.dtype}. Received: {out.dtype}")
+        if self._rows is None and self.fd.max(initial=-1) >= 0:
+            raise ValueError("file reads need the rows: made with reads=False. Received: a fd")
+        dest = self._ffi.from_buffer(f"{self._kind}[]", out, require_writable=True)
+        failed = self._fn(*self._head, out.size, self.sub, *self._share, dest, *self._tail)
+        return None if failed < 0 else (int(failed), int(self._err[0]), int(self._err[1]))
 
 
 def _import(path: Path) -> ModuleType:

@@ -68,9 +68,15 @@ from aggregation.compat import check_compatible
 from aggregation.errors import AggregationError, NotEnoughUpdatesError
 from protocol.arrays import ArraySpec
 from protocol.update import Update, UpdateHeader, UpdateSource
+from protocol.weights import WeightFile
 
 if TYPE_CHECKING:
-    from aggregation._ckernels import StreamedKernels
+    from aggregation._ckernels import StreamedKernels, WeightedSum
+
+#: Bytes of the C kernels' per-thread rows of file reads (`file_block`): within one core's L2
+#: cache. 30 files x 10M, 2 threads: blocks of 8192 coordinates took the pass from 0.23-0.25 s
+#: (rows of 131,072) to 0.17-0.18 s.
+FILE_ROWS_BYTES = 1 << 20
 
 #: Largest block of a streamed pass (coordinates): the weighted mean's term, group and float64
 #: accumulators (4 + 4 + 8 bytes a coordinate for float32 models) take 2 MiB, about one core's
@@ -145,29 +151,37 @@ class StreamPlan:
 
 
 def plan_stream(
-    specs: Sequence[ArraySpec], num_updates: int, *, bytes_per_coordinate: int, memory_budget: int
+    specs: Sequence[ArraySpec],
+    num_updates: int,
+    *,
+    bytes_per_coordinate: int,
+    memory_budget: int,
+    bytes_per_thread: int = 0,
 ) -> StreamPlan:
-    """Cut the model into blocks so each thread's ``bytes_per_coordinate`` buffers fit the budget.
+    """Cut the model into blocks so each thread's buffers fit the budget: ``bytes_per_thread``
+    (fixed) plus ``bytes_per_coordinate`` per coordinate of its block.
 
     Blocks are at most `BLOCK` coordinates (cache-sized); a smaller budget shortens them (and
     lowers the thread count when even one coordinate per thread does not fit).
     """
     check_budget(memory_budget)
-    if memory_budget < bytes_per_coordinate:
+    one = bytes_per_thread + bytes_per_coordinate
+    if memory_budget < one:
         raise AggregationError(
             f"A memory budget of {memory_budget} bytes cannot hold one coordinate of a streamed "
-            f"pass (needs at least {bytes_per_coordinate} bytes). Raise --memory-budget (e.g. "
+            f"pass (needs at least {one} bytes). Raise --memory-budget (e.g. "
             f"512MB). Received: {memory_budget}"
         )
     size = sum(s.size for s in specs)
     largest = max((s.size for s in specs), default=0)
     threads = threads_for(num_updates * size, len(plan_blocks(specs, BLOCK)))
-    threads = max(1, min(threads, memory_budget // bytes_per_coordinate))
-    length = max(1, min(BLOCK, largest, memory_budget // (threads * bytes_per_coordinate)))
+    threads = max(1, min(threads, memory_budget // one))
+    room = memory_budget // threads - bytes_per_thread
+    length = max(1, min(BLOCK, largest, room // bytes_per_coordinate))
     return StreamPlan(
         blocks=plan_blocks(specs, length),
         threads=threads,
-        working_bytes=threads * length * bytes_per_coordinate,
+        working_bytes=threads * (bytes_per_thread + length * bytes_per_coordinate),
     )
 
 
@@ -198,6 +212,15 @@ class _BlockSum:
         # each update's squared distance to the mean, summed block by block (``distances``)
         self.dist2 = np.zeros(len(updates), dtype=np.float64) if distances else None
         self.reads_files = reads_files(updates)
+        # the C kernels' calls (one per dtype) and their view of the current parameter
+        # (`_locate`): per update, the address (in memory, fd -1) or file offset (fd >= 0) of
+        # its first value; the updates read through `BlockReader.fetch` instead; the arrays
+        # whose addresses are held
+        self._calls: dict[np.dtype, WeightedSum] = {}
+        self._param: tuple[str, np.dtype] | None = None
+        self._base = np.zeros(len(updates), dtype=np.int64)
+        self._fetched: list[int] = []
+        self._held: list[np.ndarray] = []
 
     def _buf(self, key: str, dtype: np.dtype, size: int) -> np.ndarray:
         # one buffer per dtype, so models mixing dtypes do not reallocate block after block
@@ -205,29 +228,67 @@ class _BlockSum:
 
     def run(self, blocks: Sequence[Block], arrays: dict[str, np.ndarray]) -> None:
         """Sum every block in ``blocks`` into its range of ``arrays``."""
-        for block in blocks:
-            out = flat_view(arrays, block)  # one view at a time: no list of them all
-            if self.kernels is not None and kernel_dtype(out.dtype):
-                self.compiled_block(self.kernels, block, out)
-            else:
-                self.block(block, out)
-        for reader in self.readers:
-            reader.release()
+        try:
+            for block in blocks:
+                out = flat_view(arrays, block)  # one view at a time: no list of them all
+                if self.kernels is not None and kernel_dtype(out.dtype):
+                    self.compiled_block(self.kernels, block, out)
+                else:
+                    self.block(block, out)
+        finally:
+            self._held, self._param = [], None
+            for reader in self.readers:
+                reader.release()
+
+    def _call(self, kernels: StreamedKernels, dtype: np.dtype) -> WeightedSum:
+        call = self._calls.get(dtype)
+        if call is None:
+            call = self._calls[dtype] = kernels.weighted_sum(
+                len(self.readers), dtype, file_block(len(self.readers)), self.weights[dtype],
+                self.dist2, GROUP, reads=self.reads_files,
+            )
+        return call
+
+    def _locate(self, kernels: StreamedKernels, call: WeightedSum, name: str) -> None:
+        """Find where every update's parameter ``name`` lies, once per parameter."""
+        self._fetched, self._held = [], []
+        for k, reader in enumerate(self.readers):
+            whole = reader.whole(name)
+            if whole is not None and whole.dtype == call.dtype and whole.flags.c_contiguous:
+                self._held.append(whole)
+                self._base[k], call.fd[k] = kernels.address(whole), -1
+                continue
+            where = reader.raw_location(name) if whole is None else None
+            if where is not None:
+                call.fd[k], self._base[k] = where
+                continue
+            call.fd[k], self._base[k] = -1, 0  # read by `BlockReader.fetch`: numpy's path
+            self._fetched.append(k)
+        self._param = (name, call.dtype)
 
     def compiled_block(self, kernels: StreamedKernels, block: Block, out: np.ndarray) -> None:
-        """`block` in one C call (float32/float64 models): every update's block is a view of
-        its own memory or read into its row of a ``(N, block)`` buffer first, and the call
-        sums them tile by tile (each tile's distances too, while its inputs are cached)."""
-        dtype = out.dtype
-        n = len(self.readers)
-        rows = self.scratch.get(f"rows-{dtype}", (n, block.size), dtype) if self.reads_files else None
-        values = []
-        for k, reader in enumerate(self.readers):
-            got = reader.fetch(block, None if rows is None else rows[k])
-            if got.dtype != dtype or not got.flags.c_contiguous:
-                got = np.ascontiguousarray(got, dtype=dtype)
-            values.append(got)
-        kernels.weighted_sum(values, self.weights[dtype], GROUP, out, self.dist2)
+        """`block` in one C call (float32/float64 models). In-memory updates are read at their
+        address; weight files whose values lie as they are are read by the call itself
+        (`file_block` values at a time: one positional read per update into its row of an
+        ``(N, sub)`` buffer that stays in the core's cache). The call sums them tile by tile
+        (each tile's distances too, while its inputs are cached). A parameter that some update
+        holds in another form (a compressed or big-endian file, another source) takes numpy's
+        path (`block`)."""
+        call = self._call(kernels, out.dtype)
+        if self._param != (block.name, out.dtype):
+            self._locate(kernels, call, block.name)
+        if self._fetched:  # some update holds this parameter in another form: numpy
+            self.block(block, out)
+            return
+        np.add(self._base, block.start * out.dtype.itemsize, out=call.src)
+        failed = call(out)
+        if failed is not None:
+            k, errno, got_bytes = failed
+            source = base(self.readers[k].source)
+            assert isinstance(source, WeightFile)  # only files are read by the call
+            raise source.read_failure(
+                block.name, block.start, block.size * out.dtype.itemsize, got_bytes, errno
+            )
 
     def block(self, block: Block, out: np.ndarray) -> None:
         """Write the weighted sum of every update's ``block`` to ``out`` (flat, model dtype)."""
@@ -337,13 +398,14 @@ def weighted_mean(
             working = max(working, used)
         return MeanPass(arrays=arrays, working_bytes=working, distances=dist)
     kernels = streamed()
-    rows = len(updates) if reads_files(updates) else 0
-    need = _mean_bytes(specs, rows, kernels)
-    if kernels is not None and need > memory_budget:
-        kernels = None  # a budget too small for one row per update: numpy's buffers instead
-        need = _mean_bytes(specs, rows, kernels)
+    files = reads_files(updates)
+    per_coordinate, per_thread = _mean_bytes(specs, len(updates), kernels, files)
+    if kernels is not None and per_thread + per_coordinate > memory_budget:
+        kernels = None  # a budget too small for the C calls' rows: numpy's buffers instead
+        per_coordinate, per_thread = _mean_bytes(specs, len(updates), kernels, files)
     plan = plan_stream(
-        specs, len(updates), bytes_per_coordinate=need, memory_budget=memory_budget
+        specs, len(updates), bytes_per_coordinate=per_coordinate,
+        bytes_per_thread=per_thread, memory_budget=memory_budget,
     )
     per_dtype = {s.dtype: share.astype(work_dtype(s.dtype)) for s in specs}
     sums = [_BlockSum(updates, per_dtype, kernels, distances) for _ in range(plan.threads)]
@@ -359,17 +421,28 @@ def weighted_mean(
     return MeanPass(arrays=arrays, working_bytes=plan.working_bytes, distances=dist)
 
 
-def _mean_bytes(specs: Sequence[ArraySpec], rows: int, kernels: StreamedKernels | None) -> int:
-    """Working bytes per coordinate of a weighted-mean block, summed over the model's dtypes.
+def file_block(num_updates: int) -> int:
+    """Block length of a C weighted-mean pass that reads weight files: its ``(N, block)`` rows
+    of reads take `FILE_ROWS_BYTES` (float32), so the call re-reads them from the core's cache
+    (30 files: 8192 coordinates), never under 1024."""
+    return max(1024, min(BLOCK, FILE_ROWS_BYTES // (4 * num_updates) // 1024 * 1024))
 
-    The C kernels (float32/64 parameters) hold one row per update for blocks read from weight
-    files (`_BlockSum.compiled_block`; ``rows`` is N then, else 0) and a tile's group and
-    float64 sums; numpy holds term and group in the working precision and a float64 total."""
-    return sum(
-        (rows + 1) * d.itemsize + 8 if kernels is not None and kernel_dtype(d)
-        else 2 * work_dtype(d).itemsize + 8
-        for d in {s.dtype for s in specs}
-    )
+
+def _mean_bytes(specs: Sequence[ArraySpec], num_updates: int, kernels: StreamedKernels | None,
+                files: bool) -> tuple[int, int]:
+    """Working bytes of a weighted-mean pass: per coordinate of a block, and fixed per thread.
+
+    Per coordinate, numpy's term and group in the working precision and float64 total (also
+    what the C kernels fall back to for a parameter some file holds in another form; their
+    own tile sums live on the stack); per thread, with the C kernels and weight files, the
+    ``(N, file_block(N))`` rows the calls read files into (float32/64 parameters)."""
+    dtypes = {s.dtype for s in specs}
+    per_coordinate = sum(2 * work_dtype(d).itemsize + 8 for d in dtypes)
+    per_thread = 0
+    if kernels is not None and files:
+        sub = file_block(num_updates)
+        per_thread = sum(num_updates * sub * d.itemsize for d in dtypes if kernel_dtype(d))
+    return per_coordinate, per_thread
 
 
 class DistancePass(NamedTuple):

@@ -189,7 +189,10 @@ class WeightFile:
         # our own descriptor of the file HDF5 opened, for `read_values` (None: not opened yet;
         # -1: this file cannot be read that way)
         self._fd: int | None = None
-        self._size = 0  # the file's size in bytes when `_fd` was opened
+        # the file's size when opened (sec2 driver: a path): reads past it are refused
+        self._size = (
+            os.fstat(handle.id.get_vfd_handle()).st_size if handle.driver == "sec2" else 0
+        )
 
     @property
     def header(self) -> UpdateHeader:
@@ -331,21 +334,52 @@ class WeightFile:
             return False
         if out.size == 0:
             return True
-        offset = self._offset_of(name, spec)
-        if offset is None:
+        where = self.raw_location(name)
+        if where is None:
             return False
-        fd = self._descriptor()
-        if fd < 0 or offset + spec.size * spec.dtype.itemsize > self._size:
-            return False
+        fd, offset = where
         got = os.preadv(fd, [out], offset + start * spec.dtype.itemsize)
         if got != out.nbytes:
-            raise WeightFileError(
-                f"{self._where}: parameter {name!r} ends early in the file ({got} of "
-                f"{out.nbytes} bytes read at value {start}); the file was truncated or replaced "
-                f"in place while open. Send it again. Received: {got} bytes",
+            raise self.read_failure(name, start, out.nbytes, got)
+        return True
+
+    def raw_location(self, name: str) -> tuple[int, int] | None:
+        """``(descriptor, byte offset)`` of parameter ``name``'s first value when its values lie
+        in the file as they are (what `read_values` reads: contiguous, unfiltered, allocated,
+        aligned, this machine's byte order, inside the file as it was opened), else None.
+
+        For readers that issue their own positional reads (the C kernels of the streamed
+        passes, `aggregation._ckernels`): value ``i`` is at ``offset + i * itemsize``. The
+        descriptor is this file's own (see `read_values`) and stays open until `close`; a read
+        that fails or comes back short is reported with `read_failure`."""
+        spec = self._spec(name)
+        offset = self._offset_of(name, spec)
+        if offset is None or spec.size == 0:
+            return None
+        fd = self._descriptor()
+        if fd < 0 or offset + spec.size * spec.dtype.itemsize > self._size:
+            return None
+        return fd, offset
+
+    def read_failure(
+        self, name: str, start: int, wanted: int, got: int, errno: int = 0
+    ) -> WeightFileError:
+        """The error for a positional read of ``wanted`` bytes of ``name`` at value ``start``
+        that returned ``got`` (``errno`` 0: the file ended early, i.e. it was truncated or
+        replaced in place while open; else the system's error)."""
+        if errno:
+            return WeightFileError(
+                f"{self._where}: parameter {name!r} could not be read at value {start} "
+                f"({os.strerror(errno)}); check the disk, then send the file again. "
+                f"Received: errno {errno}",
                 reason="corrupt",
             )
-        return True
+        return WeightFileError(
+            f"{self._where}: parameter {name!r} ends early in the file ({got} of {wanted} bytes "
+            f"read at value {start}); the file was truncated or replaced in place while open. "
+            f"Send it again. Received: {got} bytes",
+            reason="corrupt",
+        )
 
     def _descriptor(self) -> int:
         """Our duplicate of HDF5's descriptor (opened once), or -1 when there is none."""
@@ -355,7 +389,6 @@ class WeightFile:
                     fd = -1
                     if os.environ.get("FEDSPLIT_MMAP", "1") != "0" and self._file.driver == "sec2":
                         fd = os.dup(self._file.id.get_vfd_handle())
-                        self._size = os.fstat(fd).st_size
                     self._fd = fd
         return self._fd
 

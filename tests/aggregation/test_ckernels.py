@@ -14,8 +14,8 @@ import pytest
 
 import aggregation
 from aggregation import _ckernels
-from aggregation.building_blocks import GROUP, distances_to, weighted_mean
-from protocol import open_weights, write_weights
+from aggregation.building_blocks import GROUP, distances_to, file_block, weighted_mean
+from protocol import WeightFileError, open_weights, write_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,9 @@ def test_weighted_sum_is_the_reference_bit_for_bit(kernels, dtype, n, size) -> N
     share = (share / share.sum()).astype(dtype)
     out = np.full(size, np.nan, dtype=dtype)
     dist2 = np.zeros(n)
-    kernels.weighted_sum(rows, share, GROUP, out, dist2)
+    call = kernels.weighted_sum(n, dtype, size, share, dist2, GROUP, reads=False)
+    call.src[:] = [kernels.address(r) for r in rows]
+    assert call(out) is None
     want = _reference_sum(rows, share)
     np.testing.assert_array_equal(out, want)
     # differences in the input precision, squares summed in float64 (only the order differs)
@@ -82,12 +84,13 @@ def test_fedavg_over_files_equals_fedavg_in_memory(h, tmp_path: Path, monkeypatc
     """Files read by positional reads into the kernels' rows: the in-memory result, bit for
     bit, under the default and a budget that cuts parameters into blocks; numpy agrees."""
     monkeypatch.delenv("FEDSPLIT_AGG_KERNELS", raising=False)
-    updates = h.make_updates(19, dtype=dtype, shapes=[(40, 30), (7,), (), (3, 5, 2)], seed=11)
+    updates = h.make_updates(19, dtype=dtype, shapes=[(400, 300), (7,), (), (3, 5, 2)], seed=11)
     files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
     try:
         fedavg = aggregation.get_strategy("fedavg", {})
         mem = aggregation.aggregate_updates(fedavg, updates)
-        for budget in (64 * 2**20, 19 * 4 * 100 + 2000):
+        rows = 19 * file_block(19) * np.dtype(dtype).itemsize  # the C calls' rows
+        for budget in (64 * 2**20, rows + 24 * 5000):  # the second cuts (400, 300) in blocks
             got = aggregation.aggregate_updates(fedavg, files, memory_budget=budget)
             assert got.report.working_bytes <= budget
             for key, want in mem.arrays.items():
@@ -100,6 +103,43 @@ def test_fedavg_over_files_equals_fedavg_in_memory(h, tmp_path: Path, monkeypatc
             np.testing.assert_array_equal(mem.arrays[key], want)
         for a, b in zip(ref.report.sites, mem.report.sites, strict=True):
             assert b.l2_to_aggregate == pytest.approx(a.l2_to_aggregate, rel=1e-5)
+    finally:
+        for f in files:
+            f.close()
+
+
+def test_the_call_reads_files_itself_and_names_one_that_shrank(kernels, tmp_path: Path) -> None:
+    """Rows read by the call (fd >= 0) and rows at an address mix; a file cut short while
+    open fails the call with the update's index, and FedAvg then refuses the file."""
+    rng = np.random.default_rng(9)
+    values = rng.standard_normal((3, 5000)).astype(np.float32)
+    raw = tmp_path / "raw.bin"
+    raw.write_bytes(b"\0" * 64 + values[1].tobytes())
+    fd = os.open(raw, os.O_RDONLY)
+    try:
+        share = np.array([0.2, 0.3, 0.5], np.float32)
+        dist2 = np.zeros(3)
+        call = kernels.weighted_sum(3, np.float32, 5000, share, dist2, GROUP, reads=True)
+        call.src[:] = [kernels.address(values[0]), 64, kernels.address(values[2])]
+        call.fd[:] = [-1, fd, -1]
+        out = np.empty(5000, np.float32)
+        assert call(out) is None
+        np.testing.assert_array_equal(out, _reference_sum(list(values), share))
+        os.truncate(raw, 64 + 4 * 4000)
+        assert call(out) == (1, 0, 4 * 4000)
+    finally:
+        os.close(fd)
+
+
+def test_fedavg_refuses_a_weight_file_cut_short_while_open(h, tmp_path: Path) -> None:
+    updates = h.make_updates(3, shapes=[(300, 100)], seed=2)
+    files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
+    try:
+        os.truncate(tmp_path / f"{updates[1].site}.h5", os.path.getsize(
+            tmp_path / f"{updates[1].site}.h5") - 40_000)
+        with pytest.raises(WeightFileError, match="ends early") as err:
+            weighted_mean(files, [1, 1, 1])
+        assert err.value.reason == "corrupt" and updates[1].site in str(err.value)
     finally:
         for f in files:
             f.close()
