@@ -43,6 +43,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -390,10 +391,19 @@ def failure() -> str | None:
     return None
 
 
-@functools.cache
+_LOAD_LOCK = threading.Lock()
+
+
 def load() -> StreamedKernels | None:
     """The kernels, built first if no cached build exists; None where they cannot be built
-    (the reason: `failure`). Builds at most once per process and source version."""
+    (the reason: `failure`). Builds at most once per process and source version (threads
+    asking at once wait for one build)."""
+    with _LOAD_LOCK:
+        return _load()
+
+
+@functools.cache
+def _load() -> StreamedKernels | None:
     for directory in cache_dirs():
         path = directory / _filename()
         if path.is_file():
