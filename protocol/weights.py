@@ -223,6 +223,7 @@ class WeightFile:
                 f"Re-export or re-upload it. Received: {name!r}",
                 reason="corrupt",
             ) from e
+        self._check_not_shrunk(name)
         arr = raw.astype(raw.dtype.newbyteorder("="), copy=False)
         try:
             return check_array(name, arr, where=self._where)
@@ -307,6 +308,24 @@ class WeightFile:
                 f"Re-export or re-upload it. Received: {name!r}",
                 reason="corrupt",
             ) from e
+        self._check_not_shrunk(name)
+
+    def _check_not_shrunk(self, name: str) -> None:
+        """Refuse values read from a file that is now shorter than when it was opened: HDF5
+        fills a read past the end with zeros instead of failing (a file opened from a path)."""
+        if not self._size:
+            return
+        try:
+            now = os.fstat(self._file.id.get_vfd_handle()).st_size
+        except (OSError, ValueError, RuntimeError):
+            return  # closed: HDF5's own call failed first
+        if now < self._size:
+            raise WeightFileError(
+                f"{self._where}: the file shrank from {self._size} to {now} bytes while open, so "
+                f"parameter {name!r} cannot be trusted (HDF5 reads zeros past the end); it was "
+                f"truncated or rewritten in place. Send it again. Received: {now} bytes",
+                reason="corrupt",
+            )
 
     def read_values(self, name: str, start: int, out: np.ndarray) -> bool:
         """Copy values ``[start, start + out.size)`` of parameter ``name`` (flat, C order) into

@@ -75,3 +75,18 @@ def test_a_file_renamed_over_is_not_seen_and_a_truncated_one_is_refused(tmp_path
         with pytest.raises(WeightFileError, match="ends early") as err:
             f.read_values("w", 1100, np.empty(100, np.float32))
         assert err.value.reason == "corrupt"
+
+
+def test_hdf5_reads_of_a_file_cut_short_while_open_are_refused(tmp_path: Path, monkeypatch) -> None:
+    """HDF5 itself fills a read past the end with zeros: the size check refuses it instead."""
+    monkeypatch.setenv("FEDSPLIT_MMAP", "0")  # every read through HDF5 calls
+    path = write_weights(_update(), tmp_path / "a.h5")
+    with open_weights(path) as f:
+        out = np.empty(7, np.float32)
+        f.read_into("b", out)  # whole: fine before
+        os.truncate(path, os.path.getsize(path) - 2000)
+        with pytest.raises(WeightFileError, match="shrank") as err:
+            f.read_into("w", np.empty(1200, np.float32))
+        assert err.value.reason == "corrupt"
+        with pytest.raises(WeightFileError, match="shrank"):
+            f.array("w")
