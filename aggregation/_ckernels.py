@@ -11,14 +11,16 @@ them side by side). The order statistics and Krum's tiles stay in numba
 
 Kernels (the same arithmetic as the numpy reference in `aggregation.building_blocks`):
 
-- `StreamedKernels.weighted_sum`: one block of the weighted mean over N updates, each given
-  where it lies (an in-memory update's own memory, or the row a weight file's block was read
-  into). Products are rounded to the working precision before they
-  are added (compiled without contraction into fused multiply-adds), in groups of
-  ``group`` updates whose sums are added in float64 (float32 models), or one float64 sum
-  (float64 models): the result is bit for bit the numpy reference's. With ``dist2``, each
-  update's squared distance to the finished mean is added in the same call, tile by tile
-  (2048 coordinates: the tile's N inputs are still in the core's cache when it is re-read).
+- `StreamedKernels.weighted_sum` (a worker's prepared `WeightedSum` calls): one block of the
+  weighted mean over N updates per call. Each update is taken where it lies (an in-memory
+  update's own memory) or read by the call itself from its weight file (one ``pread`` per
+  update and sub-block of `building_blocks.file_block` values into a row buffer that stays in the core's
+  cache). Products are rounded to the working precision before they are added (compiled
+  without contraction into fused multiply-adds), in groups of ``group`` updates whose sums
+  are added in float64 (float32 models), or one float64 sum (float64 models): the result is
+  bit for bit the numpy reference's. With ``dist2``, each update's squared distance to the
+  finished mean is added in the same call, tile by tile (2048 coordinates: the tile's N inputs
+  are still in the core's cache when they are re-read).
 - `StreamedKernels.squared_distance`: ``sum((x - ref)**2)``, differences in the input
   precision, squares summed in float64 over eight interleaved partial sums (as the numba
   kernel it replaces; the numpy reference sums float32 squares with BLAS's dot).
@@ -29,7 +31,9 @@ second) into the first writable of the package's ``__pycache__`` and the user's 
 (``$XDG_CACHE_HOME/fedsplit/kernels``, default ``~/.cache/fedsplit/kernels``), named by a hash
 of the source and flags, so a changed source is rebuilt and never loaded stale; the module is
 moved into place by rename, so a concurrent process never loads half a file
-(``FEDSPLIT_KERNEL_DIR`` names one directory instead of both). Where no C
+(``FEDSPLIT_KERNEL_DIR`` names one directory instead of both); builds of older sources are
+removed. An AVX2 clone of each kernel is chosen when the module loads where the CPU has it
+(the same bits as the baseline clone). Where no C
 compiler (or no Python headers) is found, the reason is recorded beside it and the passes
 stay in numpy (``FEDSPLIT_AGG_KERNELS=compiled`` then fails and names the reason; running
 ``python -m aggregation._ckernels`` tries again).

@@ -32,11 +32,11 @@ Compiled kernels (`aggregation._ckernels`: C built with cffi, no start-up to pay
 weighted mean is one call per block, which sums the N updates tile by tile (2048 coordinates:
 products rounded before the add, groups of `GROUP` in the working precision, float64 across,
 so the result is the numpy one bit for bit) and, with distances, adds each update's squared
-distance to the finished tile while its values are in the cache; weight files' blocks are
-read into one row per update first (`BlockReader.fetch`: a positional read).
-The distance pass's difference, square and sum are one call per update (squares summed in
-float64 instead of BLAS's float32 dot). On a GPU (`aggregation._device`) both passes run in
-torch with float64 sums.
+distance to the finished tile while its values are in the cache; in-memory updates are read
+at their address, weight files by the call itself (positional reads, `file_block` values at a
+time, into rows that stay in the core's cache). The distance pass's difference, square and
+sum are one call per update (squares summed in float64 instead of BLAS's float32 dot). On a
+GPU (`aggregation._device`) both passes run in torch with float64 sums.
 """
 
 from __future__ import annotations
