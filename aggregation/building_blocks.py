@@ -203,6 +203,7 @@ class _BlockSum:
         weights: dict[np.dtype, np.ndarray],
         kernels: StreamedKernels | None = None,
         distances: bool = False,
+        files: bool = False,
     ) -> None:
         # values are not checked as read: weighted_mean checks its output (`flag_non_finite`)
         self.readers = [BlockReader(u, check_values=False) for u in updates]
@@ -211,15 +212,15 @@ class _BlockSum:
         self.kernels = kernels
         # each update's squared distance to the mean, summed block by block (``distances``)
         self.dist2 = np.zeros(len(updates), dtype=np.float64) if distances else None
-        self.reads_files = reads_files(updates)
+        self.reads_files = files  # some update is read from a weight file (`reads_files`)
         # the C kernels' calls (one per dtype) and their view of the current parameter
         # (`_locate`): per update, the address (in memory, fd -1) or file offset (fd >= 0) of
-        # its first value; the updates read through `BlockReader.fetch` instead; the arrays
-        # whose addresses are held
+        # its first value; whether some update holds it in another form (numpy's path then);
+        # the arrays whose addresses are held
         self._calls: dict[np.dtype, WeightedSum] = {}
         self._param: tuple[str, np.dtype] | None = None
         self._base = np.zeros(len(updates), dtype=np.int64)
-        self._fetched: list[int] = []
+        self._numpy_param = False
         self._held: list[np.ndarray] = []
 
     def _buf(self, key: str, dtype: np.dtype, size: int) -> np.ndarray:
@@ -251,7 +252,7 @@ class _BlockSum:
 
     def _locate(self, kernels: StreamedKernels, call: WeightedSum, name: str) -> None:
         """Find where every update's parameter ``name`` lies, once per parameter."""
-        self._fetched, self._held = [], []
+        self._numpy_param, self._held = False, []
         for k, reader in enumerate(self.readers):
             whole = reader.whole(name)
             if whole is not None and whole.dtype == call.dtype and whole.flags.c_contiguous:
@@ -262,8 +263,8 @@ class _BlockSum:
             if where is not None:
                 call.fd[k], self._base[k] = where
                 continue
-            call.fd[k], self._base[k] = -1, 0  # read by `BlockReader.fetch`: numpy's path
-            self._fetched.append(k)
+            call.fd[k], self._base[k] = -1, 0
+            self._numpy_param = True  # read by `BlockReader.fetch`: numpy's path
         self._param = (name, call.dtype)
 
     def compiled_block(self, kernels: StreamedKernels, block: Block, out: np.ndarray) -> None:
@@ -277,7 +278,7 @@ class _BlockSum:
         call = self._call(kernels, out.dtype)
         if self._param != (block.name, out.dtype):
             self._locate(kernels, call, block.name)
-        if self._fetched:  # some update holds this parameter in another form: numpy
+        if self._numpy_param:  # some update holds this parameter in another form
             self.block(block, out)
             return
         np.add(self._base, block.start * out.dtype.itemsize, out=call.src)
@@ -408,7 +409,9 @@ def weighted_mean(
         bytes_per_thread=per_thread, memory_budget=memory_budget,
     )
     per_dtype = {s.dtype: share.astype(work_dtype(s.dtype)) for s in specs}
-    sums = [_BlockSum(updates, per_dtype, kernels, distances) for _ in range(plan.threads)]
+    sums = [
+        _BlockSum(updates, per_dtype, kernels, distances, files) for _ in range(plan.threads)
+    ]
     map_threads(
         _BlockSum.run, plan.threads, sums, round_robin(plan.blocks, plan.threads),
         [arrays] * plan.threads,
