@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps "openmined-psi==2.0.6"
 	# the streamed aggregation kernels (C, cffi): built now rather than by the first aggregation;
 	# without a C compiler this says why and the passes stay in numpy
-	-$(BIN)/python -m aggregation._ckernels
+	-$(BIN)/python -m fedsplit.aggregation._ckernels
 	touch $(STAMP)
 
 demo: setup

@@ -4,36 +4,36 @@ Importing this package registers every built-in strategy. Look one up with
 `get_strategy(name, params)`; list them with `describe_strategies()`.
 """
 
-from aggregation import fedavg as _fedavg  # noqa: F401  (registers "fedavg")
-from aggregation import geometric_median as _geometric_median  # noqa: F401  (registers "geometric-median")
-from aggregation import krum as _krum  # noqa: F401  (registers "krum", "multi-krum")
-from aggregation import median as _median  # noqa: F401  (registers "median")
-from aggregation import trimmed_mean as _trimmed_mean  # noqa: F401  (registers "trimmed-mean")
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from aggregation._device import using as on_device
-from aggregation.base import (
+from fedsplit.aggregation import fedavg as _fedavg  # noqa: F401  (registers "fedavg")
+from fedsplit.aggregation import geometric_median as _geometric_median  # noqa: F401  (registers "geometric-median")
+from fedsplit.aggregation import krum as _krum  # noqa: F401  (registers "krum", "multi-krum")
+from fedsplit.aggregation import median as _median  # noqa: F401  (registers "median")
+from fedsplit.aggregation import trimmed_mean as _trimmed_mean  # noqa: F401  (registers "trimmed-mean")
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.aggregation._device import using as on_device
+from fedsplit.aggregation.base import (
     AggregateResult,
     AggregationReport,
     AggregationStrategy,
     SiteReport,
     StrategyParams,
 )
-from aggregation.compat import check_compatible
-from aggregation.errors import (
+from fedsplit.aggregation.compat import check_compatible
+from fedsplit.aggregation.errors import (
     AggregationError,
     IncompatibleUpdatesError,
     NotEnoughUpdatesError,
     StrategyParamsError,
     UnknownStrategyError,
 )
-from aggregation.registry import (
+from fedsplit.aggregation.registry import (
     describe_strategies,
     get_strategy,
     parse_param_pairs,
     register,
     strategy_names,
 )
-from aggregation.run import aggregate_updates
+from fedsplit.aggregation.run import aggregate_updates
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from aggregation._threads import map_threads, threads_for
-from aggregation.errors import AggregationError
-from protocol.arrays import ArraySpec
-from protocol.update import Update, UpdateHeader, UpdateSource
-from protocol.weights import WeightFile
+from fedsplit.aggregation._threads import map_threads, threads_for
+from fedsplit.aggregation.errors import AggregationError
+from fedsplit.protocol.arrays import ArraySpec
+from fedsplit.protocol.update import Update, UpdateHeader, UpdateSource
+from fedsplit.protocol.weights import WeightFile
 
 #: Default working-memory budget of a robust aggregation (bytes): 512 MiB.
 DEFAULT_MEMORY_BUDGET = 512 * 1024**2

@@ -25,7 +25,7 @@ Kernels (the same arithmetic as the numpy reference in `aggregation.building_blo
   precision, squares summed in float64 over eight interleaved partial sums (as the numba
   kernel it replaces; the numpy reference sums float32 squares with BLAS's dot).
 
-Building: ``python -m aggregation._ckernels`` (``make setup`` runs it), or the first pass that
+Building: ``python -m fedsplit.aggregation._ckernels`` (``make setup`` runs it), or the first pass that
 wants the kernels, builds them in a subprocess (cffi and the machine's C compiler, about a
 second) into the first writable of the package's ``__pycache__`` and the user's cache
 (``$XDG_CACHE_HOME/fedsplit/kernels``, default ``~/.cache/fedsplit/kernels``), named by a hash
@@ -36,7 +36,7 @@ removed. An AVX2 clone of each kernel is chosen when the module loads where the 
 (the same bits as the baseline clone). Where no C
 compiler (or no Python headers) is found, the reason is recorded beside it and the passes
 stay in numpy (``FEDSPLIT_AGG_KERNELS=compiled`` then fails and names the reason; running
-``python -m aggregation._ckernels`` tries again).
+``python -m fedsplit.aggregation._ckernels`` tries again).
 """
 
 from __future__ import annotations
@@ -427,7 +427,7 @@ def _build_in_subprocess() -> Path | None:
     import subprocess
 
     done = subprocess.run(
-        [sys.executable, "-m", "aggregation._ckernels", "--quiet"],
+        [sys.executable, "-m", "fedsplit.aggregation._ckernels", "--quiet"],
         cwd=Path(__file__).resolve().parents[1],
         capture_output=True, text=True, check=False,
     )
@@ -464,13 +464,13 @@ def build() -> Path:
             reason = (
                 f"the streamed kernels could not be compiled ({type(e).__name__}: {e}); "
                 f"install a C compiler and Python's headers (Debian: apt-get install gcc "
-                f"python3-dev), then run: python -m aggregation._ckernels"
+                f"python3-dev), then run: python -m fedsplit.aggregation._ckernels"
             )
             _failure_note(directory).write_text(reason + "\n")
             raise RuntimeError(reason) from e
     raise RuntimeError(
         "no writable directory for the streamed kernels (" + "; ".join(errors) + "); set "
-        "XDG_CACHE_HOME to a writable directory, then run: python -m aggregation._ckernels"
+        "XDG_CACHE_HOME to a writable directory, then run: python -m fedsplit.aggregation._ckernels"
     )
 
 
@@ -493,7 +493,7 @@ def _compile_into(directory: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m aggregation._ckernels [--quiet]``: build the kernels (again) and say where."""
+    """``python -m fedsplit.aggregation._ckernels [--quiet]``: build the kernels (again) and say where."""
     args = sys.argv[1:] if argv is None else argv
     try:
         path = build()

@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from aggregation._blocks import flat_view, iter_stacks, plan_stack
-from aggregation._kernels import COMPILED_FROM
-from aggregation.errors import AggregationError
-from protocol.arrays import ArraySpec
-from protocol.update import UpdateSource
+from fedsplit.aggregation._blocks import flat_view, iter_stacks, plan_stack
+from fedsplit.aggregation._kernels import COMPILED_FROM
+from fedsplit.aggregation.errors import AggregationError
+from fedsplit.protocol.arrays import ArraySpec
+from fedsplit.protocol.update import UpdateSource
 
 #: Device bytes per stacked value beyond the stack's own copy: sorted values and their int64
 #: order, a float64 and a working-precision temporary (itemsize 8 counted).

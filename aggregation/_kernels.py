@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from aggregation.errors import AggregationError
+from fedsplit.aggregation.errors import AggregationError
 
 if TYPE_CHECKING:
-    from aggregation._ckernels import StreamedKernels
+    from fedsplit.aggregation._ckernels import StreamedKernels
 
 #: ``auto`` uses the compiled kernels from this many values read by a pass (N x coordinates).
 COMPILED_FROM = 1 << 20
@@ -77,7 +77,7 @@ def _load() -> ModuleType | None:
     except ImportError:
         return None
     _skip_scipy_probe()
-    from aggregation import _numba_kernels
+    from fedsplit.aggregation import _numba_kernels
 
     _load_from_cache_directly(_numba_kernels)
     return _numba_kernels
@@ -166,7 +166,7 @@ def streamed() -> StreamedKernels | None:
     chosen = mode()
     if chosen == "numpy":
         return None
-    from aggregation import _ckernels
+    from fedsplit.aggregation import _ckernels
 
     kernels = _ckernels.load()
     if kernels is None and chosen != "auto":

@@ -30,7 +30,7 @@ from types import ModuleType
 
 import numpy as np
 
-from aggregation._blocks import (
+from fedsplit.aggregation._blocks import (
     Block,
     BlockPlan,
     Rows,
@@ -42,12 +42,12 @@ from aggregation._blocks import (
     tiles,
     work_dtype,
 )
-from aggregation._device import DEVICE_BYTES_PER_VALUE, TorchDevice, active_device
-from aggregation._kernels import compiled, kernel_dtype, selection_network
-from aggregation._threads import map_threads, worker_count
-from aggregation.base import AggregateResult, AggregationStrategy
-from aggregation.building_blocks import inputs_of, make_result, site_reports
-from protocol.update import UpdateSource
+from fedsplit.aggregation._device import DEVICE_BYTES_PER_VALUE, TorchDevice, active_device
+from fedsplit.aggregation._kernels import compiled, kernel_dtype, selection_network
+from fedsplit.aggregation._threads import map_threads, worker_count
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy
+from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports
+from fedsplit.protocol.update import UpdateSource
 
 #: Coordinates per sorted tile: N values each, sized to stay in the CPU's L2 cache.
 TILE = 4096

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from aggregation.errors import AggregationError
+from fedsplit.aggregation.errors import AggregationError
 
 T = TypeVar("T")
 

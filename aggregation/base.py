@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from protocol.update import Update, UpdateSource
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.protocol.update import Update, UpdateSource
 
 
 class StrategyParams(BaseModel):

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from aggregation._blocks import (
+from fedsplit.aggregation._blocks import (
     DEFAULT_MEMORY_BUDGET,
     Block,
     BlockReader,
@@ -60,18 +60,18 @@ from aggregation._blocks import (
     plan_blocks,
     work_dtype,
 )
-from aggregation._device import active_device
-from aggregation._kernels import kernel_dtype, streamed
-from aggregation._threads import map_threads, round_robin, threads_for
-from aggregation.base import AggregateResult, AggregationReport, AggregationStrategy, SiteReport
-from aggregation.compat import check_compatible
-from aggregation.errors import AggregationError, NotEnoughUpdatesError
-from protocol.arrays import ArraySpec
-from protocol.update import Update, UpdateHeader, UpdateSource
-from protocol.weights import WeightFile
+from fedsplit.aggregation._device import active_device
+from fedsplit.aggregation._kernels import kernel_dtype, streamed
+from fedsplit.aggregation._threads import map_threads, round_robin, threads_for
+from fedsplit.aggregation.base import AggregateResult, AggregationReport, AggregationStrategy, SiteReport
+from fedsplit.aggregation.compat import check_compatible
+from fedsplit.aggregation.errors import AggregationError, NotEnoughUpdatesError
+from fedsplit.protocol.arrays import ArraySpec
+from fedsplit.protocol.update import Update, UpdateHeader, UpdateSource
+from fedsplit.protocol.weights import WeightFile
 
 if TYPE_CHECKING:
-    from aggregation._ckernels import StreamedKernels, WeightedSum
+    from fedsplit.aggregation._ckernels import StreamedKernels, WeightedSum
 
 #: Bytes of the C kernels' per-thread rows of file reads (`file_block`): within one core's L2
 #: cache. 30 files x 10M, 2 threads: blocks of 8192 coordinates took the pass from 0.23-0.25 s

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aggregation.errors import IncompatibleUpdatesError, NotEnoughUpdatesError
-from protocol.arrays import ArraySpec, layout_difference
-from protocol.update import UpdateHeader
+from fedsplit.aggregation.errors import IncompatibleUpdatesError, NotEnoughUpdatesError
+from fedsplit.protocol.arrays import ArraySpec, layout_difference
+from fedsplit.protocol.update import UpdateHeader
 
 VERTICAL_HINT = (
     "Averaging needs every site to train the same model (identical names and shapes). Sites "

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from protocol.errors import AggregationError
+from fedsplit.protocol.errors import AggregationError
 
 __all__ = [
     "AggregationError",

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
-from aggregation.building_blocks import inputs_of, make_result, site_reports, weighted_mean
-from aggregation.registry import register
-from protocol.update import UpdateSource
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
+from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports, weighted_mean
+from fedsplit.aggregation.registry import register
+from fedsplit.protocol.update import UpdateSource
 
 
 class FedAvgParams(StrategyParams):

@@ -21,13 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from aggregation.base import AggregateResult, AggregationStrategy
-from aggregation.errors import AggregationError
-from aggregation.run import aggregate_updates
-from protocol.arrays import ArraySpec
-from protocol.atomic import write_json_atomic
-from protocol.weights import WeightFile, open_weights, write_weights
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy
+from fedsplit.aggregation.errors import AggregationError
+from fedsplit.aggregation.run import aggregate_updates
+from fedsplit.protocol.arrays import ArraySpec
+from fedsplit.protocol.atomic import write_json_atomic
+from fedsplit.protocol.weights import WeightFile, open_weights, write_weights
 
 PathLike = str | os.PathLike[str]
 

@@ -48,9 +48,9 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
-from aggregation.building_blocks import (
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
+from fedsplit.aggregation.building_blocks import (
     distances_to,
     inputs_of,
     make_result,
@@ -58,8 +58,8 @@ from aggregation.building_blocks import (
     site_reports,
     weighted_mean,
 )
-from aggregation.registry import register
-from protocol.update import UpdateSource
+from fedsplit.aggregation.registry import register
+from fedsplit.protocol.update import UpdateSource
 
 
 class GeometricMedianParams(StrategyParams):

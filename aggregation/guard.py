@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from aggregation._blocks import (
+from fedsplit.aggregation._blocks import (
     DEFAULT_MEMORY_BUDGET,
     BlockReader,
     Recounted,
@@ -36,13 +36,13 @@ from aggregation._blocks import (
     Watched,
     plan_blocks,
 )
-from aggregation._threads import map_threads, threads_for
-from aggregation.base import SiteReport
-from aggregation.compat import VERTICAL_HINT, check_compatible
-from aggregation.errors import AggregationError, IncompatibleUpdatesError
-from protocol.arrays import ArraySpec, check_num_examples, layout_difference
-from protocol.errors import FedsplitError
-from protocol.update import UpdateHeader, UpdateSource
+from fedsplit.aggregation._threads import map_threads, threads_for
+from fedsplit.aggregation.base import SiteReport
+from fedsplit.aggregation.compat import VERTICAL_HINT, check_compatible
+from fedsplit.aggregation.errors import AggregationError, IncompatibleUpdatesError
+from fedsplit.protocol.arrays import ArraySpec, check_num_examples, layout_difference
+from fedsplit.protocol.errors import FedsplitError
+from fedsplit.protocol.update import UpdateHeader, UpdateSource
 
 CapPolicy = Literal["clip", "refuse"]
 CAP_POLICIES: tuple[str, ...] = ("clip", "refuse")

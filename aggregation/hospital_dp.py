@@ -29,11 +29,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
-from aggregation.building_blocks import inputs_of, make_result, site_reports
-from aggregation.errors import AggregationError
-from protocol.update import UpdateSource
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
+from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports
+from fedsplit.aggregation.errors import AggregationError
+from fedsplit.protocol.update import UpdateSource
 
 #: parameter-name endings of trained tensors; everything else is a buffer kept at the global value
 TRAINED = (".weight", ".bias")

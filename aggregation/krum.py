@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field
 
-from aggregation._blocks import (
+from fedsplit.aggregation._blocks import (
     DEFAULT_MEMORY_BUDGET,
     Block,
     BlockPlan,
@@ -41,13 +41,13 @@ from aggregation._blocks import (
     run_stacked,
     tiles,
 )
-from aggregation._device import DEVICE_BYTES_PER_VALUE, active_device
-from aggregation._kernels import compiled, kernel_dtype
-from aggregation._threads import map_threads, round_robin, worker_count
-from aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
-from aggregation.building_blocks import inputs_of, make_result, site_reports, weighted_mean
-from aggregation.registry import register
-from protocol.update import UpdateSource
+from fedsplit.aggregation._device import DEVICE_BYTES_PER_VALUE, active_device
+from fedsplit.aggregation._kernels import compiled, kernel_dtype
+from fedsplit.aggregation._threads import map_threads, round_robin, worker_count
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
+from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports, weighted_mean
+from fedsplit.aggregation.registry import register
+from fedsplit.protocol.update import UpdateSource
 
 #: Coordinates per Gram tile: short float32 dot products, accumulated in float64 per tile.
 GRAM_TILE = 16384

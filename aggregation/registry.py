@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from aggregation.base import AggregationStrategy
-from aggregation.errors import StrategyParamsError, UnknownStrategyError
+from fedsplit.aggregation.base import AggregationStrategy
+from fedsplit.aggregation.errors import StrategyParamsError, UnknownStrategyError
 
 _REGISTRY: dict[str, type[AggregationStrategy]] = {}
 

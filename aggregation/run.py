@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET, ValueWatch, check_budget
-from aggregation._device import current, using
-from aggregation.base import AggregateResult, AggregationStrategy, SiteReport
-from aggregation.building_blocks import distances_to, require_updates
-from aggregation.errors import NotEnoughUpdatesError
-from aggregation.guard import Expected, guard_updates
-from protocol.update import UpdateSource
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET, ValueWatch, check_budget
+from fedsplit.aggregation._device import current, using
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, SiteReport
+from fedsplit.aggregation.building_blocks import distances_to, require_updates
+from fedsplit.aggregation.errors import NotEnoughUpdatesError
+from fedsplit.aggregation.guard import Expected, guard_updates
+from fedsplit.protocol.update import UpdateSource
 
 
 def aggregate_updates(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 OPTIMIZERS = ("adam", "yogi", "adagrad", "avgm")
 #: Default server learning rates (used when the run gives 0).

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field
 
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from aggregation._order import TrimReducer, WeightedTrimReducer, aggregate_order_statistic
-from aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
-from aggregation.registry import register
-from protocol.update import UpdateSource
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.aggregation._order import TrimReducer, WeightedTrimReducer, aggregate_order_statistic
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
+from fedsplit.aggregation.registry import register
+from fedsplit.protocol.update import UpdateSource
 
 
 class TrimmedMeanParams(StrategyParams):

@@ -28,8 +28,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from protocol import Update, write_weights  # noqa: E402
-from server.admin.store import add_site  # noqa: E402
+from fedsplit.protocol import Update, write_weights  # noqa: E402
+from fedsplit.server.admin.store import add_site  # noqa: E402
 
 TOKEN = "bench-admin-token-0123456789abcdef"
 SERVE = (

@@ -41,9 +41,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import aggregation
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from protocol import Update, write_weights
+from fedsplit import aggregation
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.protocol import Update, write_weights
 
 RESNET18_PARAMS = 11_689_512
 
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
 
-    from cli.aggregate import parse_bytes
+    from fedsplit.cli.aggregate import parse_bytes
 
     budget = parse_bytes(args.memory_budget) if args.memory_budget else DEFAULT_MEMORY_BUDGET
     params = int(float(args.params.rstrip("Mm")) * 1e6) if args.params[-1] in "Mm" else int(
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{'rule':<17}{'ours s':>9}{'GB/s':>7}{'peak MB':>9}{'e2e s':>8}"
               f"{'flower s':>10}{'peak MB':>9}{'speedup':>9}{'mem ratio':>10}")
     print(header, flush=True)
-    from aggregation._kernels import compiled, streamed
+    from fedsplit.aggregation._kernels import compiled, streamed
 
     kernels = compiled(1 << 30)
     c_kernels = streamed()

@@ -92,7 +92,7 @@ def _best(cmd: list[str], env: dict[str, str], repeat: int) -> tuple[float, floa
 
 KERNEL_START = """
 import time, numpy as np
-from aggregation import _kernels
+from fedsplit.aggregation import _kernels
 wall, cpu = time.perf_counter(), time.process_time()
 kernels = _kernels._load()
 x = np.ones((2, 8), np.float32)
@@ -161,8 +161,8 @@ def read_rates(paths: list[Path]) -> dict[str, float]:
 
 def _block_rate(paths: list[Path]) -> float:
     """GB/s of reading every block of ``paths`` into one buffer, as a stacked pass does."""
-    from aggregation._blocks import BLOCK_CAP_BYTES, BlockReader, plan_blocks
-    from protocol import open_weights
+    from fedsplit.aggregation._blocks import BLOCK_CAP_BYTES, BlockReader, plan_blocks
+    from fedsplit.protocol import open_weights
 
     files = [open_weights(p) for p in paths]
     try:
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     """Write N weight files, then print start-up, read rates and whole-process times."""
     import importlib.util
 
-    from protocol import write_weights
+    from fedsplit.protocol import write_weights
 
     spec = importlib.util.spec_from_file_location("bench_aggregation", ROOT / "bench/aggregation.py")
     assert spec is not None and spec.loader is not None
@@ -263,7 +263,7 @@ def compile_bytecode() -> str:
     if not ok:
         raise RuntimeError(f"could not compile {', '.join(PACKAGES)} (see above)")
     flag = os.environ.get("PYTHONDONTWRITEBYTECODE")
-    from aggregation import _ckernels  # built now (as `make setup` does), not in a timed run
+    from fedsplit.aggregation import _ckernels  # built now (as `make setup` does), not in a timed run
 
     built = _ckernels.load()
     streamed = f"C kernels {built.path.name}" if built else f"no C kernels ({_ckernels.failure()})"

@@ -18,10 +18,10 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from client.models import build_model
-from client.site import load_site
-from client.train import fit, score
-from protocol.config import RunConfig
+from fedsplit.client.models import build_model
+from fedsplit.client.site import load_site
+from fedsplit.client.train import fit, score
+from fedsplit.protocol.config import RunConfig
 
 torch.set_num_threads(1)
 

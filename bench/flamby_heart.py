@@ -47,16 +47,16 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from client.data import HEART_ID, HEART_TARGET, load_heart_disease  # noqa: E402
-from orchestration.experiment import Experiment, SiteSource, run_experiment  # noqa: E402
-from orchestration.personalize import (  # noqa: E402
+from fedsplit.client.data import HEART_ID, HEART_TARGET, load_heart_disease  # noqa: E402
+from fedsplit.orchestration.experiment import Experiment, SiteSource, run_experiment  # noqa: E402
+from fedsplit.orchestration.personalize import (  # noqa: E402
     PRIOR,
     SCOPES,
     parse_budget,
     resolve_scope,
 )
-from protocol.config import RunConfig  # noqa: E402
-from protocol.errors import ConfigError  # noqa: E402
+from fedsplit.protocol.config import RunConfig  # noqa: E402
+from fedsplit.protocol.errors import ConfigError  # noqa: E402
 
 #: FLamby (du Terrail et al. 2022), Fed-Heart-Disease, 5 seeds, mean per-client accuracy.
 FLAMBY = {"pooled": 0.735, "fedavg": 0.685, "fedprox": 0.685, "fedadam": 0.726, "fedyogi": 0.731,

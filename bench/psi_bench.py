@@ -33,7 +33,7 @@ def _split(blob: bytes) -> list[bytes]:
 
 def _party(name: str, ids: list[str], conn: Connection, out: mp.Queue) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
-    from protocol.vertical.psi import PsiSession
+    from fedsplit.protocol.vertical.psi import PsiSession
 
     t0 = time.perf_counter()
     session = PsiSession(ids)

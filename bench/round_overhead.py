@@ -26,16 +26,16 @@ import torch
 # aggregation package: put the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client.models import ModelSpec
-from orchestration.experiment import Experiment, prepare_sites, write_site
-from orchestration.flower_runtime import (
+from fedsplit.client.models import ModelSpec
+from fedsplit.orchestration.experiment import Experiment, prepare_sites, write_site
+from fedsplit.orchestration.flower_runtime import (
     flower_env,
     run_app,
     simulation_superlink,
     stage_app,
     write_connection,
 )
-from protocol.config import RunConfig
+from fedsplit.protocol.config import RunConfig
 
 BENCH = Path(__file__).resolve().parent
 

@@ -42,13 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/aggregatio
 
 import secure_aggregation_flower as flower_bench
 
-import aggregation
-from client.secure import secagg
-from protocol import secure_vector as sv
-from protocol.privacy import SecureSpec
-from protocol.update import Update
-from server.secure import unmask
-from server.secure.secagg import SecureSum
+from fedsplit import aggregation
+from fedsplit.client.secure import secagg
+from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.privacy import SecureSpec
+from fedsplit.protocol.update import Update
+from fedsplit.server.secure import unmask
+from fedsplit.server.secure.secagg import SecureSum
 
 
 class _Node:

@@ -28,10 +28,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from client.data import load_bundled
-from client.models import ModelSpec, build_model
-from client.parallel import ParallelFit, fit_parallel
-from client.train import set_statistics
+from fedsplit.client.data import load_bundled
+from fedsplit.client.models import ModelSpec, build_model
+from fedsplit.client.parallel import ParallelFit, fit_parallel
+from fedsplit.client.train import set_statistics
 
 
 def main() -> None:

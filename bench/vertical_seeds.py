@@ -27,10 +27,10 @@ def main() -> None:
     """Print one JSON line per seed and one with the means."""
     import torch
 
-    from orchestration.vertical.datasets import write_bundled, write_titanic
-    from orchestration.vertical.local import baselines, train_local
-    from protocol.vertical.config import FusionParams
-    from server.vertical.coordinator import read_label_file
+    from fedsplit.orchestration.vertical.datasets import write_bundled, write_titanic
+    from fedsplit.orchestration.vertical.local import baselines, train_local
+    from fedsplit.protocol.vertical.config import FusionParams
+    from fedsplit.server.vertical.coordinator import read_label_file
 
     torch.set_num_threads(1)
     ap = argparse.ArgumentParser(description=__doc__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import admin_add_site, admin_serve
+from fedsplit.cli import admin_add_site, admin_serve
 
 admin_app = typer.Typer(
     name="admin",

@@ -19,7 +19,7 @@ def add_site(
     ] = None,
 ) -> None:
     """Register a site; its bearer token is printed once, alone on the last line."""
-    from server.admin.store import add_site as store_add_site
+    from fedsplit.server.admin.store import add_site as store_add_site
 
     token = store_add_site(
         data_dir=data_dir, name=name, cohort_size=cohort_size, database_url=database_url

@@ -28,10 +28,10 @@ def serve(
     """Serve the admin API; the admin token comes from FEDSPLIT_ADMIN_TOKEN(_FILE)."""
     import uvicorn
 
-    from protocol.errors import ConfigError
-    from server.admin.app import create_app
-    from server.admin.config import AdminSettings
-    from server.admin.ui import check_runs_dirs, view_url
+    from fedsplit.protocol.errors import ConfigError
+    from fedsplit.server.admin.app import create_app
+    from fedsplit.server.admin.config import AdminSettings
+    from fedsplit.server.admin.ui import check_runs_dirs, view_url
 
     if (tls_cert is None) != (tls_key is None):
         raise ConfigError(

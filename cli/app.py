@@ -16,25 +16,25 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from cli.errors import run_guarded
+from fedsplit.cli.errors import run_guarded
 
 #: ``(name, module, attribute)`` of every command, in the order ``fedsplit --help`` lists them:
 #: the attribute is a command function, or a `typer.Typer` for a command group.
 COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("simulate", "cli.simulate", "simulate"),
-    ("compare-strategies", "cli.compare_strategies", "compare_strategies"),
-    ("predict", "cli.predict", "predict"),
-    ("aggregate", "cli.aggregate", "aggregate"),
-    ("strategies", "cli.strategies", "strategies"),
-    ("privacy-audit", "cli.privacy_audit", "privacy_audit"),
-    ("pipeline-schedule", "cli.pipeline_schedule", "pipeline_schedule"),
-    ("upload", "cli.upload", "upload"),
-    ("export", "cli.export", "export"),
-    ("up", "cli.up", "up"),
-    ("certs", "cli.certs", "certs"),
-    ("admin", "cli.admin", "admin_app"),
-    ("site", "cli.site", "app"),
-    ("vertical", "cli.vertical", "app"),
+    ("simulate", "fedsplit.cli.simulate", "simulate"),
+    ("compare-strategies", "fedsplit.cli.compare_strategies", "compare_strategies"),
+    ("predict", "fedsplit.cli.predict", "predict"),
+    ("aggregate", "fedsplit.cli.aggregate", "aggregate"),
+    ("strategies", "fedsplit.cli.strategies", "strategies"),
+    ("privacy-audit", "fedsplit.cli.privacy_audit", "privacy_audit"),
+    ("pipeline-schedule", "fedsplit.cli.pipeline_schedule", "pipeline_schedule"),
+    ("upload", "fedsplit.cli.upload", "upload"),
+    ("export", "fedsplit.cli.export", "export"),
+    ("up", "fedsplit.cli.up", "up"),
+    ("certs", "fedsplit.cli.certs", "certs"),
+    ("admin", "fedsplit.cli.admin", "admin_app"),
+    ("site", "fedsplit.cli.site", "app"),
+    ("vertical", "fedsplit.cli.vertical", "app"),
 )
 
 

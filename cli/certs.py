@@ -22,7 +22,7 @@ def certs(
     ] = None,
 ) -> None:
     """Make a CA, a SuperLink certificate and SuperNode keys for a test deployment."""
-    from orchestration.certs import DEFAULT_SANS, make_certs, site_names
+    from fedsplit.orchestration.certs import DEFAULT_SANS, make_certs, site_names
 
     san = [name.strip() for entry in san or [] for name in entry.split(",") if name.strip()]
     paths = make_certs(out, site_names(sites), san)

@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-import aggregation
-from client.data import DATASETS
-from protocol.errors import ConfigError
+from fedsplit import aggregation
+from fedsplit.client.data import DATASETS
+from fedsplit.protocol.errors import ConfigError
 
 console = Console()
 
@@ -60,8 +60,8 @@ def compare_strategies(
     """Run one federation per strategy on the same sites (and attack); compare accuracy per round."""
     import torch
 
-    from orchestration.comparison import Comparison, run_comparison
-    from orchestration.experiment import check_attack
+    from fedsplit.orchestration.comparison import Comparison, run_comparison
+    from fedsplit.orchestration.experiment import check_attack
 
     torch.set_num_threads(1)
     names = [n.strip() for n in strategies.split(",") if n.strip()]

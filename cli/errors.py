@@ -6,7 +6,7 @@ import click
 import typer
 from rich.console import Console
 
-from protocol.errors import FedsplitError
+from fedsplit.protocol.errors import FedsplitError
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from protocol import Update, write_weights
-from protocol.errors import WeightFileError
+from fedsplit.protocol import Update, write_weights
+from fedsplit.protocol.errors import WeightFileError
 
 _NESTED_KEYS = ("state_dict", "model_state_dict", "model")
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:  # importing client.parallel loads torch; only the command needs it
-    from client.parallel.schedule import GPipeTable
+    from fedsplit.client.parallel.schedule import GPipeTable
 
 _PHASE_STYLE = {"fill": "yellow", "steady": "green", "drain": "magenta"}
 
@@ -64,8 +64,8 @@ def pipeline_schedule(
     png: Annotated[Path | None, typer.Option("--png", help="Also draw the table to this PNG.")] = None,
 ) -> None:
     """Print the GPipe tick table of S stages x M micro-batches: fill, steady state, drain."""
-    from client.parallel.schedule import gpipe_table
-    from orchestration.plots import draw_gpipe
+    from fedsplit.client.parallel.schedule import gpipe_table
+    from fedsplit.orchestration.plots import draw_gpipe
 
     table = gpipe_table(stages, microbatches)
     console = Console()

@@ -21,7 +21,7 @@ def predict(
     """One row per input row: probability per class and the predicted class (or value)."""
     import torch
 
-    from orchestration.predict import predict_file
+    from fedsplit.orchestration.predict import predict_file
 
     torch.set_num_threads(1)
     result = predict_file(model, table, output)

@@ -29,7 +29,7 @@ def privacy_audit(
     privacy.json."""
     import torch
 
-    from orchestration.privacy_audit import privacy_audit as run_audit
+    from fedsplit.orchestration.privacy_audit import privacy_audit as run_audit
 
     torch.set_num_threads(1)
     result = run_audit(run_dir, references=references)

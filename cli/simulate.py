@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-import aggregation
-from client.data import DATASETS
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
+from fedsplit import aggregation
+from fedsplit.client.data import DATASETS
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 
 console = Console()
 
@@ -193,10 +193,10 @@ def simulate(
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
 
-    from orchestration.experiment import Experiment, check_attack, run_experiment
+    from fedsplit.orchestration.experiment import Experiment, check_attack, run_experiment
 
     torch.set_num_threads(1)  # one thread per process: the cores are shared with the hospitals
-    from client.data import HEART
+    from fedsplit.client.data import HEART
 
     if dataset == HEART and (sites is not None or partition != "iid"):
         raise ConfigError(f"--dataset {HEART} is split by its four real hospitals; drop --sites and "
@@ -212,12 +212,12 @@ def simulate(
                           f"Received: {norm!r}")
     params = aggregation.parse_param_pairs(param or [])
     aggregation.get_strategy(strategy, params)  # fail fast on a bad name or value
-    from client.parallel import ParallelConfig
+    from fedsplit.client.parallel import ParallelConfig
 
     ParallelConfig.parse(parallel)
     check_attack(attack, attackers, (len(site) if site else 4 if dataset == HEART else sites)
                  - len(leave_out or []))
-    from protocol.privacy import DPSpec, SecureSpec, check_run
+    from fedsplit.protocol.privacy import DPSpec, SecureSpec, check_run
 
     dp_spec = DPSpec.parse(dp, rounds=rounds)
     secure_spec = SecureSpec.parse(secure_aggregation)
@@ -256,7 +256,7 @@ def simulate(
                                  on_stage=lambda msg: progress.console.print(f"[dim]{msg}[/]"))
         progress.update(bar, completed=rounds, status="done")
     if dp_spec is not None:  # privacy section and the leakage audit
-        from orchestration.privacy_audit import add_privacy
+        from fedsplit.orchestration.privacy_audit import add_privacy
 
         console.print("[dim]privacy: spent epsilon per hospital and membership-inference audit[/]")
         summary = add_privacy(out, audit=True)

@@ -16,8 +16,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 
 console = Console(stderr=True, highlight=False)
 app = typer.Typer(help="Run a hospital agent, or prepare simulated hospitals' data.",
@@ -45,9 +45,9 @@ def run(
                                                           "giving up.")] = 10,
 ) -> None:
     """Run this hospital's agent: a Flower SuperNode with fedsplit's ClientApp."""
-    from client.site import resolve_data_path
-    from orchestration.flower_runtime import flower_env, supernode_command
-    from orchestration.site_agent import check_key, describe_device, supervise
+    from fedsplit.client.site import resolve_data_path
+    from fedsplit.orchestration.flower_runtime import flower_env, supernode_command
+    from fedsplit.orchestration.site_agent import check_key, describe_device, supervise
 
     if root_cert is None and not insecure:
         raise ConfigError("Give --root-cert CA.crt to reach the SuperLink over TLS, or --insecure for "
@@ -88,7 +88,7 @@ def prepare(
     seed: Annotated[int, typer.Option(help="Seed of the split.")] = 0,
 ) -> None:
     """Split a bundled dataset into one data folder per simulated hospital."""
-    from orchestration.experiment import prepare_partitions
+    from fedsplit.orchestration.experiment import prepare_partitions
 
     for path in prepare_partitions(out, dataset, sites, partition, seed).values():
         console.print(f"wrote {path.parent}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-import aggregation
+from fedsplit import aggregation
 
 
 def strategies() -> None:

@@ -18,9 +18,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-import aggregation
-from client.data import DATASETS
-from protocol.config import RunConfig
+from fedsplit import aggregation
+from fedsplit.client.data import DATASETS
+from fedsplit.protocol.config import RunConfig
 
 console = Console(highlight=False)
 
@@ -107,12 +107,12 @@ def up(
     ] = "none",
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
-    from orchestration.experiment import prepare_partitions
-    from orchestration.fingerprint import data_fingerprint
-    from orchestration.flower_runtime import attach
-    from orchestration.local_federation import LocalFederation, Site
-    from protocol.privacy import SecureSpec, check_run
-    from server.history import find_resume_point
+    from fedsplit.orchestration.experiment import prepare_partitions
+    from fedsplit.orchestration.fingerprint import data_fingerprint
+    from fedsplit.orchestration.flower_runtime import attach
+    from fedsplit.orchestration.local_federation import LocalFederation, Site
+    from fedsplit.protocol.privacy import SecureSpec, check_run
+    from fedsplit.server.history import find_resume_point
 
     params = aggregation.parse_param_pairs(param or [])
     aggregation.get_strategy(strategy, params)  # fail fast on a bad name or value

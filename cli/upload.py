@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from protocol.errors import ConfigError, UploadFailedError
+from fedsplit.protocol.errors import ConfigError, UploadFailedError
 
 CHUNK = 1024 * 1024
 TOKEN_ENV = "FEDSPLIT_SITE_TOKEN"

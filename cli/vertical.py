@@ -75,8 +75,8 @@ def simulate(
     """Train branches + a fusion head across sites with Flower; compare with each site and centralized."""
     import torch
 
-    from orchestration.vertical.experiment import resolve_inputs, run_vertical
-    from protocol.vertical.config import FusionParams
+    from fedsplit.orchestration.vertical.experiment import resolve_inputs, run_vertical
+    from fedsplit.protocol.vertical.config import FusionParams
 
     torch.set_num_threads(1)
     params = FusionParams.parse({
@@ -112,10 +112,10 @@ def compare_fills(
     """Accuracy of each fill (nearest, mean, zero, drop) on the same held-out rows, in-process."""
     import torch
 
-    from orchestration.vertical.experiment import compare_fills, resolve_inputs
-    from protocol.atomic import write_json_atomic
-    from protocol.vertical.config import FusionParams
-    from server.vertical.coordinator import read_label_file
+    from fedsplit.orchestration.vertical.experiment import compare_fills, resolve_inputs
+    from fedsplit.protocol.atomic import write_json_atomic
+    from fedsplit.protocol.vertical.config import FusionParams
+    from fedsplit.server.vertical.coordinator import read_label_file
 
     torch.set_num_threads(1)
     out = out.resolve()
@@ -147,7 +147,7 @@ def predict(
     """Score rows every site holds: PSI-align the site files, embed at each branch, run the head."""
     import torch
 
-    from orchestration.vertical.predict import predict_rows
+    from fedsplit.orchestration.vertical.predict import predict_rows
 
     torch.set_num_threads(1)
     result = predict_rows(model, site, id_column, labels, target)

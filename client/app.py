@@ -25,14 +25,14 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from client.attacks import Attack, hostile_sites, parse_attack
-from client.data import feature_stats
-from client.models import ModelSpec, build_model
-from client.parallel import fit_parallel
-from client.privacy.agent import patient_dp, train_private
-from client.secure.agent import handle_query, take_secure_record, train_reply
-from client.site import load_site, site_columns
-from client.train import (
+from fedsplit.client.attacks import Attack, hostile_sites, parse_attack
+from fedsplit.client.data import feature_stats
+from fedsplit.client.models import ModelSpec, build_model
+from fedsplit.client.parallel import fit_parallel
+from fedsplit.client.privacy.agent import patient_dp, train_private
+from fedsplit.client.secure.agent import handle_query, take_secure_record, train_reply
+from fedsplit.client.site import load_site, site_columns
+from fedsplit.client.train import (
     batches_per_epoch,
     local_steps_per_round,
     pick_device,
@@ -40,10 +40,10 @@ from client.train import (
     set_statistics,
     step_rows,
 )
-from protocol import horizontal_wire as wire
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
-from protocol.update import Update, arrays_to_state_dict, state_dict_arrays
+from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.update import Update, arrays_to_state_dict, state_dict_arrays
 
 torch.set_num_threads(1)  # one thread per hospital process: many small jobs share the cores
 

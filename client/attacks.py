@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 #: Attack kinds and whether each takes a ``:VALUE``: required (True), optional (None), no (False).
 ATTACKS: dict[str, bool | None] = {

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import ConfigError
-from protocol.schema import (
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.schema import (
     NA_MARKERS,
     Schema,
     TableSettings,
@@ -30,7 +30,7 @@ from protocol.schema import (
     encode_frame,
     merge_reports,
 )
-from protocol.stats import Moments, moments
+from fedsplit.protocol.stats import Moments, moments
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 IMAGE_SUFFIXES = (".npz",)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 KINDS = ("mlp", "cnn")
 TASKS = ("classification", "regression")
@@ -187,7 +187,7 @@ def build_model(spec: ModelSpec | str, *, seed: int | None = None) -> SiteModel:
 
 def load_model(path: str | Path) -> SiteModel:
     """Rebuild the model stored in a fedsplit weight file (needs its ``model`` attribute)."""
-    from protocol.weights import read_weights
+    from fedsplit.protocol.weights import read_weights
 
     update = read_weights(path)
     if not update.model:

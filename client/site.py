@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from client.data import (
+from fedsplit.client.data import (
     IMAGE_SUFFIXES,
     TABLE_SUFFIXES,
     Dataset,
@@ -23,9 +23,9 @@ from client.data import (
     read_table,
     split_indices,
 )
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
-from protocol.schema import Schema, SiteColumns, column_report
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.schema import Schema, SiteColumns, column_report
 
 DATA_SUFFIXES = TABLE_SUFFIXES + IMAGE_SUFFIXES
 

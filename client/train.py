@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.models import SiteModel, has_batch_norm
-from protocol.errors import ConfigError
+from fedsplit.client.models import SiteModel, has_batch_norm
+from fedsplit.protocol.errors import ConfigError
 
 #: The fewest mini-batches a hospital trains per round when ``local-steps`` is 0 (one epoch of
 #: a 38-row site is 2 steps: too little to move the model).

@@ -13,7 +13,7 @@ def main() -> int:
     """Return 0 when healthy, 1 otherwise (Docker's healthcheck contract)."""
     url = os.environ.get("FEDSPLIT_HEALTH_URL")
     if not url:
-        import cli  # noqa: F401  (the package is installed and importable)
+        from fedsplit import cli  # noqa: F401  (the package is installed and importable)
 
         return 0
     ca = os.environ.get("FEDSPLIT_HEALTH_CA")

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 VALID_DAYS = 365
 DEFAULT_SANS = ("127.0.0.1", "localhost")

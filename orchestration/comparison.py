@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestration.experiment import Experiment, check_attack, run_experiment
-from orchestration.plots import metric_key, plot_comparison
-from protocol.atomic import write_json_atomic
-from protocol.config import RunConfig
+from fedsplit.orchestration.experiment import Experiment, check_attack, run_experiment
+from fedsplit.orchestration.plots import metric_key, plot_comparison
+from fedsplit.protocol.atomic import write_json_atomic
+from fedsplit.protocol.config import RunConfig
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from client.data import (
+from fedsplit.client.data import (
     HEART,
     HEART_ID,
     HEART_TARGET,
@@ -44,22 +44,22 @@ from client.data import (
     read_table,
     split_indices,
 )
-from client.models import ModelSpec, SiteModel, build_model, load_model
-from client.site import split_site
-from client.train import fit_steps, local_steps_per_round, score, set_statistics
-from orchestration.certs import site_names
-from orchestration.fingerprint import data_fingerprint
-from orchestration.flower_runtime import simulation
-from orchestration.personalize import ALONE, PRIOR, parse_budget, personalize, resolve_scope
-from orchestration.plots import plot_rounds
-from orchestration.selection import BestRound, selection_metric
-from protocol.atomic import write_json_atomic
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
-from protocol.schema import Schema, column_report, merge_reports
-from protocol.stats import combine_moments, moments
-from protocol.weights import read_schema
-from server.history import find_resume_point
+from fedsplit.client.models import ModelSpec, SiteModel, build_model, load_model
+from fedsplit.client.site import split_site
+from fedsplit.client.train import fit_steps, local_steps_per_round, score, set_statistics
+from fedsplit.orchestration.certs import site_names
+from fedsplit.orchestration.fingerprint import data_fingerprint
+from fedsplit.orchestration.flower_runtime import simulation
+from fedsplit.orchestration.personalize import ALONE, PRIOR, parse_budget, personalize, resolve_scope
+from fedsplit.orchestration.plots import plot_rounds
+from fedsplit.orchestration.selection import BestRound, selection_metric
+from fedsplit.protocol.atomic import write_json_atomic
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.schema import Schema, column_report, merge_reports
+from fedsplit.protocol.stats import combine_moments, moments
+from fedsplit.protocol.weights import read_schema
+from fedsplit.server.history import find_resume_point
 
 SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -338,7 +338,7 @@ def evaluate(model: SiteModel, tests: Sequence[tuple[str, Dataset]]) -> dict[str
 
 def check_attack(attack: str, attackers: int, num_sites: int) -> list[int]:
     """Validate --attack/--attackers together; return the hostile site indices."""
-    from client.attacks import hostile_sites, parse_attack
+    from fedsplit.client.attacks import hostile_sites, parse_attack
 
     parsed = parse_attack(attack)
     hostile = hostile_sites(num_sites, attackers)

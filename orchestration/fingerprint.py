@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 
 def fingerprint_bytes(name: str, content: bytes) -> dict[str, Any]:

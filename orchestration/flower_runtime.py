@@ -11,6 +11,7 @@ and from an installed wheel alike. Every process started here is stopped on exit
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -27,16 +28,16 @@ from typing import Any
 
 import httpx
 
-from protocol.config import RunConfig
-from protocol.errors import FlowerRunError
-from protocol.vertical.config import VerticalConfig
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import FlowerRunError
+from fedsplit.protocol.vertical.config import VerticalConfig
 
-# What the staged Flower app ships: everything the ServerApps and ClientApps import.
+# What the staged Flower app ships under fedsplit/: everything the ServerApps and ClientApps import.
 APP_PACKAGES = ("protocol", "aggregation", "server", "client")
 CONNECTION = "fedsplit"
 # (serverapp, clientapp) of the horizontal and the vertical federation
-HORIZONTAL_COMPONENTS = ("server.app:app", "client.app:app")
-VERTICAL_COMPONENTS = ("server.vertical.app:app", "client.vertical.app:app")
+HORIZONTAL_COMPONENTS = ("fedsplit.server.app:app", "fedsplit.client.app:app")
+VERTICAL_COMPONENTS = ("fedsplit.server.vertical.app:app", "fedsplit.client.vertical.app:app")
 
 
 def flower_env(flwr_home: Path) -> dict[str, str]:
@@ -93,9 +94,12 @@ def stage_app(
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
+    namespace = dest / "fedsplit"
+    namespace.mkdir()
+    shutil.copy2(Path(importlib.import_module("fedsplit").__file__), namespace / "__init__.py")
     for package in APP_PACKAGES:
-        src = Path(__import__(package).__file__).parent
-        shutil.copytree(src, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        src = Path(importlib.import_module(f"fedsplit.{package}").__file__).parent
+        shutil.copytree(src, namespace / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for module in extra_modules:
         shutil.copy2(module, dest / Path(module).name)
     config = "\n".join(f"{key} = {_toml_value(v)}" for key, v in cfg.to_flower().items())

@@ -31,8 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from orchestration.certs import CertPaths, make_certs
-from orchestration.flower_runtime import (
+from fedsplit.orchestration.certs import CertPaths, make_certs
+from fedsplit.orchestration.flower_runtime import (
     CONNECTION,
     FlowerRunError,
     LinkTls,
@@ -50,7 +50,7 @@ from orchestration.flower_runtime import (
     wait_http,
     write_connection,
 )
-from protocol.config import RunConfig
+from fedsplit.protocol.config import RunConfig
 
 COORDINATOR = "coordinator"
 SUPERLINK = "superlink"
@@ -68,7 +68,7 @@ def fedsplit_command() -> list[str]:
 
 def admin_available() -> bool:
     """Whether this build has the admin API command (``fedsplit admin serve``)."""
-    return importlib.util.find_spec("cli.admin") is not None
+    return importlib.util.find_spec("fedsplit.cli.admin") is not None
 
 
 @dataclass

@@ -47,11 +47,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.data import Dataset
-from client.models import SiteModel
-from client.train import fit_steps, loss_function, score, training_targets
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
+from fedsplit.client.data import Dataset
+from fedsplit.client.models import SiteModel
+from fedsplit.client.train import fit_steps, loss_function, score, training_targets
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 
 #: ``--personalize alone``: each hospital's hospital-alone step budget
 ALONE = "alone"

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from protocol.atomic import atomic_path
-from protocol.errors import ConfigError
+from fedsplit.protocol.atomic import atomic_path
+from fedsplit.protocol.errors import ConfigError
 
 if TYPE_CHECKING:  # importing client.parallel loads torch; only drawing a table needs it
-    from client.parallel.schedule import GPipeTable
+    from fedsplit.client.parallel.schedule import GPipeTable
 
 
 def metric_key(task: str) -> str:

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from client.data import read_table
-from client.models import load_model
-from protocol.errors import ConfigError
-from protocol.schema import Schema, encode_frame
-from protocol.weights import read_schema
+from fedsplit.client.data import read_table
+from fedsplit.client.models import load_model
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.schema import Schema, encode_frame
+from fedsplit.protocol.weights import read_schema
 
 
 def predict_frame(model_path: Path, frame: Any, *, where: str) -> Any:

@@ -46,14 +46,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from client.data import Dataset
-from client.models import SiteModel, load_model
-from client.site import DATA_SUFFIXES
-from client.train import fit, score, set_statistics
-from protocol.atomic import atomic_path, write_json_atomic
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
-from protocol.stats import combine_moments, moments
+from fedsplit.client.data import Dataset
+from fedsplit.client.models import SiteModel, load_model
+from fedsplit.client.site import DATA_SUFFIXES
+from fedsplit.client.train import fit, score, set_statistics
+from fedsplit.protocol.atomic import atomic_path, write_json_atomic
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.stats import combine_moments, moments
 
 ATTACKS = ("loss-threshold", "calibrated")
 RESAMPLES = 2000  # bootstrap resamples per confidence interval
@@ -150,7 +150,7 @@ def _concat(parts: Sequence[Dataset]) -> Dataset:
 
 def reference_model(like: SiteModel, train: Dataset, cfg: RunConfig, seed: int) -> SiteModel:
     """The federation's architecture trained on ``train`` only, for the run's total epochs."""
-    from client.models import build_model
+    from fedsplit.client.models import build_model
 
     model = build_model(like.spec, seed=seed)
     flat = train.x.reshape(len(train.x), -1)
@@ -235,7 +235,7 @@ def _site_file(folder: Path) -> Path:
 def run_sites(run_dir: Path, cfg: RunConfig) -> list[AuditSite]:
     """Every simulated hospital of ``run_dir``, loaded and split exactly as its agent did
     (`client.site.load_site` with the federation's agreed schema from the history)."""
-    from client.site import load_site
+    from fedsplit.client.site import load_site
 
     folder = run_dir / "sites"
     if not folder.is_dir():
@@ -308,7 +308,7 @@ def privacy_audit(run_dir: Path, *, references: int = 2) -> dict[str, Any]:
 
 def privacy_summary(run_dir: Path, dp_spec: str) -> dict[str, Any]:
     """``summary.json``'s ``privacy`` section: the budget and each hospital's last spent epsilon."""
-    from protocol.privacy import DPSpec
+    from fedsplit.protocol.privacy import DPSpec
 
     history = json.loads((Path(run_dir) / "federation" / "history.json").read_text())
     spec = DPSpec.parse(dp_spec)

@@ -20,7 +20,7 @@ from typing import IO
 
 from rich.console import Console
 
-from protocol.errors import ConfigError, SiteAgentError
+from fedsplit.protocol.errors import ConfigError, SiteAgentError
 
 _console = Console(stderr=True, highlight=False)
 

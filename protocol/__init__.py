@@ -7,10 +7,10 @@ configuration (`fedsplit aggregate`) do not pay for it at start-up.
 
 from typing import TYPE_CHECKING, Any
 
-from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
-from protocol.errors import ConfigError, FedsplitError, UpdateError, WeightFileError
-from protocol.update import Update, UpdateHeader, UpdateSource
-from protocol.weights import (
+from fedsplit.protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
+from fedsplit.protocol.errors import ConfigError, FedsplitError, UpdateError, WeightFileError
+from fedsplit.protocol.update import Update, UpdateHeader, UpdateSource
+from fedsplit.protocol.weights import (
     FORMAT,
     FORMAT_VERSION,
     WeightFile,
@@ -41,12 +41,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from protocol.config import RunConfig
+    from fedsplit.protocol.config import RunConfig
 
 
 def __getattr__(name: str) -> Any:
     if name == "RunConfig":
-        from protocol.config import RunConfig
+        from fedsplit.protocol.config import RunConfig
 
         return RunConfig
     raise AttributeError(f"module 'protocol' has no attribute {name!r}")

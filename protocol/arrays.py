@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import UpdateError
+from fedsplit.protocol.errors import UpdateError
 
 #: Parameter dtypes a weight file and an update may carry.
 ALLOWED_DTYPES: tuple[np.dtype, ...] = (

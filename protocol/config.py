@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from protocol.errors import ConfigError
-from protocol.schema import TableSettings
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.schema import TableSettings
 
 
 class RunConfig(BaseModel):
@@ -135,7 +135,7 @@ class RunConfig(BaseModel):
     @field_validator("dp")
     @classmethod
     def _dp_spec(cls, value: str) -> str:
-        from protocol.privacy import DPSpec
+        from fedsplit.protocol.privacy import DPSpec
 
         DPSpec.parse(value)
         return value
@@ -143,7 +143,7 @@ class RunConfig(BaseModel):
     @field_validator("secure_aggregation")
     @classmethod
     def _secure_spec(cls, value: str) -> str:
-        from protocol.privacy import SecureSpec
+        from fedsplit.protocol.privacy import SecureSpec
 
         SecureSpec.parse(value)
         return value

@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocol.arrays import check_arrays, check_num_examples
-from protocol.errors import ConfigError, FedsplitError, ReplyError
-from protocol.schema import SiteColumns
-from protocol.update import Update, to_array_record
+from fedsplit.protocol.arrays import check_arrays, check_num_examples
+from fedsplit.protocol.errors import ConfigError, FedsplitError, ReplyError
+from fedsplit.protocol.schema import SiteColumns
+from fedsplit.protocol.update import Update, to_array_record
 
 if TYPE_CHECKING:
     from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict

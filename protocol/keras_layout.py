@@ -34,10 +34,10 @@ from typing import IO, Any
 import h5py
 import numpy as np
 
-from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array
-from protocol.atomic import atomic_path
-from protocol.errors import UpdateError, WeightFileError
-from protocol.h5safety import Tree, looks_like_hdf5, walk
+from fedsplit.protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array
+from fedsplit.protocol.atomic import atomic_path
+from fedsplit.protocol.errors import UpdateError, WeightFileError
+from fedsplit.protocol.h5safety import Tree, looks_like_hdf5, walk
 
 WHERE = "The uploaded file"
 

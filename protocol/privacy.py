@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from protocol.errors import ConfigError, FederationError
+from fedsplit.protocol.errors import ConfigError, FederationError
 
 DP_LEVELS = ("patient", "hospital")
 #: Strategies that need to see every single update; secure aggregation hides them.

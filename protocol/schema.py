@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 SCHEMA_FORMAT = "fedsplit.schema"
 SCHEMA_VERSION = 1

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from protocol.errors import UpdateError
+from fedsplit.protocol.errors import UpdateError
 
 MODULUS = 1 << 62
 #: Bytes of a hospital's private-mask seed b: 128 bits of entropy. Flower's ``combine_shares``

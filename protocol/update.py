@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from protocol.arrays import ArraySpec, check_arrays, check_num_examples, specs_of
-from protocol.errors import UpdateError
+from fedsplit.protocol.arrays import ArraySpec, check_arrays, check_num_examples, specs_of
+from fedsplit.protocol.errors import UpdateError
 
 if TYPE_CHECKING:  # heavy optional imports, only for type checkers
     import torch

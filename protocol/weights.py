@@ -37,11 +37,11 @@ import h5py
 import numpy as np
 from h5py import h5a, h5d, h5g, h5s, h5t
 
-from protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
-from protocol.atomic import atomic_path
-from protocol.errors import UpdateError, WeightFileError
-from protocol.h5safety import UNKNOWN, mappable_offset, plain_type, walk
-from protocol.update import Update, UpdateHeader
+from fedsplit.protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
+from fedsplit.protocol.atomic import atomic_path
+from fedsplit.protocol.errors import UpdateError, WeightFileError
+from fedsplit.protocol.h5safety import UNKNOWN, mappable_offset, plain_type, walk
+from fedsplit.protocol.update import Update, UpdateHeader
 
 FORMAT = "fedsplit.weights"
 FORMAT_VERSION = 1
@@ -786,7 +786,7 @@ def _check_schema(f: h5py.File, where: str, root: h5g.GroupID | None = None) -> 
     text = _schema_text(f, where, root)
     if text is None:
         return
-    from protocol.schema import Schema  # loaded only for a file that carries one
+    from fedsplit.protocol.schema import Schema  # loaded only for a file that carries one
 
     try:
         Schema.from_json(text)
@@ -817,7 +817,7 @@ def write_weights(update: Update, path: str | os.PathLike[str], *, compress: boo
     ``schema``: the table schema (JSON) the model reads, stored as the ``schema`` attribute.
     """
     if schema is not None:
-        from protocol.schema import Schema
+        from fedsplit.protocol.schema import Schema
 
         Schema.from_json(schema)  # never write a schema the reader would refuse
     target = Path(path)

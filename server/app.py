@@ -15,15 +15,15 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-import aggregation
-from aggregation.base import AggregationStrategy
-from aggregation.server_optimizers import ServerOptimizer
-from protocol import horizontal_wire as wire
-from protocol.config import RunConfig
-from protocol.errors import ConfigError, FedsplitError
-from server.history import RunHistory, find_resume_point
-from server.privacy import privacy_aggregator, strategy_class, strategy_kwargs
-from server.setup import ModelSetup, prepare_model, wait_for_nodes
+from fedsplit import aggregation
+from fedsplit.aggregation.base import AggregationStrategy
+from fedsplit.aggregation.server_optimizers import ServerOptimizer
+from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError, FedsplitError
+from fedsplit.server.history import RunHistory, find_resume_point
+from fedsplit.server.privacy import privacy_aggregator, strategy_class, strategy_kwargs
+from fedsplit.server.setup import ModelSetup, prepare_model, wait_for_nodes
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aggregation.base import AggregateResult
-from aggregation.server_optimizers import ServerOptimizer
-from protocol.atomic import atomic_path, write_json_atomic
-from protocol.errors import ConfigError, ResumeMismatchError
-from protocol.schema import Schema
-from protocol.update import Update
-from protocol.weights import read_weights, write_weights
+from fedsplit.aggregation.base import AggregateResult
+from fedsplit.aggregation.server_optimizers import ServerOptimizer
+from fedsplit.protocol.atomic import atomic_path, write_json_atomic
+from fedsplit.protocol.errors import ConfigError, ResumeMismatchError
+from fedsplit.protocol.schema import Schema
+from fedsplit.protocol.update import Update
+from fedsplit.protocol.weights import read_weights, write_weights
 
 if TYPE_CHECKING:
     from flwr.app import ArrayRecord

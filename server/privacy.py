@@ -18,11 +18,11 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from aggregation.base import AggregationStrategy
-from aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams, plan_sigma, spent
-from protocol.config import RunConfig
-from protocol.privacy import DPSpec, SecureSpec, check_run
-from server.strategy import RegistryStrategy
+from fedsplit.aggregation.base import AggregationStrategy
+from fedsplit.aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams, plan_sigma, spent
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.privacy import DPSpec, SecureSpec, check_run
+from fedsplit.server.strategy import RegistryStrategy
 
 log = logging.getLogger(__name__)
 EPSILON_METRIC = "dp-epsilon"
@@ -86,7 +86,7 @@ def strategy_class(cfg: RunConfig) -> type[RegistryStrategy]:
     """The strategy class the run needs: secure (secure-aggregation set), private (dp set) or
     the plain registry strategy."""
     if SecureSpec.parse(cfg.secure_aggregation) is not None:
-        from server.secure.strategy import SecureStrategy  # imports this module
+        from fedsplit.server.secure.strategy import SecureStrategy  # imports this module
 
         return SecureStrategy
     if DPSpec.parse(cfg.dp) is not None:

@@ -28,12 +28,12 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from protocol import horizontal_wire as wire
-from protocol.config import RunConfig
-from protocol.errors import ConfigError, FederationError, FedsplitError
-from protocol.schema import Schema, merge_reports, moment_warnings
-from protocol.stats import combine_moments
-from protocol.weights import read_schema, read_weights
+from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError, FederationError, FedsplitError
+from fedsplit.protocol.schema import Schema, merge_reports, moment_warnings
+from fedsplit.protocol.stats import combine_moments
+from fedsplit.protocol.weights import read_schema, read_weights
 
 log = logging.getLogger(__name__)
 

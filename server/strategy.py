@@ -39,15 +39,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-import aggregation
-from aggregation.base import AggregationStrategy, SiteReport
-from aggregation.server_optimizers import ServerOptimizer
-from protocol import horizontal_wire as wire
-from protocol.arrays import ArraySpec
-from protocol.errors import ConfigError, FedsplitError
-from protocol.horizontal_wire import reply_site
-from protocol.update import Update
-from server.history import RunHistory
+from fedsplit import aggregation
+from fedsplit.aggregation.base import AggregationStrategy, SiteReport
+from fedsplit.aggregation.server_optimizers import ServerOptimizer
+from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol.arrays import ArraySpec
+from fedsplit.protocol.errors import ConfigError, FedsplitError
+from fedsplit.protocol.horizontal_wire import reply_site
+from fedsplit.protocol.update import Update
+from fedsplit.server.history import RunHistory
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from client.models import SiteModel
-from client.parallel.config import ParallelConfig, as_config
-from client.parallel.device_map import resolve_device_map, resolve_devices
-from client.parallel.layer_split import fit_layer_split
-from client.parallel.loop import check_inputs
-from client.parallel.replicas import train_replicas
-from client.train import fit, pick_device
+from fedsplit.client.models import SiteModel
+from fedsplit.client.parallel.config import ParallelConfig, as_config
+from fedsplit.client.parallel.device_map import resolve_device_map, resolve_devices
+from fedsplit.client.parallel.layer_split import fit_layer_split
+from fedsplit.client.parallel.loop import check_inputs
+from fedsplit.client.parallel.replicas import train_replicas
+from fedsplit.client.train import fit, pick_device
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def fit_parallel(
         # imported here, not with the agent: torch.distributed.pipelining pulls in FSDP and
         # torch.distributed._shard, whose circular imports deadlock (`_DeadlockError`) when
         # Flower's simulation loads the ClientApp while the coordinator's thread imports Opacus
-        from client.parallel.pipeline import train_pipeline
+        from fedsplit.client.parallel.pipeline import train_pipeline
 
         run = train_pipeline(model, x, y, device_map=device_map, devices=devices,
                              microbatches=cfg.microbatches, start_method=cfg.start_method,

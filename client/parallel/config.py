@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 MODES = ("none", "data", "model", "pipeline")
 START_METHODS = ("auto", "fork", "spawn")

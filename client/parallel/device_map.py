@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.models import SiteModel
-from protocol.errors import ConfigError
+from fedsplit.client.models import SiteModel
+from fedsplit.protocol.errors import ConfigError
 
 _RANGE = re.compile(r"^(?P<prefix>[a-z_]+)\.(?P<lo>\d+)-(?P<hi>\d+)$")
 

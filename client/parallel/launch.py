@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from client.models import SiteModel
-from protocol.errors import ParallelRunError
+from fedsplit.client.models import SiteModel
+from fedsplit.protocol.errors import ParallelRunError
 
 
 def free_port() -> int:

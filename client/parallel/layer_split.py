@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.models import SiteModel
-from client.parallel.device_map import DeviceMap
-from client.parallel.loop import batch_order, loss_sum, targets
+from fedsplit.client.models import SiteModel
+from fedsplit.client.parallel.device_map import DeviceMap
+from fedsplit.client.parallel.loop import batch_order, loss_sum, targets
 
 
 class LayerSplit(nn.Module):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.models import SiteModel
+from fedsplit.client.models import SiteModel
 
 IGNORE = -100  # target of padding rows (classification); regression pads with NaN
 
@@ -46,7 +46,7 @@ def loss_sum(task: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor
 
 def check_inputs(x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int) -> None:
     """Refuse what fit would silently mishandle in a multi-process run."""
-    from protocol.errors import ConfigError
+    from fedsplit.protocol.errors import ConfigError
 
     if len(x) != len(y) or len(x) == 0:
         raise ConfigError(f"x and y need the same, non-zero number of rows. "

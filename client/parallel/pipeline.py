@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from client.models import SiteModel, build_model
-from client.parallel.device_map import DeviceMap
-from client.parallel.launch import WorkerRun, collect, launch, save_result
-from client.parallel.loop import IGNORE, add_proximal_grad, batch_order, loss_sum, targets
-from protocol.errors import ConfigError
+from fedsplit.client.models import SiteModel, build_model
+from fedsplit.client.parallel.device_map import DeviceMap
+from fedsplit.client.parallel.launch import WorkerRun, collect, launch, save_result
+from fedsplit.client.parallel.loop import IGNORE, add_proximal_grad, batch_order, loss_sum, targets
+from fedsplit.protocol.errors import ConfigError
 
 
 def padded_rows(n: int, batch_size: int, microbatches: int) -> int:

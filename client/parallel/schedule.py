@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 MAX_SIDE = 64
 

@@ -7,11 +7,11 @@ import warnings
 import numpy as np
 import torch
 
-from client.models import SiteModel
-from client.privacy.dpsgd import check_budget, check_private_model, fit_private, plan_noise
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
-from protocol.privacy import DPSpec
+from fedsplit.client.models import SiteModel
+from fedsplit.client.privacy.dpsgd import check_budget, check_private_model, fit_private, plan_noise
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.privacy import DPSpec
 
 
 def patient_dp(cfg: RunConfig) -> DPSpec | None:

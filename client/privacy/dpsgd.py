@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from protocol.errors import ConfigError
-from protocol.privacy import DPSpec, PrivacyBudgetError
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.privacy import DPSpec, PrivacyBudgetError
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from client.secure import secagg
-from protocol import horizontal_wire as wire
-from protocol import privacy as pv
-from protocol import secure_vector as sv
-from protocol.errors import ConfigError, FederationError, UpdateError
-from protocol.update import Update
+from fedsplit.client.secure import secagg
+from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol import privacy as pv
+from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.errors import ConfigError, FederationError, UpdateError
+from fedsplit.protocol.update import Update
 
 UPDATE = "secagg-update"  # Context.state array record: this round's change
 UPDATE_COUNT = "secagg-update-count"  # Context.state config record: its count

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from protocol import secure_vector as sv
-from protocol.errors import FederationError
+from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.errors import FederationError
 
 STATE = "secagg-state"
 

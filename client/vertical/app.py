@@ -14,10 +14,10 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from client.vertical.site import SiteAgent, SiteState
-from protocol.errors import ConfigError
-from protocol.vertical.config import VerticalConfig
-from protocol.vertical.wire import c_order, from_record, to_record
+from fedsplit.client.vertical.site import SiteAgent, SiteState
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.vertical.config import VerticalConfig
+from fedsplit.protocol.vertical.wire import c_order, from_record, to_record
 
 torch.set_num_threads(1)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import ConfigError
-from protocol.vertical.table import id_column_values, read_frame
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.vertical.table import id_column_values, read_frame
 
 MAX_CATEGORIES = 20  # one-hot slots per categorical column (plus "other")
 

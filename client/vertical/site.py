@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from client.vertical.data import Preprocessor, SiteTable, read_site_table
-from client.vertical.model import Branch, build_branch
-from protocol.errors import ConfigError
-from protocol.vertical.psi import PsiSession
-from protocol.vertical.wire import Payload, check_payload, pack_points, unpack_points
+from fedsplit.client.vertical.data import Preprocessor, SiteTable, read_site_table
+from fedsplit.client.vertical.model import Branch, build_branch
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.vertical.psi import PsiSession
+from fedsplit.protocol.vertical.wire import Payload, check_payload, pack_points, unpack_points
 
 MEAN_ROW = -1  # position that stands for the site's mean (training) row: the "mean" fill
 

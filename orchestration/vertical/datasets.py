@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 ID_COLUMN = "patient_id"
 TARGET = "target"

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestration.flower_runtime import VERTICAL_COMPONENTS, simulation
-from orchestration.plots import plot_vertical
-from orchestration.vertical.datasets import write_bundled
-from orchestration.vertical.local import baselines, train_local
-from protocol.atomic import write_json_atomic
-from protocol.errors import ConfigError
-from protocol.vertical.config import FusionParams, VerticalConfig
-from server.vertical.coordinator import LabelTable, read_label_file
+from fedsplit.orchestration.flower_runtime import VERTICAL_COMPONENTS, simulation
+from fedsplit.orchestration.plots import plot_vertical
+from fedsplit.orchestration.vertical.datasets import write_bundled
+from fedsplit.orchestration.vertical.local import baselines, train_local
+from fedsplit.protocol.atomic import write_json_atomic
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.vertical.config import FusionParams, VerticalConfig
+from fedsplit.server.vertical.coordinator import LabelTable, read_label_file
 
 FILLS = ("nearest", "mean", "zero", "drop")
 

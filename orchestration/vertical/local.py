@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from client.vertical.site import SiteAgent, SiteState
-from orchestration.selection import BestRound, selection_metric
-from protocol.vertical.config import FusionParams
-from protocol.vertical.table import id_column_values, read_frame
-from protocol.vertical.wire import Payload, check_payload, from_record, to_record
-from server.vertical.coordinator import LabelTable, VerticalCoordinator, split_rows
+from fedsplit.client.vertical.site import SiteAgent, SiteState
+from fedsplit.orchestration.selection import BestRound, selection_metric
+from fedsplit.protocol.vertical.config import FusionParams
+from fedsplit.protocol.vertical.table import id_column_values, read_frame
+from fedsplit.protocol.vertical.wire import Payload, check_payload, from_record, to_record
+from fedsplit.server.vertical.coordinator import LabelTable, VerticalCoordinator, split_rows
 
 #: Share of a baseline's training rows cut off to choose how many rounds it keeps.
 BASELINE_VAL_FRACTION = 0.2

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from client.vertical.data import Preprocessor, read_site_table
-from client.vertical.model import Branch, build_branch
-from protocol.errors import ConfigError
-from protocol.vertical.psi import PsiSession
-from server.vertical.coordinator import read_label_file
-from server.vertical.head import FusionHead
+from fedsplit.client.vertical.data import Preprocessor, read_site_table
+from fedsplit.client.vertical.model import Branch, build_branch
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.vertical.psi import PsiSession
+from fedsplit.server.vertical.coordinator import read_label_file
+from fedsplit.server.vertical.head import FusionHead
 
 
 def align_sites(ids: Sequence[Sequence[str]]) -> np.ndarray:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 Fill = Literal["nearest", "mean", "zero", "drop"]
 

@@ -27,7 +27,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 try:
     import private_set_intersection.python as _psi

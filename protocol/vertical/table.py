@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 POINT_BYTES = 33
 

@@ -10,17 +10,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from aggregation.errors import (
+from fedsplit.aggregation.errors import (
     AggregationError,
     IncompatibleUpdatesError,
     NotEnoughUpdatesError,
     StrategyParamsError,
     UnknownStrategyError,
 )
-from protocol.errors import ConfigError, FedsplitError, UpdateError, WeightFileError
-from server.admin.config import AdminSettings
-from server.admin.context import AdminContext
-from server.admin.errors import (
+from fedsplit.protocol.errors import ConfigError, FedsplitError, UpdateError, WeightFileError
+from fedsplit.server.admin.config import AdminSettings
+from fedsplit.server.admin.context import AdminContext
+from fedsplit.server.admin.errors import (
     AuthenticationError,
     ConflictError,
     NotFoundError,
@@ -28,9 +28,9 @@ from server.admin.errors import (
     UploadRefusedError,
     UploadTooLargeError,
 )
-from server.admin.routes import health, rounds, uploads
-from server.admin.sandbox import Sandbox
-from server.admin.ui import install_ui
+from fedsplit.server.admin.routes import health, rounds, uploads
+from fedsplit.server.admin.sandbox import Sandbox
+from fedsplit.server.admin.ui import install_ui
 
 API_PREFIX = "/api/v1"
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.admin.errors import AuthenticationError, PermissionDeniedError
-from server.admin.security import hash_token, same_hash
-from server.admin.tables import Site
+from fedsplit.server.admin.errors import AuthenticationError, PermissionDeniedError
+from fedsplit.server.admin.security import hash_token, same_hash
+from fedsplit.server.admin.tables import Site
 
 ADMIN = "admin"
 SITE = "site"

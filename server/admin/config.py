@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 ADMIN_TOKEN_ENV = "FEDSPLIT_ADMIN_TOKEN"
 ADMIN_TOKEN_FILE_ENV = "FEDSPLIT_ADMIN_TOKEN_FILE"

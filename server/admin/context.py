@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.admin.config import AdminSettings
-from server.admin.metrics import AdminMetrics
-from server.admin.sandbox import Sandbox
-from server.admin.security import hash_token
-from server.admin.storage import FileStore
-from server.admin.store import make_engine, make_sessionmaker
+from fedsplit.server.admin.config import AdminSettings
+from fedsplit.server.admin.metrics import AdminMetrics
+from fedsplit.server.admin.sandbox import Sandbox
+from fedsplit.server.admin.security import hash_token
+from fedsplit.server.admin.storage import FileStore
+from fedsplit.server.admin.store import make_engine, make_sessionmaker
 
 
 @dataclass

@@ -9,9 +9,9 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from server.admin.auth import Principal, authenticate, require_admin, require_site
-from server.admin.context import AdminContext
-from server.admin.schemas import MAX_ID
+from fedsplit.server.admin.auth import Principal, authenticate, require_admin, require_site
+from fedsplit.server.admin.context import AdminContext
+from fedsplit.server.admin.schemas import MAX_ID
 
 _bearer = HTTPBearer(auto_error=False, description="Admin token or a site token.")
 

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from protocol.errors import AdminError
+from fedsplit.protocol.errors import AdminError
 
 
 class AuthenticationError(AdminError):

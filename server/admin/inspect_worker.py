@@ -17,14 +17,14 @@ import resource
 from collections.abc import Sequence
 from pathlib import Path
 
-from protocol import h5safety
-from protocol.arrays import ArraySpec, layout_difference
-from protocol.errors import FedsplitError, UpdateError, WeightFileError
-from protocol.keras_layout import FEDSPLIT, open_upload
-from protocol.update import Update
-from protocol.weights import open_weights, write_weights
-from server.admin.errors import UploadRefusedError
-from server.admin.inspection import InspectRequest, InspectResult, Parsed, Refused, result_to_json
+from fedsplit.protocol import h5safety
+from fedsplit.protocol.arrays import ArraySpec, layout_difference
+from fedsplit.protocol.errors import FedsplitError, UpdateError, WeightFileError
+from fedsplit.protocol.keras_layout import FEDSPLIT, open_upload
+from fedsplit.protocol.update import Update
+from fedsplit.protocol.weights import open_weights, write_weights
+from fedsplit.server.admin.errors import UploadRefusedError
+from fedsplit.server.admin.inspection import InspectRequest, InspectResult, Parsed, Refused, result_to_json
 
 #: Advice every model-mismatch refusal ends with.
 MISMATCH_HINT = (

@@ -14,9 +14,9 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from protocol.arrays import ArraySpec
-from protocol.errors import FedsplitError
-from protocol.keras_layout import KerasLayout
+from fedsplit.protocol.arrays import ArraySpec
+from fedsplit.protocol.errors import FedsplitError
+from fedsplit.protocol.keras_layout import KerasLayout
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
-from server.admin.errors import UploadRefusedError, UploadTooLargeError
+from fedsplit.server.admin.errors import UploadRefusedError, UploadTooLargeError
 
 FILE_FIELD = "file"
 _FORM_FIELD_MAX = 1024

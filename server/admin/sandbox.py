@@ -27,8 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from server.admin.errors import UploadRefusedError
-from server.admin.inspection import InspectRequest, InspectResult, Parsed, Refused, result_from_json
+from fedsplit.server.admin.errors import UploadRefusedError
+from fedsplit.server.admin.inspection import InspectRequest, InspectResult, Parsed, Refused, result_from_json
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Sandbox:
         env["PYTHONPATH"] = os.pathsep.join([str(_REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["OMP_NUM_THREADS"] = "1"
         self._zygote = subprocess.Popen(
-            [sys.executable, "-m", "server.admin.zygote"],
+            [sys.executable, "-m", "fedsplit.server.admin.zygote"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

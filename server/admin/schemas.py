@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.arrays import ArraySpec
+from fedsplit.protocol.arrays import ArraySpec
 
 #: Largest id (and count) the database stores: SQLite's signed 64-bit INTEGER.
 MAX_ID = 2**63 - 1

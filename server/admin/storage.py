@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from protocol.atomic import fsync_dir, write_json_atomic
+from fedsplit.protocol.atomic import fsync_dir, write_json_atomic
 
 
 class FileStore:

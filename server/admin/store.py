@@ -9,10 +9,10 @@ from sqlalchemy import Engine, create_engine, event, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from protocol.errors import ConfigError
-from server.admin.config import default_database_url
-from server.admin.security import hash_token, new_site_token
-from server.admin.tables import Base, Site
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.server.admin.config import default_database_url
+from fedsplit.server.admin.security import hash_token, new_site_token
+from fedsplit.server.admin.tables import Base, Site
 
 
 def make_engine(url: str) -> Engine:

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from protocol.arrays import ArraySpec
+from fedsplit.protocol.arrays import ArraySpec
 
 
 def utcnow() -> datetime:

@@ -1,6 +1,6 @@
 """The sandbox zygote: imports the parser once, then forks one short-lived child per upload.
 
-Started by `server.admin.sandbox.Sandbox` as ``python -m server.admin.zygote`` with HDF5
+Started by `server.admin.sandbox.Sandbox` as ``python -m fedsplit.server.admin.zygote`` with HDF5
 plugin loading disabled in its environment. It is single-threaded, so forking it is safe (a
 multi-threaded web server is not), and a child costs milliseconds instead of an interpreter
 start. Protocol on stdin/stdout, one JSON object a line: the parent sends
@@ -15,8 +15,8 @@ import os
 import signal
 import sys
 
-from server.admin import inspect_worker
-from server.admin.inspection import InspectRequest
+from fedsplit.server.admin import inspect_worker
+from fedsplit.server.admin.inspection import InspectRequest
 
 
 def main() -> None:

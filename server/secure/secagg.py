@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from protocol import secure_vector as sv
-from protocol.errors import FederationError
-from protocol.privacy import SecureSpec
-from server.secure import unmask
+from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.errors import FederationError
+from fedsplit.protocol.privacy import SecureSpec
+from fedsplit.server.secure import unmask
 
 
 @dataclass

@@ -29,17 +29,17 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from aggregation.base import AggregateResult, AggregationReport, SiteReport
-from protocol import privacy as pv
-from protocol import secure_vector as sv
-from protocol.errors import FedsplitError
-from protocol.horizontal_wire import reply_site
-from protocol.privacy import SecureSpec
-from protocol.update import Update
-from server.privacy import PrivateStrategy
-from server.secure import unmask
-from server.secure.secagg import SecureSum
-from server.strategy import weighted_mean
+from fedsplit.aggregation.base import AggregateResult, AggregationReport, SiteReport
+from fedsplit.protocol import privacy as pv
+from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.errors import FedsplitError
+from fedsplit.protocol.horizontal_wire import reply_site
+from fedsplit.protocol.privacy import SecureSpec
+from fedsplit.protocol.update import Update
+from fedsplit.server.privacy import PrivateStrategy
+from fedsplit.server.secure import unmask
+from fedsplit.server.secure.secagg import SecureSum
+from fedsplit.server.strategy import weighted_mean
 
 log = logging.getLogger(__name__)
 

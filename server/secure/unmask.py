@@ -35,8 +35,8 @@ from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
-from protocol import secure_vector as sv
-from protocol.errors import ConfigError
+from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import ConfigError
-from protocol.vertical.config import FusionParams
-from protocol.vertical.psi import PsiSession
-from protocol.vertical.table import id_column_values, infer_task, read_frame
-from protocol.vertical.wire import Payload, pack_points, unpack_points
-from server.vertical.head import FusionHead
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.vertical.config import FusionParams
+from fedsplit.protocol.vertical.psi import PsiSession
+from fedsplit.protocol.vertical.table import id_column_values, infer_task, read_frame
+from fedsplit.protocol.vertical.wire import Payload, pack_points, unpack_points
+from fedsplit.server.vertical.head import FusionHead
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocol.errors import ConfigError, ReplyError
+from fedsplit.protocol.errors import ConfigError, ReplyError
 
 
 class FusionHead:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from protocol import Update, write_weights
-from server.admin.app import create_app
-from server.admin.config import AdminSettings
-from server.admin.sandbox import Sandbox
-from server.admin.store import add_site
+from fedsplit.protocol import Update, write_weights
+from fedsplit.server.admin.app import create_app
+from fedsplit.server.admin.config import AdminSettings
+from fedsplit.server.admin.sandbox import Sandbox
+from fedsplit.server.admin.store import add_site
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 

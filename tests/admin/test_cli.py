@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cli.app import app as fedsplit_app
-from cli.errors import run_guarded
-from protocol import read_weights
+from fedsplit.cli.app import app as fedsplit_app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.protocol import read_weights
 
 
 def test_export_writes_the_float_parameters(tmp_path, capsys):

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.app import app as fedsplit_app
-from cli.errors import run_guarded
-from protocol.errors import UploadFailedError
-from server.admin.store import add_site
+from fedsplit.cli.app import app as fedsplit_app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.protocol.errors import UploadFailedError
+from fedsplit.server.admin.store import add_site
 from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, raw_weights, write_model
 
 REPO = Path(__file__).resolve().parents[2]

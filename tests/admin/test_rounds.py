@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from protocol import read_weights
+from fedsplit.protocol import read_weights
 from tests.admin.conftest import ADMIN, bearer, create_round, post_file, write_model
 
 

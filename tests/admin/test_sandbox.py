@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocol.arrays import ArraySpec
-from server.admin.errors import UploadRefusedError
-from server.admin.inspection import (
+from fedsplit.protocol.arrays import ArraySpec
+from fedsplit.server.admin.errors import UploadRefusedError
+from fedsplit.server.admin.inspection import (
     InspectRequest,
     Parsed,
     Refused,
     result_from_json,
     result_to_json,
 )
-from server.admin.sandbox import Sandbox
+from fedsplit.server.admin.sandbox import Sandbox
 from tests.admin.conftest import ADMIN, create_round, post_file, write_model
 
 SPECS = (ArraySpec("w", (2, 3), np.dtype("float32")), ArraySpec("b", (2,), np.dtype("float16")))
@@ -71,7 +71,7 @@ def test_sandbox_that_cannot_set_its_limits_refuses_to_parse(
     """setrlimit really fails (an address-space limit beyond what the kernel can hold): refused."""
     source = write_model(tmp_path / "a.h5")
     dest = tmp_path / "canonical.h5"
-    caplog.set_level(logging.ERROR, logger="server.admin.sandbox")
+    caplog.set_level(logging.ERROR, logger="fedsplit.server.admin.sandbox")
     with pytest.raises(UploadRefusedError) as refused:
         sandbox.inspect(source, dest, request(memory_mb=2**44))
     caught = refused.value
@@ -88,7 +88,7 @@ def test_upload_is_refused_when_the_sandbox_has_no_limits(
     client = make_client(parse_memory_mb=2**44)
     token = site_token("hospital-a")
     rnd = create_round(client)
-    caplog.set_level(logging.ERROR, logger="server.admin.sandbox")
+    caplog.set_level(logging.ERROR, logger="fedsplit.server.admin.sandbox")
     response = post_file(client, rnd["id"], token, write_model(tmp_path / "a.h5"))
     assert response.status_code == 422
     assert response.json()["reason"] == "sandbox_limits"

@@ -23,10 +23,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from server.admin.app import create_app
-from server.admin.config import AdminSettings
-from server.admin.sandbox import Sandbox
-from server.admin.store import add_site
+from fedsplit.server.admin.app import create_app
+from fedsplit.server.admin.config import AdminSettings
+from fedsplit.server.admin.sandbox import Sandbox
+from fedsplit.server.admin.store import add_site
 from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, post_file, write_model
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,

@@ -6,7 +6,7 @@ import sqlite3
 
 from sqlalchemy import inspect
 
-from server.admin.store import make_engine
+from fedsplit.server.admin.store import make_engine
 from tests.admin.conftest import ADMIN, create_round, post_file, write_model
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from protocol import Update
+from fedsplit.protocol import Update
 
 SHAPES = [(3, 4), (5,), (), (2, 3, 2)]
 

@@ -9,11 +9,11 @@ import h5py
 import numpy as np
 import pytest
 
-from cli.aggregate import parse_bytes
-from cli.app import app
-from cli.errors import run_guarded
-from protocol import ConfigError, Update, read_weights, write_weights
-from protocol.errors import AggregationError
+from fedsplit.cli.aggregate import parse_bytes
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.protocol import ConfigError, Update, read_weights, write_weights
+from fedsplit.protocol.errors import AggregationError
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation._blocks import DEFAULT_MEMORY_BUDGET, plan_blocks, plan_stack
-from aggregation.errors import AggregationError
-from protocol import open_weights, write_weights
-from protocol.arrays import ArraySpec
+from fedsplit import aggregation
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET, plan_blocks, plan_stack
+from fedsplit.aggregation.errors import AggregationError
+from fedsplit.protocol import open_weights, write_weights
+from fedsplit.protocol.arrays import ArraySpec
 
 ROBUST = [
     ("median", {}),
@@ -128,7 +128,7 @@ def test_worker_threads_give_the_same_bits(h, monkeypatch, tmp_path: Path, name,
     With no size threshold the stacks are filled by the threads too, from memory and from
     weight files alike.
     """
-    from aggregation import _threads
+    from fedsplit.aggregation import _threads
 
     monkeypatch.setattr(_threads, "THREADED_FROM", 0)
     updates = h.make_updates(9, shapes=[(40, 300), (7,)], seed=21)
@@ -174,7 +174,7 @@ def test_report_distances_equal_direct_computation(h, monkeypatch, threads) -> N
     With 3 threads and no size threshold, the guard's scans and the distance pass run in the
     pool too, and a NaN update among them is still the one excluded.
     """
-    from aggregation import _threads
+    from fedsplit.aggregation import _threads
 
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", threads)
     monkeypatch.setattr(_threads, "THREADED_FROM", 0)
@@ -197,7 +197,7 @@ def test_forked_child_gets_its_own_worker_pool(h, monkeypatch) -> None:
     """After the parent used its pool, a forked child still aggregates on threads (no hang)."""
     import multiprocessing
 
-    from aggregation import _threads
+    from fedsplit.aggregation import _threads
 
     monkeypatch.setattr(_threads, "THREADED_FROM", 0)
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "2")

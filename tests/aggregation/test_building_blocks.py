@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation.building_blocks import (
+from fedsplit import aggregation
+from fedsplit.aggregation.building_blocks import (
     distances_to,
     inputs_of,
     site_reports,
     weighted_mean,
 )
-from aggregation.errors import AggregationError, NotEnoughUpdatesError
-from protocol import open_weights, write_weights
+from fedsplit.aggregation.errors import AggregationError, NotEnoughUpdatesError
+from fedsplit.protocol import open_weights, write_weights
 
 
 def _flat(arrays) -> np.ndarray:

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation import _ckernels
-from aggregation.building_blocks import GROUP, distances_to, file_block, weighted_mean
-from protocol import WeightFileError, open_weights, write_weights
+from fedsplit import aggregation
+from fedsplit.aggregation import _ckernels
+from fedsplit.aggregation.building_blocks import GROUP, distances_to, file_block, weighted_mean
+from fedsplit.protocol import WeightFileError, open_weights, write_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -191,7 +191,7 @@ def test_a_fresh_directory_builds_once_and_later_processes_load_it(tmp_path: Pat
 def test_a_failed_build_is_recorded_and_auto_falls_back_to_numpy(tmp_path: Path) -> None:
     """No C compiler: the reason is kept, auto runs numpy, compiled fails naming the fix."""
     env = {**os.environ, "FEDSPLIT_KERNEL_DIR": str(tmp_path / "k"), "CC": str(tmp_path / "no-cc")}
-    build = subprocess.run([sys.executable, "-m", "aggregation._ckernels"], cwd=ROOT, env=env,
+    build = subprocess.run([sys.executable, "-m", "fedsplit.aggregation._ckernels"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=180)
     assert build.returncode == 1
     assert "not built" in build.stderr and "install a C compiler" in build.stderr

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation._device import TorchDevice, resolve
-from aggregation.errors import AggregationError
-from protocol import open_weights, write_weights
+from fedsplit import aggregation
+from fedsplit.aggregation._device import TorchDevice, resolve
+from fedsplit.aggregation.errors import AggregationError
+from fedsplit.protocol import open_weights, write_weights
 
 RULES = [
     ("fedavg", {}),

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation import IncompatibleUpdatesError, StrategyParamsError, UnknownStrategyError
-from protocol import Update, open_weights, write_weights
+from fedsplit import aggregation
+from fedsplit.aggregation import IncompatibleUpdatesError, StrategyParamsError, UnknownStrategyError
+from fedsplit.protocol import Update, open_weights, write_weights
 
 
 def make_updates(rng: np.random.Generator, counts: list[int], dtype=np.float32) -> list[Update]:
@@ -109,7 +109,7 @@ def test_many_updates_sum_in_float64_across_groups(monkeypatch) -> None:
     A float32 running sum of 1000 terms of 1e-4 drifts by about 150 ulp; summing groups of
     `GROUP` updates in float32 and the groups in float64 keeps it at float32 rounding (2 ulp).
     """
-    from aggregation import building_blocks
+    from fedsplit.aggregation import building_blocks
 
     value = np.float32(0.1)
     updates = [Update({"w": np.full(64, value, np.float32)}, num_examples=1) for _ in range(1000)]
@@ -124,7 +124,7 @@ def test_many_updates_sum_in_float64_across_groups(monkeypatch) -> None:
 
 def test_threads_and_blocks_give_the_same_bits(rng, monkeypatch) -> None:
     """Blocks shared out among threads, from memory and from files: one and the same result."""
-    from aggregation import _threads, building_blocks
+    from fedsplit.aggregation import _threads, building_blocks
 
     updates = make_updates(rng, [5, 7, 11, 13, 17])
     monkeypatch.setattr(building_blocks, "BLOCK", 7)  # several blocks per parameter

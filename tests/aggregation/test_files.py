@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation.errors import AggregationError
-from aggregation.files import aggregate_files, report_path_for
-from protocol import Update, read_weights, write_weights
-from protocol.arrays import specs_of
+from fedsplit import aggregation
+from fedsplit.aggregation.errors import AggregationError
+from fedsplit.aggregation.files import aggregate_files, report_path_for
+from fedsplit.protocol import Update, read_weights, write_weights
+from fedsplit.protocol.arrays import specs_of
 
 
 def write(tmp: Path, name: str, value: float, count: int, **fields) -> Path:

@@ -14,7 +14,7 @@ from flwr.server.strategy.aggregate import (
     aggregate_trimmed_avg,
 )
 
-import aggregation
+from fedsplit import aggregation
 
 DTYPES = [np.float16, np.float32, np.float64]
 CASES = range(60)

@@ -8,10 +8,10 @@ import h5py
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation.errors import AggregationError, IncompatibleUpdatesError, NotEnoughUpdatesError
-from aggregation.guard import guard_updates
-from protocol import Update, open_weights, write_weights
+from fedsplit import aggregation
+from fedsplit.aggregation.errors import AggregationError, IncompatibleUpdatesError, NotEnoughUpdatesError
+from fedsplit.aggregation.guard import guard_updates
+from fedsplit.protocol import Update, open_weights, write_weights
 
 
 def _poison(update: Update, name: str, value: float) -> Update:

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation._kernels import batcher_network, mode, selection_network
-from aggregation.errors import AggregationError
-from protocol import open_weights, write_weights
+from fedsplit import aggregation
+from fedsplit.aggregation._kernels import batcher_network, mode, selection_network
+from fedsplit.aggregation.errors import AggregationError
+from fedsplit.protocol import open_weights, write_weights
 
 pytest.importorskip("numba")
 
@@ -174,7 +174,7 @@ def test_kernels_work_from_a_read_only_install(tmp_path: Path) -> None:
 
 def test_streamed_passes_take_the_c_kernels_and_stacked_ones_numba(monkeypatch) -> None:
     """auto: the streamed passes use the C kernels (no start-up to pay for); numpy: neither."""
-    from aggregation import _ckernels, _kernels
+    from fedsplit.aggregation import _ckernels, _kernels
 
     monkeypatch.delenv("FEDSPLIT_AGG_KERNELS", raising=False)
     streamed = _kernels.streamed()

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation import _blocks
-from aggregation._order import _OrderReducer
-from aggregation.building_blocks import distances_to
-from aggregation.krum import GRAM_TILE, GramReducer
-from protocol import Update, open_weights, write_weights
+from fedsplit import aggregation
+from fedsplit.aggregation import _blocks
+from fedsplit.aggregation._order import _OrderReducer
+from fedsplit.aggregation.building_blocks import distances_to
+from fedsplit.aggregation.krum import GRAM_TILE, GramReducer
+from fedsplit.protocol import Update, open_weights, write_weights
 
 pytest.importorskip("numba")
 
@@ -185,7 +185,7 @@ def test_fedavg_distances_in_the_mean_pass_equal_the_distance_pass(tmp_path: Pat
 
 
 def test_aggregate_updates_fills_fedavg_distances_from_the_fused_pass(monkeypatch):
-    import aggregation.run as run
+    import fedsplit.aggregation.run as run
 
     def refuse(*args, **kw):  # the separate distance pass must not run
         raise AssertionError("distances_to ran")

@@ -8,11 +8,11 @@ import h5py
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation import guard as guard_module
-from aggregation._blocks import BlockReader, ValueWatch, Watched, plan_blocks
-from aggregation.guard import guard_updates
-from protocol import open_weights, write_weights
+from fedsplit import aggregation
+from fedsplit.aggregation import guard as guard_module
+from fedsplit.aggregation._blocks import BlockReader, ValueWatch, Watched, plan_blocks
+from fedsplit.aggregation.guard import guard_updates
+from fedsplit.protocol import open_weights, write_weights
 
 RULES = ["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "geometric-median"]
 
@@ -107,7 +107,7 @@ def test_guard_with_a_watch_defers_the_scan_and_reads_flag_it(h) -> None:
 
 def test_weighted_mean_output_check_flags_a_nan_even_with_weight_zero(h) -> None:
     """0 * NaN is NaN: a finite weighted sum proves every input finite, whatever the weights."""
-    from aggregation.building_blocks import weighted_mean
+    from fedsplit.aggregation.building_blocks import weighted_mean
 
     updates = h.make_updates(3, seed=7)
     updates[2].arrays["p1"] = updates[2].arrays["p1"].copy()
@@ -153,8 +153,8 @@ needs_smaps = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="
 def test_done_values_are_dropped_in_runs_and_at_the_end(tmp_path, monkeypatch) -> None:
     """`unmap` drops pages once `UNMAP_RUN_BYTES` are done (not block by block); `drop_done`
     drops the rest; the values read the same afterwards."""
-    from protocol import Update
-    from protocol import weights as weights_module
+    from fedsplit.protocol import Update
+    from fedsplit.protocol import weights as weights_module
 
     monkeypatch.setattr(weights_module, "UNMAP_RUN_BYTES", 1024 * 1024)
     monkeypatch.setattr(weights_module, "UNMAP_TOTAL_BYTES", 2**40)
@@ -180,7 +180,7 @@ def test_done_values_are_dropped_in_runs_and_at_the_end(tmp_path, monkeypatch) -
 def test_runs_shorten_when_many_files_are_mapped(h, tmp_path, monkeypatch) -> None:
     """The run of done pages a file drops at once is `UNMAP_RUN_BYTES`, shorter when more files
     are mapped than `UNMAP_TOTAL_BYTES` allows runs for, never under `UNMAP_MIN_RUN_BYTES`."""
-    from protocol import weights as weights_module
+    from fedsplit.protocol import weights as weights_module
 
     monkeypatch.setattr(weights_module, "UNMAP_RUN_BYTES", 4 << 20)
     monkeypatch.setattr(weights_module, "UNMAP_MIN_RUN_BYTES", 1 << 20)
@@ -206,7 +206,7 @@ def test_runs_shorten_when_many_files_are_mapped(h, tmp_path, monkeypatch) -> No
 @needs_smaps
 def test_a_pass_leaves_no_done_block_resident(h, tmp_path) -> None:
     """After FedAvg's pass over mapped files, none of their blocks stays in the process."""
-    from aggregation.building_blocks import weighted_mean
+    from fedsplit.aggregation.building_blocks import weighted_mean
 
     updates = h.make_updates(3, shapes=[(600, 500)], seed=12)  # 1.2 MB each
     paths = [write_weights(u, tmp_path / f"{u.site}.h5").resolve() for u in updates]

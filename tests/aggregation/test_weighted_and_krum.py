@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import aggregation
-from aggregation._order import weighted_median, weighted_trimmed_mean
-from aggregation.errors import NotEnoughUpdatesError
-from aggregation.krum import squared_distances
+from fedsplit import aggregation
+from fedsplit.aggregation._order import weighted_median, weighted_trimmed_mean
+from fedsplit.aggregation.errors import NotEnoughUpdatesError
+from fedsplit.aggregation.krum import squared_distances
 
 
 def _brute_weighted_median(values: np.ndarray, counts: np.ndarray) -> float:
@@ -99,8 +99,8 @@ def test_big_count_cannot_move_weighted_median_past_others_below_half(h) -> None
 
 def test_gram_distances_equal_pairwise_brute_force(h) -> None:
     """Squared distances from the blockwise, centred Gram matrix equal direct computation."""
-    from aggregation._blocks import run_stacked
-    from aggregation.krum import GramReducer
+    from fedsplit.aggregation._blocks import run_stacked
+    from fedsplit.aggregation.krum import GramReducer
 
     updates = h.make_updates(6, dtype=np.float64, seed=15)
     for u in updates:  # a large common offset: centring keeps the small differences exact

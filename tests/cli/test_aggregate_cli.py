@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
-from protocol import Update, read_weights, write_weights
-from protocol.errors import AggregationError, WeightFileError
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.protocol import Update, read_weights, write_weights
+from fedsplit.protocol.errors import AggregationError, WeightFileError
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cli.app import COMMANDS, app
-from protocol import Update, write_weights
+from fedsplit.cli.app import COMMANDS, app
+from fedsplit.protocol import Update, write_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 #: kernel, how many signatures it has loaded.
 PROBE = """
 import json, sys
-from cli.app import app
-from cli.errors import run_guarded
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
 code = run_guarded(app, sys.argv[1:])
 loaded = {}
-kernels = sys.modules.get("aggregation._numba_kernels")
+kernels = sys.modules.get("fedsplit.aggregation._numba_kernels")
 if kernels is not None:
     from numba.core.registry import CPUDispatcher
     loaded = {n: len(v.overloads) for n, v in vars(kernels).items()
@@ -93,8 +93,8 @@ def test_median_loads_only_its_kernel_from_the_cache_without_numbas_refresh(file
 KERNEL_CASES = """
 import sys
 import numpy as np
-from aggregation import get_strategy
-from protocol import Update
+from fedsplit.aggregation import get_strategy
+from fedsplit.protocol import Update
 rng = np.random.default_rng(5)
 ups = [Update({"w": rng.normal(size=(300, 40)).astype(np.float32)}, num_examples=5 + k,
               site=f"h{k}") for k in range(9)]
@@ -135,8 +135,8 @@ def test_help_loads_only_the_command_asked_for() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     modules = done.stdout.strip().splitlines()[-1]
-    assert "'cli.aggregate'" in modules
-    for other in ("cli.simulate", "cli.up", "cli.upload", "cli.vertical", "cli.admin"):
+    assert "'fedsplit.cli.aggregate'" in modules
+    for other in ("fedsplit.cli.simulate", "fedsplit.cli.up", "fedsplit.cli.upload", "fedsplit.cli.vertical", "fedsplit.cli.admin"):
         assert f"'{other}'" not in modules
 
 
@@ -172,7 +172,7 @@ def test_unknown_command_suggests_the_close_one() -> None:
 MAIN_PROBE = """
 import atexit, sys
 atexit.register(lambda: print("teardown ran", file=sys.stderr, flush=True))
-from cli.app import main
+from fedsplit.cli.app import main
 sys.argv[0] = "fedsplit"
 main()
 """
@@ -183,7 +183,7 @@ def test_a_successful_aggregate_ends_without_the_teardown_and_loses_no_output(fi
     reaches a piped stdout, the model and report files are complete, the exit code is 0; the
     interpreter's teardown (here an exit handler) is skipped. A failing aggregate and every
     other command end normally, teardown included."""
-    from protocol import open_weights
+    from fedsplit.protocol import open_weights
 
     out = tmp_path / "m.h5"
     done = subprocess.run(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
 
 
 @pytest.mark.parametrize(

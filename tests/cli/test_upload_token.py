@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.upload import TOKEN_ENV, read_token, upload
-from protocol.errors import ConfigError
+from fedsplit.cli.upload import TOKEN_ENV, read_token, upload
+from fedsplit.protocol.errors import ConfigError
 
 
 def test_token_file_is_read_and_stripped(tmp_path: Path) -> None:

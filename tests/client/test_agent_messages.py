@@ -11,14 +11,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.app import app
-from client.data import load_bundled
-from client.models import build_model
-from protocol import RunConfig
-from protocol import horizontal_wire as wire
-from protocol.errors import ConfigError, ReplyError
-from protocol.stats import combine_moments
-from protocol.update import state_dict_arrays, to_array_record
+from fedsplit.client.app import app
+from fedsplit.client.data import load_bundled
+from fedsplit.client.models import build_model
+from fedsplit.protocol import RunConfig
+from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol.errors import ConfigError, ReplyError
+from fedsplit.protocol.stats import combine_moments
+from fedsplit.protocol.update import state_dict_arrays, to_array_record
 
 NODE_ID = 7
 

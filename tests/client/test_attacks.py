@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import aggregation
-from client.attacks import Attack, hostile_sites, parse_attack
-from protocol import ConfigError, Update
+from fedsplit import aggregation
+from fedsplit.client.attacks import Attack, hostile_sites, parse_attack
+from fedsplit.protocol import ConfigError, Update
 
 
 @pytest.mark.parametrize("text,expected", [

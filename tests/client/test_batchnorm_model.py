@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from client.models import ModelSpec, build_model, has_batch_norm
-from client.train import batch_bounds, fit
-from protocol import RunConfig
-from protocol.errors import ConfigError
+from fedsplit.client.models import ModelSpec, build_model, has_batch_norm
+from fedsplit.client.train import batch_bounds, fit
+from fedsplit.protocol import RunConfig
+from fedsplit.protocol.errors import ConfigError
 
 
 def test_norm_is_part_of_the_model_id_and_the_architecture() -> None:
@@ -63,7 +63,7 @@ def test_a_last_batch_of_one_row_joins_the_previous_batch_for_batch_norm() -> No
 
 def test_batch_norm_model_scores_in_eval_mode() -> None:
     """Scoring uses the running statistics, so one row can be scored."""
-    from client.train import score
+    from fedsplit.client.train import score
 
     model = build_model(ModelSpec("mlp", "regression", (3,), 1, hidden=(4,), norm="batch"), seed=1)
     result = score(model, np.ones((1, 3), np.float32), np.array([0.5]))

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from client.data import load_bundled, load_site_file, partition
-from orchestration.experiment import Experiment, prepare_sites
-from protocol import RunConfig
-from protocol.errors import ConfigError
-from protocol.schema import TableSettings
+from fedsplit.client.data import load_bundled, load_site_file, partition
+from fedsplit.orchestration.experiment import Experiment, prepare_sites
+from fedsplit.protocol import RunConfig
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.schema import TableSettings
 
 
 @pytest.mark.parametrize("scheme", ["iid", "dirichlet:0.5", "sizes:50,100,150"])

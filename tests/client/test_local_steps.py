@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client.models import ModelSpec, build_model
-from client.train import MIN_LOCAL_STEPS, batches_per_epoch, fit_steps, local_steps_per_round, step_rows
-from orchestration.experiment import baseline_steps
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
+from fedsplit.client.models import ModelSpec, build_model
+from fedsplit.client.train import MIN_LOCAL_STEPS, batches_per_epoch, fit_steps, local_steps_per_round, step_rows
+from fedsplit.orchestration.experiment import baseline_steps
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 
 
 def test_steps_per_round_default_floor_and_exact_k() -> None:

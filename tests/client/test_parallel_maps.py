@@ -7,10 +7,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cli.errors import run_guarded
-from cli.pipeline_schedule import pipeline_schedule
-from client.models import ModelSpec, SiteModel
-from client.parallel import (
+from fedsplit.cli.errors import run_guarded
+from fedsplit.cli.pipeline_schedule import pipeline_schedule
+from fedsplit.client.models import ModelSpec, SiteModel
+from fedsplit.client.parallel import (
     ParallelConfig,
     default_device_map,
     fit_parallel,
@@ -18,7 +18,7 @@ from client.parallel import (
     layer_names,
     parse_device_map,
 )
-from protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError
 
 CNN = ModelSpec("cnn", "classification", (1, 8, 8), 10)
 MLP = ModelSpec("mlp", "classification", (12,), 3)
@@ -170,6 +170,6 @@ def test_pipeline_schedule_command_refuses_bad_sizes(capsys) -> None:
 
 
 def test_pipeline_schedule_is_registered() -> None:
-    from cli.app import COMMANDS
+    from fedsplit.cli.app import COMMANDS
 
     assert "pipeline-schedule" in {name for name, _, _ in COMMANDS}

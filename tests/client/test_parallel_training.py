@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from client.models import ModelSpec, SiteModel, build_model
-from client.parallel import ParallelRunError, default_device_map, fit_parallel, parse_device_map
-from client.parallel.layer_split import LayerSplit
-from client.parallel.pipeline import train_pipeline
-from client.parallel.replicas import train_replicas
-from client.train import fit
+from fedsplit.client.models import ModelSpec, SiteModel, build_model
+from fedsplit.client.parallel import ParallelRunError, default_device_map, fit_parallel, parse_device_map
+from fedsplit.client.parallel.layer_split import LayerSplit
+from fedsplit.client.parallel.pipeline import train_pipeline
+from fedsplit.client.parallel.replicas import train_replicas
+from fedsplit.client.train import fit
 
 CNN = ModelSpec("cnn", "classification", (1, 8, 8), 10)
 MLP = ModelSpec("mlp", "classification", (12,), 3)

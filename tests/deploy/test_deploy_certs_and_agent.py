@@ -11,11 +11,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from cli.app import app
-from cli.errors import run_guarded
-from orchestration.certs import make_certs
-from protocol.errors import ConfigError, ResumeMismatchError
-from server.history import RunHistory, data_changes, find_resume_point
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.orchestration.certs import make_certs
+from fedsplit.protocol.errors import ConfigError, ResumeMismatchError
+from fedsplit.server.history import RunHistory, data_changes, find_resume_point
 
 
 def test_certs_chain_san_and_node_keys(tmp_path: Path) -> None:

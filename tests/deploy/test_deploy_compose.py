@@ -18,7 +18,7 @@ import pytest
 import typer
 import yaml
 
-from cli.app import app as fedsplit_app
+from fedsplit.cli.app import app as fedsplit_app
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 HOSPITALS = ("hospital-1", "hospital-2", "hospital-3")

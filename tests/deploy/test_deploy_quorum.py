@@ -11,9 +11,9 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-import aggregation
-from server.history import RunHistory
-from server.strategy import RegistryStrategy
+from fedsplit import aggregation
+from fedsplit.server.history import RunHistory
+from fedsplit.server.strategy import RegistryStrategy
 
 
 class ConnectedNodes:

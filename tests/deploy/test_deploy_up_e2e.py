@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from orchestration.certs import write_supernode_key
-from orchestration.flower_runtime import flower_env, free_port, health_url, tls_context, wait_http
-from orchestration.local_federation import fedsplit_command
-from protocol.errors import SiteAgentError
+from fedsplit.orchestration.certs import write_supernode_key
+from fedsplit.orchestration.flower_runtime import flower_env, free_port, health_url, tls_context, wait_http
+from fedsplit.orchestration.local_federation import fedsplit_command
+from fedsplit.protocol.errors import SiteAgentError
 
 # Seen in a CI-like run: after the coordinator restart, one hospital's first train reply of the
 # resumed run took 60 s (a fresh clientapp process next to the dead run's stale messages), so a

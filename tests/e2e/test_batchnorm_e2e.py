@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
-from protocol import read_weights
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.protocol import read_weights
 
 
 @pytest.mark.slow

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
-from client.data import load_heart_disease
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.client.data import load_heart_disease
 
 NAMES = ["cleveland", "hungary", "switzerland", "va"]
 

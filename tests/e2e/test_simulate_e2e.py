@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
-from orchestration.experiment import Experiment, stage_sites
-from protocol import read_weights
-from protocol.config import RunConfig
-from protocol.errors import AggregationError, ResumeMismatchError
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.orchestration.experiment import Experiment, stage_sites
+from fedsplit.protocol import read_weights
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import AggregationError, ResumeMismatchError
 
 
 @pytest.mark.slow

@@ -15,9 +15,9 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Krum, MultiKrum
 from flwr.supercore.task_identity import TaskIdentity
 
-import aggregation
-from server.history import RunHistory
-from server.strategy import RegistryStrategy
+from fedsplit import aggregation
+from fedsplit.server.history import RunHistory
+from fedsplit.server.strategy import RegistryStrategy
 
 
 @pytest.fixture(autouse=True)

@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from client.data import Dataset
-from client.site import split_site
-from client.train import score
-from orchestration.experiment import (
+from fedsplit.client.data import Dataset
+from fedsplit.client.site import split_site
+from fedsplit.client.train import score
+from fedsplit.orchestration.experiment import (
     Experiment,
     check_schema,
     encode_sites,
     prepare_tables,
     train_baseline,
 )
-from orchestration.selection import BestRound, selection_metric
-from protocol.config import RunConfig
+from fedsplit.orchestration.selection import BestRound, selection_metric
+from fedsplit.protocol.config import RunConfig
 
 
 @pytest.fixture(autouse=True)

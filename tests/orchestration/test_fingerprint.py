@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestration.experiment import Experiment, stage_sites
-from orchestration.fingerprint import data_fingerprint, fingerprint_bytes, fingerprint_file
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
+from fedsplit.orchestration.experiment import Experiment, stage_sites
+from fedsplit.orchestration.fingerprint import data_fingerprint, fingerprint_bytes, fingerprint_file
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 
 
 def _npz(compressed: bool = False, **arrays: np.ndarray) -> bytes:

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from cli.app import app
-from cli.errors import run_guarded
-from client.data import Dataset
-from client.models import ModelSpec, SiteModel, build_model
-from client.site import split_site
-from client.train import score
-from orchestration.experiment import (
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.client.data import Dataset
+from fedsplit.client.models import ModelSpec, SiteModel, build_model
+from fedsplit.client.site import split_site
+from fedsplit.client.train import score
+from fedsplit.orchestration.experiment import (
     Experiment,
     _concat,
     _fresh_model,
@@ -26,7 +26,7 @@ from orchestration.experiment import (
     run_experiment,
     train_baseline,
 )
-from orchestration.personalize import (
+from fedsplit.orchestration.personalize import (
     ALONE,
     final_bias,
     fine_tune,
@@ -35,8 +35,8 @@ from orchestration.personalize import (
     personalize,
     pooled_metrics,
 )
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 
 
 def hospitals(dataset: str, tmp_path: Path, cfg: RunConfig) -> tuple[dict[str, Dataset],

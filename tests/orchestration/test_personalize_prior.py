@@ -11,13 +11,13 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from cli.app import app
-from cli.errors import run_guarded
-from client.data import Dataset
-from client.models import SiteModel
-from client.train import score
-from orchestration.experiment import _concat, train_baseline
-from orchestration.personalize import (
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.client.data import Dataset
+from fedsplit.client.models import SiteModel
+from fedsplit.client.train import score
+from fedsplit.orchestration.experiment import _concat, train_baseline
+from fedsplit.orchestration.personalize import (
     PRIOR,
     PRIOR_TEST_LEVEL,
     final_bias,
@@ -26,8 +26,8 @@ from orchestration.personalize import (
     prior_test,
     resolve_scope,
 )
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 from tests.orchestration.test_personalize import hospitals
 
 
@@ -167,7 +167,7 @@ def test_a_hospital_without_rows_is_refused(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_simulate_records_the_prior_test_in_the_summary(tmp_path: Path) -> None:
     # Prepare: a short real federation (Flower simulation), label-skewed hospitals
-    from orchestration.experiment import Experiment, run_experiment
+    from fedsplit.orchestration.experiment import Experiment, run_experiment
 
     cfg = RunConfig(num_server_rounds=1, local_steps=3, seed=0, target="target", hidden="none")
     exp = Experiment(cfg=cfg, out=tmp_path / "run", dataset="wine", num_sites=3,

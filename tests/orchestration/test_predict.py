@@ -8,16 +8,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
-from client.data import encode_table, local_schema
-from client.models import ModelSpec, build_model
-from client.train import fit, set_statistics
-from protocol import Update, read_weights, write_weights
-from protocol.errors import ConfigError, WeightFileError
-from protocol.schema import TableSettings
-from protocol.stats import combine_moments, moments
-from protocol.weights import read_schema
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.client.data import encode_table, local_schema
+from fedsplit.client.models import ModelSpec, build_model
+from fedsplit.client.train import fit, set_statistics
+from fedsplit.protocol import Update, read_weights, write_weights
+from fedsplit.protocol.errors import ConfigError, WeightFileError
+from fedsplit.protocol.schema import TableSettings
+from fedsplit.protocol.stats import combine_moments, moments
+from fedsplit.protocol.weights import read_schema
 
 SETTINGS = TableSettings(target="disease", id_column="id", min_category_count=2)
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from orchestration import site_agent
-from protocol.errors import SiteAgentError
+from fedsplit.orchestration import site_agent
+from fedsplit.protocol.errors import SiteAgentError
 
 # A stand-in SuperNode: Flower's refusal line, then a long traceback (as Flower 1.42 prints), exit 1.
 REFUSED = (

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 from flwr.app import RecordDict
 
-from client.secure import secagg
-from protocol.privacy import SecureSpec
-from server.secure.secagg import SecureSum
+from fedsplit.client.secure import secagg
+from fedsplit.protocol.privacy import SecureSpec
+from fedsplit.server.secure.secagg import SecureSum
 
 
 class Node:

@@ -7,18 +7,18 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from client.data import Dataset
-from client.models import ModelSpec, build_model
-from client.train import fit, set_statistics
-from orchestration.privacy_audit import (
+from fedsplit.client.data import Dataset
+from fedsplit.client.models import ModelSpec, build_model
+from fedsplit.client.train import fit, set_statistics
+from fedsplit.orchestration.privacy_audit import (
     AuditSite,
     attack_metrics,
     auc_intervals,
     audit_model,
     membership_metrics,
 )
-from protocol.config import RunConfig
-from protocol.errors import ConfigError
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 
 CFG = RunConfig(num_server_rounds=2, local_epochs=1, lr=0.01, batch_size=16, hidden="16")
 GROUP_KEYS = {"auc", "ci95", "tpr_at_1pct_fpr", "attack", "members", "non_members", "attacks"}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
-from protocol.errors import ConfigError
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.protocol.errors import ConfigError
 
 
 @pytest.mark.slow

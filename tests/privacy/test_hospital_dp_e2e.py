@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
-from protocol.weights import read_weights
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.protocol.weights import read_weights
 
 
 def _simulate(out: Path, *extra: str) -> dict:

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from aggregation import aggregate_updates
-from aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams, plan_sigma, spent
-from client.models import ModelSpec, build_model
-from client.privacy import check_budget, fit_private, plan_noise, spent_epsilon
-from protocol import secure_vector as sv
-from protocol.errors import ConfigError, UpdateError
-from protocol.privacy import DPSpec, PrivacyBudgetError, SecureSpec, check_run
-from protocol.update import Update
+from fedsplit.aggregation import aggregate_updates
+from fedsplit.aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams, plan_sigma, spent
+from fedsplit.client.models import ModelSpec, build_model
+from fedsplit.client.privacy import check_budget, fit_private, plan_noise, spent_epsilon
+from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.errors import ConfigError, UpdateError
+from fedsplit.protocol.privacy import DPSpec, PrivacyBudgetError, SecureSpec, check_run
+from fedsplit.protocol.update import Update
 from tests.privacy.secure_harness import secure_sum
 
 

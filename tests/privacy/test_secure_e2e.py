@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
-from protocol import read_weights
-from protocol.errors import ConfigError
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.protocol import read_weights
+from fedsplit.protocol.errors import ConfigError
 
 
 def _simulate(out: Path, *extra: str) -> dict:

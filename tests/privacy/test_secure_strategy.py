@@ -9,11 +9,11 @@ import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-import aggregation
-from client.secure.agent import UPDATE, UPDATE_COUNT, handle_query
-from protocol.privacy import SecureSpec
-from protocol.update import Update
-from server.secure.strategy import SecureStrategy
+from fedsplit import aggregation
+from fedsplit.client.secure.agent import UPDATE, UPDATE_COUNT, handle_query
+from fedsplit.protocol.privacy import SecureSpec
+from fedsplit.protocol.update import Update
+from fedsplit.server.secure.strategy import SecureStrategy
 
 
 @pytest.fixture(autouse=True)

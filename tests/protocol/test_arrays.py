@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocol.arrays import ArraySpec, layout_difference
-from protocol.errors import UpdateError
+from fedsplit.protocol.arrays import ArraySpec, layout_difference
+from fedsplit.protocol.errors import UpdateError
 
 
 def spec(name: str, shape: tuple[int, ...], dtype: str = "float32") -> ArraySpec:

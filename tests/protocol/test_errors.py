@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import aggregation
-import server.admin.errors  # noqa: F401  (defines the admin branch's subclasses)
-from protocol.errors import (
+from fedsplit import aggregation
+import fedsplit.server.admin.errors  # noqa: F401  (defines the admin branch's subclasses)
+from fedsplit.protocol.errors import (
     AggregationError,
     ConfigError,
     FedsplitError,

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from h5py import h5d, h5p, h5s, h5t
 
-from protocol import FORMAT, WeightFileError, h5safety, open_weights, read_weights
-from protocol.h5safety import UNKNOWN, check_dataset, mappable_offset, walk
-from protocol.weights import _attr
+from fedsplit.protocol import FORMAT, WeightFileError, h5safety, open_weights, read_weights
+from fedsplit.protocol.h5safety import UNKNOWN, check_dataset, mappable_offset, walk
+from fedsplit.protocol.weights import _attr
 
 ROOT_ATTRS = {"format": FORMAT, "format_version": 1, "num_examples": 10}
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from protocol.errors import ConfigError
-from protocol.schema import (
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.schema import (
     Schema,
     SiteColumns,
     TableSettings,
@@ -19,7 +19,7 @@ from protocol.schema import (
     merge_reports,
     moment_warnings,
 )
-from protocol.stats import moments
+from fedsplit.protocol.stats import moments
 
 SETTINGS = TableSettings(target="y", id_column="pid", min_category_count=3)
 

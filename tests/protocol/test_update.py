@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from protocol import RunConfig, Update, UpdateError
-from protocol.errors import ConfigError
+from fedsplit.protocol import RunConfig, Update, UpdateError
+from fedsplit.protocol.errors import ConfigError
 
 
 def test_array_record_round_trip_keeps_order_and_values() -> None:

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from protocol import (
+from fedsplit.protocol import (
     FORMAT,
     Update,
     WeightFileError,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocol import Update, WeightFileError, open_weights, write_weights
+from fedsplit.protocol import Update, WeightFileError, open_weights, write_weights
 
 
 def _update(dtype=np.float32) -> Update:

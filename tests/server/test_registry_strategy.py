@@ -10,10 +10,10 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-import aggregation
-from protocol import read_weights
-from server.history import RunHistory
-from server.strategy import RegistryStrategy
+from fedsplit import aggregation
+from fedsplit.protocol import read_weights
+from fedsplit.server.history import RunHistory
+from fedsplit.server.strategy import RegistryStrategy
 
 
 @pytest.fixture(autouse=True)

@@ -10,12 +10,12 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-import aggregation
-from aggregation.server_optimizers import ServerOptimizer
-from protocol import read_weights
-from protocol.errors import ConfigError, ResumeMismatchError
-from server.history import RunHistory, find_resume_point
-from server.strategy import RegistryStrategy
+from fedsplit import aggregation
+from fedsplit.aggregation.server_optimizers import ServerOptimizer
+from fedsplit.protocol import read_weights
+from fedsplit.protocol.errors import ConfigError, ResumeMismatchError
+from fedsplit.server.history import RunHistory, find_resume_point
+from fedsplit.server.strategy import RegistryStrategy
 
 MODEL_ID = "mlp/classification/2/2/-"
 

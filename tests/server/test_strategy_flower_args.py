@@ -12,13 +12,13 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore.task_identity import TaskIdentity
 
-import aggregation
-from protocol import RunConfig
-from protocol.errors import ConfigError
-from protocol.update import to_array_record
-from server.app import check_strategy_fits
-from server.history import RunHistory
-from server.strategy import RegistryStrategy
+from fedsplit import aggregation
+from fedsplit.protocol import RunConfig
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.update import to_array_record
+from fedsplit.server.app import check_strategy_fits
+from fedsplit.server.history import RunHistory
+from fedsplit.server.strategy import RegistryStrategy
 
 
 @pytest.fixture(autouse=True)

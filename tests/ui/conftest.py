@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from server.admin.app import create_app
-from server.admin.config import AdminSettings
-from server.admin.sandbox import Sandbox
-from server.admin.store import add_site
+from fedsplit.server.admin.app import create_app
+from fedsplit.server.admin.config import AdminSettings
+from fedsplit.server.admin.sandbox import Sandbox
+from fedsplit.server.admin.store import add_site
 from tests.admin.conftest import ADMIN_TOKEN
 
 

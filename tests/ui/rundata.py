@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol import Update, write_weights
+from fedsplit.protocol import Update, write_weights
 
 HOSTILE = '<script>alert("x")</script>&site'
 

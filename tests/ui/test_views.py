@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from protocol.errors import ConfigError
-from server.admin.ui import check_runs_dirs, view_url
-from server.admin.ui.activity import summary_line
-from server.admin.ui.charts import Series, line_chart
-from server.admin.ui.curves import primary_metric, privacy_of, run_charts
-from server.admin.ui.runs import MAX_DEPTH, RunCatalog, discover, load_run, run_id_of
-from server.admin.ui.siterows import rows_from_round
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.server.admin.ui import check_runs_dirs, view_url
+from fedsplit.server.admin.ui.activity import summary_line
+from fedsplit.server.admin.ui.charts import Series, line_chart
+from fedsplit.server.admin.ui.curves import primary_metric, privacy_of, run_charts
+from fedsplit.server.admin.ui.runs import MAX_DEPTH, RunCatalog, discover, load_run, run_id_of
+from fedsplit.server.admin.ui.siterows import rows_from_round
 from tests.ui.rundata import HOSTILE, write_hostile_run
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.vertical.datasets import SiteFiles, write_bundled
-from server.vertical.coordinator import LabelTable, read_label_file
+from fedsplit.orchestration.vertical.datasets import SiteFiles, write_bundled
+from fedsplit.server.vertical.coordinator import LabelTable, read_label_file
 
 
 @pytest.fixture

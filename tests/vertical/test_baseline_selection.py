@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestration.vertical.datasets import write_bundled
-from orchestration.vertical.local import baselines, best_round, train_baseline, validation_cut
-from protocol.vertical.config import FusionParams
-from server.vertical.coordinator import LabelTable, read_label_file, split_rows
+from fedsplit.orchestration.vertical.datasets import write_bundled
+from fedsplit.orchestration.vertical.local import baselines, best_round, train_baseline, validation_cut
+from fedsplit.protocol.vertical.config import FusionParams
+from fedsplit.server.vertical.coordinator import LabelTable, read_label_file, split_rows
 
 PARAMS = FusionParams(steps_per_round=5, embedding_dim=8, min_overlap=0.0, fill="drop")
 ROUNDS = 4

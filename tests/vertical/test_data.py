@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from client.vertical.data import Preprocessor
-from orchestration.vertical.local import local_coordinator
-from protocol.vertical.config import FusionParams
-from server.vertical.coordinator import encode_labels
+from fedsplit.client.vertical.data import Preprocessor
+from fedsplit.orchestration.vertical.local import local_coordinator
+from fedsplit.protocol.vertical.config import FusionParams
+from fedsplit.server.vertical.coordinator import encode_labels
 
 
 def test_preprocessor_uses_only_the_rows_it_is_fitted_on() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestration.vertical.local import local_coordinator
-from protocol.vertical.config import FusionParams
-from server.vertical.coordinator import MEAN_ROW
+from fedsplit.orchestration.vertical.local import local_coordinator
+from fedsplit.protocol.vertical.config import FusionParams
+from fedsplit.server.vertical.coordinator import MEAN_ROW
 
 
 @pytest.mark.parametrize("fill", ["nearest", "mean", "zero", "drop"])

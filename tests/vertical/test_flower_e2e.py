@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cli.app import app
-from cli.errors import run_guarded
-from orchestration.vertical.predict import predict_rows
-from protocol.vertical.wire import ALLOWED, ALLOWED_CONFIG
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.orchestration.vertical.predict import predict_rows
+from fedsplit.protocol.vertical.wire import ALLOWED, ALLOWED_CONFIG
 
 
 @pytest.mark.slow

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from aggregation import get_strategy, strategy_names
-from aggregation.errors import IncompatibleUpdatesError, UnknownStrategyError
-from client.vertical.model import Branch, build_branch
-from protocol.errors import ConfigError, ReplyError
-from protocol.vertical.config import FusionParams
-from server.vertical.head import FusionHead
+from fedsplit.aggregation import get_strategy, strategy_names
+from fedsplit.aggregation.errors import IncompatibleUpdatesError, UnknownStrategyError
+from fedsplit.client.vertical.model import Branch, build_branch
+from fedsplit.protocol.errors import ConfigError, ReplyError
+from fedsplit.protocol.vertical.config import FusionParams
+from fedsplit.server.vertical.head import FusionHead
 
 
 @pytest.mark.parametrize("task", ["classification", "regression"])
@@ -92,8 +92,8 @@ def test_head_refuses_embeddings_of_the_wrong_width() -> None:
 
 
 def test_fedavg_refuses_different_shapes_and_points_to_vertical_simulate() -> None:
-    from aggregation import aggregate_updates
-    from protocol.update import Update
+    from fedsplit.aggregation import aggregate_updates
+    from fedsplit.protocol.update import Update
 
     a = Update(arrays={"w": np.zeros((10, 4), np.float32)}, num_examples=5)
     b = Update(arrays={"w": np.zeros((5, 4), np.float32)}, num_examples=5)

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestration.vertical.local import local_coordinator
-from protocol.errors import ConfigError
-from protocol.vertical.config import FusionParams
-from protocol.vertical.wire import ALLOWED, Payload, check_payload
-from server.vertical.coordinator import read_label_file
+from fedsplit.orchestration.vertical.local import local_coordinator
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.vertical.config import FusionParams
+from fedsplit.protocol.vertical.wire import ALLOWED, Payload, check_payload
+from fedsplit.server.vertical.coordinator import read_label_file
 
 
 def _record_bytes(record) -> bytes:

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestration.vertical.local import local_coordinator
-from protocol.vertical.config import FusionParams
-from server.vertical.coordinator import OverlapError, encode_labels
+from fedsplit.orchestration.vertical.local import local_coordinator
+from fedsplit.protocol.vertical.config import FusionParams
+from fedsplit.server.vertical.coordinator import OverlapError, encode_labels
 
 
 def _files(tmp_path: Path, shared: int) -> tuple[list[Path], object]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocol.errors import ConfigError
-from protocol.vertical.psi import PsiParty, PsiSession
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.vertical.psi import PsiParty, PsiSession
 
 
 def _run(a_ids: list[str], b_ids: list[str]):

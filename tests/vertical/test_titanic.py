@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestration.vertical.datasets import write_titanic
-from orchestration.vertical.local import baselines, train_local
-from protocol.vertical.config import FusionParams
-from server.vertical.coordinator import read_label_file
+from fedsplit.orchestration.vertical.datasets import write_titanic
+from fedsplit.orchestration.vertical.local import baselines, train_local
+from fedsplit.protocol.vertical.config import FusionParams
+from fedsplit.server.vertical.coordinator import read_label_file
 
 TITANIC = Path(__file__).resolve().parents[3] / "shared" / "data" / "titanic" / "train.csv"
 

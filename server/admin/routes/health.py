@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import text
 
-from server.admin.deps import ContextDep
+from fedsplit.server.admin.deps import ContextDep
 
 router = APIRouter(tags=["health"])
 

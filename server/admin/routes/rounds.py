@@ -8,19 +8,19 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from server.admin.deps import (
+from fedsplit.server.admin.deps import (
     AdminPrincipal,
     ContextDep,
     CurrentPrincipal,
     RoundId,
     SessionDep,
 )
-from server.admin.receive import receive_upload
-from server.admin.schemas import ErrorPublic, RoundCreate, RoundPublic, RoundsPublic
-from server.admin.services import aggregate as aggregate_service
-from server.admin.services import downloads
-from server.admin.services import rounds as round_service
-from server.admin.services import uploads as upload_service
+from fedsplit.server.admin.receive import receive_upload
+from fedsplit.server.admin.schemas import ErrorPublic, RoundCreate, RoundPublic, RoundsPublic
+from fedsplit.server.admin.services import aggregate as aggregate_service
+from fedsplit.server.admin.services import downloads
+from fedsplit.server.admin.services import rounds as round_service
+from fedsplit.server.admin.services import uploads as upload_service
 
 router = APIRouter(prefix="/rounds", tags=["rounds"])
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 
-from server.admin.deps import ContextDep, RoundId, SitePrincipal
-from server.admin.errors import AdminError, UploadRefusedError, UploadTooLargeError
-from server.admin.receive import receive_upload
-from server.admin.routes.rounds import ERRORS, MULTIPART_BODY
-from server.admin.schemas import UploadReceipt
-from server.admin.services import uploads as upload_service
+from fedsplit.server.admin.deps import ContextDep, RoundId, SitePrincipal
+from fedsplit.server.admin.errors import AdminError, UploadRefusedError, UploadTooLargeError
+from fedsplit.server.admin.receive import receive_upload
+from fedsplit.server.admin.routes.rounds import ERRORS, MULTIPART_BODY
+from fedsplit.server.admin.schemas import UploadReceipt
+from fedsplit.server.admin.services import uploads as upload_service
 
 router = APIRouter(prefix="/rounds", tags=["uploads"])
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
-import aggregation
-from aggregation.files import aggregate_files
-from server.admin.context import AdminContext
-from server.admin.errors import ConflictError
-from server.admin.services.rounds import AGGREGATED, get_round
-from server.admin.tables import Round, utcnow
+from fedsplit import aggregation
+from fedsplit.aggregation.files import aggregate_files
+from fedsplit.server.admin.context import AdminContext
+from fedsplit.server.admin.errors import ConflictError
+from fedsplit.server.admin.services.rounds import AGGREGATED, get_round
+from fedsplit.server.admin.tables import Round, utcnow
 
 
 def aggregate_round(ctx: AdminContext, round_id: int) -> Round:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol.keras_layout import KERAS3, write_keras
-from protocol.weights import read_weights
-from server.admin.context import AdminContext
-from server.admin.errors import ConflictError, NotFoundError
-from server.admin.tables import Round
+from fedsplit.protocol.keras_layout import KERAS3, write_keras
+from fedsplit.protocol.weights import read_weights
+from fedsplit.server.admin.context import AdminContext
+from fedsplit.server.admin.errors import ConflictError, NotFoundError
+from fedsplit.server.admin.tables import Round
 
 FEDSPLIT_FORMAT = "fedsplit"
 KERAS_FORMAT = "keras"

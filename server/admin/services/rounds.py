@@ -5,11 +5,11 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import aggregation
-from server.admin.errors import ConflictError, NotFoundError
-from server.admin.schemas import ParameterPublic, RoundCreate, RoundPublic, UploadPublic
-from server.admin.tables import Round, Upload
-from server.admin.timeutil import as_utc
+from fedsplit import aggregation
+from fedsplit.server.admin.errors import ConflictError, NotFoundError
+from fedsplit.server.admin.schemas import ParameterPublic, RoundCreate, RoundPublic, UploadPublic
+from fedsplit.server.admin.tables import Round, Upload
+from fedsplit.server.admin.timeutil import as_utc
 
 OPEN = "open"
 AGGREGATED = "aggregated"

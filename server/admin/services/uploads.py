@@ -15,17 +15,17 @@ from typing import Any
 
 from sqlalchemy import select
 
-from protocol.arrays import layout_difference
-from server.admin.auth import Principal
-from server.admin.context import AdminContext
-from server.admin.errors import ConflictError, PermissionDeniedError, UploadRefusedError
-from server.admin.inspect_worker import MISMATCH_HINT
-from server.admin.inspection import InspectRequest, Parsed
-from server.admin.receive import ReceivedUpload
-from server.admin.schemas import ParameterPublic, UploadReceipt
-from server.admin.services.rounds import AGGREGATED, get_round, upload_public
-from server.admin.tables import Round, Site, Upload, utcnow
-from server.admin.timeutil import as_utc
+from fedsplit.protocol.arrays import layout_difference
+from fedsplit.server.admin.auth import Principal
+from fedsplit.server.admin.context import AdminContext
+from fedsplit.server.admin.errors import ConflictError, PermissionDeniedError, UploadRefusedError
+from fedsplit.server.admin.inspect_worker import MISMATCH_HINT
+from fedsplit.server.admin.inspection import InspectRequest, Parsed
+from fedsplit.server.admin.receive import ReceivedUpload
+from fedsplit.server.admin.schemas import ParameterPublic, UploadReceipt
+from fedsplit.server.admin.services.rounds import AGGREGATED, get_round, upload_public
+from fedsplit.server.admin.tables import Round, Site, Upload, utcnow
+from fedsplit.server.admin.timeutil import as_utc
 
 #: No hospital cohort is larger; a bigger count is a bug or an attempt to dominate the average.
 MAX_NUM_EXAMPLES = 10**9

@@ -22,12 +22,12 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.templating import Jinja2Templates
 
-from protocol.errors import ConfigError
-from server.admin.ui.pages import UIError, handle_ui_error, make_templates
-from server.admin.ui.refusals import RefusalRecorder, UIBase
-from server.admin.ui.routes import router
-from server.admin.ui.runs import RunCatalog
-from server.admin.ui.sessions import SessionStore
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.server.admin.ui.pages import UIError, handle_ui_error, make_templates
+from fedsplit.server.admin.ui.refusals import RefusalRecorder, UIBase
+from fedsplit.server.admin.ui.routes import router
+from fedsplit.server.admin.ui.runs import RunCatalog
+from fedsplit.server.admin.ui.sessions import SessionStore
 
 UI_PATH = "/ui"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from server.admin.auth import ADMIN, Principal
-from server.admin.ui.rest import RestRound, UploadItem
-from server.admin.ui.runs import FlowerRound, FlowerRun
-from server.admin.ui.siterows import SiteRow
+from fedsplit.server.admin.auth import ADMIN, Principal
+from fedsplit.server.admin.ui.rest import RestRound, UploadItem
+from fedsplit.server.admin.ui.runs import FlowerRound, FlowerRun
+from fedsplit.server.admin.ui.siterows import SiteRow
 
 MAX_EVENTS = 60
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.admin.ui.charts import Chart, Series, line_chart
-from server.admin.ui.runs import FlowerRun
+from fedsplit.server.admin.ui.charts import Chart, Series, line_chart
+from fedsplit.server.admin.ui.runs import FlowerRun
 
 PREFERRED = ("accuracy", "r2", "auc", "rmse", "loss")
 

@@ -12,8 +12,8 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from server.admin.auth import ADMIN, Principal
-from server.admin.ui.sessions import COOKIE, SessionStore
+from fedsplit.server.admin.auth import ADMIN, Principal
+from fedsplit.server.admin.ui.sessions import COOKIE, SessionStore
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"

@@ -27,9 +27,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.admin.auth import ADMIN, authenticate
-from server.admin.errors import AuthenticationError
-from server.admin.tables import utcnow
+from fedsplit.server.admin.auth import ADMIN, authenticate
+from fedsplit.server.admin.errors import AuthenticationError
+from fedsplit.server.admin.tables import utcnow
 
 UPLOAD_PATH = re.compile(r"^/api/v1/rounds/(\d{1,18})/uploads/?$")
 MAX_ROWS = 5000

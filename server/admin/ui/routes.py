@@ -10,14 +10,14 @@ from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
-from server.admin.auth import ADMIN, Principal, authenticate
-from server.admin.context import AdminContext
-from server.admin.errors import AdminError, AuthenticationError
-from server.admin.services import downloads
-from server.admin.services.rounds import get_round as get_round_row
-from server.admin.ui import activity, rest
-from server.admin.ui.curves import primary_metric, privacy_of, run_charts
-from server.admin.ui.pages import (
+from fedsplit.server.admin.auth import ADMIN, Principal, authenticate
+from fedsplit.server.admin.context import AdminContext
+from fedsplit.server.admin.errors import AdminError, AuthenticationError
+from fedsplit.server.admin.services import downloads
+from fedsplit.server.admin.services.rounds import get_round as get_round_row
+from fedsplit.server.admin.ui import activity, rest
+from fedsplit.server.admin.ui.curves import primary_metric, privacy_of, run_charts
+from fedsplit.server.admin.ui.pages import (
     SECURITY_HEADERS,
     STATIC,
     UIError,
@@ -29,8 +29,8 @@ from server.admin.ui.pages import (
     session_store,
     with_headers,
 )
-from server.admin.ui.runs import FlowerRun
-from server.admin.ui.sessions import COOKIE
+from fedsplit.server.admin.ui.runs import FlowerRun
+from fedsplit.server.admin.ui.sessions import COOKIE
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
+from fedsplit.server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
 
 HISTORY = "history.json"
 SUMMARY = "summary.json"

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from server.admin.auth import Principal
+from fedsplit.server.admin.auth import Principal
 
 COOKIE = "fedsplit_ui"
 IDLE_S = 2 * 3600.0
