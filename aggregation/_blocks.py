@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-
 from fedsplit.aggregation._threads import map_threads, threads_for
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.protocol.arrays import ArraySpec

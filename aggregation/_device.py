@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from fedsplit.aggregation._blocks import flat_view, iter_stacks, plan_stack
 from fedsplit.aggregation._kernels import COMPILED_FROM
 from fedsplit.aggregation.errors import AggregationError

@@ -45,7 +45,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
-
 from fedsplit.aggregation.errors import AggregationError
 
 if TYPE_CHECKING:

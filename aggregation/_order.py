@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import numpy as np
-
 from fedsplit.aggregation._blocks import (
     Block,
     BlockPlan,

@@ -13,10 +13,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
-
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.protocol.update import Update, UpdateSource
+from pydantic import BaseModel, ConfigDict
 
 
 class StrategyParams(BaseModel):

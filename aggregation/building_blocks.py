@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-
 from fedsplit.aggregation._blocks import (
     DEFAULT_MEMORY_BUDGET,
     Block,

@@ -46,8 +46,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from pydantic import Field
-
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from fedsplit.aggregation.building_blocks import (
@@ -60,6 +58,7 @@ from fedsplit.aggregation.building_blocks import (
 )
 from fedsplit.aggregation.registry import register
 from fedsplit.protocol.update import UpdateSource
+from pydantic import Field
 
 
 class GeometricMedianParams(StrategyParams):

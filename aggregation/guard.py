@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-
 from fedsplit.aggregation._blocks import (
     DEFAULT_MEMORY_BUDGET,
     BlockReader,

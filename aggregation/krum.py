@@ -29,8 +29,6 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
-from pydantic import Field
-
 from fedsplit.aggregation._blocks import (
     DEFAULT_MEMORY_BUDGET,
     Block,
@@ -48,6 +46,7 @@ from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, Stra
 from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports, weighted_mean
 from fedsplit.aggregation.registry import register
 from fedsplit.protocol.update import UpdateSource
+from pydantic import Field
 
 #: Coordinates per Gram tile: short float32 dot products, accumulated in float64 per tile.
 GRAM_TILE = 16384

@@ -17,13 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from pydantic import Field
-
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation._order import TrimReducer, WeightedMedianReducer, aggregate_order_statistic
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from fedsplit.aggregation.registry import register
 from fedsplit.protocol.update import UpdateSource
+from pydantic import Field
 
 
 class MedianParams(StrategyParams):

@@ -6,10 +6,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-
 from fedsplit.aggregation.base import AggregationStrategy
 from fedsplit.aggregation.errors import StrategyParamsError, UnknownStrategyError
+from pydantic import ValidationError
 
 _REGISTRY: dict[str, type[AggregationStrategy]] = {}
 

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from fedsplit.protocol.errors import ConfigError
 
 OPTIMIZERS = ("adam", "yogi", "adagrad", "avgm")

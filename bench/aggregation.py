@@ -41,9 +41,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedsplit import aggregation
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.protocol import Update, write_weights
+
+from fedsplit import aggregation
 
 RESNET18_PARAMS = 11_689_512
 

@@ -13,15 +13,14 @@ import time
 from pathlib import Path
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
-
 from fedsplit.client.models import build_model
 from fedsplit.client.site import load_site
 from fedsplit.client.train import fit, score
 from fedsplit.protocol.config import RunConfig
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
 
 torch.set_num_threads(1)
 

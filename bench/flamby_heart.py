@@ -46,7 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-
 from fedsplit.client.data import HEART_ID, HEART_TARGET, load_heart_disease  # noqa: E402
 from fedsplit.orchestration.experiment import Experiment, SiteSource, run_experiment  # noqa: E402
 from fedsplit.orchestration.personalize import (  # noqa: E402

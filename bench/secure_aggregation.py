@@ -41,14 +41,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/aggregation.py must not shadow
 
 import secure_aggregation_flower as flower_bench
-
-from fedsplit import aggregation
 from fedsplit.client.secure import secagg
 from fedsplit.protocol import secure_vector as sv
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.protocol.update import Update
 from fedsplit.server.secure import unmask
 from fedsplit.server.secure.secagg import SecureSum
+
+from fedsplit import aggregation
 
 
 class _Node:

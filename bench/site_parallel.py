@@ -25,13 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
-from rich.console import Console
-from rich.table import Table
-
 from fedsplit.client.data import load_bundled
 from fedsplit.client.models import ModelSpec, build_model
 from fedsplit.client.parallel import ParallelFit, fit_parallel
 from fedsplit.client.train import set_statistics
+from rich.console import Console
+from rich.table import Table
 
 
 def main() -> None:

@@ -26,7 +26,6 @@ import numpy as np
 def main() -> None:
     """Print one JSON line per seed and one with the means."""
     import torch
-
     from fedsplit.orchestration.vertical.datasets import write_bundled, write_titanic
     from fedsplit.orchestration.vertical.local import baselines, train_local
     from fedsplit.protocol.vertical.config import FusionParams

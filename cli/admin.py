@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import typer
-
 from fedsplit.cli import admin_add_site, admin_serve
 
 admin_app = typer.Typer(

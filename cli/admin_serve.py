@@ -27,7 +27,6 @@ def serve(
 ) -> None:
     """Serve the admin API; the admin token comes from FEDSPLIT_ADMIN_TOKEN(_FILE)."""
     import uvicorn
-
     from fedsplit.protocol.errors import ConfigError
     from fedsplit.server.admin.app import create_app
     from fedsplit.server.admin.config import AdminSettings

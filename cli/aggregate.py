@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
-
-from fedsplit import aggregation
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation.base import AggregationReport
 from fedsplit.aggregation.files import aggregate_files
 from fedsplit.aggregation.guard import CAP_POLICIES
 from fedsplit.cli.app import skip_teardown
 from fedsplit.protocol import ConfigError
+from rich.console import Console
+from rich.table import Table
+
+from fedsplit import aggregation
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
           "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}

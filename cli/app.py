@@ -14,9 +14,8 @@ import sys
 
 import click
 import typer
-from typer.core import TyperGroup
-
 from fedsplit.cli.errors import run_guarded
+from typer.core import TyperGroup
 
 #: ``(name, module, attribute)`` of every command, in the order ``fedsplit --help`` lists them:
 #: the attribute is a command function, or a `typer.Typer` for a command group.

@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from fedsplit.client.data import DATASETS
+from fedsplit.protocol.errors import ConfigError
 from rich.console import Console
 from rich.table import Table
 
 from fedsplit import aggregation
-from fedsplit.client.data import DATASETS
-from fedsplit.protocol.errors import ConfigError
 
 console = Console()
 
@@ -59,7 +59,6 @@ def compare_strategies(
 ) -> None:
     """Run one federation per strategy on the same sites (and attack); compare accuracy per round."""
     import torch
-
     from fedsplit.orchestration.comparison import Comparison, run_comparison
     from fedsplit.orchestration.experiment import check_attack
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 import typer
-from rich.console import Console
-
 from fedsplit.protocol.errors import FedsplitError
+from rich.console import Console
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 

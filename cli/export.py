@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-
 from fedsplit.protocol import Update, write_weights
 from fedsplit.protocol.errors import WeightFileError
 

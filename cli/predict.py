@@ -20,7 +20,6 @@ def predict(
 ) -> None:
     """One row per input row: probability per class and the predicted class (or value)."""
     import torch
-
     from fedsplit.orchestration.predict import predict_file
 
     torch.set_num_threads(1)

@@ -28,7 +28,6 @@ def privacy_audit(
     """Attack the run's global model per hospital and pooled (training vs held-out rows); write
     privacy.json."""
     import torch
-
     from fedsplit.orchestration.privacy_audit import privacy_audit as run_audit
 
     torch.set_num_threads(1)

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from fedsplit.client.data import DATASETS
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedsplit import aggregation
-from fedsplit.client.data import DATASETS
-from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError
 
 console = Console()
 
@@ -192,7 +192,6 @@ def simulate(
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     import torch
-
     from fedsplit.orchestration.experiment import Experiment, check_attack, run_experiment
 
     torch.set_num_threads(1)  # one thread per process: the cores are shared with the hospitals

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from rich.console import Console
 
 console = Console(stderr=True, highlight=False)
 app = typer.Typer(help="Run a hospital agent, or prepare simulated hospitals' data.",

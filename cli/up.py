@@ -16,11 +16,11 @@ from types import FrameType
 from typing import Annotated, Any
 
 import typer
+from fedsplit.client.data import DATASETS
+from fedsplit.protocol.config import RunConfig
 from rich.console import Console
 
 from fedsplit import aggregation
-from fedsplit.client.data import DATASETS
-from fedsplit.protocol.config import RunConfig
 
 console = Console(highlight=False)
 

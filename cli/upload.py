@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from fedsplit.protocol.errors import ConfigError, UploadFailedError
 
 CHUNK = 1024 * 1024

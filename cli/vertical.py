@@ -74,7 +74,6 @@ def simulate(
 ) -> None:
     """Train branches + a fusion head across sites with Flower; compare with each site and centralized."""
     import torch
-
     from fedsplit.orchestration.vertical.experiment import resolve_inputs, run_vertical
     from fedsplit.protocol.vertical.config import FusionParams
 
@@ -111,7 +110,6 @@ def compare_fills(
 ) -> None:
     """Accuracy of each fill (nearest, mean, zero, drop) on the same held-out rows, in-process."""
     import torch
-
     from fedsplit.orchestration.vertical.experiment import compare_fills, resolve_inputs
     from fedsplit.protocol.atomic import write_json_atomic
     from fedsplit.protocol.vertical.config import FusionParams
@@ -146,7 +144,6 @@ def predict(
 ) -> None:
     """Score rows every site holds: PSI-align the site files, embed at each branch, run the head."""
     import torch
-
     from fedsplit.orchestration.vertical.predict import predict_rows
 
     torch.set_num_threads(1)

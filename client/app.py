@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Context, Message
-from flwr.clientapp import ClientApp
-
 from fedsplit.client.attacks import Attack, hostile_sites, parse_attack
 from fedsplit.client.data import feature_stats
 from fedsplit.client.models import ModelSpec, build_model
@@ -44,6 +41,8 @@ from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.update import Update, arrays_to_state_dict, state_dict_arrays
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
 
 torch.set_num_threads(1)  # one thread per hospital process: many small jobs share the cores
 

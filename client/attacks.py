@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-
 from fedsplit.protocol.errors import ConfigError
 
 #: Attack kinds and whether each takes a ``:VALUE``: required (True), optional (None), no (False).

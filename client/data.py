@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import (
     NA_MARKERS,

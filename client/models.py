@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
-
 from fedsplit.protocol.errors import ConfigError
+from torch import nn
 
 KINDS = ("mlp", "cnn")
 TASKS = ("classification", "regression")

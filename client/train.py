@@ -11,10 +11,9 @@ import math
 
 import numpy as np
 import torch
-from torch import nn
-
 from fedsplit.client.models import SiteModel, has_batch_norm
 from fedsplit.protocol.errors import ConfigError
+from torch import nn
 
 #: The fewest mini-batches a hospital trains per round when ``local-steps`` is 0 (one epoch of
 #: a 38-row site is 2 steps: too little to move the model).

@@ -20,4 +20,4 @@ _here = Path(__file__).resolve().parent
 if not (_here / "protocol").is_dir():  # a source checkout: the packages sit beside this folder
     _checkout = _here.parent
     if (_checkout / "protocol" / "__init__.py").is_file():
-        __path__.append(str(_checkout))  # noqa: F821  (a package's __path__)
+        __path__.append(str(_checkout))

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from fedsplit.client.data import (
     HEART,
     HEART_ID,

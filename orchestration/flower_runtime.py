@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import FlowerRunError
 from fedsplit.protocol.vertical.config import VerticalConfig

@@ -45,13 +45,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import nn
-
 from fedsplit.client.data import Dataset
 from fedsplit.client.models import SiteModel
 from fedsplit.client.train import fit_steps, loss_function, score, training_targets
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from torch import nn
 
 #: ``--personalize alone``: each hospital's hospital-alone step budget
 ALONE = "alone"

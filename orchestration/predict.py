@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from fedsplit.client.data import read_table
 from fedsplit.client.models import load_model
 from fedsplit.protocol.errors import ConfigError

@@ -45,7 +45,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from fedsplit.client.data import Dataset
 from fedsplit.client.models import SiteModel, load_model
 from fedsplit.client.site import DATA_SUFFIXES

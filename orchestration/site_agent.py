@@ -18,9 +18,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from rich.console import Console
-
 from fedsplit.protocol.errors import ConfigError, SiteAgentError
+from rich.console import Console
 
 _console = Console(stderr=True, highlight=False)
 

@@ -13,7 +13,6 @@ from numbers import Integral
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol.errors import UpdateError
 
 #: Parameter dtypes a weight file and an update may carry.

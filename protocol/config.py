@@ -11,10 +11,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import TableSettings
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class RunConfig(BaseModel):

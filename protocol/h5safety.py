@@ -32,9 +32,8 @@ from typing import Any
 import h5py
 import h5py.h5pl
 import numpy as np
-from h5py import h5d, h5g, h5l, h5o, h5s, h5t
-
 from fedsplit.protocol.errors import WeightFileError
+from h5py import h5d, h5g, h5l, h5o, h5s, h5t
 
 #: HDF5 filter ids allowed in an upload: deflate (gzip), shuffle, fletcher32.
 ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32"}

@@ -50,7 +50,6 @@ from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from fedsplit.protocol.arrays import check_arrays, check_num_examples
 from fedsplit.protocol.errors import ConfigError, FedsplitError, ReplyError
 from fedsplit.protocol.schema import SiteColumns

@@ -33,7 +33,6 @@ from typing import IO, Any
 
 import h5py
 import numpy as np
-
 from fedsplit.protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import UpdateError, WeightFileError

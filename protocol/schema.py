@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol.errors import ConfigError
 
 SCHEMA_FORMAT = "fedsplit.schema"

@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-
 from fedsplit.protocol.errors import UpdateError
 
 MODULUS = 1 << 62

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-
 from fedsplit.protocol.arrays import ArraySpec, check_arrays, check_num_examples, specs_of
 from fedsplit.protocol.errors import UpdateError
 

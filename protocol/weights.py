@@ -35,13 +35,12 @@ from typing import IO, Any
 
 import h5py
 import numpy as np
-from h5py import h5a, h5d, h5g, h5s, h5t
-
 from fedsplit.protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import UpdateError, WeightFileError
 from fedsplit.protocol.h5safety import UNKNOWN, mappable_offset, plain_type, walk
 from fedsplit.protocol.update import Update, UpdateHeader
+from h5py import h5a, h5d, h5g, h5s, h5t
 
 FORMAT = "fedsplit.weights"
 FORMAT_VERSION = 1

@@ -12,10 +12,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from flwr.app import Context
-from flwr.serverapp import Grid, ServerApp
-
-from fedsplit import aggregation
 from fedsplit.aggregation.base import AggregationStrategy
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol import horizontal_wire as wire
@@ -24,6 +20,10 @@ from fedsplit.protocol.errors import ConfigError, FedsplitError
 from fedsplit.server.history import RunHistory, find_resume_point
 from fedsplit.server.privacy import privacy_aggregator, strategy_class, strategy_kwargs
 from fedsplit.server.setup import ModelSetup, prepare_model, wait_for_nodes
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedsplit import aggregation
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from fedsplit.aggregation.base import AggregateResult
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol.atomic import atomic_path, write_json_atomic

@@ -15,14 +15,13 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
-
 from fedsplit.aggregation.base import AggregationStrategy
 from fedsplit.aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams, plan_sigma, spent
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.privacy import DPSpec, SecureSpec, check_run
 from fedsplit.server.strategy import RegistryStrategy
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 EPSILON_METRIC = "dp-epsilon"

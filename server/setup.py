@@ -25,15 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, RecordDict
-from flwr.serverapp import Grid
-
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FederationError, FedsplitError
 from fedsplit.protocol.schema import Schema, merge_reports, moment_warnings
 from fedsplit.protocol.stats import combine_moments
 from fedsplit.protocol.weights import read_schema, read_weights
+from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 

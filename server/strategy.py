@@ -35,11 +35,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
-
-from fedsplit import aggregation
 from fedsplit.aggregation.base import AggregationStrategy, SiteReport
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol import horizontal_wire as wire
@@ -48,6 +43,11 @@ from fedsplit.protocol.errors import ConfigError, FedsplitError
 from fedsplit.protocol.horizontal_wire import reply_site
 from fedsplit.protocol.update import Update
 from fedsplit.server.history import RunHistory
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from fedsplit import aggregation
 
 log = logging.getLogger(__name__)
 

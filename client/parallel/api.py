@@ -7,7 +7,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-
 from fedsplit.client.models import SiteModel
 from fedsplit.client.parallel.config import ParallelConfig, as_config
 from fedsplit.client.parallel.device_map import resolve_device_map, resolve_devices

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
-
 from fedsplit.client.models import SiteModel
 from fedsplit.protocol.errors import ConfigError
+from torch import nn
 
 _RANGE = re.compile(r"^(?P<prefix>[a-z_]+)\.(?P<lo>\d+)-(?P<hi>\d+)$")
 

@@ -22,10 +22,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import ProcessException
-
 from fedsplit.client.models import SiteModel
 from fedsplit.protocol.errors import ParallelRunError
+from torch.multiprocessing.spawn import ProcessException
 
 
 def free_port() -> int:

@@ -12,11 +12,10 @@ import time
 
 import numpy as np
 import torch
-from torch import nn
-
 from fedsplit.client.models import SiteModel
 from fedsplit.client.parallel.device_map import DeviceMap
 from fedsplit.client.parallel.loop import batch_order, loss_sum, targets
+from torch import nn
 
 
 class LayerSplit(nn.Module):

@@ -11,9 +11,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch import nn
-
 from fedsplit.client.models import SiteModel
+from torch import nn
 
 IGNORE = -100  # target of padding rows (classification); regression pads with NaN
 

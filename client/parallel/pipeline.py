@@ -26,13 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
 from fedsplit.client.models import SiteModel, build_model
 from fedsplit.client.parallel.device_map import DeviceMap
 from fedsplit.client.parallel.launch import WorkerRun, collect, launch, save_result
 from fedsplit.client.parallel.loop import IGNORE, add_proximal_grad, batch_order, loss_sum, targets
 from fedsplit.protocol.errors import ConfigError
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 
 def padded_rows(n: int, batch_size: int, microbatches: int) -> int:

@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-
 from fedsplit.client.models import SiteModel, build_model
 from fedsplit.client.parallel.launch import WorkerRun, collect, launch, save_result
 from fedsplit.client.parallel.loop import batch_order, loss_sum, targets
+from torch.nn.parallel import DistributedDataParallel
 
 
 def data_worker(rank: int, world: int, out_dir: Path, model_id: str, state: dict[str, torch.Tensor],

@@ -6,7 +6,6 @@ import warnings
 
 import numpy as np
 import torch
-
 from fedsplit.client.models import SiteModel
 from fedsplit.client.privacy.dpsgd import check_budget, check_private_model, fit_private, plan_noise
 from fedsplit.protocol.config import RunConfig

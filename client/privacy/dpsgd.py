@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import DPSpec, PrivacyBudgetError
 

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
 from fedsplit.client.secure import secagg
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol import privacy as pv

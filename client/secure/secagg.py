@@ -25,7 +25,6 @@ import os
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol import secure_vector as sv
 from fedsplit.protocol.errors import FederationError
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
-from flwr.clientapp import ClientApp
-
 from fedsplit.client.vertical.site import SiteAgent, SiteState
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.vertical.config import VerticalConfig
 from fedsplit.protocol.vertical.wire import c_order, from_record, to_record
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
 
 torch.set_num_threads(1)
 

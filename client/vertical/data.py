@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.vertical.table import id_column_values, read_frame
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from fedsplit.client.vertical.data import Preprocessor, SiteTable, read_site_table
 from fedsplit.client.vertical.model import Branch, build_branch
 from fedsplit.protocol.errors import ConfigError

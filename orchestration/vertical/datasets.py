@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from fedsplit.protocol.errors import ConfigError
 
 ID_COLUMN = "patient_id"

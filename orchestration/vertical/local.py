@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from fedsplit.client.vertical.site import SiteAgent, SiteState
 from fedsplit.orchestration.selection import BestRound, selection_metric
 from fedsplit.protocol.vertical.config import FusionParams

@@ -10,9 +10,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from fedsplit.protocol.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Fill = Literal["nearest", "mean", "zero", "drop"]
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol.errors import ConfigError
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")

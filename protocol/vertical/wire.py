@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol.errors import ConfigError
 
 POINT_BYTES = 33

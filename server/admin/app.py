@@ -8,8 +8,6 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException
-
 from fedsplit.aggregation.errors import (
     AggregationError,
     IncompatibleUpdatesError,
@@ -31,6 +29,7 @@ from fedsplit.server.admin.errors import (
 from fedsplit.server.admin.routes import health, rounds, uploads
 from fedsplit.server.admin.sandbox import Sandbox
 from fedsplit.server.admin.ui import install_ui
+from starlette.exceptions import HTTPException
 
 API_PREFIX = "/api/v1"
 

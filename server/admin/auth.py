@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from fedsplit.server.admin.errors import AuthenticationError, PermissionDeniedError
 from fedsplit.server.admin.security import hash_token, same_hash
 from fedsplit.server.admin.tables import Site
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 ADMIN = "admin"
 SITE = "site"

@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
-
 from fedsplit.protocol.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 ADMIN_TOKEN_ENV = "FEDSPLIT_ADMIN_TOKEN"
 ADMIN_TOKEN_FILE_ENV = "FEDSPLIT_ADMIN_TOKEN_FILE"

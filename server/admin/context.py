@@ -5,15 +5,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
-
 from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.metrics import AdminMetrics
 from fedsplit.server.admin.sandbox import Sandbox
 from fedsplit.server.admin.security import hash_token
 from fedsplit.server.admin.storage import FileStore
 from fedsplit.server.admin.store import make_engine, make_sessionmaker
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 
 @dataclass

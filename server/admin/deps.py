@@ -7,11 +7,10 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
-
 from fedsplit.server.admin.auth import Principal, authenticate, require_admin, require_site
 from fedsplit.server.admin.context import AdminContext
 from fedsplit.server.admin.schemas import MAX_ID
+from sqlalchemy.orm import Session
 
 _bearer = HTTPBearer(auto_error=False, description="Admin token or a site token.")
 

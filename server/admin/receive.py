@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from fedsplit.server.admin.errors import UploadRefusedError, UploadTooLargeError
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
-
-from fedsplit.server.admin.errors import UploadRefusedError, UploadTooLargeError
 
 FILE_FIELD = "file"
 _FORM_FIELD_MAX = 1024

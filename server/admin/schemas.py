@@ -5,9 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from fedsplit.protocol.arrays import ArraySpec
+from pydantic import BaseModel, ConfigDict, Field
 
 #: Largest id (and count) the database stores: SQLite's signed 64-bit INTEGER.
 MAX_ID = 2**63 - 1

@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, select, text
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin.config import default_database_url
 from fedsplit.server.admin.security import hash_token, new_site_token
 from fedsplit.server.admin.tables import Base, Site
+from sqlalchemy import Engine, create_engine, event, inspect, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
 
 
 def make_engine(url: str) -> Engine:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from fedsplit.protocol.arrays import ArraySpec
 from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
-
-from fedsplit.protocol.arrays import ArraySpec
 
 
 def utcnow() -> datetime:

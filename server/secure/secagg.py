@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol import secure_vector as sv
 from fedsplit.protocol.errors import FederationError
 from fedsplit.protocol.privacy import SecureSpec

@@ -26,9 +26,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-
 from fedsplit.aggregation.base import AggregateResult, AggregationReport, SiteReport
 from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import secure_vector as sv
@@ -40,6 +37,8 @@ from fedsplit.server.privacy import PrivateStrategy
 from fedsplit.server.secure import unmask
 from fedsplit.server.secure.secagg import SecureSum
 from fedsplit.server.strategy import weighted_mean
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 

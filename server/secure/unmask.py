@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import numpy as np
+from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.errors import ConfigError
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
-
-from fedsplit.protocol import secure_vector as sv
-from fedsplit.protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

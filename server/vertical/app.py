@@ -15,15 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Message
-from flwr.serverapp import Grid, ServerApp
-
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.errors import FederationError, FedsplitError
 from fedsplit.protocol.vertical.config import VerticalConfig
 from fedsplit.protocol.vertical.wire import Payload, check_payload, from_record, to_record
 from fedsplit.server.setup import wait_for_nodes
 from fedsplit.server.vertical.coordinator import VerticalCoordinator, read_label_file
+from flwr.app import Context, Message
+from flwr.serverapp import Grid, ServerApp
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.psi import PsiSession

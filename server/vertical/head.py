@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from fedsplit.protocol.errors import ConfigError, ReplyError
 
 

@@ -10,7 +10,6 @@ import h5py
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-
 from fedsplit.protocol import Update, write_weights
 from fedsplit.server.admin.app import create_app
 from fedsplit.server.admin.config import AdminSettings

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from fedsplit.cli.app import app as fedsplit_app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.protocol import read_weights

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from fedsplit.cli.app import app as fedsplit_app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.protocol.errors import UploadFailedError
 from fedsplit.server.admin.store import add_site
+
 from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, raw_weights, write_model
 
 REPO = Path(__file__).resolve().parents[2]

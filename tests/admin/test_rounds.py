@@ -6,8 +6,8 @@ import io
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-
 from fedsplit.protocol import read_weights
+
 from tests.admin.conftest import ADMIN, bearer, create_round, post_file, write_model
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fedsplit.protocol.arrays import ArraySpec
 from fedsplit.server.admin.errors import UploadRefusedError
 from fedsplit.server.admin.inspection import (
@@ -19,6 +18,7 @@ from fedsplit.server.admin.inspection import (
     result_to_json,
 )
 from fedsplit.server.admin.sandbox import Sandbox
+
 from tests.admin.conftest import ADMIN, create_round, post_file, write_model
 
 SPECS = (ArraySpec("w", (2, 3), np.dtype("float32")), ArraySpec("b", (2,), np.dtype("float16")))

@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
+from fedsplit.server.admin.app import create_app
+from fedsplit.server.admin.config import AdminSettings
+from fedsplit.server.admin.sandbox import Sandbox
+from fedsplit.server.admin.store import add_site
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -23,10 +27,6 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from fedsplit.server.admin.app import create_app
-from fedsplit.server.admin.config import AdminSettings
-from fedsplit.server.admin.sandbox import Sandbox
-from fedsplit.server.admin.store import add_site
 from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, post_file, write_model
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,

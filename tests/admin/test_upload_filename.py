@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 
+from fedsplit.server.admin.store import make_engine
 from sqlalchemy import inspect
 
-from fedsplit.server.admin.store import make_engine
 from tests.admin.conftest import ADMIN, create_round, post_file, write_model
 
 

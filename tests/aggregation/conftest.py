@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from fedsplit.protocol import Update
 
 SHAPES = [(3, 4), (5,), (), (2, 3, 2)]

@@ -8,7 +8,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from fedsplit.cli.aggregate import parse_bytes
 from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET, plan_blocks, plan_stack
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.protocol import open_weights, write_weights
 from fedsplit.protocol.arrays import ArraySpec
+
+from fedsplit import aggregation
 
 ROBUST = [
     ("median", {}),

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation.building_blocks import (
     distances_to,
     inputs_of,
@@ -16,6 +14,8 @@ from fedsplit.aggregation.building_blocks import (
 )
 from fedsplit.aggregation.errors import AggregationError, NotEnoughUpdatesError
 from fedsplit.protocol import open_weights, write_weights
+
+from fedsplit import aggregation
 
 
 def _flat(arrays) -> np.ndarray:

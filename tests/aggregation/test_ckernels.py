@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation import _ckernels
 from fedsplit.aggregation.building_blocks import GROUP, distances_to, file_block, weighted_mean
 from fedsplit.protocol import WeightFileError, open_weights, write_weights
+
+from fedsplit import aggregation
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation._device import TorchDevice, resolve
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.protocol import open_weights, write_weights
+
+from fedsplit import aggregation
 
 RULES = [
     ("fedavg", {}),

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation import IncompatibleUpdatesError, StrategyParamsError, UnknownStrategyError
 from fedsplit.protocol import Update, open_weights, write_weights
+
+from fedsplit import aggregation
 
 
 def make_updates(rng: np.random.Generator, counts: list[int], dtype=np.float32) -> list[Update]:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.aggregation.files import aggregate_files, report_path_for
 from fedsplit.protocol import Update, read_weights, write_weights
 from fedsplit.protocol.arrays import specs_of
+
+from fedsplit import aggregation
 
 
 def write(tmp: Path, name: str, value: float, count: int, **fields) -> Path:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fedsplit.protocol import Update, open_weights, write_weights
 
 from fedsplit import aggregation
-from fedsplit.protocol import Update, open_weights, write_weights
 
 
 def flat(arrays: dict[str, np.ndarray]) -> np.ndarray:

@@ -7,11 +7,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation.errors import AggregationError, IncompatibleUpdatesError, NotEnoughUpdatesError
 from fedsplit.aggregation.guard import guard_updates
 from fedsplit.protocol import Update, open_weights, write_weights
+
+from fedsplit import aggregation
 
 
 def _poison(update: Update, name: str, value: float) -> Update:

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation._kernels import batcher_network, mode, selection_network
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.protocol import open_weights, write_weights
+
+from fedsplit import aggregation
 
 pytest.importorskip("numba")
 

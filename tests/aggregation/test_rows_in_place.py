@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation import _blocks
 from fedsplit.aggregation._order import _OrderReducer
 from fedsplit.aggregation.building_blocks import distances_to
 from fedsplit.aggregation.krum import GRAM_TILE, GramReducer
 from fedsplit.protocol import Update, open_weights, write_weights
+
+from fedsplit import aggregation
 
 pytest.importorskip("numba")
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation import guard as guard_module
 from fedsplit.aggregation._blocks import BlockReader, ValueWatch, Watched, plan_blocks
 from fedsplit.aggregation.guard import guard_updates
 from fedsplit.protocol import open_weights, write_weights
+
+from fedsplit import aggregation
 
 RULES = ["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "geometric-median"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.aggregation._order import weighted_median, weighted_trimmed_mean
 from fedsplit.aggregation.errors import NotEnoughUpdatesError
 from fedsplit.aggregation.krum import squared_distances
+
+from fedsplit import aggregation
 
 
 def _brute_weighted_median(values: np.ndarray, counts: np.ndarray) -> float:

@@ -16,10 +16,9 @@ import click
 import numpy as np
 import pytest
 import typer
-from typer.testing import CliRunner
-
 from fedsplit.cli.app import COMMANDS, app
 from fedsplit.protocol import Update, write_weights
+from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +135,8 @@ def test_help_loads_only_the_command_asked_for() -> None:
     )
     modules = done.stdout.strip().splitlines()[-1]
     assert "'fedsplit.cli.aggregate'" in modules
-    for other in ("fedsplit.cli.simulate", "fedsplit.cli.up", "fedsplit.cli.upload", "fedsplit.cli.vertical", "fedsplit.cli.admin"):
+    for name in ("simulate", "up", "upload", "vertical", "admin"):
+        other = f"fedsplit.cli.{name}"
         assert f"'{other}'" not in modules
 
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded
 

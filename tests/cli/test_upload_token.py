@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from fedsplit.cli.upload import TOKEN_ENV, read_token, upload
 from fedsplit.protocol.errors import ConfigError
 

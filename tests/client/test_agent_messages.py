@@ -8,9 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
-
 from fedsplit.client.app import app
 from fedsplit.client.data import load_bundled
 from fedsplit.client.models import build_model
@@ -19,6 +16,8 @@ from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.errors import ConfigError, ReplyError
 from fedsplit.protocol.stats import combine_moments
 from fedsplit.protocol.update import state_dict_arrays, to_array_record
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
 
 NODE_ID = 7
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from fedsplit import aggregation
 from fedsplit.client.attacks import Attack, hostile_sites, parse_attack
 from fedsplit.protocol import ConfigError, Update
+
+from fedsplit import aggregation
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from fedsplit.client.models import ModelSpec, build_model, has_batch_norm
 from fedsplit.client.train import batch_bounds, fit
 from fedsplit.protocol import RunConfig

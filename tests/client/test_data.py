@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from fedsplit.client.data import load_bundled, load_site_file, partition
 from fedsplit.orchestration.experiment import Experiment, prepare_sites
 from fedsplit.protocol import RunConfig

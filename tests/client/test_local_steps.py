@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fedsplit.client.models import ModelSpec, build_model
-from fedsplit.client.train import MIN_LOCAL_STEPS, batches_per_epoch, fit_steps, local_steps_per_round, step_rows
+from fedsplit.client.train import (
+    MIN_LOCAL_STEPS,
+    batches_per_epoch,
+    fit_steps,
+    local_steps_per_round,
+    step_rows,
+)
 from fedsplit.orchestration.experiment import baseline_steps
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError

@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import typer
-from typer.testing import CliRunner
-
 from fedsplit.cli.errors import run_guarded
 from fedsplit.cli.pipeline_schedule import pipeline_schedule
 from fedsplit.client.models import ModelSpec, SiteModel
@@ -19,6 +17,7 @@ from fedsplit.client.parallel import (
     parse_device_map,
 )
 from fedsplit.protocol.errors import ConfigError
+from typer.testing import CliRunner
 
 CNN = ModelSpec("cnn", "classification", (1, 8, 8), 10)
 MLP = ModelSpec("mlp", "classification", (12,), 3)

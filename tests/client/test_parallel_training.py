@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from fedsplit.client.models import ModelSpec, SiteModel, build_model
 from fedsplit.client.parallel import ParallelRunError, default_device_map, fit_parallel, parse_device_map
 from fedsplit.client.parallel.layer_split import LayerSplit

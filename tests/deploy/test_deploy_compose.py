@@ -17,7 +17,6 @@ import click
 import pytest
 import typer
 import yaml
-
 from fedsplit.cli.app import app as fedsplit_app
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fedsplit.server.history import RunHistory
+from fedsplit.server.strategy import RegistryStrategy
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsplit import aggregation
-from fedsplit.server.history import RunHistory
-from fedsplit.server.strategy import RegistryStrategy
 
 
 class ConnectedNodes:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fedsplit.orchestration.certs import write_supernode_key
 from fedsplit.orchestration.flower_runtime import flower_env, free_port, health_url, tls_context, wait_http
 from fedsplit.orchestration.local_federation import fedsplit_command

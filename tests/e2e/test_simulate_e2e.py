@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.orchestration.experiment import Experiment, stage_sites

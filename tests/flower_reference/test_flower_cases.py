@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fedsplit.server.history import RunHistory
+from fedsplit.server.strategy import RegistryStrategy
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Krum, MultiKrum
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsplit import aggregation
-from fedsplit.server.history import RunHistory
-from fedsplit.server.strategy import RegistryStrategy
 
 
 @pytest.fixture(autouse=True)

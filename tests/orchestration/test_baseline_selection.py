@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from fedsplit.client.data import Dataset
 from fedsplit.client.site import split_site
 from fedsplit.client.train import score

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fedsplit.orchestration.experiment import Experiment, stage_sites
 from fedsplit.orchestration.fingerprint import data_fingerprint, fingerprint_bytes, fingerprint_file
 from fedsplit.protocol.config import RunConfig

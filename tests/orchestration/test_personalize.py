@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.client.data import Dataset
@@ -37,6 +35,7 @@ from fedsplit.orchestration.personalize import (
 )
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from torch import nn
 
 
 def hospitals(dataset: str, tmp_path: Path, cfg: RunConfig) -> tuple[dict[str, Dataset],

@@ -9,8 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chi2
-
 from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.client.data import Dataset
@@ -28,6 +26,8 @@ from fedsplit.orchestration.personalize import (
 )
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from scipy.stats import chi2
+
 from tests.orchestration.test_personalize import hospitals
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from fedsplit.orchestration import site_agent
 from fedsplit.protocol.errors import SiteAgentError
 

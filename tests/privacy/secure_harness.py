@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import numpy as np
-from flwr.app import RecordDict
-
 from fedsplit.client.secure import secagg
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.server.secure.secagg import SecureSum
+from flwr.app import RecordDict
 
 
 class Node:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.stats import norm
-
 from fedsplit.client.data import Dataset
 from fedsplit.client.models import ModelSpec, build_model
 from fedsplit.client.train import fit, set_statistics
@@ -19,6 +17,7 @@ from fedsplit.orchestration.privacy_audit import (
 )
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from scipy.stats import norm
 
 CFG = RunConfig(num_server_rounds=2, local_epochs=1, lr=0.01, batch_size=16, hidden="16")
 GROUP_KEYS = {"auc", "ci95", "tpr_at_1pct_fpr", "attack", "members", "non_members", "attacks"}

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.protocol.weights import read_weights

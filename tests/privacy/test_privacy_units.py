@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from fedsplit.aggregation import aggregate_updates
 from fedsplit.aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams, plan_sigma, spent
 from fedsplit.client.models import ModelSpec, build_model
@@ -14,6 +13,7 @@ from fedsplit.protocol import secure_vector as sv
 from fedsplit.protocol.errors import ConfigError, UpdateError
 from fedsplit.protocol.privacy import DPSpec, PrivacyBudgetError, SecureSpec, check_run
 from fedsplit.protocol.update import Update
+
 from tests.privacy.secure_harness import secure_sum
 
 

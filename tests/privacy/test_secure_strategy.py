@@ -6,14 +6,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
-
-from fedsplit import aggregation
 from fedsplit.client.secure.agent import UPDATE, UPDATE_COUNT, handle_query
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.protocol.update import Update
 from fedsplit.server.secure.strategy import SecureStrategy
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedsplit import aggregation
 
 
 @pytest.fixture(autouse=True)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.common.secure_aggregation.crypto.shamir import create_shares
-
 from fedsplit.client.secure import secagg
 from fedsplit.protocol import secure_vector as sv
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.server.secure import unmask
+from flwr.common.secure_aggregation.crypto.shamir import create_shares
+
 from tests.privacy.secure_harness import Node, secure_sum
 
 BASE = (1 << 63) + 100  # Flower node ids are unsigned 64-bit

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fedsplit.protocol.arrays import ArraySpec, layout_difference
 from fedsplit.protocol.errors import UpdateError
 

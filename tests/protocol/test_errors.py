@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fedsplit import aggregation
 import fedsplit.server.admin.errors  # noqa: F401  (defines the admin branch's subclasses)
 from fedsplit.protocol.errors import (
     AggregationError,
@@ -14,6 +13,8 @@ from fedsplit.protocol.errors import (
     ResumeMismatchError,
     exit_codes,
 )
+
+from fedsplit import aggregation
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

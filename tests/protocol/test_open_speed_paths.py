@@ -16,11 +16,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from h5py import h5d, h5p, h5s, h5t
-
 from fedsplit.protocol import FORMAT, WeightFileError, h5safety, open_weights, read_weights
 from fedsplit.protocol.h5safety import UNKNOWN, check_dataset, mappable_offset, walk
 from fedsplit.protocol.weights import _attr
+from h5py import h5d, h5p, h5s, h5t
 
 ROOT_ATTRS = {"format": FORMAT, "format_version": 1, "num_examples": 10}
 

@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import (
     Schema,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from fedsplit.protocol import RunConfig, Update, UpdateError
 from fedsplit.protocol.errors import ConfigError
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from fedsplit.protocol import (
     FORMAT,
     Update,

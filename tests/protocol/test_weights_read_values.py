@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fedsplit.protocol import Update, WeightFileError, open_weights, write_weights
 
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fedsplit.protocol import read_weights
+from fedsplit.server.history import RunHistory
+from fedsplit.server.strategy import RegistryStrategy
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsplit import aggregation
-from fedsplit.protocol import read_weights
-from fedsplit.server.history import RunHistory
-from fedsplit.server.strategy import RegistryStrategy
 
 
 @pytest.fixture(autouse=True)

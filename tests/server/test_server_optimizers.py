@@ -7,15 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
-
-from fedsplit import aggregation
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol import read_weights
 from fedsplit.protocol.errors import ConfigError, ResumeMismatchError
 from fedsplit.server.history import RunHistory, find_resume_point
 from fedsplit.server.strategy import RegistryStrategy
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedsplit import aggregation
 
 MODEL_ID = "mlp/classification/2/2/-"
 

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
-from flwr.supercore.task_identity import TaskIdentity
-
-from fedsplit import aggregation
 from fedsplit.protocol import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.update import to_array_record
 from fedsplit.server.app import check_strategy_fits
 from fedsplit.server.history import RunHistory
 from fedsplit.server.strategy import RegistryStrategy
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedsplit import aggregation
 
 
 @pytest.fixture(autouse=True)

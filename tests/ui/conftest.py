@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-
 from fedsplit.server.admin.app import create_app
 from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.sandbox import Sandbox
 from fedsplit.server.admin.store import add_site
+
 from tests.admin.conftest import ADMIN_TOKEN
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from fedsplit.protocol import Update, write_weights
 
 HOSTILE = '<script>alert("x")</script>&site'

@@ -20,10 +20,10 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-
 from fedsplit.server.admin.app import create_app
 from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.store import add_site
+
 from tests.admin.conftest import ADMIN_TOKEN, write_model
 from tests.ui.browser import browser_missing, chromium, requested_urls
 

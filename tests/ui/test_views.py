@@ -8,7 +8,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin.ui import check_runs_dirs, view_url
 from fedsplit.server.admin.ui.activity import summary_line
@@ -16,6 +15,7 @@ from fedsplit.server.admin.ui.charts import Series, line_chart
 from fedsplit.server.admin.ui.curves import primary_metric, privacy_of, run_charts
 from fedsplit.server.admin.ui.runs import MAX_DEPTH, RunCatalog, discover, load_run, run_id_of
 from fedsplit.server.admin.ui.siterows import rows_from_round
+
 from tests.ui.rundata import HOSTILE, write_hostile_run
 
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-
 from fedsplit.server.admin.ui.sessions import COOKIE
+
 from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, create_round, post_file, write_model
 from tests.ui.conftest import sign_in
 from tests.ui.rundata import HOSTILE, write_hostile_run

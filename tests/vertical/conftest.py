@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fedsplit.orchestration.vertical.datasets import SiteFiles, write_bundled
 from fedsplit.server.vertical.coordinator import LabelTable, read_label_file
 

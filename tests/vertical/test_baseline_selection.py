@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fedsplit.orchestration.vertical.datasets import write_bundled
 from fedsplit.orchestration.vertical.local import baselines, best_round, train_baseline, validation_cut
 from fedsplit.protocol.vertical.config import FusionParams

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from fedsplit.client.vertical.data import Preprocessor
 from fedsplit.orchestration.vertical.local import local_coordinator
 from fedsplit.protocol.vertical.config import FusionParams

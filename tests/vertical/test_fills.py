@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fedsplit.orchestration.vertical.local import local_coordinator
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.server.vertical.coordinator import MEAN_ROW

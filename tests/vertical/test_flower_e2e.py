@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.orchestration.vertical.predict import predict_rows

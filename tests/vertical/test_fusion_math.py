@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from fedsplit.aggregation import get_strategy, strategy_names
 from fedsplit.aggregation.errors import IncompatibleUpdatesError, UnknownStrategyError
 from fedsplit.client.vertical.model import Branch, build_branch

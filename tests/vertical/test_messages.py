@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from fedsplit.orchestration.vertical.local import local_coordinator
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.vertical.config import FusionParams

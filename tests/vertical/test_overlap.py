@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from fedsplit.orchestration.vertical.local import local_coordinator
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.server.vertical.coordinator import OverlapError, encode_labels

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.vertical.psi import PsiParty, PsiSession
 

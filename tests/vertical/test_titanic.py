@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fedsplit.orchestration.vertical.datasets import write_titanic
 from fedsplit.orchestration.vertical.local import baselines, train_local
 from fedsplit.protocol.vertical.config import FusionParams

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
-
 from fedsplit.client.vertical.app import _load, _save
 from fedsplit.client.vertical.site import SiteState
 from fedsplit.protocol.vertical.wire import Payload, c_order, from_record, to_record
+from flwr.app import Context, RecordDict
 
 SHAPES = {
     "scalar": np.array(7.5, dtype=np.float64),  # 0-d: np.ascontiguousarray would make it (1,)

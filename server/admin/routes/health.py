@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
-from sqlalchemy import text
-
 from fedsplit.server.admin.deps import ContextDep
+from sqlalchemy import text
 
 router = APIRouter(tags=["health"])
 

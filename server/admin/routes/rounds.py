@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
-
 from fedsplit.server.admin.deps import (
     AdminPrincipal,
     ContextDep,

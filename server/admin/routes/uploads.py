@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-
 from fedsplit.server.admin.deps import ContextDep, RoundId, SitePrincipal
 from fedsplit.server.admin.errors import AdminError, UploadRefusedError, UploadTooLargeError
 from fedsplit.server.admin.receive import receive_upload

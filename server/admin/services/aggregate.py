@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 
-from fedsplit import aggregation
 from fedsplit.aggregation.files import aggregate_files
 from fedsplit.server.admin.context import AdminContext
 from fedsplit.server.admin.errors import ConflictError
 from fedsplit.server.admin.services.rounds import AGGREGATED, get_round
 from fedsplit.server.admin.tables import Round, utcnow
+
+from fedsplit import aggregation
 
 
 def aggregate_round(ctx: AdminContext, round_id: int) -> Round:

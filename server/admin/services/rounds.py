@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from fedsplit import aggregation
 from fedsplit.server.admin.errors import ConflictError, NotFoundError
 from fedsplit.server.admin.schemas import ParameterPublic, RoundCreate, RoundPublic, UploadPublic
 from fedsplit.server.admin.tables import Round, Upload
 from fedsplit.server.admin.timeutil import as_utc
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from fedsplit import aggregation
 
 OPEN = "open"
 AGGREGATED = "aggregated"

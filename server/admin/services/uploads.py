@@ -13,8 +13,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from fedsplit.protocol.arrays import layout_difference
 from fedsplit.server.admin.auth import Principal
 from fedsplit.server.admin.context import AdminContext
@@ -26,6 +24,7 @@ from fedsplit.server.admin.schemas import ParameterPublic, UploadReceipt
 from fedsplit.server.admin.services.rounds import AGGREGATED, get_round, upload_public
 from fedsplit.server.admin.tables import Round, Site, Upload, utcnow
 from fedsplit.server.admin.timeutil import as_utc
+from sqlalchemy import select
 
 #: No hospital cohort is larger; a bigger count is a bug or an attempt to dominate the average.
 MAX_NUM_EXAMPLES = 10**9

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.templating import Jinja2Templates
-
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin.ui.pages import UIError, handle_ui_error, make_templates
 from fedsplit.server.admin.ui.refusals import RefusalRecorder, UIBase

@@ -11,7 +11,6 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-
 from fedsplit.server.admin.auth import ADMIN, Principal
 from fedsplit.server.admin.ui.sessions import COOKIE, SessionStore
 

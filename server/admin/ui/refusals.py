@@ -19,6 +19,9 @@ import re
 from datetime import datetime
 from typing import Any
 
+from fedsplit.server.admin.auth import ADMIN, authenticate
+from fedsplit.server.admin.errors import AuthenticationError
+from fedsplit.server.admin.tables import utcnow
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from sqlalchemy import DateTime, Integer, String, Text, delete, select
@@ -26,10 +29,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from fedsplit.server.admin.auth import ADMIN, authenticate
-from fedsplit.server.admin.errors import AuthenticationError
-from fedsplit.server.admin.tables import utcnow
 
 UPLOAD_PATH = re.compile(r"^/api/v1/rounds/(\d{1,18})/uploads/?$")
 MAX_ROWS = 5000

@@ -9,14 +9,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
-
 from fedsplit.server.admin.auth import ADMIN, Principal
 from fedsplit.server.admin.tables import Round, Site, Upload
 from fedsplit.server.admin.timeutil import as_utc
 from fedsplit.server.admin.ui.refusals import RefusedUpload
 from fedsplit.server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
 
 #: Rounds listed on the overview (newest first); older ones stay reachable by id.
 MAX_ROUNDS_LISTED = 100

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, RedirectResponse, Response
-
 from fedsplit.server.admin.auth import ADMIN, Principal, authenticate
 from fedsplit.server.admin.context import AdminContext
 from fedsplit.server.admin.errors import AdminError, AuthenticationError
