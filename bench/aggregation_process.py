@@ -10,9 +10,10 @@ and on the same files (page cache warm: every file is read once first):
 
 fedsplit's packages are compiled to bytecode first, as an install has them, and the streamed
 passes' C kernels built, as ``make setup`` does (`compile_bytecode`).
-It also measures start-up (the interpreter alone, ``import cli.app``, ``import cli.aggregate``,
-the whole ``fedsplit aggregate --help`` process and which heavy packages it imported, and the
-compiled kernels' start) and the read rate of block-wise reads (`aggregation._blocks`'s reader,
+It also measures start-up (the interpreter alone, ``import fedsplit.cli.app``,
+``import fedsplit.cli.aggregate``, the whole ``fedsplit aggregate --help`` process and which heavy
+packages it imported, and the compiled kernels' start) and the read rate of block-wise reads
+(`aggregation._blocks`'s reader,
 as a stack fill reads: positional reads at each value's offset in the file, and through HDF5
 calls with ``FEDSPLIT_MMAP=0``) against a plain sequential ``read()`` of the same bytes. (The
 streamed passes' C kernels issue the same positional reads themselves; the stacked kernels read
@@ -104,17 +105,18 @@ HEAVY = ("torch", "flwr", "pandas", "fastapi", "sklearn", "numba")
 
 
 def startup() -> dict[str, Any]:
-    """Best of 3 each: the interpreter alone, ``import cli.app``, ``import cli.aggregate``, the
-    whole ``fedsplit aggregate --help`` process (what every aggregation pays before its first
-    file), and the compiled kernels' start (``import numba`` and loading one cached kernel,
+    """Best of 3 each: the interpreter alone, ``import fedsplit.cli.app``,
+    ``import fedsplit.cli.aggregate``, the whole ``fedsplit aggregate --help`` process (what every
+    aggregation pays before its first file), and the compiled kernels' start (``import numba`` and
+    loading one cached kernel,
     which robust rules pay on large passes); plus which heavy packages the command imported."""
     py = sys.executable
-    cmd = [py, "-c", "import sys; from cli.app import main; sys.argv[0] = 'fedsplit'; main()",
+    cmd = [py, "-c", "import sys; from fedsplit.cli.app import main; sys.argv[0] = 'fedsplit'; main()",
            "aggregate", "--help"]
     out: dict[str, Any] = {
         "python_s": min(_timed([py, "-c", "pass"]) for _ in range(3)),
-        "import_cli_app_s": min(_timed([py, "-c", "import cli.app"]) for _ in range(3)),
-        "import_cli_aggregate_s": min(_timed([py, "-c", "import cli.aggregate"]) for _ in range(3)),
+        "import_cli_app_s": min(_timed([py, "-c", "import fedsplit.cli.app"]) for _ in range(3)),
+        "import_cli_aggregate_s": min(_timed([py, "-c", "import fedsplit.cli.aggregate"]) for _ in range(3)),
     }
     runs = [_run(cmd) for _ in range(3)]
     out["aggregate_help_s"] = min(r[0] for r in runs)
@@ -126,7 +128,7 @@ def startup() -> dict[str, Any]:
             kernel.append(tuple(float(v) for v in done.stdout.split()))
     out["kernels_start_s"] = min(k[0] for k in kernel) if kernel else None
     out["kernels_start_cpu_s"] = min(k[1] for k in kernel) if kernel else None
-    probe = ("import sys, io, contextlib; from cli.app import app; from cli.errors import "
+    probe = ("import sys, io, contextlib; from fedsplit.cli.app import app; from fedsplit.cli.errors import "
              "run_guarded\nwith contextlib.redirect_stdout(io.StringIO()): run_guarded(app, "
              "['aggregate', '--help'])\nprint(' '.join(m for m in " + repr(HEAVY) +
              " if m in sys.modules))")
@@ -190,7 +192,7 @@ def whole_process(
     Each row is printed as soon as it is measured, with the CPU time of both processes
     (user + system, all threads; steadier than wall time on a shared machine) and the load
     average when it was taken."""
-    fedsplit = [sys.executable, "-c", "import sys; from cli.app import main; sys.argv[0] = "
+    fedsplit = [sys.executable, "-c", "import sys; from fedsplit.cli.app import main; sys.argv[0] = "
                 "'fedsplit'; main()"]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     results: dict[str, dict[str, float]] = {}
@@ -277,8 +279,8 @@ def report(paths: list[Path], rules: list[str], *, flower: bool, repeat: int = 1
     up = startup()
     kernels = ("numba not installed" if up["kernels_start_s"] is None else
                f"{up['kernels_start_s']:.3f} s ({up['kernels_start_cpu_s']:.3f} s CPU)")
-    print(f"start-up: python {up['python_s']:.3f} s; import cli.app "
-          f"{up['import_cli_app_s'] - up['python_s']:+.3f} s; import cli.aggregate "
+    print(f"start-up: python {up['python_s']:.3f} s; import fedsplit.cli.app "
+          f"{up['import_cli_app_s'] - up['python_s']:+.3f} s; import fedsplit.cli.aggregate "
           f"{up['import_cli_aggregate_s'] - up['python_s']:+.3f} s; whole `fedsplit aggregate "
           f"--help` {up['aggregate_help_s']:.3f} s ({up['aggregate_help_cpu_s']:.3f} s CPU), "
           f"heavy packages imported: {', '.join(up['heavy_imported']) or 'none'} (of "

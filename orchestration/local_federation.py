@@ -63,7 +63,7 @@ def fedsplit_command() -> list[str]:
     script = Path(tool("fedsplit"))
     if script.is_file():
         return [str(script)]
-    return [sys.executable, "-c", "import sys; from cli.app import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from fedsplit.cli.app import main; sys.exit(main())"]
 
 
 def admin_available() -> bool:

@@ -26,7 +26,7 @@ from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, raw_weights, write_
 REPO = Path(__file__).resolve().parents[2]
 # The `fedsplit admin` sub-app itself (cli.app imports every other command too, which is slow).
 SERVE = (
-    "import sys; from cli.admin import admin_app; from cli.errors import run_guarded; "
+    "import sys; from fedsplit.cli.admin import admin_app; from fedsplit.cli.errors import run_guarded; "
     "sys.exit(run_guarded(admin_app, sys.argv[1:]))"
 )
 

@@ -171,7 +171,7 @@ def _child(env: dict[str, str], code: str) -> subprocess.CompletedProcess[str]:
 def test_a_fresh_directory_builds_once_and_later_processes_load_it(tmp_path: Path) -> None:
     env = {**os.environ, "FEDSPLIT_KERNEL_DIR": str(tmp_path / "k")}
     code = (
-        "from aggregation import _ckernels as c\n"
+        "from fedsplit.aggregation import _ckernels as c\n"
         "k = c.load(); import numpy as np\n"
         "x = np.arange(9, dtype=np.float32)\n"
         "print(k.path.name, k.squared_distance(x, x * 0))\n"
@@ -198,8 +198,8 @@ def test_a_failed_build_is_recorded_and_auto_falls_back_to_numpy(tmp_path: Path)
     assert list((tmp_path / "k").glob("*.failed"))
     code = (
         "import os, numpy as np, aggregation\n"
-        "from aggregation import _kernels\n"
-        "from protocol import Update\n"
+        "from fedsplit.aggregation import _kernels\n"
+        "from fedsplit.protocol import Update\n"
         "ups = [Update(arrays={'w': np.full(5, float(i), np.float32)}, num_examples=1) "
         "for i in range(3)]\n"
         "assert _kernels.streamed() is None\n"

@@ -106,7 +106,7 @@ def test_auto_on_a_cpu_machine_does_not_import_torch(tmp_path: Path) -> None:
         pytest.skip("this machine has an NVIDIA driver: auto imports torch to ask it")
     code = (
         "import sys, numpy as np, aggregation\n"
-        "from protocol import Update\n"
+        "from fedsplit.protocol import Update\n"
         "ups = [Update({'a': np.full(3, k, np.float32)}, num_examples=1, site=f's{k}') "
         "for k in range(3)]\n"
         "r = aggregation.aggregate_updates(aggregation.get_strategy('median'), ups)\n"

@@ -224,8 +224,8 @@ def test_loading_the_kernels_does_not_import_scipy(tmp_path: Path):
 
     code = (
         "import sys, numpy as np\n"
-        "from aggregation._kernels import _load, selection_network\n"
-        "from aggregation._blocks import stack_addresses\n"
+        "from fedsplit.aggregation._kernels import _load, selection_network\n"
+        "from fedsplit.aggregation._blocks import stack_addresses\n"
         "k = _load()\n"
         "x = np.arange(15, dtype=np.float32).reshape(3, 5)\n"
         "lo, hi = selection_network(3, 1, 1)\n"

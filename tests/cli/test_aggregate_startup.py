@@ -128,9 +128,9 @@ def test_help_loads_only_the_command_asked_for() -> None:
     got = _probe(["aggregate", "--help"])
     assert got["code"] == 0
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from cli.app import app; from cli.errors import "
-         "run_guarded; run_guarded(app, ['aggregate', '--help']); print(sorted(m for m in "
-         "sys.modules if m.startswith('cli.')))"],
+        [sys.executable, "-c", "import sys; from fedsplit.cli.app import app; "
+         "from fedsplit.cli.errors import run_guarded; run_guarded(app, ['aggregate', '--help']); "
+         "print(sorted(m for m in sys.modules if m.startswith('fedsplit.cli.')))"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     modules = done.stdout.strip().splitlines()[-1]

@@ -94,7 +94,7 @@ def test_workers_exit_when_the_coordinator_dies_without_cleanup(tmp_path: Path) 
     # Flower stops a simulation's process with a signal: no exit handlers run, and without the
     # watchdog the pool's workers (and the forkserver) stayed behind for good.
     code = ("import os, sys\n"
-            "from server.secure import unmask\n"
+            "from fedsplit.server.secure import unmask\n"
             "pids = [f.result() for f in unmask.warm_up(unmask.MIN_PARALLEL, 2)]\n"
             "print(' '.join(map(str, pids)), flush=True)\n"
             "os._exit(0)\n")
