@@ -33,7 +33,7 @@ from fedsplit.server.admin.store import add_site  # noqa: E402
 
 TOKEN = "bench-admin-token-0123456789abcdef"
 SERVE = (
-    "import sys; from cli.admin import admin_app; from cli.errors import run_guarded; "
+    "import sys; from fedsplit.cli.admin import admin_app; from fedsplit.cli.errors import run_guarded; "
     "sys.exit(run_guarded(admin_app, sys.argv[1:]))"
 )
 
