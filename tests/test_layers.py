@@ -60,7 +60,7 @@ def _python_files() -> list[Path]:
 def test_no_module_imports_a_bare_top_level_package() -> None:
     """Installed, fedsplit is importable only as ``fedsplit.*``: a bare top-level import of one of
     its packages (in code, or in code run from a string) works in a
-    checkout.s working directory and fails everywhere else, or imports a user's own ``server.py``."""
+    checkout's working directory and fails everywhere else, or imports a user's own ``server.py``."""
     found = []
     for path in _python_files():
         source = path.read_text()
