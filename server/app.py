@@ -80,7 +80,8 @@ def main(grid: Grid, context: Context) -> None:
     optimizer = server_optimizer(cfg)
     try:
         if resume is not None:
-            log.info("Resuming after round %d from %s", resume.last_round, resume.global_model)
+            log.info("Resuming after round %d from %s", resume.last_round,
+                     resume.start_model or resume.global_model)
             try:  # give hospitals restarted with the coordinator a short grace to reconnect
                 wait_for_nodes(grid, cfg.min_nodes, min(cfg.round_timeout, RESUME_GRACE_S))
             except FedsplitError:

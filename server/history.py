@@ -4,8 +4,13 @@
 (``schema``, `protocol.schema.Schema` as JSON, and ``schema_warnings``) and per round: every
 site's count and metrics, the aggregation report, the server optimizer's step (``server_opt``),
 the federated evaluation (per site: ``evaluate.sites[].metrics``), and timings.
-``OUT/models/round-NNN.h5`` (+ ``.report.json``) and ``OUT/global.h5`` hold the global model in
-the fedsplit weight-file format, with the schema as its ``schema`` attribute;
+``OUT/models/round-NNN.h5`` (+ ``.report.json``) hold each round's global model in the fedsplit
+weight-file format, with the schema as its ``schema`` attribute; ``OUT/last.h5`` is the last
+round's, ``OUT/global.h5`` the kept round's: with run config ``keep=best-val`` (the default) the
+round whose federated evaluation on the hospitals' validation rows scores best by the task
+metric, ties to the later round; with ``keep=last`` the last round's (`server.selection`;
+``selection`` in the history records the choice, and a resumed run recomputes it from the
+recorded rounds);
 ``OUT/models/round-NNN.opt.h5`` holds the server optimizer's state after that round (its
 ``m.<param>`` and ``v.<param>`` arrays, ``num_examples`` = steps taken), so a resumed run
 continues the optimizer where it stopped. Every file is replaced atomically, so a reader (the CLI's
@@ -27,15 +32,17 @@ from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol.atomic import atomic_path, write_json_atomic
 from fedsplit.protocol.errors import ConfigError, ResumeMismatchError
 from fedsplit.protocol.schema import Schema
+from fedsplit.protocol.selection import check_keep
 from fedsplit.protocol.update import Update
 from fedsplit.protocol.weights import read_weights, write_weights
+from fedsplit.server.selection import select
 
 if TYPE_CHECKING:
     from flwr.app import ArrayRecord
 
 # Run-config keys that may change when a coordinator resumes an unfinished run in the same out-dir.
 RESUMABLE_CHANGES = frozenset({"num-server-rounds", "round-timeout", "resume", "quorum", "min-nodes",
-                               "device"})
+                               "device", "keep"})
 FINGERPRINT_KEY = "data-fingerprint"
 START_OVER = ("use a new out-dir (--out), or start over in this one with run config resume=false "
               "(`fedsplit simulate --no-resume`, `fedsplit up --no-resume`)")
@@ -66,7 +73,10 @@ class RunHistory:
                                     {"after_round": done, "at": time.time()}]
         self.schema: str | None = (Schema.from_json(self.data["schema"]).to_json()
                                    if self.data.get("schema") else None)
+        self.keep = keep_rule(config)
         self._round_started = time.monotonic()
+        if previous is not None:
+            self._keep()
         self.save()
 
     def set_schema(self, schema: str | None, warnings: list[str]) -> None:
@@ -135,10 +145,11 @@ class RunHistory:
                 model_path, schema=self.schema,
             )
             write_json_atomic(model_path.with_suffix(".report.json"), result.report.to_dict())
-            with atomic_path(self.out_dir / "global.h5") as tmp:
+            with atomic_path(self.out_dir / "last.h5") as tmp:
                 shutil.copyfile(model_path, tmp)
             entry["aggregation"] = result.report.to_dict()
             entry["model"] = str(model_path.relative_to(self.out_dir))
+            self._keep()
         entry["train_seconds"] = round(time.monotonic() - self._round_started, 3)
         self.save()
 
@@ -150,7 +161,20 @@ class RunHistory:
         entry["evaluate"] = {"sites": sites, "metrics": metrics}
         entry["seconds"] = round(time.monotonic() - self._round_started, 3)
         self._round_started = time.monotonic()
+        self._keep()
         self.save()
+
+    def _keep(self) -> None:
+        """Choose the kept round from the recorded ones; copy its model to global.h5 when the
+        choice moved (or global.h5 is missing)."""
+        chosen = select(self.data["rounds"], self.keep, self.data.get("model_id"))
+        before = (self.data.get("selection") or {}).get("rounds_kept")
+        self.data["selection"] = chosen
+        target = self.out_dir / "global.h5"
+        if chosen["rounds_kept"] and (chosen["rounds_kept"] != before or not target.exists()):
+            entry = next(r for r in self.data["rounds"] if r["round"] == chosen["rounds_kept"])
+            with atomic_path(target) as tmp:
+                shutil.copyfile(self.out_dir / entry["model"], tmp)
 
     def finish(self, status: str = "finished", error: str | None = None) -> None:
         """Mark the run as over."""
@@ -161,28 +185,50 @@ class RunHistory:
         self.save()
 
 
+def keep_rule(config: dict[str, Any]) -> str:
+    """The run config's ``keep`` (``best-val`` when absent); a bad value is a `ConfigError`."""
+    try:
+        return check_keep(str(config.get("keep", "best-val")))
+    except ValueError as e:
+        raise ConfigError(f"Run config: {e}") from e
+
+
+def latest_model(out_dir: Path, history: dict[str, Any]) -> Path:
+    """The newest global model of a run, which the next round starts from: the last recorded
+    round's saved model, else ``last.h5``, else ``global.h5`` (runs written before last.h5)."""
+    for entry in sorted(history.get("rounds", []), key=lambda r: int(r["round"]), reverse=True):
+        if entry.get("model") and (out_dir / entry["model"]).exists():
+            return out_dir / entry["model"]
+    return out_dir / "last.h5" if (out_dir / "last.h5").exists() else out_dir / "global.h5"
+
+
 def optimizer_state_path(model_path: Path) -> Path:
     """Where the server optimizer's state after a round is kept: beside its model."""
     return model_path.with_name(model_path.stem + ".opt.h5")
 
 
 def completed_rounds(history: dict[str, Any]) -> int:
-    """The last round whose training phase was recorded (its model, if any, is in global.h5)."""
+    """The last round whose training phase was recorded (its model, if any, is in last.h5)."""
     return max((int(r["round"]) for r in history.get("rounds", []) if "train" in r), default=0)
 
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """Where an unfinished run in an out-dir stopped."""
+    """Where an unfinished run in an out-dir stopped.
+
+    ``global_model``: the run's ``global.h5`` (the kept round's model); ``start_model``: the
+    last round's model, which the next round continues from (`latest_model`).
+    """
 
     history: dict[str, Any]
     last_round: int
     model_id: str
     global_model: Path
+    start_model: Path | None = None
 
     def arrays(self) -> ArrayRecord:
-        """The saved global model as a Flower ``ArrayRecord``."""
-        return read_weights(self.global_model).to_array_record()
+        """The last round's global model (the one training continues from) as an ``ArrayRecord``."""
+        return read_weights(self.start_model or self.global_model).to_array_record()
 
     @property
     def schema(self) -> str | None:
@@ -257,9 +303,10 @@ def find_resume_point(out_dir: Path, config: dict[str, Any]) -> ResumePoint | No
     """Return where to continue an unfinished run in ``out_dir``, or None to start over.
 
     A run is resumable when history.json is not ``finished``, records at least one completed
-    round, and global.h5 exists. Its configuration must match ``config`` except for the keys in
-    `RESUMABLE_CHANGES`, and its sites must hold the same data (``data-fingerprint``); anything
-    else raises `ResumeMismatchError` rather than continuing the old model on other data.
+    round, and its last round's model exists (`latest_model`). Its configuration must match
+    ``config`` except for the keys in `RESUMABLE_CHANGES`, and its sites must hold the same
+    data (``data-fingerprint``); anything else raises `ResumeMismatchError` rather than
+    continuing the old model on other data.
     """
     path = out_dir / "history.json"
     model = out_dir / "global.h5"
@@ -273,7 +320,9 @@ def find_resume_point(out_dir: Path, config: dict[str, Any]) -> ResumePoint | No
             f"or set resume=false. Received: {path}"
         ) from e
     last = completed_rounds(history)
-    if history.get("status") == "finished" or last == 0 or not model.exists() \
+    start = latest_model(out_dir, {"rounds": [r for r in history.get("rounds", [])
+                                              if int(r["round"]) <= last]})
+    if history.get("status") == "finished" or last == 0 or not start.exists() \
             or not history.get("model_id"):
         return None
     before = history.get("config", {})
@@ -292,4 +341,4 @@ def find_resume_point(out_dir: Path, config: dict[str, Any]) -> ResumePoint | No
             f"{out_dir} holds an unfinished run ({last} rounds done) with a different configuration, "
             f"so it cannot be resumed: {START_OVER}. Received: differing keys {differs}"
         )
-    return ResumePoint(history, last, str(history["model_id"]), model)
+    return ResumePoint(history, last, str(history["model_id"]), model, start)
