@@ -90,9 +90,13 @@ SCHEMA_KEYS = ("name", "kind", "task", "input-shape", "features")
 INIT_KEYS = ("kind", "task", "input-shape", "num-outputs", "hidden", "norm", "mean", "std",
              "y-mean", "y-std")
 SITE_KEYS = ("name", "device", "parallel-mode", "parallel-config")
+TRAIN_LOSS = "train-loss"  # a train reply's mean training loss
+#: A train reply's spent privacy budget (patient-level DP-SGD, cumulative over the run);
+#: the coordinator copies it to the run record (`protocol.history.RunRecord.record_privacy`).
+DP_EPSILON = "dp-epsilon"
 #: Metric names the hospital agent may put in its replies (scalars only).
-TRAIN_METRICS = frozenset({NUM_EXAMPLES, "train-loss", "on-gpu", "parallel-workers",
-                           "parallel-samples-per-s", "dp-epsilon"})
+TRAIN_METRICS = frozenset({NUM_EXAMPLES, TRAIN_LOSS, "on-gpu", "parallel-workers",
+                           "parallel-samples-per-s", DP_EPSILON})
 EVALUATE_METRICS = frozenset({NUM_EXAMPLES, "loss", "accuracy", "r2", "rmse"})
 
 

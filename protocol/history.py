@@ -1,0 +1,421 @@
+"""The run record: what a horizontal Flower run writes (``OUT/history.json``) and what
+``fedsplit simulate`` adds beside it (``summary.json``: baselines, per-round test scores, privacy).
+
+One model per part, read and written only through these classes:
+
+- `RunRecord` (``history.json``): the run's status, configuration, model id, agreed table
+  schema, resumes and `RoundEntry` list;
+- `RoundEntry`: one round's `Phase` for training and for evaluation (each a list of
+  `SiteEntry` plus the aggregated metrics), the aggregation report (`AggregationReport`,
+  with one `ReportSite` per update), the saved model, the server optimizer's step
+  (`ServerOptStep`), the privacy accounting (`RoundPrivacy`) and timings;
+- `RunSummary` (``summary.json``): the `Scores` of the centralized and hospital-alone
+  `Baseline` models, of the federated model per round (`SummaryRound`) and at the end, and the
+  privacy section (`SummaryPrivacy`).
+
+The JSON on disk keeps the keys fedsplit has always written (a file written before these models
+existed loads unchanged): a key is written when the writer set it, so an absent key stays
+absent rather than becoming ``null``. Keys a model does not declare are kept as they are
+(``extra="allow"``), so a newer writer's field survives an older reader's rewrite. To add a
+field: declare it on its model with a default (``None`` or an empty container), set it in the
+writer, and describe it in docs/run-record.md. The records are written atomically
+(`protocol.atomic`).
+
+Privacy accounting goes through `RunRecord.record_privacy`; the reply metric a hospital reports
+its spent epsilon in is `protocol.horizontal_wire.DP_EPSILON`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from fedsplit.protocol.atomic import write_json_atomic
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.horizontal_wire import DP_EPSILON
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+HISTORY_FILE = "history.json"
+SUMMARY_FILE = "summary.json"
+
+#: A metric as recorded: a number, or a list of numbers (Flower allows both in a reply).
+Metric = float | list[float]
+
+
+class _Part(BaseModel):
+    """A part of the run record: undeclared keys are kept, unset keys are not written."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, validate_assignment=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The part as JSON-ready data, with exactly the keys that were set (or read)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def scalars(metrics: dict[str, Metric] | None) -> dict[str, float]:
+    """The single-number metrics of ``metrics`` (lists dropped)."""
+    return {k: float(v) for k, v in (metrics or {}).items() if not isinstance(v, list)}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+# --- history.json ---------------------------------------------------------------------------
+class SiteEntry(_Part):
+    """One hospital in one round's training or evaluation phase.
+
+    A reply: ``site``, ``num_examples``, ``metrics`` (every metric it sent, the weight key
+    included) and for training ``info`` (device, parallel mode). A hospital left out:
+    ``excluded`` with ``reason`` (and ``late`` when it did not answer in time). ``epsilon``:
+    its spent privacy budget after this round, when DP is on (`RunRecord.record_privacy`).
+    """
+
+    site: str | None = None
+    num_examples: int | None = None
+    metrics: dict[str, Metric] = Field(default_factory=dict)
+    info: dict[str, str] = Field(default_factory=dict)
+    excluded: bool = False
+    late: bool = False
+    reason: str | None = None
+    epsilon: float | None = None
+
+    def spent_epsilon(self) -> float | None:
+        """The recorded epsilon, else an ``epsilon`` metric (runs written by other tools)."""
+        if self.epsilon is not None:
+            return self.epsilon
+        return _number(self.metrics.get("epsilon"))
+
+
+class Phase(_Part):
+    """A round's training or evaluation: every hospital's entry and the aggregated metrics."""
+
+    sites: list[SiteEntry] = Field(default_factory=list)
+    metrics: dict[str, Metric] = Field(default_factory=dict)
+
+
+class ReportSite(_Part):
+    """One update in the aggregation report (`aggregation.base.SiteReport`)."""
+
+    site: str | None = None
+    num_examples: int | None = None
+    weight: float | None = None
+    excluded: bool = False
+    reason: str | None = None
+    claimed_examples: int | None = None
+    flags: list[str] = Field(default_factory=list)
+    trimmed_fraction: float | None = None
+    trimmed_most: bool = False
+    selected: bool | None = None
+    score: float | None = None
+    l2_to_aggregate: float | None = None
+
+
+class AggregationReport(_Part):
+    """What the aggregation rule did in a round (`aggregation.base.AggregationReport`);
+    also written beside the round's model as ``models/round-NNN.report.json``."""
+
+    strategy: str | None = None
+    params: dict[str, Any] | str = Field(default_factory=dict)
+    num_examples: int | None = None
+    sites: list[ReportSite] = Field(default_factory=list)
+    memory_budget: int | None = None
+    working_bytes: int | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ServerOptStep(_Part):
+    """The server optimizer's step on the aggregate: its name, rate, steps taken, and how far
+    it moved the model from the rule's aggregate (L2 over every parameter)."""
+
+    name: str
+    lr: float | None = None
+    step: int
+    distance_from_aggregate: float | None = None
+
+
+class RoundPrivacy(_Part):
+    """A round's privacy accounting: the DP level, the run's budget (epsilon, delta) and, at
+    hospital level, the epsilon every participating hospital has spent after this round."""
+
+    level: str
+    epsilon_budget: float
+    delta: float
+    epsilon: float | None = None
+
+
+class RoundEntry(_Part):
+    """One round: training, aggregation, saved model, evaluation and timings.
+
+    ``train_seconds``: from the round's start to its model saved; ``seconds``: to its
+    evaluation recorded. ``error``: why the round left the global model unchanged.
+    """
+
+    round: int
+    train: Phase | None = None
+    evaluate: Phase | None = None
+    aggregation: AggregationReport | None = None
+    model: str | None = None
+    server_opt: ServerOptStep | None = None
+    privacy: RoundPrivacy | None = None
+    error: str | None = None
+    train_seconds: float | None = None
+    seconds: float | None = None
+
+    @property
+    def trained(self) -> bool:
+        """Whether the round's training phase was recorded."""
+        return self.train is not None
+
+
+class Resume(_Part):
+    """A restarted coordinator continued the run after round ``after_round`` (at ``at``)."""
+
+    after_round: int
+    at: float | None = None
+
+
+class ValScore(_Part):
+    """A candidate round's federated validation score (None: not scored) and its rows."""
+
+    round: int
+    score: float | None = None
+    examples: int | None = None
+
+
+class Selection(_Part):
+    """Which round's model is ``global.h5`` (`server.selection`): the rule (``keep``), the
+    metric, the round kept, its validation score and every candidate round's score."""
+
+    keep: str
+    metric: str | None = None
+    rounds_kept: int | None = None
+    val_score: float | None = None
+    val_metric: list[ValScore] = Field(default_factory=list)
+
+
+class RunRecord(_Part):
+    """``history.json``: one horizontal Flower run, written by the coordinator after every phase.
+
+    ``status``: running, finished or failed (with ``error``); ``config``: the Flower run
+    config (`protocol.config.RunConfig.to_flower`); ``schema``: the agreed table schema
+    (`protocol.schema.Schema` as JSON) and ``schema_warnings``; ``selection``: the kept
+    round; ``resumed``: each restart of the coordinator; times are Unix seconds.
+    """
+
+    status: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    model_id: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    table_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_warnings: list[str] = Field(default_factory=list)
+    resumed: list[Resume] = Field(default_factory=list)
+    selection: Selection | None = None
+    rounds: list[RoundEntry] = Field(default_factory=list)
+
+    # -- reading --------------------------------------------------------------------------
+    @classmethod
+    def from_json(cls, data: Any, *, source: str = "history.json") -> RunRecord:
+        """Check and read a run record (as parsed JSON); `ConfigError` names what is wrong."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source} must hold a JSON object (a fedsplit run record). "
+                              f"Received: {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(f"{source} is not a fedsplit run record: {_first_error(e)}. Move it "
+                              f"away or rewrite it with fedsplit. Received: {source}") from e
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunRecord:
+        """Read ``path`` (a ``history.json``); `ConfigError` when unreadable or malformed."""
+        return cls.from_json(_read(Path(path)), source=str(path))
+
+    def save(self, path: str | Path) -> None:
+        """Write the record to ``path`` atomically."""
+        write_json_atomic(path, self.to_json())
+
+    def round(self, number: int) -> RoundEntry | None:
+        """Round ``number``, if recorded."""
+        return next((r for r in self.rounds if r.round == number), None)
+
+    def round_entry(self, number: int) -> RoundEntry:
+        """Round ``number``, added (empty) when not recorded yet."""
+        entry = self.round(number)
+        if entry is None:
+            entry = RoundEntry(round=number)
+            self.rounds.append(entry)
+        return entry
+
+    @property
+    def completed_rounds(self) -> int:
+        """The last round whose training phase was recorded (0: none)."""
+        return max((r.round for r in self.rounds if r.trained), default=0)
+
+    @property
+    def model_rounds(self) -> list[RoundEntry]:
+        """The rounds that saved a global model, in order."""
+        return [r for r in self.rounds if r.model is not None]
+
+    @property
+    def final_examples(self) -> int | None:
+        """Training rows behind the last saved model (excluded hospitals do not count)."""
+        return next((r.aggregation.num_examples for r in reversed(self.rounds)
+                     if r.aggregation is not None), None)
+
+    def spent_epsilon(self) -> dict[str, tuple[float, int]]:
+        """Each hospital's last recorded epsilon and the round it was recorded in."""
+        spent: dict[str, tuple[float, int]] = {}
+        for entry in self.rounds:
+            for site in entry.train.sites if entry.train else []:
+                eps = site.spent_epsilon()
+                if eps is not None and site.site is not None:
+                    spent[site.site] = (eps, entry.round)
+        return spent
+
+    # -- writing --------------------------------------------------------------------------
+    def record_privacy(self, server_round: int, *, level: str, epsilon_budget: float,
+                       delta: float, run_epsilon: float | None = None) -> bool:
+        """Record round ``server_round``'s privacy accounting; False when it has no training.
+
+        ``run_epsilon`` (hospital-level DP): the epsilon the run has spent after this round,
+        given to every hospital whose update was used. Without it (patient-level DP), each
+        hospital's own report, the `DP_EPSILON` reply metric, is copied to its ``epsilon``.
+        """
+        entry = self.round(server_round)
+        if entry is None or entry.train is None:
+            return False
+        for site in entry.train.sites:
+            if run_epsilon is not None:
+                if not site.excluded and "metrics" in site.model_fields_set:
+                    site.epsilon = float(run_epsilon)
+            elif (value := _number(site.metrics.get(DP_EPSILON))) is not None:
+                site.epsilon = value
+        privacy = RoundPrivacy(level=level, epsilon_budget=float(epsilon_budget), delta=float(delta))
+        if run_epsilon is not None:
+            privacy.epsilon = float(run_epsilon)
+        entry.privacy = privacy
+        return True
+
+
+# --- summary.json ---------------------------------------------------------------------------
+class Scores(_Part):
+    """A model scored on the held-out test rows: pooled (``metrics``), on each hospital's
+    (``per_site``) and their unweighted mean (``mean_per_site``)."""
+
+    metrics: dict[str, float] = Field(default_factory=dict)
+    per_site: dict[str, dict[str, float]] = Field(default_factory=dict)
+    mean_per_site: dict[str, float] = Field(default_factory=dict)
+
+
+class Baseline(Scores):
+    """A model trained without federation: centralized (pooled rows, no ``site``) or one
+    hospital alone (``site``), with its rows, optimizer steps, the round kept by validation
+    and its validation scores."""
+
+    site: str | None = None
+    num_examples: int | None = None
+    steps: int | None = None
+    rounds_kept: int | None = None
+    val_metric: list[float] = Field(default_factory=list)
+    val_examples: int | None = None
+
+
+class FederatedScores(Scores):
+    """The final federated model: its scores, training rows and file."""
+
+    num_examples: int | None = None
+    model: str | None = None
+
+
+class SummaryRound(Scores):
+    """The federated model of one round on the test rows, and the hospitals' own evaluation."""
+
+    round: int
+    site_evaluation: dict[str, Metric] = Field(default_factory=dict)
+
+
+class SitePrivacy(_Part):
+    """A hospital's last spent epsilon and the round it was recorded in."""
+
+    epsilon: float
+    round: int
+
+
+class SummaryPrivacy(_Part):
+    """``summary.json``'s privacy section: the DP spec, budget, each hospital's last epsilon
+    and, after ``fedsplit privacy-audit``, the membership-inference ``audit``."""
+
+    dp: str | None = None
+    level: str | None = None
+    epsilon_budget: float | None = None
+    delta: float | None = None
+    per_site: dict[str, SitePrivacy] = Field(default_factory=dict)
+    audit: dict[str, Any] | None = None
+
+
+class RunSummary(_Part):
+    """``summary.json`` of ``fedsplit simulate``: baselines and the federated model's scores."""
+
+    task: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    strategy: str | None = None
+    model_id: str | None = None
+    centralized: Baseline | None = None
+    local_only: list[Baseline] = Field(default_factory=list)
+    federated: FederatedScores | None = None
+    personalized: dict[str, Any] | None = None
+    rounds: list[SummaryRound] = Field(default_factory=list)
+    privacy: SummaryPrivacy | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: str = "summary.json") -> RunSummary:
+        """Check and read a summary (as parsed JSON); `ConfigError` names what is wrong."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source} must hold a JSON object (a fedsplit run summary). "
+                              f"Received: {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(f"{source} is not a fedsplit run summary: {_first_error(e)}. "
+                              f"Received: {source}") from e
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunSummary:
+        """Read ``path`` (a ``summary.json``); `ConfigError` when unreadable or malformed."""
+        return cls.from_json(_read(Path(path)), source=str(path))
+
+    def save(self, path: str | Path) -> None:
+        """Write the summary to ``path`` atomically."""
+        write_json_atomic(path, self.to_json())
+
+    def round_metric(self, key: str) -> list[float]:
+        """Metric ``key`` of the federated model on the pooled test rows, round by round."""
+        return [r.metrics.get(key, math.nan) for r in self.rounds]
+
+
+def privacy_section(record: RunRecord, *, dp: str | None, level: str | None,
+                    epsilon_budget: float | None, delta: float | None) -> SummaryPrivacy:
+    """``summary.json``'s privacy section from a run record: each hospital's last epsilon."""
+    return SummaryPrivacy(dp=dp, level=level, epsilon_budget=epsilon_budget, delta=delta,
+                          per_site={site: SitePrivacy(epsilon=eps, round=rnd)
+                                    for site, (eps, rnd) in record.spent_epsilon().items()})
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is not readable JSON ({e}). Received: {path}") from e
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    return f"{where}: {err['msg']} ({e.error_count()} problem(s) in all)"
