@@ -8,11 +8,10 @@ from typing import Annotated, Any
 
 import typer
 from fedsplit.client.data import DATASETS
+from fedsplit.orchestration.tables import summary_tables
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from fedsplit import aggregation
 
@@ -21,35 +20,10 @@ console = Console()
 
 def print_summary(summary: dict[str, Any]) -> None:
     """Print each model's score on every hospital's test patients, their mean and the pooled test."""
-    key = "accuracy" if summary["task"] == "classification" else "r2"
-    per_site = summary["test_examples_per_site"]
-    table = Table(title=f"Test {key}: each hospital's own test patients, their mean, and all "
-                        f"{summary['test_examples']} pooled")
-    table.add_column("model")
-    table.add_column("training rows", justify="right")
-    for name, rows in per_site.items():
-        table.add_column(f"{name} ({rows})", justify="right")
-    table.add_column("mean per hospital", justify="right")
-    table.add_column("pooled", justify="right")
-
-    def row(label: str, entry: dict[str, Any], bold: bool = False) -> None:
-        cells = [f"{entry['per_site'][n][key]:.4f}" for n in per_site]
-        cells += [f"{entry['mean_per_site'][key]:.4f}", f"{entry['metrics'][key]:.4f}"]
-        if bold:
-            cells = [f"[bold]{c}[/]" for c in cells]
-        table.add_row(label, str(entry["num_examples"]), *cells)
-
-    row("centralized (pooled data)", summary["centralized"])
-    for site in summary["local_only"]:
-        row(f"{site['site']} alone", site)
-    opt = summary.get("server_opt")
-    row(f"federated ({summary['strategy']}{' + ' + opt['name'] if opt else ''})",
-        summary["federated"], bold=True)
     tuned = summary.get("personalized")
     tuned_label = "federated + prior" if tuned and "prior_test" in tuned else "federated + fine-tuned"
-    if tuned:
-        row(tuned_label, tuned, bold=True)
-    console.print(table)
+    for table in summary_tables(summary):
+        console.print(table)
     if tuned and "prior_test" in tuned:
         tested = tuned["prior_test"]
         console.print("federated + prior: each hospital refits the global model's final bias "
@@ -191,53 +165,23 @@ def simulate(
     ] = "auto",
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
-    import torch
-    from fedsplit.orchestration.experiment import Experiment, check_attack, run_experiment
+    from fedsplit.orchestration.experiment import Experiment, run_simulation
+    from fedsplit.protocol.privacy import DPSpec
 
-    torch.set_num_threads(1)  # one thread per process: the cores are shared with the hospitals
-    from fedsplit.client.data import HEART
-
-    if dataset == HEART and (sites is not None or partition != "iid"):
-        raise ConfigError(f"--dataset {HEART} is split by its four real hospitals; drop --sites and "
-                          f"--partition. Received: sites={sites}, partition={partition!r}")
-    sites = sites or 3
-    if bool(dataset) == bool(site):
-        raise ConfigError(
-            "Give either --dataset NAME (split bundled data across --sites) or one --site FILE per "
-            f"hospital, not both or neither. Received: dataset={dataset!r}, {len(site or [])} --site"
-        )
-    if norm not in ("none", "batch"):
-        raise ConfigError(f"--norm is none or batch (BatchNorm1d after each MLP hidden layer). "
-                          f"Received: {norm!r}")
-    params = aggregation.parse_param_pairs(param or [])
-    aggregation.get_strategy(strategy, params)  # fail fast on a bad name or value
-    from fedsplit.client.parallel import ParallelConfig
-
-    ParallelConfig.parse(parallel)
-    check_attack(attack, attackers, (len(site) if site else 4 if dataset == HEART else sites)
-                 - len(leave_out or []))
-    from fedsplit.protocol.privacy import DPSpec, SecureSpec, check_run
-
-    dp_spec = DPSpec.parse(dp, rounds=rounds)
-    secure_spec = SecureSpec.parse(secure_aggregation)
-    check_run(dp=dp_spec.to_spec() if dp_spec else "",
-              secure=secure_spec.to_spec() if secure_spec else "", strategy=strategy,
-              attack=attack, norm=norm, proximal_mu=proximal_mu, parallel=parallel)
-    cfg = RunConfig.from_flower(dict(  # validated: a bad --task or --norm is a ConfigError
-        num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
+    # RunConfig and Experiment check every option against the others (a ConfigError says which)
+    cfg = RunConfig.from_flower(dict(
+        num_server_rounds=rounds, strategy=strategy,
+        strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
         task=task, target=target, seed=seed, parallel=parallel, attack=attack, attackers=attackers,
         norm=norm, resume=resume, local_steps=local_steps, server_opt=server_opt,
         server_lr=server_lr, server_beta1=server_beta1, server_beta2=server_beta2,
         server_tau=server_tau, server_momentum=server_momentum, hidden=hidden,
         id_column=id_column, ignore_columns=",".join(ignore_column or []), na_values=na_values,
-        min_category_count=min_category_count, dp=dp_spec.to_spec() if dp_spec else "",
-        secure_aggregation=secure_spec.to_spec() if secure_spec else "",
+        min_category_count=min_category_count, dp=dp, secure_aggregation=secure_aggregation,
     ))
-    exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [],
-                     num_sites=len(site) if site else 4 if dataset == HEART else sites,
-                     partition=partition,
-                     test_fraction=test_fraction, leave_out=leave_out or [],
+    exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [], num_sites=sites,
+                     partition=partition, test_fraction=test_fraction, leave_out=leave_out or [],
                      personalize=personalize, personalize_scope=personalize_scope)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
@@ -251,15 +195,11 @@ def simulate(
                 if k in ("accuracy", "r2", "loss"))
             progress.update(bar, completed=len(done), status=status)
 
-        summary = run_experiment(exp, on_progress=on_progress,
+        summary = run_simulation(exp, on_progress=on_progress,
                                  on_stage=lambda msg: progress.console.print(f"[dim]{msg}[/]"))
         progress.update(bar, completed=rounds, status="done")
-    if dp_spec is not None:  # privacy section and the leakage audit
-        from fedsplit.orchestration.privacy_audit import add_privacy
-
-        console.print("[dim]privacy: spent epsilon per hospital and membership-inference audit[/]")
-        summary = add_privacy(out, audit=True)
     print_summary(summary)
+    dp_spec = DPSpec.parse(cfg.dp)
     if dp_spec is not None:
         for name, site_eps in summary["privacy"]["per_site"].items():
             auc = summary["privacy"]["audit"]["per_site"].get(name, {}).get("auc")

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from fedsplit.client.data import (
     HEART,
+    HEART_HOSPITALS,
     HEART_ID,
     HEART_TARGET,
     Dataset,
@@ -59,6 +60,8 @@ from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
 from fedsplit.protocol.weights import read_schema
 from fedsplit.server.history import find_resume_point
+
+from fedsplit import aggregation
 
 SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -114,13 +117,18 @@ class SiteTable:
 
 @dataclass
 class Experiment:
-    """What to simulate; `RunConfig` holds the federation's own knobs."""
+    """What to simulate; `RunConfig` holds the federation's own knobs.
+
+    Constructing one checks the fields against each other and against the run config
+    (`__post_init__`), so a bad combination fails before any data is read or process started.
+    """
 
     cfg: RunConfig
     out: Path
     dataset: str | None = None
     site_files: Sequence[Path | str | SiteSource] = ()
-    num_sites: int = 3
+    #: hospitals to split ``dataset`` across; None: 3, or heart-disease's own four hospitals
+    num_sites: int | None = None
     partition: str = "iid"
     test_fraction: float = 0.2
     leave_out: Sequence[int] = ()
@@ -132,6 +140,33 @@ class Experiment:
     #: ``all`` for a step budget, ``bias`` for ``prior``
     personalize_scope: str = "auto"
     summary_extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Cross-field checks (each a `ConfigError` that says how to fix it); fills ``num_sites``."""
+        if self.dataset == HEART:
+            if (self.num_sites not in (None, len(HEART_HOSPITALS))
+                    or self.partition != "iid"):
+                raise ConfigError(
+                    f"--dataset {HEART} is split by its {len(HEART_HOSPITALS)} real hospitals; "
+                    f"drop --sites and --partition. Received: sites={self.num_sites}, "
+                    f"partition={self.partition!r}")
+            self.num_sites = len(HEART_HOSPITALS)
+        elif self.num_sites is None:
+            self.num_sites = len(self.site_files) if self.site_files else 3
+        if bool(self.dataset) == bool(self.site_files):
+            raise ConfigError(
+                "Give either --dataset NAME (split bundled data across --sites) or one --site FILE "
+                f"per hospital, not both or neither. Received: dataset={self.dataset!r}, "
+                f"{len(self.site_files)} --site")
+        cfg = self.cfg
+        aggregation.get_strategy(cfg.strategy, cfg.params)  # a bad name or value fails here
+        from fedsplit.client.parallel import ParallelConfig
+
+        ParallelConfig.parse(cfg.parallel)
+        joined = (len(self.site_files) if self.site_files else self.num_sites) - len(
+            set(self.leave_out))
+        check_attack(cfg.attack, cfg.attackers, joined)
+        resolve_scope(parse_budget(self.personalize) or 1, self.personalize_scope)
 
 
 def _concat(parts: Sequence[Dataset]) -> Dataset:
@@ -521,3 +556,25 @@ def prepare_partitions(out: Path, dataset: str, sites: int, partition: str = "ii
                                        partition=partition))
     return {name: write_site(t.train, out / name, cfg.target)
             for name, t in zip(site_names(len(tables)), tables, strict=True)}
+
+
+def run_simulation(
+    exp: Experiment,
+    *,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """``fedsplit simulate``: `run_experiment` with one torch thread per process (the cores are
+    shared with the simulated hospitals); under ``dp``, then the summary's privacy section and
+    the membership-inference audit (`orchestration.privacy_audit.add_privacy`)."""
+    import torch
+
+    torch.set_num_threads(1)
+    summary = run_experiment(exp, on_progress=on_progress, on_stage=on_stage)
+    if exp.cfg.dp:
+        from fedsplit.orchestration.privacy_audit import add_privacy
+
+        if on_stage is not None:
+            on_stage("privacy: spent epsilon per hospital and membership-inference audit")
+        summary = add_privacy(exp.out, audit=True)
+    return summary

@@ -13,7 +13,15 @@ from typing import Any, Literal
 
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import TableSettings
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class RunConfig(BaseModel):
@@ -133,18 +141,29 @@ class RunConfig(BaseModel):
 
     @field_validator("dp")
     @classmethod
-    def _dp_spec(cls, value: str) -> str:
+    def _dp_spec(cls, value: str, info: ValidationInfo) -> str:
+        """Canonical: ``""`` when off, else `DPSpec.to_spec` with the planned rounds filled in
+        from ``num-server-rounds`` when the spec names none."""
         from fedsplit.protocol.privacy import DPSpec
 
-        DPSpec.parse(value)
-        return value
+        spec = DPSpec.parse(value, rounds=info.data.get("num_server_rounds"))
+        return spec.to_spec() if spec is not None else ""
 
     @field_validator("secure_aggregation")
     @classmethod
     def _secure_spec(cls, value: str) -> str:
+        """Canonical: ``""`` when off, else `SecureSpec.to_spec` (``on``: the defaults)."""
         from fedsplit.protocol.privacy import SecureSpec
 
-        SecureSpec.parse(value)
+        spec = SecureSpec.parse(value)
+        return spec.to_spec() if spec is not None else ""
+
+    @field_validator("norm", mode="before")
+    @classmethod
+    def _norm_name(cls, value: Any) -> Any:
+        if value not in ("none", "batch"):
+            raise ValueError(f"--norm is none or batch (BatchNorm1d after each MLP hidden "
+                             f"layer). Received: {value!r}")
         return value
 
     @field_validator("strategy_params", "cohort_caps", "data_fingerprint")
@@ -196,6 +215,17 @@ class RunConfig(BaseModel):
                 f"(local-steps={self.local_steps}, local-epochs={self.local_epochs})")
         return self
 
+    @model_validator(mode="after")
+    def _privacy_fits(self) -> RunConfig:
+        """dp and secure-aggregation against the rest (`protocol.privacy.check_run`); whether
+        the strategy can run under them is the rule's to say (`server.compose`)."""
+        from fedsplit.protocol.privacy import check_run
+
+        check_run(dp=self.dp, secure=self.secure_aggregation, strategy=self.strategy,
+                  attack=self.attack, norm=self.norm, proximal_mu=self.proximal_mu,
+                  parallel=self.parallel)
+        return self
+
     @property
     def params(self) -> dict[str, Any]:
         """``strategy_params`` parsed."""
@@ -232,16 +262,20 @@ class RunConfig(BaseModel):
         try:
             return cls.model_validate(dict(run_config))
         except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" if err["loc"]
+            messages = [
+                f"{'.'.join(str(p) for p in err['loc'])}: "
+                f"{str(err['msg']).removeprefix('Value error, ')}" if err["loc"]
                 else str(err["msg"]).removeprefix("Value error, ")
                 for err in e.errors()
-            )
-            raise ConfigError(
-                f"Invalid run configuration: {problems}. Known keys: "
-                f"{', '.join(sorted(f.alias or n for n, f in cls.model_fields.items()))}. "
-                f"Received: {dict(run_config)}"
-            ) from e
+            ]
+            problems = "; ".join(m.rstrip(".") for m in messages)
+            known = (f" Known keys: "
+                     f"{', '.join(sorted(f.alias or n for n, f in cls.model_fields.items()))}."
+                     if any(err["type"] == "extra_forbidden" for err in e.errors()) else "")
+            # a message that names what it received says enough; else the whole config
+            received = ("" if all("Received:" in m for m in messages)
+                        else f" Received: {dict(run_config)}")
+            raise ConfigError(f"Invalid run configuration: {problems}.{known}{received}") from e
 
     def to_flower(self) -> dict[str, Any]:
         """Return the kebab-case dict Flower's ``--run-config`` and pyproject expect."""
