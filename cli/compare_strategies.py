@@ -83,8 +83,9 @@ def compare_strategies(
     table.add_column(f"best {key}", justify="right")
     table.add_column("centralized", justify="right")
     for run_label, summary in results.items():
-        per_round = [r["metrics"][key] for r in summary["rounds"]]
-        table.add_row(run_label, f"{summary['federated']['metrics'][key]:.4f}", f"{max(per_round):.4f}",
-                      f"{summary['centralized']['metrics'][key]:.4f}")
+        final, central = summary.federated, summary.centralized
+        table.add_row(run_label, f"{final.metrics[key]:.4f}" if final else "-",
+                      f"{max(summary.round_metric(key)):.4f}",
+                      f"{central.metrics[key]:.4f}" if central else "-")
     console.print(table)
     console.print(f"wrote {out / 'comparison.json'} and {out / 'comparison.png'}")

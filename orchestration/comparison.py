@@ -16,6 +16,7 @@ from fedsplit.orchestration.experiment import Experiment, check_attack, run_expe
 from fedsplit.orchestration.plots import metric_key, plot_comparison
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.history import SUMMARY_FILE, RunSummary
 
 
 @dataclass
@@ -46,7 +47,7 @@ def run_label(name: str, attack: str, attackers: int) -> str:
 
 def run_comparison(
     comp: Comparison, *, on_run: Callable[[int, int, str], None] | None = None
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+) -> tuple[dict[str, RunSummary], dict[str, Any]]:
     """Run one federation per strategy; write comparison.json and comparison.png into ``comp.out``.
 
     Returns (run label -> that run's summary, the comparison written).
@@ -58,7 +59,7 @@ def run_comparison(
     runs += [(run_label(name, comp.attack, comp.attackers if hostile else 0), name,
               comp.params.get(name, {}), comp.attack, comp.attackers) for name in comp.strategies]
 
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, RunSummary] = {}
     for i, (label, name, values, attack, attackers) in enumerate(runs, start=1):
         if on_run:
             on_run(i, len(runs), label)
@@ -69,19 +70,19 @@ def run_comparison(
         folder = comp.out / label.replace(" ", "-").replace(":", "")
         exp = Experiment(cfg=cfg, out=folder, dataset=comp.dataset, num_sites=comp.sites,
                          partition=comp.partition)
-        results[label] = run_experiment(exp)
+        results[label] = RunSummary.from_json(run_experiment(exp), source=str(folder / SUMMARY_FILE))
 
-    key = metric_key(next(iter(results.values()))["task"])
+    key = metric_key(str(next(iter(results.values())).task))
     comparison = {
         "dataset": comp.dataset, "sites": comp.sites, "partition": comp.partition,
         "attack": comp.attack, "hostile_sites": [f"site-{i}" for i in hostile], "rounds": comp.rounds,
         "metric": key,
         "runs": {
             label: {
-                "strategy": summary["strategy"], "strategy_params": summary["strategy_params"],
-                "final": summary["federated"]["metrics"][key],
-                "per_round": [r["metrics"][key] for r in summary["rounds"]],
-                "centralized": summary["centralized"]["metrics"][key],
+                "strategy": summary.strategy, "strategy_params": summary.strategy_params,
+                "final": summary.federated.metrics[key] if summary.federated else None,
+                "per_round": summary.round_metric(key),
+                "centralized": summary.centralized.metrics[key] if summary.centralized else None,
             }
             for label, summary in results.items()
         },

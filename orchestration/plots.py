@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import RunSummary
 
 if TYPE_CHECKING:  # importing client.parallel loads torch; only drawing a table needs it
     from fedsplit.client.parallel.schedule import GPipeTable
@@ -44,7 +45,11 @@ def round_axes(path: Path, *, ylabel: str, title: str,
         plt.close(fig)
 
 
-def plot_rounds(summary: dict[str, Any], path: Path) -> None:
+def _summary(summary: RunSummary | Mapping[str, Any]) -> RunSummary:
+    return summary if isinstance(summary, RunSummary) else RunSummary.from_json(dict(summary))
+
+
+def plot_rounds(summary: RunSummary | Mapping[str, Any], path: Path) -> None:
     """Draw the federated metric per round against the baselines (``fedsplit simulate``).
 
     Bold: the federated model on the pooled test rows; one thin line per hospital: the federated
@@ -53,42 +58,47 @@ def plot_rounds(summary: dict[str, Any], path: Path) -> None:
     With personalization, a star per hospital after the last round: its fine-tuned model on its
     own test patients (the pooled one in bold colour).
     """
-    key = metric_key(summary["task"])
-    rounds = [r["round"] for r in summary["rounds"]]
-    with round_axes(path, ylabel=f"test {key}", title=f"fedsplit: {summary['strategy']} over "
-                    f"{len(summary['local_only'])} hospitals", size=(8, 4.8)) as ax:
-        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", color="C0",
+    summary = _summary(summary)
+    key = metric_key(str(summary.task))
+    rounds = [r.round for r in summary.rounds]
+    with round_axes(path, ylabel=f"test {key}", title=f"fedsplit: {summary.strategy} over "
+                    f"{len(summary.local_only)} hospitals", size=(8, 4.8)) as ax:
+        ax.plot(rounds, summary.round_metric(key), "o-", color="C0",
                 label="federated (pooled test)", lw=2.5)
-        ax.axhline(summary["centralized"]["metrics"][key], color="k", ls="--",
-                   label="centralized (pooled test)")
-        alone = {s["site"]: s for s in summary["local_only"]}
-        for i, name in enumerate(summary["rounds"][0].get("per_site", {})):
+        if summary.centralized is not None:
+            ax.axhline(summary.centralized.metrics[key], color="k", ls="--",
+                       label="centralized (pooled test)")
+        alone = {s.site: s for s in summary.local_only}
+        names = list(summary.rounds[0].per_site) if summary.rounds else []
+        for i, name in enumerate(names):
             color = f"C{i + 1}"
-            ax.plot(rounds, [r["per_site"][name][key] for r in summary["rounds"]], "-", lw=1.2,
+            ax.plot(rounds, [r.per_site[name][key] for r in summary.rounds], "-", lw=1.2,
                     color=color, label=f"federated on {name}")
             if name in alone:
-                ax.axhline(alone[name]["per_site"][name][key], ls=":", color=color, alpha=0.9,
-                           label=f"{name} alone on {name} (n={alone[name]['num_examples']})")
-        tuned = summary.get("personalized")
+                ax.axhline(alone[name].per_site[name][key], ls=":", color=color, alpha=0.9,
+                           label=f"{name} alone on {name} (n={alone[name].num_examples})")
+        tuned = summary.personalized
         if tuned:
             after = rounds[-1] + 0.4
             budget = {"alone": "its alone budget", "prior": "tested bias refit"}.get(
-                str(tuned["steps"]), f"{tuned['steps']} steps")
-            ax.plot([after], [tuned["metrics"][key]], "*", ms=13, color="C0",
+                str(tuned.steps), f"{tuned.steps} steps")
+            ax.plot([after], [tuned.metrics[key]], "*", ms=13, color="C0",
                     label=f"fine-tuned at each hospital, {budget} (pooled)")
-            for i, name in enumerate(summary["rounds"][0].get("per_site", {})):
-                if name in tuned["per_site"]:
-                    ax.plot([after], [tuned["per_site"][name][key]], "*", ms=9, color=f"C{i + 1}")
+            for i, name in enumerate(names):
+                if name in tuned.per_site:
+                    ax.plot([after], [tuned.per_site[name][key]], "*", ms=9, color=f"C{i + 1}")
 
 
-def plot_comparison(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+def plot_comparison(results: Mapping[str, RunSummary | Mapping[str, Any]], path: Path,
+                    title: str) -> None:
     """One line per run: the test metric per round (``fedsplit compare-strategies``)."""
-    key = metric_key(next(iter(results.values()))["task"])
+    runs = {label: _summary(summary) for label, summary in results.items()}
+    key = metric_key(str(next(iter(runs.values())).task))
     with round_axes(path, ylabel=f"test {key}", title=title, size=(7.5, 4.5)) as ax:
-        for label, summary in results.items():
-            rounds = [r["round"] for r in summary["rounds"]]
+        for label, summary in runs.items():
+            rounds = [r.round for r in summary.rounds]
             style = "--" if label.startswith("clean") else "o-"
-            ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], style, label=label, lw=2)
+            ax.plot(rounds, summary.round_metric(key), style, label=label, lw=2)
 
 
 def plot_vertical(summary: dict[str, Any], path: Path) -> None:

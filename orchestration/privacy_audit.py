@@ -52,6 +52,14 @@ from fedsplit.client.train import fit, score, set_statistics
 from fedsplit.protocol.atomic import atomic_path, write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import (
+    HISTORY_FILE,
+    SUMMARY_FILE,
+    RunRecord,
+    RunSummary,
+    SummaryPrivacy,
+    privacy_section,
+)
 from fedsplit.protocol.stats import combine_moments, moments
 
 ATTACKS = ("loss-threshold", "calibrated")
@@ -241,9 +249,9 @@ def run_sites(run_dir: Path, cfg: RunConfig) -> list[AuditSite]:
         raise ConfigError(f"{run_dir} is not a simulated run (no sites/ folder): the audit needs "
                           f"each hospital's rows. Give a `fedsplit simulate --out` folder. "
                           f"Received: {run_dir}")
-    history_path = run_dir / "federation" / "history.json"
-    schema = json.loads(history_path.read_text()).get("schema") if history_path.exists() else None
-    schema_json = json.dumps(schema) if isinstance(schema, dict) else schema
+    history_path = run_dir / "federation" / HISTORY_FILE
+    schema = RunRecord.load(history_path).table_schema if history_path.exists() else None
+    schema_json = json.dumps(schema) if schema else None
     cfg = cfg.model_copy(update={"data_dir": str(folder)})
     sites = []
     for sub in sorted((p for p in folder.iterdir() if p.is_dir() and p.name.startswith("site-")),
@@ -287,19 +295,19 @@ def plot_roc(result: dict[str, Any], path: Path) -> None:
 def privacy_audit(run_dir: Path, *, references: int = 2) -> dict[str, Any]:
     """Audit ``run_dir``'s final global model; write ``privacy.json`` and ``privacy-roc.png``."""
     run_dir = Path(run_dir)
-    summary_path = run_dir / "summary.json"
+    summary_path = run_dir / SUMMARY_FILE
     model_path = run_dir / "federation" / "global.h5"
     if not summary_path.exists() or not model_path.exists():
         raise ConfigError(f"{run_dir} holds no finished simulated run (summary.json and "
                           f"federation/global.h5). Run `fedsplit simulate --out {run_dir}` first. "
                           f"Received: {run_dir}")
-    summary = json.loads(summary_path.read_text())
-    cfg = RunConfig.from_flower(summary["config"])
+    summary = RunSummary.load(summary_path)
+    cfg = RunConfig.from_flower(summary.config)
     torch.manual_seed(cfg.seed)
     result = audit_model(load_model(model_path), run_sites(run_dir, cfg), cfg,
                          references=references)
     result["run"] = str(run_dir)
-    result["dp"] = summary.get("privacy", {}).get("dp") if summary.get("privacy") else None
+    result["dp"] = summary.privacy.dp if summary.privacy else None
     write_json_atomic(run_dir / "privacy.json", result)
     plot_roc(result, run_dir / "privacy-roc.png")
     return result
@@ -309,35 +317,28 @@ def privacy_summary(run_dir: Path, dp_spec: str) -> dict[str, Any]:
     """``summary.json``'s ``privacy`` section: the budget and each hospital's last spent epsilon."""
     from fedsplit.protocol.privacy import DPSpec
 
-    history = json.loads((Path(run_dir) / "federation" / "history.json").read_text())
+    history = RunRecord.load(Path(run_dir) / "federation" / HISTORY_FILE)
     spec = DPSpec.parse(dp_spec)
-    per_site: dict[str, Any] = {}
-    for entry in history.get("rounds", []):
-        for site in entry.get("train", {}).get("sites", []):
-            if "epsilon" in site:
-                per_site[site["site"]] = {"epsilon": site["epsilon"], "round": entry["round"]}
-    return {"dp": spec.to_spec() if spec else None,
-            "level": spec.level if spec else None,
-            "epsilon_budget": spec.epsilon if spec else None,
-            "delta": spec.delta if spec else None,
-            "per_site": per_site}
+    return privacy_section(history, dp=spec.to_spec() if spec else None,
+                           level=spec.level if spec else None,
+                           epsilon_budget=spec.epsilon if spec else None,
+                           delta=spec.delta if spec else None).to_json()
 
 
 def add_privacy(run_dir: Path, *, audit: bool, references: int = 2) -> dict[str, Any]:
     """Add the ``privacy`` section (and, with ``audit``, the audit's AUCs) to summary.json."""
-    path = Path(run_dir) / "summary.json"
-    summary = json.loads(path.read_text())
-    section = privacy_summary(run_dir, summary["config"].get("dp", ""))
-    summary["privacy"] = section
-    write_json_atomic(path, summary)
+    path = Path(run_dir) / SUMMARY_FILE
+    summary = RunSummary.load(path)
+    summary.privacy = SummaryPrivacy.model_validate(
+        privacy_summary(run_dir, str(summary.config.get("dp", ""))))
+    summary.save(path)
     if audit:
         result = privacy_audit(run_dir, references=references)
         keys = ("auc", "ci95", "attack", "tpr_at_1pct_fpr", "members", "non_members")
-        section["audit"] = {"headline": result["headline"], "worst_site": result["worst_site"],
-                            "federation": {k: result["federation"][k] for k in keys},
-                            "max_auc": result["max_auc"], "mean_auc": result["mean_auc"],
-                            "per_site": {name: {k: v[k] for k in keys}
-                                         for name, v in result["per_site"].items()}}
-        summary["privacy"] = section
-        write_json_atomic(path, summary)
-    return summary
+        summary.privacy.audit = {
+            "headline": result["headline"], "worst_site": result["worst_site"],
+            "federation": {k: result["federation"][k] for k in keys},
+            "max_auc": result["max_auc"], "mean_auc": result["mean_auc"],
+            "per_site": {name: {k: v[k] for k in keys} for name, v in result["per_site"].items()}}
+        summary.save(path)
+    return summary.to_json()

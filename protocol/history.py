@@ -334,6 +334,14 @@ class FederatedScores(Scores):
     model: str | None = None
 
 
+class Personalized(Scores):
+    """Each hospital's fine-tuned copy of the final model (``--personalize``): ``steps`` is
+    the step budget (a number, ``alone`` or ``prior``)."""
+
+    steps: int | str | None = None
+    num_examples: int | None = None
+
+
 class SummaryRound(Scores):
     """The federated model of one round on the test rows, and the hospitals' own evaluation."""
 
@@ -366,11 +374,12 @@ class RunSummary(_Part):
     task: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     strategy: str | None = None
+    strategy_params: dict[str, Any] = Field(default_factory=dict)
     model_id: str | None = None
     centralized: Baseline | None = None
     local_only: list[Baseline] = Field(default_factory=list)
     federated: FederatedScores | None = None
-    personalized: dict[str, Any] | None = None
+    personalized: Personalized | None = None
     rounds: list[SummaryRound] = Field(default_factory=list)
     privacy: SummaryPrivacy | None = None
 

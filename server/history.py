@@ -1,9 +1,12 @@
 """The coordinator's round history and saved global models, written after every round.
 
-``OUT/history.json`` holds the run configuration, the model id, the agreed table schema
-(``schema``, `protocol.schema.Schema` as JSON, and ``schema_warnings``) and per round: every
-site's count and metrics, the aggregation report, the server optimizer's step (``server_opt``),
-the federated evaluation (per site: ``evaluate.sites[].metrics``), and timings.
+``OUT/history.json`` is the run record, `protocol.history.RunRecord` (fields described in
+docs/run-record.md): the run configuration, the model id, the agreed table schema
+(``schema``, `protocol.schema.Schema` as JSON, and ``schema_warnings``), the kept round
+(``selection``) and per round: every site's count and metrics, the aggregation report, the
+server optimizer's step (``server_opt``), the privacy accounting (``privacy``), the federated
+evaluation (per site: ``evaluate.sites[].metrics``), and timings. `RunHistory` writes it only
+through those models.
 ``OUT/models/round-NNN.h5`` (+ ``.report.json``) hold each round's global model in the fedsplit
 weight-file format, with the schema as its ``schema`` attribute; ``OUT/last.h5`` is the last
 round's, ``OUT/global.h5`` the kept round's: with run config ``keep=best-val`` (the default) the
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +35,16 @@ from fedsplit.aggregation.base import AggregateResult
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol.atomic import atomic_path, write_json_atomic
 from fedsplit.protocol.errors import ConfigError, ResumeMismatchError
+from fedsplit.protocol.history import (
+    HISTORY_FILE,
+    AggregationReport,
+    Phase,
+    Resume,
+    RunRecord,
+    Selection,
+    ServerOptStep,
+    SiteEntry,
+)
 from fedsplit.protocol.schema import Schema
 from fedsplit.protocol.selection import check_keep
 from fedsplit.protocol.update import Update
@@ -48,66 +62,67 @@ START_OVER = ("use a new out-dir (--out), or start over in this one with run con
               "(`fedsplit simulate --no-resume`, `fedsplit up --no-resume`)")
 
 
+def _entries(sites: Sequence[SiteEntry | Mapping[str, Any]]) -> list[SiteEntry]:
+    return [s if isinstance(s, SiteEntry) else SiteEntry.model_validate(s) for s in sites]
+
+
 class RunHistory:
-    """Accumulates what happened in each round and persists it."""
+    """Accumulates what happened in each round and persists it: ``record``, a `RunRecord`."""
 
     def __init__(self, out_dir: Path, config: dict[str, Any],
-                 previous: dict[str, Any] | None = None) -> None:
+                 previous: RunRecord | Mapping[str, Any] | None = None) -> None:
         self.out_dir = out_dir
-        self.path = out_dir / "history.json"
-        self.data: dict[str, Any] = {
-            "status": "running",
-            "config": config,
-            "model_id": None,
-            "started_at": time.time(),
-            "rounds": [],
-        }
-        if previous is not None:  # a restarted coordinator continues the same history
-            done = completed_rounds(previous)
-            self.data.update({k: v for k, v in previous.items()
-                              if k not in ("status", "error", "finished_at")})
-            self.data["status"] = "running"
-            self.data["config"] = config
-            self.data["rounds"] = [r for r in previous.get("rounds", []) if r["round"] <= done]
-            self.data["resumed"] = [*previous.get("resumed", []),
-                                    {"after_round": done, "at": time.time()}]
-        self.schema: str | None = (Schema.from_json(self.data["schema"]).to_json()
-                                   if self.data.get("schema") else None)
+        self.path = out_dir / HISTORY_FILE
+        if previous is None:
+            self.record = RunRecord(status="running", config=config, model_id=None,
+                                    started_at=time.time(), rounds=[])
+        else:  # a restarted coordinator continues the same history
+            if not isinstance(previous, RunRecord):
+                previous = RunRecord.from_json(dict(previous), source=str(self.path))
+            done = previous.completed_rounds
+            # everything but the ending (status, error, finished_at) carries over
+            kept = previous.to_json()
+            for key in ("status", "error", "finished_at"):
+                kept.pop(key, None)
+            self.record = RunRecord.model_validate(kept)
+            self.record.status = "running"
+            self.record.config = config
+            self.record.rounds = [r for r in self.record.rounds if r.round <= done]
+            self.record.resumed = [*self.record.resumed, Resume(after_round=done, at=time.time())]
+        self.schema: str | None = (Schema.from_json(self.record.table_schema).to_json()
+                                   if self.record.table_schema else None)
         self.keep = keep_rule(config)
         self._round_started = time.monotonic()
         if previous is not None:
             self._keep()
         self.save()
 
+    @property
+    def data(self) -> dict[str, Any]:
+        """The record as the JSON written to ``history.json`` (a copy: write through `record`)."""
+        return self.record.to_json()
+
     def set_schema(self, schema: str | None, warnings: list[str]) -> None:
         """Record the agreed table schema (stored with every model written) and its warnings."""
         self.schema = schema
-        self.data["schema"] = json.loads(schema) if schema else None
-        self.data["schema_warnings"] = list(warnings)
+        self.record.table_schema = json.loads(schema) if schema else None
+        self.record.schema_warnings = list(warnings)
         self.save()
 
     def save(self) -> None:
-        """Persist the history."""
-        write_json_atomic(self.path, self.data)
+        """Persist the history (atomically)."""
+        self.record.save(self.path)
 
     def set_model(self, model_id: str) -> None:
         """Record the architecture every site trains."""
-        self.data["model_id"] = model_id
+        self.record.model_id = model_id
         self.save()
-
-    def _round(self, server_round: int) -> dict[str, Any]:
-        for entry in self.data["rounds"]:
-            if entry["round"] == server_round:
-                return entry
-        entry: dict[str, Any] = {"round": server_round}
-        self.data["rounds"].append(entry)
-        return entry
 
     def record_train(
         self,
         server_round: int,
         result: AggregateResult | None,
-        sites: list[dict[str, Any]],
+        sites: Sequence[SiteEntry | Mapping[str, Any]],
         metrics: dict[str, float],
         error: str | None = None,
         *,
@@ -119,10 +134,10 @@ class RunHistory:
         ``arrays``: the new global model when it is not the rule's aggregate (a server
         optimizer stepped it); ``server_opt``: that optimizer, whose state is saved first.
         """
-        entry = self._round(server_round)
-        entry["train"] = {"sites": sites, "metrics": metrics}
+        entry = self.record.round_entry(server_round)
+        entry.train = Phase(sites=_entries(sites), metrics=metrics)
         if error is not None:
-            entry["error"] = error
+            entry.error = error
         if result is not None:
             model_path = self.out_dir / "models" / f"round-{server_round:03d}.h5"
             if server_opt is not None:
@@ -133,55 +148,63 @@ class RunHistory:
                 moved = {k: float(np.linalg.norm(arrays[k].astype(np.float64)
                                                  - result.arrays[k].astype(np.float64)))
                          for k in arrays} if arrays is not None else {}
-                entry["server_opt"] = {"name": server_opt.name, "lr": server_opt.lr,
-                                       "step": server_opt.step_count,
-                                       "distance_from_aggregate": float(np.sqrt(sum(
-                                           v * v for v in moved.values())))}
+                entry.server_opt = ServerOptStep(
+                    name=server_opt.name, lr=server_opt.lr, step=server_opt.step_count,
+                    distance_from_aggregate=float(np.sqrt(sum(v * v for v in moved.values()))))
             update = (Update(arrays=arrays, num_examples=result.num_examples)
                       if arrays is not None else result.to_update())
             write_weights(
                 Update(arrays=update.arrays, num_examples=update.num_examples, round=server_round,
-                       model=self.data["model_id"], site="global"),
+                       model=self.record.model_id, site="global"),
                 model_path, schema=self.schema,
             )
             write_json_atomic(model_path.with_suffix(".report.json"), result.report.to_dict())
             with atomic_path(self.out_dir / "last.h5") as tmp:
                 shutil.copyfile(model_path, tmp)
-            entry["aggregation"] = result.report.to_dict()
-            entry["model"] = str(model_path.relative_to(self.out_dir))
+            entry.aggregation = AggregationReport.model_validate(result.report.to_dict())
+            entry.model = str(model_path.relative_to(self.out_dir))
             self._keep()
-        entry["train_seconds"] = round(time.monotonic() - self._round_started, 3)
+        entry.train_seconds = round(time.monotonic() - self._round_started, 3)
         self.save()
 
     def record_evaluate(
-        self, server_round: int, sites: list[dict[str, Any]], metrics: dict[str, float]
+        self, server_round: int, sites: Sequence[SiteEntry | Mapping[str, Any]],
+        metrics: dict[str, float],
     ) -> None:
         """Record the federated evaluation of a round's global model."""
-        entry = self._round(server_round)
-        entry["evaluate"] = {"sites": sites, "metrics": metrics}
-        entry["seconds"] = round(time.monotonic() - self._round_started, 3)
+        entry = self.record.round_entry(server_round)
+        entry.evaluate = Phase(sites=_entries(sites), metrics=metrics)
+        entry.seconds = round(time.monotonic() - self._round_started, 3)
         self._round_started = time.monotonic()
         self._keep()
         self.save()
 
+    def record_privacy(self, server_round: int, *, level: str, epsilon_budget: float,
+                       delta: float, run_epsilon: float | None = None) -> None:
+        """Record a round's privacy accounting (`RunRecord.record_privacy`) and persist it."""
+        if self.record.record_privacy(server_round, level=level, epsilon_budget=epsilon_budget,
+                                      delta=delta, run_epsilon=run_epsilon):
+            self.save()
+
     def _keep(self) -> None:
         """Choose the kept round from the recorded ones; copy its model to global.h5 when the
         choice moved (or global.h5 is missing)."""
-        chosen = select(self.data["rounds"], self.keep, self.data.get("model_id"))
-        before = (self.data.get("selection") or {}).get("rounds_kept")
-        self.data["selection"] = chosen
+        chosen = Selection.model_validate(
+            select(self.data["rounds"], self.keep, self.record.model_id))
+        before = self.record.selection.rounds_kept if self.record.selection else None
+        self.record.selection = chosen
         target = self.out_dir / "global.h5"
-        if chosen["rounds_kept"] and (chosen["rounds_kept"] != before or not target.exists()):
-            entry = next(r for r in self.data["rounds"] if r["round"] == chosen["rounds_kept"])
+        kept = self.record.round(chosen.rounds_kept) if chosen.rounds_kept else None
+        if kept is not None and kept.model and (chosen.rounds_kept != before or not target.exists()):
             with atomic_path(target) as tmp:
-                shutil.copyfile(self.out_dir / entry["model"], tmp)
+                shutil.copyfile(self.out_dir / kept.model, tmp)
 
     def finish(self, status: str = "finished", error: str | None = None) -> None:
         """Mark the run as over."""
-        self.data["status"] = status
+        self.record.status = status
         if error:
-            self.data["error"] = error
-        self.data["finished_at"] = time.time()
+            self.record.error = error
+        self.record.finished_at = time.time()
         self.save()
 
 
@@ -193,12 +216,12 @@ def keep_rule(config: dict[str, Any]) -> str:
         raise ConfigError(f"Run config: {e}") from e
 
 
-def latest_model(out_dir: Path, history: dict[str, Any]) -> Path:
+def latest_model(out_dir: Path, history: RunRecord) -> Path:
     """The newest global model of a run, which the next round starts from: the last recorded
     round's saved model, else ``last.h5``, else ``global.h5`` (runs written before last.h5)."""
-    for entry in sorted(history.get("rounds", []), key=lambda r: int(r["round"]), reverse=True):
-        if entry.get("model") and (out_dir / entry["model"]).exists():
-            return out_dir / entry["model"]
+    for entry in sorted(history.rounds, key=lambda r: r.round, reverse=True):
+        if entry.model and (out_dir / entry.model).exists():
+            return out_dir / entry.model
     return out_dir / "last.h5" if (out_dir / "last.h5").exists() else out_dir / "global.h5"
 
 
@@ -207,9 +230,9 @@ def optimizer_state_path(model_path: Path) -> Path:
     return model_path.with_name(model_path.stem + ".opt.h5")
 
 
-def completed_rounds(history: dict[str, Any]) -> int:
+def completed_rounds(history: RunRecord) -> int:
     """The last round whose training phase was recorded (its model, if any, is in last.h5)."""
-    return max((int(r["round"]) for r in history.get("rounds", []) if "train" in r), default=0)
+    return history.completed_rounds
 
 
 @dataclass(frozen=True)
@@ -220,7 +243,7 @@ class ResumePoint:
     last round's model, which the next round continues from (`latest_model`).
     """
 
-    history: dict[str, Any]
+    history: RunRecord
     last_round: int
     model_id: str
     global_model: Path
@@ -233,7 +256,7 @@ class ResumePoint:
     @property
     def schema(self) -> str | None:
         """The agreed table schema (JSON) of the run, if it has one."""
-        raw = self.history.get("schema")
+        raw = self.history.table_schema
         return Schema.from_json(raw).to_json() if raw else None
 
     def restore_optimizer(self, optimizer: ServerOptimizer) -> None:
@@ -308,24 +331,21 @@ def find_resume_point(out_dir: Path, config: dict[str, Any]) -> ResumePoint | No
     data (``data-fingerprint``); anything else raises `ResumeMismatchError` rather than
     continuing the old model on other data.
     """
-    path = out_dir / "history.json"
+    path = out_dir / HISTORY_FILE
     model = out_dir / "global.h5"
     if not path.exists():
         return None
     try:
-        history = json.loads(path.read_text())
-    except (json.JSONDecodeError, OSError) as e:
-        raise ConfigError(
-            f"{path} is not readable JSON ({e}), so the run there cannot be resumed. Move it away "
-            f"or set resume=false. Received: {path}"
-        ) from e
-    last = completed_rounds(history)
-    start = latest_model(out_dir, {"rounds": [r for r in history.get("rounds", [])
-                                              if int(r["round"]) <= last]})
-    if history.get("status") == "finished" or last == 0 or not start.exists() \
-            or not history.get("model_id"):
+        history = RunRecord.load(path)
+    except ConfigError as e:
+        raise ConfigError(f"{e} The run there cannot be resumed: move {path.name} away or set "
+                          f"resume=false.") from e
+    last = history.completed_rounds
+    start = latest_model(out_dir, history.model_copy(
+        update={"rounds": [r for r in history.rounds if r.round <= last]}))
+    if history.status == "finished" or last == 0 or not start.exists() or not history.model_id:
         return None
-    before = history.get("config", {})
+    before = history.config
     changed = data_changes(_fingerprint(before), _fingerprint(config))
     differs = sorted(k for k in set(before) | set(config)
                      if k not in RESUMABLE_CHANGES | {FINGERPRINT_KEY} and before.get(k) != config.get(k))
@@ -341,4 +361,4 @@ def find_resume_point(out_dir: Path, config: dict[str, Any]) -> ResumePoint | No
             f"{out_dir} holds an unfinished run ({last} rounds done) with a different configuration, "
             f"so it cannot be resumed: {START_OVER}. Received: differing keys {differs}"
         )
-    return ResumePoint(history, last, str(history["model_id"]), model, start)
+    return ResumePoint(history, last, str(history.model_id), model, start)

@@ -24,7 +24,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
-EPSILON_METRIC = "dp-epsilon"
 
 
 def privacy_aggregator(cfg: RunConfig, aggregator: AggregationStrategy) -> AggregationStrategy:
@@ -61,24 +60,15 @@ class PrivateStrategy(RegistryStrategy):
         return result
 
     def record_epsilon(self, server_round: int) -> None:
-        """Copy ``dp-epsilon`` (patient level) or the run's epsilon (hospital level) per site."""
+        """Record the round's privacy accounting in the run record (`RunHistory.record_privacy`):
+        each hospital's reported `DP_EPSILON` (patient level) or the run's epsilon (hospital level)."""
         if self.dp is None:
             return
-        entry = next((r for r in self.history.data["rounds"] if r["round"] == server_round), None)
-        if entry is None or "train" not in entry:
-            return
-        hospital = isinstance(self.aggregator, HospitalDPFedAvg)
         run_eps = (spent(float(self.aggregator.params.sigma), self.dp.delta, server_round)
-                   if hospital else None)
-        for site in entry["train"]["sites"]:
-            value = site.get("metrics", {}).get(EPSILON_METRIC)
-            if hospital and not site.get("excluded") and "metrics" in site:
-                site["epsilon"] = run_eps
-            elif isinstance(value, int | float):
-                site["epsilon"] = float(value)
-        entry["privacy"] = {"level": self.dp.level, "epsilon_budget": self.dp.epsilon,
-                            "delta": self.dp.delta, **({"epsilon": run_eps} if hospital else {})}
-        self.history.save()
+                   if isinstance(self.aggregator, HospitalDPFedAvg) else None)
+        self.history.record_privacy(server_round, level=self.dp.level,
+                                    epsilon_budget=self.dp.epsilon, delta=self.dp.delta,
+                                    run_epsilon=run_eps)
 
 
 def strategy_class(cfg: RunConfig) -> type[RegistryStrategy]:

@@ -112,8 +112,8 @@ def run_events(runs: list[FlowerRun], principal: Principal) -> list[Event]:
         events.append(Event(_ts(run.started_at), f"run {run.name} started ({run.strategy}, "
                                                  f"{run.total_rounds or '?'} rounds)", href))
         for resume in run.resumed:
-            events.append(Event(_ts(resume.get("at")), f"run {run.name}: coordinator resumed after "
-                                                       f"round {resume.get('after_round')}", href, "warn"))
+            events.append(Event(_ts(resume.at), f"run {run.name}: coordinator resumed after "
+                                                 f"round {resume.after_round}", href, "warn"))
         for rnd in run.rounds:
             rhref = f"{href}/rounds/{rnd.number}"
             if admin:

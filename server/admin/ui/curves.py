@@ -1,15 +1,18 @@
 """The curves of a Flower run: global metric against baselines, per hospital, privacy spent.
 
 Differential privacy (documented in docs/web-view.md): a hospital's cumulative epsilon is read
-from its training entry in ``history.json``, ``rounds[].train.sites[].epsilon`` or
-``rounds[].train.sites[].metrics.epsilon``; the budget from ``history.json``'s
-``privacy.epsilon_budget`` or the run config's ``dp`` string (``epsilon=E,delta=D,...``).
+from its training entry in ``history.json`` (`protocol.history.SiteEntry.spent_epsilon`:
+``rounds[].train.sites[].epsilon`` or ``rounds[].train.sites[].metrics.epsilon``); the budget
+from ``summary.json``'s ``privacy.epsilon_budget`` or the run config's ``dp`` string
+(``epsilon=E,delta=D,...``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedsplit.protocol.history import SummaryPrivacy
+from fedsplit.protocol.horizontal_wire import TRAIN_LOSS
 from fedsplit.server.admin.ui.charts import Chart, Series, line_chart
 from fedsplit.server.admin.ui.runs import FlowerRun
 
@@ -24,10 +27,10 @@ def primary_metric(run: FlowerRun) -> str | None:
     return next((k for k in PREFERRED if k in keys), min(keys) if keys else None)
 
 
-def epsilon_budget(run: FlowerRun, privacy: object = None) -> float | None:
+def epsilon_budget(run: FlowerRun, privacy: SummaryPrivacy | None = None) -> float | None:
     """The run's epsilon budget, when DP is on (see the module docstring)."""
-    if isinstance(privacy, dict) and isinstance(privacy.get("epsilon_budget"), int | float):
-        return float(privacy["epsilon_budget"])
+    if privacy is not None and privacy.epsilon_budget is not None:
+        return privacy.epsilon_budget
     dp = run.config.get("dp")
     if isinstance(dp, str):
         for part in dp.split(","):
@@ -62,7 +65,7 @@ def privacy_of(run: FlowerRun, visible: set[str] | None = None) -> Privacy | Non
                 spent[row.site] = row.epsilon
     if not spent:
         return None
-    privacy = (run.summary or {}).get("privacy") if run.summary else None
+    privacy = run.summary.privacy if run.summary else None
     return Privacy(spent=dict(sorted(spent.items())), budget=epsilon_budget(run, privacy))
 
 
@@ -80,17 +83,17 @@ def run_charts(run: FlowerRun, visible: set[str] | None = None) -> list[Chart]:
                    [(r.number, r.metrics[metric]) for r in run.rounds if metric in r.metrics]),
         ]
         baselines: list[Series] = []
-        summary = run.summary or {}
-        central = (summary.get("centralized") or {}).get("metrics", {}) if visible is None else {}
-        if isinstance(central, dict) and isinstance(central.get(metric), int | float):
+        summary = run.summary
+        central = summary.centralized if summary and visible is None else None
+        if central is not None and metric in central.metrics:
+            value = central.metrics[metric]
             baselines.append(Series("centralized (pooled data)",
-                                    [(first, central[metric]), (last, central[metric])], dashed=True))
-        for local in summary.get("local_only", []) or []:
-            if not isinstance(local, dict) or (visible is not None and local.get("site") not in visible):
+                                    [(first, value), (last, value)], dashed=True))
+        for local in summary.local_only if summary else []:
+            if visible is not None and local.site not in visible:
                 continue
-            value = (local.get("metrics") or {}).get(metric)
-            if isinstance(value, int | float):
-                baselines.append(Series(f"{local.get('site')} alone", [(first, value), (last, value)],
+            if (value := local.metrics.get(metric)) is not None:
+                baselines.append(Series(f"{local.site} alone", [(first, value), (last, value)],
                                         dashed=True))
         chart = line_chart(f"Global {metric} per round", series, baselines=baselines)
         if chart is not None:
@@ -103,8 +106,8 @@ def run_charts(run: FlowerRun, visible: set[str] | None = None) -> list[Chart]:
         chart = line_chart(f"Each hospital's {metric} on its own held-out rows", per_site)
         if chart is not None:
             charts.append(chart)
-    losses = [Series(site, [(r.number, row.metrics["train-loss"]) for r in run.rounds
-                            for row in r.rows if row.site == site and "train-loss" in row.metrics])
+    losses = [Series(site, [(r.number, row.metrics[TRAIN_LOSS]) for r in run.rounds
+                            for row in r.rows if row.site == site and TRAIN_LOSS in row.metrics])
               for site in sites]
     chart = line_chart("Each hospital's training loss", losses)
     if chart is not None:

@@ -22,10 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import (
+    HISTORY_FILE,
+    SUMMARY_FILE,
+    AggregationReport,
+    Resume,
+    RunRecord,
+    RunSummary,
+    scalars,
+)
 from fedsplit.server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
 
-HISTORY = "history.json"
-SUMMARY = "summary.json"
+HISTORY = HISTORY_FILE
+SUMMARY = SUMMARY_FILE
 MAX_DEPTH = 4
 MAX_RUNS = 200
 SKIP_DIRS = frozenset({"flower", "sites", "models", "flwr-home", "__pycache__", "node_modules"})
@@ -67,8 +77,8 @@ class FlowerRun:
     error: str | None
     rounds: list[FlowerRound]
     config: dict[str, Any]
-    summary: dict[str, Any] | None
-    resumed: list[dict[str, Any]] = field(default_factory=list)
+    summary: RunSummary | None
+    resumed: list[Resume] = field(default_factory=list)
     mtime: float = 0.0
 
     @property
@@ -134,6 +144,25 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _read_summary(path: Path) -> RunSummary | None:
+    """The run's summary.json (in the run folder or its parent), None when absent or malformed."""
+    for candidate in (path / SUMMARY, path.parent / SUMMARY):
+        data = _read_json(candidate)
+        if data is not None:
+            with contextlib.suppress(ConfigError):
+                return RunSummary.from_json(data, source=str(candidate))
+    return None
+
+
+def _report(path: Path, number: int) -> AggregationReport | None:
+    """Round ``number``'s aggregation report beside its model, when the history lacks it."""
+    data = _read_json(path / "models" / f"round-{number:03d}.report.json")
+    try:
+        return AggregationReport.model_validate(data) if data is not None else None
+    except ValueError:
+        return None
+
+
 def _params(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
@@ -146,60 +175,46 @@ def _params(raw: Any) -> dict[str, Any]:
     return {}
 
 
-def _scalars(raw: Any) -> dict[str, float]:
-    if not isinstance(raw, dict):
-        return {}
-    return {str(k): float(v) for k, v in raw.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}
-
-
 def load_run(name: str, path: Path) -> FlowerRun | None:
-    """Read the run in ``path``; None when its history is missing or not a JSON object."""
-    history = _read_json(path / HISTORY)
-    if history is None:
+    """Read the run in ``path`` through `protocol.history.RunRecord`; None when its history is
+    missing, not JSON, or not a run record."""
+    data = _read_json(path / HISTORY)
+    if data is None:
         return None
-    summary = _read_json(path / SUMMARY) or _read_json(path.parent / SUMMARY)
-    config = history.get("config") if isinstance(history.get("config"), dict) else {}
-    test_by_round = {}
-    if summary is not None:
-        for entry in summary.get("rounds", []) or []:
-            if isinstance(entry, dict) and isinstance(entry.get("round"), int):
-                test_by_round[entry["round"]] = _scalars(entry.get("metrics"))
+    try:
+        history = RunRecord.from_json(data, source=str(path / HISTORY))
+    except ConfigError:
+        return None
+    summary = _read_summary(path)
+    config = history.config
+    test_by_round = {r.round: dict(r.metrics) for r in summary.rounds} if summary else {}
     rounds: list[FlowerRound] = []
-    for entry in history.get("rounds", []) or []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("round"), int):
-            continue
-        number = entry["round"]
-        train = entry.get("train") if isinstance(entry.get("train"), dict) else {}
-        evaluate = entry.get("evaluate") if isinstance(entry.get("evaluate"), dict) else {}
-        report = entry.get("aggregation") if isinstance(entry.get("aggregation"), dict) else None
-        if report is None:
-            report = _read_json(path / "models" / f"round-{number:03d}.report.json")
-        rows = rows_from_round(
-            [s for s in train.get("sites", []) or [] if isinstance(s, dict)], report,
-            [s for s in evaluate.get("sites", []) or [] if isinstance(s, dict)],
-        )
+    for entry in history.rounds:
+        number = entry.round
+        report = entry.aggregation or _report(path, number)
+        rows = rows_from_round(entry.train.sites if entry.train else [], report,
+                               entry.evaluate.sites if entry.evaluate else [])
         rounds.append(FlowerRound(
             number=number, rows=rows,
-            strategy=(report or {}).get("strategy"), params=_params((report or {}).get("params")),
-            metrics=_scalars(evaluate.get("metrics")), test_metrics=test_by_round.get(number, {}),
-            error=str(entry["error"]) if entry.get("error") else None,
-            seconds=entry.get("seconds") if isinstance(entry.get("seconds"), int | float) else None,
+            strategy=report.strategy if report else None,
+            params=_params(report.params) if report else {},
+            metrics=scalars(entry.evaluate.metrics if entry.evaluate else None),
+            test_metrics=test_by_round.get(number, {}),
+            error=entry.error or None, seconds=entry.seconds,
             has_model=(path / "models" / f"round-{number:03d}.h5").is_file(),
-            num_examples=(report or {}).get("num_examples"),
+            num_examples=report.num_examples if report else None,
         ))
     rounds.sort(key=lambda r: r.number)
     total = config.get("num-server-rounds")
     return FlowerRun(
         run_id=run_id_of(path), name=name, path=path.resolve(),
-        status=str(history.get("status", "unknown")),
+        status=history.status or "unknown",
         strategy=str(config.get("strategy", "?")), params=_params(config.get("strategy-params")),
         total_rounds=total if isinstance(total, int) else None,
-        model_id=history.get("model_id"),
-        started_at=history.get("started_at"), finished_at=history.get("finished_at"),
-        error=str(history["error"]) if history.get("error") else None,
-        rounds=rounds, config=config, summary=summary,
-        resumed=[r for r in history.get("resumed", []) or [] if isinstance(r, dict)],
+        model_id=history.model_id,
+        started_at=history.started_at, finished_at=history.finished_at,
+        error=history.error or None,
+        rounds=rounds, config=config, summary=summary, resumed=list(history.resumed),
         mtime=(path / HISTORY).stat().st_mtime,
     )
 

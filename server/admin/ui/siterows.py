@@ -14,8 +14,12 @@ report's). Status tags, in the order shown:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from fedsplit.protocol.history import AggregationReport, ReportSite, SiteEntry, scalars
+from fedsplit.protocol.horizontal_wire import NUM_EXAMPLES
 
 FAILED_PREFIX = "the site's ClientApp failed"
 
@@ -64,27 +68,11 @@ class RoundRows:
         return [r for r in self.rows if r.returned]
 
 
-def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def epsilon_of(entry: dict[str, Any]) -> float | None:
-    """A site's spent epsilon: ``entry["epsilon"]`` or ``entry["metrics"]["epsilon"]``."""
-    value = _float(entry.get("epsilon"))
-    if value is None and isinstance(entry.get("metrics"), dict):
-        value = _float(entry["metrics"].get("epsilon"))
-    return value
-
-
-def apply_history(row: SiteRow, entry: dict[str, Any], *, sent_tag: str = "replied") -> None:
-    """Fill ``row`` from a history train entry (``{site, num_examples, metrics}`` or excluded)."""
-    if entry.get("excluded"):
-        reason = str(entry.get("reason") or "")
-        if entry.get("late"):
+def apply_history(row: SiteRow, entry: SiteEntry, *, sent_tag: str = "replied") -> None:
+    """Fill ``row`` from a run record's train entry (a reply, or a hospital left out)."""
+    if entry.excluded:
+        reason = entry.reason or ""
+        if entry.late:
             row.tags.append("late")
         elif reason.startswith(FAILED_PREFIX):
             row.tags.append("failed")
@@ -94,65 +82,66 @@ def apply_history(row: SiteRow, entry: dict[str, Any], *, sent_tag: str = "repli
     elif sent_tag not in row.tags:
         row.tags.insert(0, sent_tag)
     if row.num_examples is None:
-        row.num_examples = _int(entry.get("num_examples"))
-    metrics = entry.get("metrics")
-    if isinstance(metrics, dict):
-        row.metrics = {str(k): float(v) for k, v in metrics.items() if _float(v) is not None}
-    row.epsilon = epsilon_of(entry)
+        row.num_examples = entry.num_examples
+    if entry.metrics:
+        row.metrics = scalars(entry.metrics)
+    row.epsilon = entry.spent_epsilon()
 
 
-def apply_report(row: SiteRow, report: dict[str, Any]) -> None:
+def apply_report(row: SiteRow, report: ReportSite) -> None:
     """Fill ``row`` from an aggregation report's site entry (`aggregation.base.SiteReport`)."""
-    if report.get("excluded"):
+    if report.excluded:
         if not {"late", "failed", "excluded"} & set(row.tags):
             row.tags.append("excluded")
-        row.reason = row.reason or (str(report["reason"]) if report.get("reason") else None)
-    row.num_examples = _int(report.get("num_examples")) if not report.get("excluded") else row.num_examples
-    row.weight = _float(report.get("weight"))
-    row.l2 = _float(report.get("l2_to_aggregate"))
-    claimed = _int(report.get("claimed_examples"))
-    if claimed is not None:
-        row.claimed = claimed
+        row.reason = row.reason or report.reason or None
+    row.num_examples = report.num_examples if not report.excluded else row.num_examples
+    row.weight = report.weight
+    row.l2 = report.l2_to_aggregate
+    if report.claimed_examples is not None:
+        row.claimed = report.claimed_examples
         row.tags.append("capped")
-    trimmed = _float(report.get("trimmed_fraction"))
-    if trimmed is not None:
-        row.trimmed_fraction = trimmed
-        if trimmed > 0:
+    if report.trimmed_fraction is not None:
+        row.trimmed_fraction = report.trimmed_fraction
+        if report.trimmed_fraction > 0:
             row.tags.append("trimmed")
-    if report.get("selected") is True:
+    if report.selected is True:
         row.tags.append("selected")
-    elif report.get("selected") is False and not report.get("excluded"):
+    elif report.selected is False and not report.excluded:
         row.tags.append("not selected")
-    row.score = _float(report.get("score"))
+    row.score = report.score
 
 
-def rows_from_round(train_sites: list[dict[str, Any]], report: dict[str, Any] | None,
-                    eval_sites: list[dict[str, Any]] | None = None,
+def rows_from_round(train_sites: Sequence[SiteEntry | Mapping[str, Any]],
+                    report: AggregationReport | Mapping[str, Any] | None,
+                    eval_sites: Sequence[SiteEntry | Mapping[str, Any]] | None = None,
                     *, sent_tag: str = "replied") -> list[SiteRow]:
-    """Every hospital of one round, sorted by name: history entries merged with the report."""
+    """Every hospital of one round, sorted by name: run-record entries merged with the report.
+
+    Entries and report are `protocol.history` models (a mapping is read through them first).
+    """
+    if isinstance(report, Mapping):
+        report = AggregationReport.model_validate(report)
     rows: dict[str, SiteRow] = {}
-    for entry in train_sites:
-        name = str(entry.get("site") or "(unnamed)")
+    for entry in map(_site_entry, train_sites):
+        name = entry.site or "(unnamed)"
         row = rows.setdefault(name, SiteRow(site=name))
         apply_history(row, entry, sent_tag=sent_tag)
-    for entry in (report or {}).get("sites", []) or []:
-        if not isinstance(entry, dict):
-            continue
-        name = str(entry.get("site") or "(unnamed)")
+    for site in report.sites if report is not None else []:
+        name = site.site or "(unnamed)"
         row = rows.get(name)
         if row is None:
             row = rows[name] = SiteRow(site=name)
-            if not entry.get("excluded"):
+            if not site.excluded:
                 row.tags.append(sent_tag)
-        apply_report(row, entry)
-    for entry in eval_sites or []:
-        name = entry.get("site")
-        if name is None or name not in rows or entry.get("excluded"):
+        apply_report(row, site)
+    for entry in map(_site_entry, eval_sites or []):
+        if entry.site is None or entry.site not in rows or entry.excluded:
             continue
-        metrics = entry.get("metrics")
-        if isinstance(metrics, dict):
-            rows[name].eval_metrics = {
-                str(k): float(v) for k, v in metrics.items()
-                if _float(v) is not None and k != "num-examples"
-            }
+        if entry.metrics:
+            rows[entry.site].eval_metrics = {
+                k: v for k, v in scalars(entry.metrics).items() if k != NUM_EXAMPLES}
     return [rows[name] for name in sorted(rows)]
+
+
+def _site_entry(entry: SiteEntry | Mapping[str, Any]) -> SiteEntry:
+    return entry if isinstance(entry, SiteEntry) else SiteEntry.model_validate(entry)
