@@ -227,3 +227,129 @@ def decode_fixed(total: np.ndarray, bits: int = FRACTION_BITS) -> np.ndarray:
     total = np.asarray(total, dtype=np.int64) & _LOW
     signed = np.where(total >= (1 << 61), total - np.int64(MODULUS), total)
     return signed.astype(np.float64) / float(1 << bits)
+
+
+# --- the survival Flower app's run config and messages --------------------------------------
+#: Message type of every survival exchange (after the schema exchange, ``query.schema``).
+QUERY = "query.survival"
+RECORD = "survival"  # config record of an instruction: its stage and inputs
+SUMS = "sums"  # array record of a plain reply: one float64 vector ("vector")
+SITE = "site"  # config record of a reply: the hospital's name
+#: stages -> the instruction keys each carries (besides "stage")
+STAGES: dict[str, frozenset[str]] = {
+    "moments": frozenset({"schema"}),
+    "newton": frozenset({"schema", "mean", "std", "beta"}),
+    "concordance": frozenset({"schema", "mean", "std", "beta"}),
+    "km-times": frozenset(),
+    "km-counts": frozenset({"grid"}),
+}
+#: fixed-point fraction bits of each stage's secure sum (0: integer counts)
+STAGE_BITS = {"moments": 16, "newton": FRACTION_BITS, "concordance": 0, "km-counts": 0}
+MODES = ("cox", "km")
+
+
+def check_instruction(record: Mapping[str, Any]) -> str:
+    """The stage of a survival instruction; refuses unknown stages and keys."""
+    stage = str(record.get("stage", ""))
+    if stage not in STAGES:
+        raise ConfigError(f"Unknown survival stage; expected one of {sorted(STAGES)}. "
+                          f"Received: {stage!r}")
+    keys = set(record) - {"stage"}
+    if keys != STAGES[stage]:
+        raise ConfigError(f"A survival {stage} instruction holds exactly {sorted(STAGES[stage])}. "
+                          f"Received: {sorted(keys)}")
+    return stage
+
+
+@dataclass(frozen=True)
+class SurvivalRun:
+    """The survival app's run config (`to_flower` / `from_flower`: Flower's run config)."""
+
+    mode: str
+    time: str
+    event: str
+    out_dir: str
+    data_dir: str = ""
+    id_column: str = ""
+    ignore_columns: tuple[str, ...] = ()
+    na_values: tuple[str, ...] = ()
+    penalizer: float = 0.0
+    secure_aggregation: str = ""
+    min_count: int = 5
+    site_names: tuple[str, ...] = ()
+    min_nodes: int = 2
+    round_timeout: float = 300.0
+    max_rounds: int = 15
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"Survival mode is one of {MODES}. Received: {self.mode!r}")
+        if not self.penalizer >= 0 or not np.isfinite(self.penalizer):
+            raise ConfigError(f"--penalizer is a finite number >= 0 (lifelines' convention). "
+                              f"Received: {self.penalizer}")
+        if self.min_count < 1:
+            raise ConfigError(f"--min-count is at least 1. Received: {self.min_count}")
+        if not 1 <= self.max_rounds <= 50:
+            raise ConfigError(f"Newton rounds lie in [1, 50]. Received: {self.max_rounds}")
+
+    def to_flower(self) -> dict[str, Any]:
+        """Flower run config (lists as JSON text)."""
+        import json
+
+        return {"mode": self.mode, "time": self.time, "event": self.event,
+                "out-dir": self.out_dir, "data-dir": self.data_dir, "id-column": self.id_column,
+                "ignore-columns": json.dumps(list(self.ignore_columns)),
+                "na-values": json.dumps(list(self.na_values)), "penalizer": float(self.penalizer),
+                "secure-aggregation": self.secure_aggregation, "min-count": int(self.min_count),
+                "site-names": json.dumps(list(self.site_names)), "min-nodes": int(self.min_nodes),
+                "round-timeout": float(self.round_timeout), "max-rounds": int(self.max_rounds)}
+
+    @classmethod
+    def from_flower(cls, config: Mapping[str, Any]) -> SurvivalRun:
+        """Read it back from Flower's run config."""
+        import json
+
+        try:
+            return cls(mode=str(config["mode"]), time=str(config["time"]),
+                       event=str(config["event"]), out_dir=str(config["out-dir"]),
+                       data_dir=str(config["data-dir"]), id_column=str(config["id-column"]),
+                       ignore_columns=tuple(json.loads(str(config["ignore-columns"]))),
+                       na_values=tuple(json.loads(str(config["na-values"]))),
+                       penalizer=float(config["penalizer"]),
+                       secure_aggregation=str(config["secure-aggregation"]),
+                       min_count=int(config["min-count"]),
+                       site_names=tuple(json.loads(str(config["site-names"]))),
+                       min_nodes=int(config["min-nodes"]),
+                       round_timeout=float(config["round-timeout"]),
+                       max_rounds=int(config["max-rounds"]))
+        except (KeyError, ValueError, TypeError) as e:
+            raise ConfigError(f"Not a fedsplit survival run config: {e}. Received: "
+                              f"{sorted(config)}") from e
+
+
+def table_settings(run: SurvivalRun) -> Any:
+    """How a hospital reads its table for the schema exchange: the time column is the target,
+    the event column is set aside (never a covariate)."""
+    from fedsplit.protocol.schema import TableSettings
+
+    return TableSettings(target=run.time, id_column=run.id_column,
+                         ignore_columns=(run.event, *run.ignore_columns), na_values=run.na_values)
+
+
+def cox_columns(schema: Any) -> tuple[list[str], list[int], dict[str, str]]:
+    """(covariate names, their positions among the schema's encoded features, reference
+    category per text column). A text column's first category is its reference and has no
+    coefficient: with all of its one-hot columns a Cox model would be collinear."""
+    names, keep, references = [], [], {}
+    at = 0
+    for col in schema.columns:
+        encoded = col.encoded_names()
+        drop = 0 if col.kind == "categorical" and col.categories else None
+        if drop is not None:
+            references[col.name] = col.categories[0]
+        for j, name in enumerate(encoded):
+            if j != drop:
+                names.append(name)
+                keep.append(at + j)
+        at += len(encoded)
+    return names, keep, references

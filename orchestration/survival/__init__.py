@@ -1,0 +1,1 @@
+"""Survival runs: the exact federated Cox model and Kaplan-Meier in Flower's simulation engine."""

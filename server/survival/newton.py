@@ -1,0 +1,202 @@
+"""The coordinator's side of the exact federated Cox model: Newton-Raphson on the sum of the
+hospitals' stratified log partial likelihoods, from summed gradients and Hessians only.
+
+Conventions are lifelines' ``CoxPHFitter(strata=[hospital], penalizer=P)`` (l1_ratio 0):
+
+- covariates are standardized with the pooled mean and standard deviation (ddof 1) before the
+  fit, from the hospitals' summed count, sum and sum of squares (`standardization`);
+- the penalty on the standardized coefficients b is ``n * P * ||b||^2 / 2`` (n: all rows), so
+  the gradient gains ``-n P b`` and the Hessian ``-n P I`` (`Newton.penalized`);
+- coefficients and their covariance go back to the original scale by dividing by the standard
+  deviations; the covariance is ``inv(-H)`` of the penalized Hessian at the last coefficients;
+- the log-likelihood reported is the penalized one, at those coefficients.
+
+The Newton steps are full steps (lifelines damps them to 0.95, and so needs more rounds; both
+reach the same maximum), halved while the log-likelihood falls. The fit stops when the step's
+norm is below `TOLERANCE`, or after `MAX_ROUNDS` evaluations (`ConvergenceFailed`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fedsplit.protocol.errors import ConfigError, FederationError
+
+MAX_ROUNDS = 15
+TOLERANCE = 1e-9
+Z_95 = 1.959963984540054  # lifelines: inv_normal_cdf(1 - 0.05 / 2)
+PENALIZER_ADVICE = ("add a small ridge penalty (--penalizer 0.01, lifelines' convention: "
+                    "n * P * ||b||^2 / 2 on standardized coefficients) or leave the column(s) "
+                    "out with --ignore-column")
+
+
+class CollinearError(ConfigError):
+    """Constant or collinear covariates: the unpenalized fit has no unique maximum."""
+
+
+class ConvergenceFailed(FederationError):
+    """Newton-Raphson did not converge within its rounds."""
+
+
+@dataclass(frozen=True)
+class Standardization:
+    """Pooled rows, mean and standard deviation (ddof 1) of every covariate."""
+
+    rows: int
+    mean: np.ndarray
+    std: np.ndarray
+
+
+def standardization(names: Sequence[str], count: float, total: np.ndarray,
+                    sumsq: np.ndarray) -> Standardization:
+    """Pooled mean and sample standard deviation from summed moments; constant columns refused."""
+    n = round(float(count))
+    if n < 2:
+        raise ConfigError(f"A Cox model needs at least 2 rows in all. Received: {n}")
+    mean = np.asarray(total, np.float64) / n
+    var = (np.asarray(sumsq, np.float64) - n * mean**2) / (n - 1)
+    scale = np.maximum(np.abs(mean), 1.0) ** 2
+    constant = [name for name, v, s in zip(names, var, scale, strict=True) if v <= 1e-12 * s]
+    if constant:
+        raise CollinearError(
+            f"Covariate(s) {', '.join(repr(c) for c in constant)} take one value in every row at "
+            f"every hospital: a Cox model cannot estimate their effect (no penalty helps). Leave "
+            f"them out with --ignore-column. Received: {len(constant)} constant column(s)")
+    return Standardization(n, mean, np.sqrt(np.maximum(var, 0.0)))
+
+
+@dataclass
+class NewtonResult:
+    """The fit on the standardized scale, and how it went."""
+
+    beta: np.ndarray
+    hessian: np.ndarray  # penalized, at beta
+    loglik: float  # penalized, at beta
+    loglik_null: float  # unpenalized, at 0
+    rounds: int
+    steps: list[dict[str, float]] = field(default_factory=list)
+
+
+def collinear_columns(hessian: np.ndarray, names: Sequence[str]) -> list[list[str]]:
+    """Groups of covariates spanning the (near) null space of ``-hessian`` (standardized)."""
+    values, vectors = np.linalg.eigh(-hessian)
+    top = max(float(values.max()), 1e-300)
+    groups = []
+    for k in np.flatnonzero(values <= 1e-9 * top):
+        v = np.abs(vectors[:, k])
+        groups.append([names[i] for i in np.flatnonzero(v >= 0.05 * v.max())])
+    return groups
+
+
+def newton(evaluate: Callable[[np.ndarray], tuple[float, np.ndarray, np.ndarray]],
+           names: Sequence[str], rows: int, penalizer: float, *,
+           max_rounds: int = MAX_ROUNDS, tolerance: float = TOLERANCE) -> NewtonResult:
+    """Maximize the summed (penalized) log partial likelihood.
+
+    ``evaluate(beta)`` returns the hospitals' summed (log-likelihood, gradient, Hessian) at
+    standardized ``beta``: one federated round each.
+    """
+    p = len(names)
+    ridge = rows * penalizer
+
+    def penalized(beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, float]:
+        ll, g, h = evaluate(beta)
+        raw = ll
+        return (ll - 0.5 * ridge * float(beta @ beta), g - ridge * beta,
+                h - ridge * np.eye(p), raw)
+
+    beta = np.zeros(p)
+    ll, g, h, ll_null = penalized(beta)
+    rounds, steps = 1, []
+    if penalizer == 0 and (groups := collinear_columns(h, names)):
+        listed = "; ".join(", ".join(repr(c) for c in grp) for grp in groups)
+        raise CollinearError(
+            f"Covariates are collinear (one is a combination of the others in every risk set): "
+            f"{listed}. The unpenalized Cox model has no unique fit; {PENALIZER_ADVICE}. "
+            f"Received: {len(groups)} collinear direction(s) among {p} covariates")
+    while True:
+        try:
+            delta = np.linalg.solve(-h, g)
+        except np.linalg.LinAlgError as e:
+            raise CollinearError(f"The Hessian is singular at round {rounds} ({e}); {PENALIZER_ADVICE}. "
+                                 f"Received: {p} covariates") from e
+        size = float(np.linalg.norm(delta))
+        steps.append({"round": rounds, "loglik": ll, "step_norm": size})
+        if size < tolerance:
+            return NewtonResult(beta, h, ll, ll_null, rounds, steps)
+        step = 1.0
+        while True:
+            if rounds >= max_rounds:
+                raise ConvergenceFailed(
+                    f"Newton-Raphson did not converge in {max_rounds} rounds (last step norm "
+                    f"{size:.3g}): a covariate may separate the events completely, or the data "
+                    f"are nearly collinear; {PENALIZER_ADVICE}. Received: penalizer={penalizer}")
+            trial = beta + step * delta
+            t_ll, t_g, t_h, _ = penalized(trial)
+            rounds += 1
+            if np.isfinite(t_ll) and t_ll >= ll - 1e-12 * abs(ll):
+                break
+            step /= 2  # the likelihood fell: go half as far
+        beta, ll, g, h = trial, t_ll, t_g, t_h
+
+
+@dataclass(frozen=True)
+class CoxTable:
+    """Per-covariate results on the original scale."""
+
+    names: list[str]
+    coef: np.ndarray
+    se: np.ndarray
+    covariance: np.ndarray
+
+    def rows(self) -> dict[str, dict[str, float]]:
+        """name -> coefficient, SE, hazard ratio, 95% intervals, z, p (lifelines' columns)."""
+        from scipy.stats import norm
+
+        out = {}
+        for name, c, s in zip(self.names, self.coef, self.se, strict=True):
+            z = c / s
+            lo, hi = c - Z_95 * s, c + Z_95 * s
+            out[name] = {"coef": float(c), "se": float(s), "hazard_ratio": math.exp(c),
+                         "coef_lower_95": float(lo), "coef_upper_95": float(hi),
+                         "hr_lower_95": math.exp(lo), "hr_upper_95": math.exp(hi),
+                         "z": float(z), "p": float(2 * norm.sf(abs(z)))}
+        return out
+
+
+def original_scale(result: NewtonResult, names: Sequence[str], std: np.ndarray) -> CoxTable:
+    """Coefficients and covariance on the covariates' own scale (lifelines' rescaling)."""
+    coef = result.beta / std
+    cov = np.linalg.inv(-result.hessian) / np.outer(std, std)
+    return CoxTable(list(names), coef, np.sqrt(np.diag(cov)), cov)
+
+
+def concordance(correct: float, tied: float, pairs: float) -> float | None:
+    """Harrell's C from summed pair counts (lifelines' ratio); None without comparable pairs."""
+    return None if pairs <= 0 else float((correct + 0.5 * tied) / pairs)
+
+
+def summary(table: CoxTable, result: NewtonResult, *, rows: int, events: int, penalizer: float,
+            hospitals: Sequence[str], c_index: float | None, extra: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """The cox.json document."""
+    return {
+        "model": "Cox proportional hazards, stratified by hospital (each its own baseline hazard)",
+        "ties": "efron",
+        "penalizer": penalizer,
+        "l1_ratio": 0.0,
+        "hospitals": list(hospitals),
+        "rows": rows,
+        "events": events,
+        "covariates": table.rows(),
+        "log_likelihood": result.loglik,
+        "log_likelihood_null": result.loglik_null,
+        "newton_rounds": result.rounds,
+        "newton_steps": result.steps,
+        "concordance": c_index,
+        **(extra or {}),
+    }
