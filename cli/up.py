@@ -13,11 +13,12 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from fedsplit.client.data import DATASETS
 from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.history import RoundEntry, RunRecord, scalars
 from rich.console import Console
 
 from fedsplit import aggregation
@@ -25,22 +26,20 @@ from fedsplit import aggregation
 console = Console(highlight=False)
 
 
-def round_line(entry: dict[str, Any], total: int) -> str:
-    """One progress line for a finished round of the history."""
-    train = entry.get("train", {})
-    sites = train.get("sites", [])
-    used = [s["site"] for s in sites if not s.get("excluded")]
-    left = [f"{s.get('site', '?')} ({'late' if s.get('late') else 'failed'})"
-            for s in sites if s.get("excluded")]
-    metrics = entry.get("evaluate", {}).get("metrics", {})
+def round_line(entry: RoundEntry, total: int) -> str:
+    """One progress line for a finished round of the run record."""
+    sites = entry.train.sites if entry.train else []
+    used = [s.site for s in sites if not s.excluded]
+    left = [f"{s.site or '?'} ({'late' if s.late else 'failed'})" for s in sites if s.excluded]
+    metrics = scalars(entry.evaluate.metrics) if entry.evaluate else {}
     shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k in ("accuracy", "loss", "r2"))
-    parts = [f"round {entry['round']}/{total}", f"{len(used)} hospitals", shown or "no evaluation"]
-    if "error" in entry:
-        parts.append(f"[yellow]{entry['error']}[/]")
+    parts = [f"round {entry.round}/{total}", f"{len(used)} hospitals", shown or "no evaluation"]
+    if entry.error is not None:
+        parts.append(f"[yellow]{entry.error}[/]")
     if left:
         parts.append(f"[yellow]without {', '.join(left)}[/]")
-    if "seconds" in entry:
-        parts.append(f"{entry['seconds']:.1f} s")
+    if entry.seconds is not None:
+        parts.append(f"{entry.seconds:.1f} s")
     return " | ".join(parts)
 
 
@@ -52,19 +51,17 @@ class RoundPrinter:
         self.printed: set[int] = set()
         self.resumes = 0
 
-    def __call__(self, history: dict[str, Any]) -> None:
+    def __call__(self, history: RunRecord) -> None:
         """Print what is new in ``history``."""
-        resumed = history.get("resumed", [])
-        for event in resumed[self.resumes:]:
-            console.print(f"[cyan]coordinator resumed after round {event['after_round']} "
+        for event in history.resumed[self.resumes:]:
+            console.print(f"[cyan]coordinator resumed after round {event.after_round} "
                           f"(saved global model and history)[/]")
-        self.resumes = len(resumed)
-        rounds = history.get("rounds", [])
-        last = max((r["round"] for r in rounds), default=0)
-        for entry in rounds:
-            done = "evaluate" in entry or entry["round"] < last or history.get("status") == "finished"
-            if done and entry["round"] not in self.printed:
-                self.printed.add(entry["round"])
+        self.resumes = len(history.resumed)
+        last = max((r.round for r in history.rounds), default=0)
+        for entry in history.rounds:
+            done = entry.evaluate is not None or entry.round < last or history.status == "finished"
+            if done and entry.round not in self.printed:
+                self.printed.add(entry.round)
                 console.print(round_line(entry, self.total))
 
 
@@ -132,7 +129,7 @@ def up(
         history = attach(cfg, superlink, work, root_cert=root_cert,
                          on_progress=RoundPrinter(cfg.num_server_rounds))
         console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: "
-                      f"{len(history['rounds'])} rounds; history {out / 'history.json'}")
+                      f"{len(history.rounds)} rounds; history {out / 'history.json'}")
         return
     files = prepare_partitions(work / "sites", dataset, sites, partition, seed)
     cfg = cfg.model_copy(update={"data_fingerprint": data_fingerprint(files)})
@@ -152,5 +149,5 @@ def up(
             history = federation.run(cfg, timeout=timeout, on_progress=RoundPrinter(rounds))
     finally:
         signal.signal(signal.SIGTERM, previous)
-    console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history['rounds'])} "
+    console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history.rounds)} "
                   f"rounds; global model {out / 'global.h5'}, history {out / 'history.json'}")

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import FlowerRunError
+from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 from fedsplit.protocol.vertical.config import VerticalConfig
 
 # What the staged Flower app ships under fedsplit/: everything the ServerApps and ClientApps import.
@@ -206,7 +207,11 @@ def run_app(
     timeout: float = 3600,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """``flwr run`` the app on the ``fedsplit`` connection; poll its history until it ends."""
+    """``flwr run`` the app on the ``fedsplit`` connection; poll its history until it ends.
+
+    Any app's history qualifies (horizontal, vertical, survival): only ``status`` and ``error``
+    are read here, and the parsed JSON is returned for the caller to read through its own model
+    (horizontal: `protocol.history.RunRecord`, as `attach` and `run_experiment` do)."""
     cmd = [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream"]
     if federation_config:
         cmd += ["--federation-config", federation_config]
@@ -265,13 +270,17 @@ def simulation(
 
 
 def attach(cfg: RunConfig, superlink: str, work: Path, *, root_cert: Path | None = None,
-           on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Submit ``cfg`` to a running SuperLink and follow its history (compose's federation job)."""
+           on_progress: Callable[[RunRecord], None] | None = None) -> RunRecord:
+    """Submit ``cfg`` to a running SuperLink and follow its run record (compose's federation
+    job); ``on_progress`` gets the record each time the coordinator rewrites it."""
     home = work / "flwr-home"
     write_connection(home, superlink, root_cert=root_cert.resolve() if root_cert else None)
     app_dir = stage_app(work / "app", cfg)
-    return run_app(app_dir, flower_env(home), work / "flwr-run.log",
-                   Path(cfg.out_dir) / "history.json", on_progress=on_progress)
+    path = Path(cfg.out_dir) / HISTORY_FILE
+    progress = None if on_progress is None else (
+        lambda raw: on_progress(RunRecord.from_json(raw, source=str(path))))
+    return RunRecord.from_json(run_app(app_dir, flower_env(home), work / "flwr-run.log", path,
+                                       on_progress=progress), source=str(path))
 
 
 # --- deployment runtime: SuperLink + SuperExec + SuperNodes (fedsplit up, site run, compose) ---

@@ -51,6 +51,8 @@ from fedsplit.orchestration.flower_runtime import (
     write_connection,
 )
 from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 
 COORDINATOR = "coordinator"
 SUPERLINK = "superlink"
@@ -252,26 +254,27 @@ class LocalFederation:
                 self.start_site(site)
 
     def run(self, cfg: RunConfig, *, timeout: float = 3600,
-            on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Run ``cfg`` to its end, restarting dead hospitals and a dead coordinator (resume)."""
+            on_progress: Callable[[RunRecord], None] | None = None) -> RunRecord:
+        """Run ``cfg`` to its end, restarting dead hospitals and a dead coordinator (resume);
+        ``on_progress`` gets the run record each time the coordinator rewrites it."""
         app_dir = stage_app(self.work / "app", cfg)
-        history_path = Path(cfg.out_dir) / "history.json"
+        history_path = Path(cfg.out_dir) / HISTORY_FILE
         self.submit(app_dir)
         submitted = time.time() - 1.0
         deadline = time.monotonic() + timeout
-        history: dict[str, Any] = {}
+        history = RunRecord()
         run_ended_at: float | None = None
         while True:
             if history_path.exists() and history_path.stat().st_mtime >= submitted:
-                with contextlib.suppress(json.JSONDecodeError, OSError):
-                    history = json.loads(history_path.read_text())
+                with contextlib.suppress(ConfigError):
+                    history = RunRecord.load(history_path)
                     if on_progress:
                         on_progress(history)
-            status = history.get("status")
+            status = history.status
             if status == "finished":
                 return history
             if status == "failed":
-                raise FlowerRunError(f"The federation failed: {history.get('error')}. Logs: "
+                raise FlowerRunError(f"The federation failed: {history.error}. Logs: "
                                      f"{self.logs}. Received: status failed")
             if self.procs[SUPERLINK].poll() is not None:
                 raise FlowerRunError(f"The SuperLink exited (code {self.procs[SUPERLINK].returncode}); "
@@ -287,7 +290,7 @@ class LocalFederation:
                 stop(coordinator, grace=5)
                 if (run_id := self.current_run_id()) is not None:
                     self.stop_run(run_id)
-                done = max((r["round"] for r in history.get("rounds", []) if "train" in r), default=0)
+                done = history.completed_rounds
                 reason = (f"exited with code {coordinator.returncode}" if coordinator.returncode
                           is not None else "its run ended without finishing")
                 self._restart(COORDINATOR, f"{reason}; the new one resumes after round {done}")

@@ -213,3 +213,19 @@ def test_bad_site_entry_from_the_coordinator_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="num_examples"):
         history.record_train(1, None, [{"site": "a", "num_examples": "lots"}], {})
     assert json.loads((tmp_path / "history.json").read_text())["rounds"] == []
+
+
+def test_up_progress_lines_read_the_record() -> None:
+    """``fedsplit up`` prints each round of a record: hospitals used, those left out, metrics."""
+    from fedsplit.cli.up import round_line
+
+    record = RunRecord.load(DATA / "history-v1.json")
+    line = round_line(record.round(2), 2)
+    accuracy = raw("history-v1.json")["rounds"][1]["evaluate"]["metrics"]["accuracy"]
+    assert line.startswith(f"round 2/2 | 2 hospitals | accuracy={accuracy:.4f}, loss=")
+    assert line.endswith(f"{record.round(2).seconds:.1f} s")
+    cut = RoundEntry.model_validate({"round": 3, "error": "only 0 valid training replies",
+                                     "train": {"sites": [{"site": "a", "excluded": True,
+                                                          "late": True, "reason": "late"}]}})
+    assert round_line(cut, 3) == ("round 3/3 | 0 hospitals | no evaluation | "
+                                  "[yellow]only 0 valid training replies[/] | [yellow]without a (late)[/]")
