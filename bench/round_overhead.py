@@ -36,6 +36,7 @@ from fedsplit.orchestration.flower_runtime import (
     write_connection,
 )
 from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 
 BENCH = Path(__file__).resolve().parent
 
@@ -51,9 +52,10 @@ def one_run(kind: str, cfg: RunConfig, sites: int, work: Path) -> list[float]:
         app = stage_app(work / "app", cfg)
     with simulation_superlink(work, env) as address:
         write_connection(flwr_home, address)
-        history = run_app(app, env, work / "flower.log", Path(cfg.out_dir) / "history.json",
-                          federation_config=f"num-supernodes={sites} client-resources-num-cpus=1")
-    return [float(r["seconds"]) for r in history["rounds"] if "seconds" in r]
+        history = RunRecord.from_json(run_app(
+            app, env, work / "flower.log", Path(cfg.out_dir) / HISTORY_FILE,
+            federation_config=f"num-supernodes={sites} client-resources-num-cpus=1"))
+    return [r.seconds for r in history.rounds if r.seconds is not None]
 
 
 def main() -> None:

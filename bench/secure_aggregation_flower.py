@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedsplit.protocol.history import HISTORY_FILE, SUMMARY_FILE, RoundEntry, RunRecord, RunSummary
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -67,20 +69,24 @@ def simulate(sites: list[Path], out: Path, args: argparse.Namespace, secure: boo
     (out / "bench.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"fedsplit simulate failed (exit {proc.returncode}); see {out}/bench.log")
-    history = json.loads((out / "federation" / "history.json").read_text())
-    summary = json.loads((out / "summary.json").read_text())
+    history = RunRecord.load(out / "federation" / HISTORY_FILE)
+    summary = RunSummary.load(out / SUMMARY_FILE)
     return {"history": history, "summary": summary, "wall": wall}
 
 
-def round_seconds(history: dict[str, Any]) -> list[float]:
+def round_seconds(history: RunRecord) -> list[float]:
     """Each round's seconds as the coordinator recorded them."""
-    return [float(r["seconds"]) for r in history["rounds"]]
+    return [float(r.seconds or 0.0) for r in history.rounds]
 
 
-def stage_seconds(history: dict[str, Any]) -> dict[str, float]:
+def secure_details(entry: RoundEntry) -> dict[str, Any]:
+    """The secure-aggregation details of a round's aggregation report."""
+    return entry.aggregation.details["secure_aggregation"] if entry.aggregation else {}
+
+
+def stage_seconds(history: RunRecord) -> dict[str, float]:
     """Mean secure stage seconds over rounds 2..R (setup, share-keys, unmask)."""
-    rows = [r["aggregation"]["details"]["secure_aggregation"]["stage_seconds"]
-            for r in history["rounds"][1:]]
+    rows = [secure_details(r)["stage_seconds"] for r in history.rounds[1:]]
     return {k: sum(row[k] for row in rows) / len(rows) for k in rows[0]} if rows else {}
 
 
@@ -115,9 +121,9 @@ def table(hospitals: list[int], args: argparse.Namespace) -> list[dict[str, Any]
         secure = simulate(sites, work / f"secure-{n}", args, secure=True)
         p, s = round_seconds(plain["history"])[1:], round_seconds(secure["history"])[1:]
         p_mean, s_mean = sum(p) / len(p), sum(s) / len(s)
-        details = secure["history"]["rounds"][-1]["aggregation"]["details"]["secure_aggregation"]
+        details = secure_details(secure["history"].rounds[-1])
         stages = stage_seconds(secure["history"])
-        acc = [r["summary"]["federated"]["mean_per_site"]["accuracy"] for r in (plain, secure)]
+        acc = [r["summary"].federated.mean_per_site["accuracy"] for r in (plain, secure)]
         load = os.getloadavg()[0]
         row = {"hospitals": n, "share_num": details["share_num"],
                "threshold": details["threshold"], "plain_s": p_mean, "secure_s": s_mean,
