@@ -56,6 +56,7 @@ from fedsplit.orchestration.personalize import (  # noqa: E402
 )
 from fedsplit.protocol.config import RunConfig  # noqa: E402
 from fedsplit.protocol.errors import ConfigError  # noqa: E402
+from fedsplit.protocol.history import RunSummary  # noqa: E402
 
 #: FLamby (du Terrail et al. 2022), Fed-Heart-Disease, 5 seeds, mean per-client accuracy.
 FLAMBY = {"pooled": 0.735, "fedavg": 0.685, "fedprox": 0.685, "fedadam": 0.726, "fedyogi": 0.731,
@@ -114,35 +115,35 @@ def run(args: argparse.Namespace) -> dict:
                             target=HEART_TARGET, id_column=HEART_ID, seed=seed,
                             val_fraction=0.05, resume=False, **RUNS[strategy])
             began = time.perf_counter()
-            summary = run_experiment(Experiment(cfg=cfg, out=out / strategy / f"seed-{seed}",
-                                                site_files=sources,
-                                                test_fraction=args.test_fraction,
-                                                personalize=args.personalize,
-                                                personalize_scope=args.personalize_scope))
+            summary = RunSummary.from_json(run_experiment(Experiment(
+                cfg=cfg, out=out / strategy / f"seed-{seed}", site_files=sources,
+                test_fraction=args.test_fraction, personalize=args.personalize,
+                personalize_scope=args.personalize_scope)))
             took = time.perf_counter() - began
-            fed = summary["federated"]
-            own = {s["site"]: s["per_site"][s["site"]]["accuracy"] for s in summary["local_only"]}
+            fed, central = summary.federated, summary.centralized
+            assert fed is not None and central is not None, "run_experiment writes both"
+            own = {s.site: s.per_site[str(s.site)]["accuracy"] for s in summary.local_only}
             results["runs"].setdefault(strategy, []).append({
                 "seed": seed, "seconds": round(took, 1),
-                "mean_per_site": fed["mean_per_site"]["accuracy"],
-                "per_site": {k: v["accuracy"] for k, v in fed["per_site"].items()},
-                "pooled": fed["metrics"]["accuracy"],
-                "centralized_mean_per_site": summary["centralized"]["mean_per_site"]["accuracy"],
-                "centralized_pooled": summary["centralized"]["metrics"]["accuracy"],
+                "mean_per_site": fed.mean_per_site["accuracy"],
+                "per_site": {k: v["accuracy"] for k, v in fed.per_site.items()},
+                "pooled": fed.metrics["accuracy"],
+                "centralized_mean_per_site": central.mean_per_site["accuracy"],
+                "centralized_pooled": central.metrics["accuracy"],
                 "alone_on_own": own,
-                "alone_steps": {s["site"]: s["steps"] for s in summary["local_only"]},
+                "alone_steps": {s.site: s.steps for s in summary.local_only},
             })
-            tuned = summary["personalized"]
+            tuned = summary.personalized
             if tuned:
                 results["runs"][strategy][-1].update({
-                    "personalized_mean_per_site": tuned["mean_per_site"]["accuracy"],
-                    "personalized_per_site": {k: v["accuracy"] for k, v in tuned["per_site"].items()},
-                    "personalized_pooled": tuned["metrics"]["accuracy"],
-                    "personalized_steps": tuned.get("steps_per_site"),
-                    "personalized_scope": tuned["scope"],
-                    "prior_test": tuned.get("prior_test")})
-            print(f"{strategy} seed {seed}: mean per hospital {fed['mean_per_site']['accuracy']:.3f}"
-                  + (f", fine-tuned {tuned['mean_per_site']['accuracy']:.3f}" if tuned else "")
+                    "personalized_mean_per_site": tuned.mean_per_site["accuracy"],
+                    "personalized_per_site": {k: v["accuracy"] for k, v in tuned.per_site.items()},
+                    "personalized_pooled": tuned.metrics["accuracy"],
+                    "personalized_steps": tuned.steps_per_site or None,
+                    "personalized_scope": tuned.scope,
+                    "prior_test": tuned.prior_test})
+            print(f"{strategy} seed {seed}: mean per hospital {fed.mean_per_site['accuracy']:.3f}"
+                  + (f", fine-tuned {tuned.mean_per_site['accuracy']:.3f}" if tuned else "")
                   + f" ({took:.0f} s)", flush=True)
     return results
 

@@ -336,9 +336,15 @@ class FederatedScores(Scores):
 
 class Personalized(Scores):
     """Each hospital's fine-tuned copy of the final model (``--personalize``): ``steps`` is
-    the step budget (a number, ``alone`` or ``prior``)."""
+    the step budget (a number, ``alone`` or ``prior``), ``scope`` the weights tuned (``all``
+    or ``bias``), ``steps_per_site`` each hospital's budget (or ``prior_test``: each
+    hospital's record of the bias test), ``fine_tune_examples`` the rows each tuned on."""
 
     steps: int | str | None = None
+    scope: str | None = None
+    steps_per_site: dict[str, int] = Field(default_factory=dict)
+    prior_test: dict[str, Any] | None = None
+    fine_tune_examples: dict[str, int] = Field(default_factory=dict)
     num_examples: int | None = None
 
 
