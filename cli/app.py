@@ -34,6 +34,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("admin", "fedsplit.cli.admin", "admin_app"),
     ("site", "fedsplit.cli.site", "app"),
     ("vertical", "fedsplit.cli.vertical", "app"),
+    ("cox", "fedsplit.cli.cox", "cox"),
+    ("km", "fedsplit.cli.km", "km"),
 )
 
 

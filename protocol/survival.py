@@ -46,7 +46,7 @@ class SurvivalDataError(ConfigError):
     """A hospital's time or event column cannot be read as survival data."""
 
 
-def _text(value: Any) -> str | None:
+def _text(value: Any, missing: frozenset[str] = MISSING) -> str | None:
     """A cell as stripped text, None when missing."""
     if value is None:
         return None
@@ -55,7 +55,7 @@ def _text(value: Any) -> str | None:
     if isinstance(value, bool | np.bool_):
         return "true" if value else "false"
     text = str(value).strip()
-    return None if text.lower() in MISSING else text
+    return None if text.lower() in missing else text
 
 
 @dataclass
@@ -114,11 +114,16 @@ class SurvivalProblems:
                     or self.equal_times)
 
 
-def inspect_survival(site: str, times: Sequence[Any], events: Sequence[Any]
+def inspect_survival(site: str, times: Sequence[Any], events: Sequence[Any], *,
+                     time: str = "", event: str = "", na_values: Sequence[str] = ()
                      ) -> tuple[np.ndarray, np.ndarray, SurvivalProblems]:
     """(time float64, event bool, problems) of one hospital's two columns, as read.
 
+    Missing cells: `MISSING` plus ``na_values`` (``WORD`` or ``COLUMN=WORD``, as --na-values).
     Unusable rows get time NaN / event False; `SurvivalProblems` counts them."""
+    from fedsplit.protocol.schema import na_set
+
+    miss_t, miss_e = na_set(na_values, time), na_set(na_values, event)
     n = len(times)
     if len(events) != n:
         raise SurvivalDataError(f"{site}: the time and event columns differ in length. "
@@ -129,7 +134,7 @@ def inspect_survival(site: str, times: Sequence[Any], events: Sequence[Any]
     text: dict[str, int] = {}
     bad: dict[str, int] = {}
     for i, (tv, ev) in enumerate(zip(times, events, strict=True)):
-        cell = _text(tv)
+        cell = _text(tv, miss_t)
         if cell is None:
             problems.missing_time += 1
         else:
@@ -143,7 +148,7 @@ def inspect_survival(site: str, times: Sequence[Any], events: Sequence[Any]
                 problems.nonpositive_time += 1
             else:
                 t[i] = value
-        flag = _text(ev)
+        flag = _text(ev, miss_e)
         if flag is None:
             problems.missing_event += 1
         elif flag.lower() in EVENT_TRUE:
@@ -159,10 +164,12 @@ def inspect_survival(site: str, times: Sequence[Any], events: Sequence[Any]
     return t, e, problems
 
 
-def read_survival(site: str, frame: Any, time: str, event: str) -> tuple[np.ndarray, np.ndarray]:
+def read_survival(site: str, frame: Any, time: str, event: str, na_values: Sequence[str] = ()
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """One hospital's (time, event) from its table (a DataFrame); `SurvivalDataError` if unusable."""
     check_columns(site, [str(c) for c in frame.columns], time, event)
-    t, e, problems = inspect_survival(site, frame[time].tolist(), frame[event].tolist())
+    t, e, problems = inspect_survival(site, frame[time].tolist(), frame[event].tolist(),
+                                      time=time, event=event, na_values=na_values)
     if not problems.ok:
         raise SurvivalDataError(_message([problems], time, event))
     return t, e
@@ -179,13 +186,14 @@ def check_columns(site: str, columns: Sequence[str], time: str, event: str) -> N
                                     f"--{what}. Columns: {', '.join(columns)}. Received: {name!r}")
 
 
-def check_hospitals(frames: Mapping[str, Any], time: str, event: str) -> dict[str, tuple[np.ndarray,
-                                                                                        np.ndarray]]:
+def check_hospitals(frames: Mapping[str, Any], time: str, event: str,
+                    na_values: Sequence[str] = ()) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(time, event) of every hospital; one `SurvivalDataError` listing every hospital's problems."""
     out, bad = {}, []
     for site, frame in frames.items():
         check_columns(site, [str(c) for c in frame.columns], time, event)
-        t, e, problems = inspect_survival(site, frame[time].tolist(), frame[event].tolist())
+        t, e, problems = inspect_survival(site, frame[time].tolist(), frame[event].tolist(),
+                                          time=time, event=event, na_values=na_values)
         out[site] = (t, e)
         if not problems.ok:
             bad.append(problems)
@@ -291,6 +299,9 @@ class SurvivalRun:
             raise ConfigError(f"--min-count is at least 1. Received: {self.min_count}")
         if not 1 <= self.max_rounds <= 50:
             raise ConfigError(f"Newton rounds lie in [1, 50]. Received: {self.max_rounds}")
+        from fedsplit.protocol.privacy import SecureSpec
+
+        SecureSpec.parse(self.secure_aggregation)  # a bad spec is refused before anything runs
 
     def to_flower(self) -> dict[str, Any]:
         """Flower run config (lists as JSON text)."""

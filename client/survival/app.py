@@ -76,15 +76,16 @@ def site_name(node_config: Any, node_id: int, run: sv.SurvivalRun) -> str:
 
 
 @lru_cache(maxsize=4)
-def _table(path: str, name: str, time: str, event: str) -> tuple[Any, np.ndarray, np.ndarray]:
+def _table(path: str, name: str, time: str, event: str, na_values: tuple[str, ...] = ()
+           ) -> tuple[Any, np.ndarray, np.ndarray]:
     frame = read_table(Path(path))
-    t, e = sv.read_survival(name, frame, time, event)  # refuses unusable rows, with the fix
+    t, e = sv.read_survival(name, frame, time, event, na_values)  # refuses unusable rows
     return frame, t, e
 
 
 @lru_cache(maxsize=4)
-def _covariates(path: str, name: str, time: str, event: str, schema_json: str) -> np.ndarray:
-    frame, _, _ = _table(path, name, time, event)
+def _covariates(path: str, name: str, run: sv.SurvivalRun, schema_json: str) -> np.ndarray:
+    frame, _, _ = _table(path, name, run.time, run.event, run.na_values)
     schema = Schema.from_json(schema_json)
     x, _ = encode_frame(schema, frame, where=f"Hospital {name}'s table")
     _, keep, _ = sv.cox_columns(schema)
@@ -110,7 +111,7 @@ def schema(msg: Message, context: Context) -> Message:
     """The column report of this hospital's table (time as target, event set aside)."""
     wire.check_content(wire.SCHEMA_QUERY, msg.content, reply=False)
     run, path, name = _site(context, msg.metadata.dst_node_id)
-    frame, _, _ = _table(path, name, run.time, run.event)
+    frame, _, _ = _table(path, name, run.time, run.event, run.na_values)
     report = column_report(name, frame, sv.table_settings(run))
     return Message(wire.build_schema_reply(report), reply_to=msg)
 
@@ -123,7 +124,7 @@ def secure(msg: Message, context: Context) -> Message:
 
 def _vector(stage: str, record: dict[str, Any], run: sv.SurvivalRun, path: str, name: str
             ) -> np.ndarray:
-    _, t, e = _table(path, name, run.time, run.event)
+    _, t, e = _table(path, name, run.time, run.event, run.na_values)
     if stage == "km-times":
         return np.unique(t[e])
     if stage == "km-counts":
@@ -131,7 +132,7 @@ def _vector(stage: str, record: dict[str, Any], run: sv.SurvivalRun, path: str, 
         at_risk, events = km_counts(t, e, grid)
         _own_curve(Path(path).parent, t, e)
         return np.concatenate([at_risk, events]).astype(np.float64)
-    x = _covariates(path, name, run.time, run.event, str(record["schema"]))
+    x = _covariates(path, name, run, str(record["schema"]))
     if stage == "moments":
         return np.concatenate([[len(t), int(e.sum())], x.sum(axis=0), (x**2).sum(axis=0)])
     mean, std = np.asarray(record["mean"], np.float64), np.asarray(record["std"], np.float64)

@@ -75,7 +75,7 @@ def dataset_columns(dataset: str | None, time_col: str | None, event_col: str | 
 
 def stage(run: sv.SurvivalRun, tables: dict[str, Any], out: Path) -> sv.SurvivalRun:
     """Check every hospital's survival columns and the schema merge; write each hospital's rows."""
-    sv.check_hospitals(tables, run.time, run.event)
+    sv.check_hospitals(tables, run.time, run.event, run.na_values)
     if run.mode == "cox":
         settings = sv.table_settings(run)
         merged = merge_reports([column_report(n, f, settings) for n, f in tables.items()],
