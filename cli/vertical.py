@@ -35,14 +35,19 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_row(f"{s['site']} alone", str(s["num_examples"]), f"{s['rounds_kept']} of {rounds}",
                       *[f"{s['metrics'][k]:.4f}" for k in keys])
     fed = summary["federated"]
-    table.add_row("[bold]fused (federated)[/]", str(summary["train_rows"]), f"{rounds} of {rounds}",
+    table.add_row("[bold]fused (federated)[/]", str(summary["train_rows"]),
+                  f"{fed.get('rounds_kept', rounds)} of {rounds}",
                   *[f"[bold]{fed['metrics'][k]:.4f}[/]" for k in keys])
     c = summary["centralized"]
     table.add_row("centralized (all columns)", str(c["num_examples"]), f"{c['rounds_kept']} of {rounds}",
                   *[f"{c['metrics'][k]:.4f}" for k in keys])
     console.print(table)
-    console.print("baselines: the federation's steps, keeping the round that scores best on a "
-                  "validation cut of their own training rows (docs/vertical.md)")
+    if summary.get("keep", "best-val") == "last":
+        console.print("every model keeps its last round (--keep last; docs/vertical.md)")
+    else:
+        console.print("every model, fused and baselines (the federation's steps), keeps the round "
+                      "that scores best on validation rows cut from the label holder's training "
+                      "rows, ties to the later round (--keep best-val; docs/vertical.md)")
     for o in summary["overlap"]:
         console.print(f"overlap {o['site']}: {o['shared']} of {o['label_rows']} labelled patients "
                       f"({o['share_of_labels']:.0%}){' [yellow]LOW[/]' if o['status'] == 'low' else ''}")
@@ -71,13 +76,22 @@ def simulate(
     min_overlap: Annotated[float, typer.Option(help="Refuse under this share of shared patients.")] = 0.2,
     test_fraction: Annotated[float, typer.Option(min=0.05, max=0.9, help="Held-out share.")] = 0.2,
     seed: Annotated[int, typer.Option(help="Seed for splits and initial weights.")] = 0,
+    keep: Annotated[str, typer.Option(
+        help="Which round every model keeps: best-val (the round that scores best on validation "
+             "rows cut from the label holder's training rows; ties to the later) or last (the "
+             "last round, for protocols that fix the round count).",
+        metavar="best-val|last")] = "best-val",
 ) -> None:
     """Train branches + a fusion head across sites with Flower; compare with each site and centralized."""
     import torch
     from fedsplit.orchestration.vertical.experiment import resolve_inputs, run_vertical
+    from fedsplit.protocol.errors import ConfigError
+    from fedsplit.protocol.selection import KEEP
     from fedsplit.protocol.vertical.config import FusionParams
 
     torch.set_num_threads(1)
+    if keep not in KEEP:
+        raise ConfigError(f"--keep is {' or '.join(KEEP)}. Received: {keep!r}")
     params = FusionParams.parse({
         "embedding_dim": embedding_dim, "branch_hidden": branch_hidden, "head_hidden": head_hidden,
         "lr": lr, "batch_size": batch_size, "steps_per_round": steps, "fill": fill,
@@ -86,7 +100,7 @@ def simulate(
                             overlap=overlap, out=out.resolve(), seed=seed, id_column=id_column,
                             target=target)
     summary = run_vertical(inputs, params, out, rounds=rounds, task=task, seed=seed,
-                           test_fraction=test_fraction, dataset=dataset,
+                           test_fraction=test_fraction, dataset=dataset, keep=keep,
                            on_stage=lambda msg: console.print(f"[dim]{msg}[/]"))
     print_summary(summary)
     console.print(f"wrote {out / 'summary.json'}, {out / 'rounds.png'}")

@@ -178,11 +178,18 @@ class SiteAgent:
         return Payload(arrays={"embeddings": branch.embed(self.features(payload.arrays["positions"], state))})
 
     def _save(self, payload: Payload, state: SiteState) -> Payload:
-        """Write the branch and preprocessing where only this site reads them (for predict)."""
+        """Write the branch and preprocessing where only this site reads them (for predict).
+
+        Config ``slot``: empty (the kept round's branch, in the output folder itself) or
+        ``last`` (the last round's, in its ``last/`` subfolder).
+        """
         if not self.out_dir:
             raise ConfigError("This site has no output folder to save its branch in; set the "
                               "run's site-out-dir or the node config 'out-dir'. Received: ''")
-        folder = Path(self.out_dir)
+        slot = str(payload.config.get("slot", ""))
+        if slot not in ("", "last"):
+            raise ConfigError(f"query.save's slot is '' (the kept round) or 'last'. Received: {slot!r}")
+        folder = Path(self.out_dir) / slot if slot else Path(self.out_dir)
         branch = self._branch(state)
         branch.save(folder / "branch.npz")
         (folder / "site.json").write_text(json.dumps({

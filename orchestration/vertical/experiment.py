@@ -4,7 +4,10 @@
 files (bundled data is cut by columns first), runs PSI alignment and split training in Flower's
 simulation engine (one ClientApp per site), trains the baselines in-process with the same steps
 (each site alone, one centralized model on all columns) and writes ``summary.json`` and
-``rounds.png``. `compare_fills` runs every fill on the same split in-process
+``rounds.png``. Every model, fused or baseline, keeps a round by the same rule (``keep``:
+``best-val``, the round that scores best on validation rows the label holder cut from its
+training rows, or ``last``; `protocol.selection`), and reports it (``rounds_kept``,
+``val_metric``). `compare_fills` runs every fill on the same split in-process
 (``fedsplit vertical compare-fills``).
 """
 
@@ -71,6 +74,7 @@ def run_vertical(
     test_fraction: float = 0.2,
     dataset: str | None = None,
     on_stage: Callable[[str], None] | None = None,
+    keep: str = "best-val",
 ) -> dict[str, Any]:
     """Run the federation in Flower and the baselines in-process; write summary.json and rounds.png."""
     stage = on_stage or (lambda _msg: None)
@@ -84,7 +88,8 @@ def run_vertical(
         id_column=inputs.id_column, target=inputs.target, labels_path=str(inputs.labels), task=task,
         site_files=json.dumps([str(p) for p in files]),
         site_out_dirs=json.dumps([str(out / "sites" / f"site-{i}") for i in range(len(files))]),
-        seed=seed, test_fraction=test_fraction, out_dir=str(out / "federation"), min_nodes=len(files))
+        seed=seed, test_fraction=test_fraction, out_dir=str(out / "federation"), min_nodes=len(files),
+        keep=keep)
     stage(f"federation: {len(files)} sites, fill={params.fill}, {rounds} rounds x "
           f"{params.steps_per_round} steps (Flower simulation)")
     t0 = time.monotonic()
@@ -92,8 +97,9 @@ def run_vertical(
     fed_seconds = time.monotonic() - t0
     stage("baselines: each site alone and centralized (same steps, in-process)")
     base = baselines(label_table, files, inputs.id_column, params, rounds, seed=seed,
-                     test_fraction=test_fraction)
-    final = history["rounds"][-1]
+                     test_fraction=test_fraction, keep=keep)
+    chosen = history["selection"]
+    final = history["rounds"][chosen["rounds_kept"] - 1]
     summary = {
         "task": history["task"], "params": params.model_dump(),
         "dataset": dataset or [str(p) for p in files], "sites": len(files), "fill": params.fill,
@@ -104,9 +110,16 @@ def run_vertical(
                       **({"metrics_complete_rows": final["metrics_complete_rows"]}
                          if "metrics_complete_rows" in final else {}),
                       "model": str(out / "federation" / "head"), "site_models": history["site_models"],
+                      "last_model": str(out / "federation" / "last" / "head"),
+                      "last_site_models": history["last_site_models"],
+                      "keep": chosen["keep"], "rounds_kept": chosen["rounds_kept"],
+                      "val_metric": chosen["val_metric"], "val_rows": history["val_rows"],
+                      "final_metrics": history["rounds"][-1]["metrics"],
                       "seconds": round(fed_seconds, 1), "messages": history["messages"]},
+        "keep": chosen["keep"],
         "rounds": [{"round": r["round"], "metrics": r["metrics"], "train_loss": r["train_loss"],
-                    "steps": r["steps"]} for r in history["rounds"]],
+                    "steps": r["steps"], "val_metrics": r.get("val_metrics")}
+                   for r in history["rounds"]],
         "inventory": history["inventory"],
     }
     write_json_atomic(out / "summary.json", summary)

@@ -1,8 +1,8 @@
 """Vertical training in one process: the same coordinator and site code, direct calls for messages.
 
 Used for the baselines of ``fedsplit vertical simulate`` (each site alone, centralized: trained
-to the federation's steps, stopped at the round a validation cut of their training rows picks),
-for
+to the federation's steps and kept by the federation's rule, the round that scores best on
+validation rows cut from the label holder's training rows: `train_kept`), for
 ``fedsplit vertical compare-fills`` and by the tests. `LocalTransport` still converts every
 payload to Flower records and back and checks it against `protocol.vertical.wire.ALLOWED`,
 so what is exchanged is exactly what the Flower app exchanges.
@@ -16,16 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from fedsplit.client.vertical.site import SiteAgent, SiteState
-from fedsplit.orchestration.selection import BestRound, selection_metric
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.table import id_column_values, read_frame
 from fedsplit.protocol.vertical.wire import Payload, check_payload, from_record, to_record
-from fedsplit.server.vertical.coordinator import LabelTable, VerticalCoordinator, split_rows
+from fedsplit.server.vertical.coordinator import VAL_FRACTION, LabelTable, VerticalCoordinator
+from fedsplit.server.vertical.coordinator import validation_cut as validation_cut  # re-exported
 
-#: Share of a baseline's training rows cut off to choose how many rounds it keeps.
-BASELINE_VAL_FRACTION = 0.2
+#: Share of the training label rows cut off as validation rows (the round kept).
+BASELINE_VAL_FRACTION = VAL_FRACTION
 
 
 @dataclass
@@ -54,14 +53,14 @@ class LocalTransport:
 
 def local_coordinator(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
                       params: FusionParams, *, seed: int = 0, test_fraction: float = 0.2,
-                      keep: bool = False, out_dirs: Sequence[str] = ()) -> tuple[VerticalCoordinator,
-                                                                                 LocalTransport]:
+                      keep: bool = False, out_dirs: Sequence[str] = (),
+                      val_fraction: float = 0.0) -> tuple[VerticalCoordinator, LocalTransport]:
     """A coordinator over in-process sites ``site_files`` (node ids 0..K-1, names site-i)."""
     agents = {i: SiteAgent(str(p), id_column, f"site-{i}", out_dirs[i] if out_dirs else "")
               for i, p in enumerate(site_files)}
     transport = LocalTransport(agents, keep=keep)
     coordinator = VerticalCoordinator(labels, params, list(agents), transport, seed=seed,
-                                      test_fraction=test_fraction)
+                                      test_fraction=test_fraction, val_fraction=val_fraction)
     return coordinator, transport
 
 
@@ -99,72 +98,67 @@ def joined_table(site_files: Sequence[str | Path], id_column: str, folder: Path)
     return path
 
 
-def validation_cut(train_rows: np.ndarray, seed: int,
-                   val_fraction: float = BASELINE_VAL_FRACTION) -> tuple[np.ndarray, np.ndarray]:
-    """(rows to train on, validation rows): a seeded ``val_fraction`` of ``train_rows``."""
-    keep, val = split_rows(len(train_rows), val_fraction, seed + 7)
-    return train_rows[keep], train_rows[val]
+def train_kept(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
+               params: FusionParams, rounds: int, *, seed: int = 0, test_fraction: float = 0.2,
+               keep: str = "best-val", val_fraction: float = VAL_FRACTION) -> dict[str, Any]:
+    """Train ``rounds`` rounds and keep one by the rule every model follows.
+
+    With ``keep="best-val"`` a seeded ``val_fraction`` of the training label rows becomes
+    validation rows (`validation_cut`: never held-out rows, never trained on), and the round
+    whose model scores best on them by the task metric is kept, ties to the later round
+    (`protocol.selection`); ``keep="last"`` trains on every training row and keeps the last
+    round. The same code (`VerticalCoordinator.train_and_keep`) runs in the Flower app.
+    Returns the kept round's held-out ``metrics``, ``rounds_kept``, ``val_metric`` (per round)
+    and ``val_rows``, ``final_metrics`` and ``per_round`` (every round's held-out metrics).
+    """
+    coordinator, _ = local_coordinator(labels, site_files, id_column, params, seed=seed,
+                                       test_fraction=test_fraction,
+                                       val_fraction=val_fraction if keep == "best-val" else 0.0)
+    coordinator.align()
+    coordinator.prepare()
+    rule, entries = coordinator.train_and_keep(rounds, keep)
+    per_round = [e["metrics"] for e in entries]
+    kept = entries[rule.round - 1]
+    return {"num_examples": len(coordinator.train_rows), "test_examples": kept["num_examples"],
+            "metrics": kept["metrics"], "rounds_kept": rule.round, "keep": rule.keep,
+            "val_rows": len(coordinator.val_rows), "val_metric": list(rule.scores),
+            "final_metrics": per_round[-1], "per_round": per_round,
+            **({"metrics_complete_rows": kept["metrics_complete_rows"]}
+               if "metrics_complete_rows" in kept else {})}
 
 
 def best_round(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
                params: FusionParams, rounds: int, *, seed: int = 0, test_fraction: float = 0.2,
-               val_fraction: float = BASELINE_VAL_FRACTION) -> dict[str, Any]:
-    """Train on the training rows minus a validation cut; the round that scores best on it.
-
-    The cut is ``val_fraction`` of the training rows (a seeded draw; never held-out rows). The
-    score is the task's metric (accuracy, or r2: the squared error), ties going to the later
-    round (`orchestration.selection`, the horizontal baselines' rule). Returns ``round``
-    (1-based), ``val_metric`` per round and ``val_rows``.
-    """
-    coordinator, _ = local_coordinator(labels, site_files, id_column, params, seed=seed,
-                                       test_fraction=test_fraction)
-    coordinator.align()
-    coordinator.prepare()
-    keep, val_rows = validation_cut(coordinator.train_rows, seed, val_fraction)
-    if len(keep) < 2:
-        return {"round": rounds, "val_metric": [], "val_rows": 0}  # too few rows to cut: all rounds
-    coordinator.train_rows = keep
-    key = selection_metric(labels.task)
-    picker = BestRound()
-    for _ in range(rounds):
-        coordinator.train_round()
-        picker.offer(coordinator.evaluate(val_rows)["metrics"][key])
-    return {"round": picker.round, "val_metric": picker.scores, "val_rows": len(val_rows)}
+               val_fraction: float = VAL_FRACTION) -> dict[str, Any]:
+    """The round `train_kept` keeps: ``round`` (1-based), ``val_metric`` per round, ``val_rows``."""
+    result = train_kept(labels, site_files, id_column, params, rounds, seed=seed,
+                        test_fraction=test_fraction, val_fraction=val_fraction)
+    return {"round": result["rounds_kept"], "val_metric": result["val_metric"],
+            "val_rows": result["val_rows"]}
 
 
 def train_baseline(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
                    params: FusionParams, rounds: int, *, seed: int = 0,
-                   test_fraction: float = 0.2) -> dict[str, Any]:
-    """A baseline trained to the federation's budget, stopped at the round a validation cut picks.
-
-    First `best_round` picks, on a validation cut of the training rows, the round (of
-    ``rounds``) that scores best; then the model is trained on all training rows, and the one
-    after that round is kept (``metrics``; ``per_round`` still shows every round). So a
-    baseline loses to the federation neither by under- nor by over-training.
-    """
-    chosen = best_round(labels, site_files, id_column, params, rounds, seed=seed,
-                        test_fraction=test_fraction)
-    result = train_local(labels, site_files, id_column, params, rounds, seed=seed,
-                         test_fraction=test_fraction)
-    return {"num_examples": result["train_rows"], "test_examples": result["num_examples"],
-            "metrics": result["per_round"][chosen["round"] - 1], "rounds_kept": chosen["round"],
-            "val_rows": chosen["val_rows"], "val_metric": chosen["val_metric"],
-            "final_metrics": result["metrics"], "per_round": result["per_round"]}
+                   test_fraction: float = 0.2, keep: str = "best-val") -> dict[str, Any]:
+    """A baseline trained to the federation's steps and kept by the federation's rule
+    (`train_kept`): it loses to the federation neither by under- nor by over-training."""
+    return train_kept(labels, site_files, id_column, params, rounds, seed=seed,
+                      test_fraction=test_fraction, keep=keep)
 
 
 def baselines(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
               params: FusionParams, rounds: int, *, seed: int = 0,
-              test_fraction: float = 0.2) -> dict[str, Any]:
+              test_fraction: float = 0.2, keep: str = "best-val") -> dict[str, Any]:
     """Each site alone (its columns with the labels) and one model on all columns pooled.
 
-    Same optimiser, batch size and number of steps as the federation, each stopped at the
-    round a validation cut of its training rows picks (`train_baseline`). The centralized model
+    Same optimiser, batch size and number of steps as the federation, each kept by the
+    federation's rule (``keep``; `train_kept`), on the same validation label rows. The centralized model
     is one branch over every column (width K x embedding) and the same head.
     """
     alone_params = params.model_copy(update={"min_overlap": 0.0, "fill": "drop"})
     local_only = [
         {"site": f"site-{i}", **train_baseline(labels, [path], id_column, alone_params, rounds,
-                                               seed=seed, test_fraction=test_fraction)}
+                                               seed=seed, test_fraction=test_fraction, keep=keep)}
         for i, path in enumerate(site_files)]
     k = len(site_files)
     central_params = alone_params.model_copy(update={
@@ -172,5 +166,5 @@ def baselines(labels: LabelTable, site_files: Sequence[str | Path], id_column: s
     with tempfile.TemporaryDirectory() as tmp:
         joined = joined_table(site_files, id_column, Path(tmp))
         central = train_baseline(labels, [joined], id_column, central_params, rounds, seed=seed,
-                                 test_fraction=test_fraction)
+                                 test_fraction=test_fraction, keep=keep)
     return {"local_only": local_only, "centralized": central}

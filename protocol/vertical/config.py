@@ -74,6 +74,10 @@ class VerticalConfig(BaseModel):
                          description="Where the coordinator writes history.json and the head.")
     min_nodes: int = Field(2, ge=1, alias="min-nodes")
     round_timeout: float = Field(600.0, gt=0, alias="round-timeout")
+    keep: Literal["best-val", "last"] = Field(
+        "best-val", description="Which round's fused model is kept: best-val (the label holder "
+                                "cuts validation rows from its training rows and keeps the round "
+                                "that scores best on them; `protocol.selection`) or last.")
 
     @property
     def params(self) -> FusionParams:

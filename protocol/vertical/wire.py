@@ -33,7 +33,7 @@ ALLOWED_CONFIG: dict[str, tuple[frozenset[str], frozenset[str]]] = {
                       frozenset({"input-width"})),
     "train.step": (frozenset(), frozenset()),
     "query.embed": (frozenset(), frozenset()),
-    "query.save": (frozenset({"tag"}), frozenset({"saved"})),
+    "query.save": (frozenset({"tag", "slot"}), frozenset({"saved"})),
 }
 
 

@@ -2,25 +2,34 @@
 
 It runs `server.vertical.coordinator.VerticalCoordinator` over Flower's Grid: PSI alignment,
 preparation, ``num-server-rounds`` rounds of ``steps_per_round`` split-training steps (one
-message to and from each site per step), held-out evaluation after each round, and finally
-the sites save their branches and the coordinator its head. ``OUT/history.json`` records the
-overlap report, every round, and an inventory of what crossed the network (array names,
-dtypes and widths per message type), checked against `protocol.vertical.wire.ALLOWED`.
+message to and from each site per step), evaluation after each round on the label holder's
+validation rows (cut from its training rows) and held-out rows, and the kept round's model
+saved: with run config ``keep=best-val`` (the default) the round that scores best on the
+validation rows by the task metric, ties to the later (`protocol.selection`, the baselines'
+rule): the sites save its branches (``query.save``) and the coordinator its head (``OUT/head``)
+whenever a round becomes the kept one; the last round's are saved at the end (the sites'
+``last/`` folder, ``OUT/last/head``). With ``keep=last`` no validation rows are cut and the
+last round is kept. ``OUT/history.json`` records the overlap report, every round, the
+``selection`` (rule, metric, ``rounds_kept``, ``val_metric`` per round), and an inventory of
+what crossed the network (array names, dtypes and widths per message type), checked against
+`protocol.vertical.wire.ALLOWED`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.errors import FederationError, FedsplitError
+from fedsplit.protocol.selection import BestRound, selection_metric
 from fedsplit.protocol.vertical.config import VerticalConfig
 from fedsplit.protocol.vertical.wire import Payload, check_payload, from_record, to_record
 from fedsplit.server.setup import wait_for_nodes
-from fedsplit.server.vertical.coordinator import VerticalCoordinator, read_label_file
+from fedsplit.server.vertical.coordinator import VAL_FRACTION, VerticalCoordinator, read_label_file
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
@@ -72,6 +81,47 @@ class GridTransport:
         return out
 
 
+def selection_record(rule: BestRound, metric: str) -> dict[str, Any]:
+    """``history.json``'s ``selection``: the rule, metric, kept round and validation scores."""
+    def number(value: float | None) -> float | None:
+        return None if value is None or value != value else value  # NaN: not scored
+
+    return {"keep": rule.keep, "metric": metric, "rounds_kept": rule.round,
+            "val_score": number(rule.score), "val_metric": [number(v) for v in rule.scores]}
+
+
+def train_and_save(coordinator: VerticalCoordinator, rounds: int, keep: str, out: Path,
+                   history: dict[str, Any], write: Callable[[], None]) -> BestRound:
+    """Train ``rounds`` rounds and save the kept round's model and the last one's.
+
+    The head goes to ``out/head`` and each site's branch to its output folder whenever a round
+    becomes the kept one (``keep=best-val``; with ``last`` once, at the end), and the last
+    round's to ``out/last/head`` and the sites' ``last/`` folders. ``history`` gains each round,
+    ``selection``, ``site_models`` and ``last_site_models``; ``write()`` persists it after
+    every round.
+    """
+    metric = selection_metric(coordinator.labels.task)
+
+    def save(slot: str) -> list[str]:
+        assert coordinator.head is not None
+        coordinator.head.save(out / slot / "head" if slot else out / "head", coordinator.head_meta())
+        return coordinator.save_sites(tag=str(out), slot=slot)
+
+    def after_round(entry: dict[str, Any], rule: BestRound) -> None:
+        history["rounds"].append(entry)
+        if rule.keep == "best-val" and rule.round == entry["round"]:
+            history["site_models"] = save("")  # the kept round's model, as it is now
+        history["selection"] = selection_record(rule, metric)
+        write()
+
+    rule, _ = coordinator.train_and_keep(rounds, keep, on_round=after_round)
+    if rule.keep == "last":
+        history["site_models"] = save("")
+    history["last_site_models"] = save("last")
+    write()
+    return rule
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Align, prepare, train, evaluate, save; history.json after every phase."""
@@ -87,25 +137,22 @@ def main(grid: Grid, context: Context) -> None:
                                  None if cfg.task == "auto" else cfg.task)
         nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
         coordinator = VerticalCoordinator(labels, params, nodes, transport, seed=cfg.seed,
-                                          test_fraction=cfg.test_fraction)
+                                          test_fraction=cfg.test_fraction,
+                                          val_fraction=VAL_FRACTION if cfg.keep == "best-val" else 0.0)
         t0 = time.monotonic()
         history["overlap"] = coordinator.align()
         history["psi_seconds"] = round(time.monotonic() - t0, 2)
         coordinator.prepare()
         history.update({"task": labels.task, "train_rows": len(coordinator.train_rows),
-                        "test_rows": len(coordinator.test_rows), "input_widths": coordinator.input_widths})
+                        "test_rows": len(coordinator.test_rows), "val_rows": len(coordinator.val_rows),
+                        "input_widths": coordinator.input_widths})
         write_json_atomic(out / "history.json", history)
-        for rnd in range(1, cfg.num_server_rounds + 1):
-            t = time.monotonic()
-            loss = coordinator.train_round()
-            evaluation = coordinator.evaluate()
-            history["rounds"].append({"round": rnd, "train_loss": loss, "steps": coordinator.step_count,
-                                      "seconds": round(time.monotonic() - t, 3), **evaluation})
+
+        def write() -> None:
             history["inventory"] = transport.inventory
             write_json_atomic(out / "history.json", history)
-        history["site_models"] = coordinator.save_sites(tag=str(out))
-        assert coordinator.head is not None
-        coordinator.head.save(out / "head", coordinator.head_meta())
+
+        train_and_save(coordinator, cfg.num_server_rounds, cfg.keep, out, history, write)
     except FedsplitError as e:
         history.update({"status": "failed", "error": f"{type(e).__name__}: {e}",
                         "inventory": transport.inventory, "finished_at": time.time()})

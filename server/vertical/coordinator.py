@@ -1,7 +1,9 @@
 """The label holder's side of vertical training, independent of how messages travel.
 
 `VerticalCoordinator` aligns IDs with every site by PSI, checks the overlap, splits the label
-holder's rows into training and held-out rows, and runs split training: per step it asks every
+holder's rows into training and held-out (test) rows, cuts validation rows from the training
+rows (``val_fraction``; they never train, and choose the round kept: `protocol.selection`),
+and runs split training: per step it asks every
 site for the embeddings of a mini-batch of aligned rows, fills missing views, updates the
 head and sends each site the gradient of its embedding slice (applied by the site before it
 embeds the next batch). A `Transport` delivers messages: Flower's Grid in the ServerApp
@@ -11,12 +13,14 @@ embeds the next batch). A `Transport` delivers messages: Flower's Grid in the Se
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.selection import BestRound, selection_metric
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.psi import PsiSession
 from fedsplit.protocol.vertical.table import id_column_values, infer_task, read_frame
@@ -26,6 +30,8 @@ from fedsplit.server.vertical.head import FusionHead
 log = logging.getLogger(__name__)
 
 MEAN_ROW = -1  # "embed your training mean row" (the mean fill)
+#: Share of the label holder's training rows cut off as validation rows (the round kept).
+VAL_FRACTION = 0.2
 MISSING = -1   # in `present`: the site does not hold this label row
 WARN_OVERLAP = 0.3
 
@@ -101,12 +107,23 @@ def split_rows(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.
     return np.sort(perm[k:]), np.sort(perm[:k])
 
 
+def validation_cut(train_rows: np.ndarray, seed: int,
+                   val_fraction: float = VAL_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+    """(rows to train on, validation rows): a seeded ``val_fraction`` of ``train_rows``."""
+    keep, val = split_rows(len(train_rows), val_fraction, seed + 7)
+    return train_rows[keep], train_rows[val]
+
+
 class VerticalCoordinator:
-    """Runs alignment, preparation, split training and evaluation over ``sites`` (node ids)."""
+    """Runs alignment, preparation, split training and evaluation over ``sites`` (node ids).
+
+    ``val_fraction`` > 0: that share of the training label rows becomes ``val_rows`` (scored
+    like held-out rows, never trained on; `validation_cut`); 0: no validation rows.
+    """
 
     def __init__(self, labels: LabelTable, params: FusionParams, sites: Sequence[int],
                  send: Transport, *, seed: int = 0, test_fraction: float = 0.2,
-                 names: dict[int, str] | None = None) -> None:
+                 names: dict[int, str] | None = None, val_fraction: float = 0.0) -> None:
         if not sites:
             raise ConfigError("Vertical training needs at least one feature site. Received: 0 sites")
         self.labels = labels
@@ -115,6 +132,8 @@ class VerticalCoordinator:
         self.send = send
         self.seed = seed
         self.test_fraction = test_fraction
+        self.val_fraction = val_fraction
+        self.val_rows = np.zeros(0, dtype=np.int64)
         self._auto_names = names is None
         self.names = names or {s: f"node-{s}" for s in self.sites}
         self.present = np.full((len(labels.ids), len(self.sites)), MISSING, dtype=np.int64)
@@ -185,6 +204,9 @@ class VerticalCoordinator:
         train, test = split_rows(n, self.test_fraction, self.seed)
         seen = (self.present >= 0).any(axis=1)
         complete = (self.present >= 0).all(axis=1)
+        if self.val_fraction > 0:
+            train, val = validation_cut(train, self.seed, self.val_fraction)
+            self.val_rows = val[seen[val]]
         self.train_rows = train[complete[train]] if self.p.fill == "drop" else train[seen[train]]
         self.test_rows = test[seen[test]]
         if len(self.train_rows) < 2:
@@ -344,6 +366,40 @@ class VerticalCoordinator:
             result["metrics_complete_rows"] = self._metrics(out[complete], rows[complete])
         return result
 
+    def train_and_keep(self, rounds: int, keep: str = "best-val", *,
+                       on_round: Callable[[dict[str, Any], BestRound], None] | None = None,
+                       ) -> tuple[BestRound, list[dict[str, Any]]]:
+        """Train ``rounds`` rounds; after each, score the model on the validation rows and
+        on the held-out rows, and offer the validation score to the selection rule.
+
+        ``keep``: ``best-val`` (the best validation round by the task metric, ties to the
+        later: `protocol.selection`) or ``last``; without validation rows the last round is
+        kept. Per round: ``round``, ``train_loss``, ``steps``, ``seconds``, the held-out
+        evaluation (``metrics``, ``num_examples``, ...), ``val_metrics`` and ``val_examples``.
+        ``on_round(entry, rule)`` runs after each round (``rule.round`` is the kept one).
+        """
+        if not len(self.val_rows) and keep != "last":
+            log.warning("No validation rows (val_fraction=%s): keeping the last round",
+                        self.val_fraction)
+            keep = "last"
+        metric = selection_metric(self.labels.task)
+        rule = BestRound(keep)
+        entries = []
+        for rnd in range(1, rounds + 1):
+            t = time.monotonic()
+            loss = self.train_round()
+            val = self.evaluate(self.val_rows) if len(self.val_rows) else None
+            test = self.evaluate()
+            rule.offer(val["metrics"][metric] if val else None)
+            entry = {"round": rnd, "train_loss": loss, "steps": self.step_count,
+                     "seconds": round(time.monotonic() - t, 3), **test,
+                     "val_metrics": val["metrics"] if val else None,
+                     "val_examples": len(self.val_rows)}
+            entries.append(entry)
+            if on_round is not None:
+                on_round(entry, rule)
+        return rule, entries
+
     def _metrics(self, out: np.ndarray, rows: np.ndarray) -> dict[str, float]:
         y = self.labels.y[rows]
         if self.labels.task == "classification":
@@ -353,10 +409,12 @@ class VerticalCoordinator:
         var = float(((y - y.mean()) ** 2).mean()) or 1.0
         return {"r2": 1 - mse / var, "rmse": mse ** 0.5}
 
-    def save_sites(self, tag: str) -> list[str]:
-        """Ask every site to save its branch and preprocessing where it keeps its data."""
+    def save_sites(self, tag: str, slot: str = "") -> list[str]:
+        """Ask every site to save its branch and preprocessing where it keeps its data
+        (``slot`` '': the kept round's model; ``last``: the last round's, in ``last/``)."""
         self.flush()
-        replies = self.send("query.save", {s: Payload(config={"tag": tag}) for s in self.sites})
+        config = {"tag": tag, **({"slot": slot} if slot else {})}
+        replies = self.send("query.save", {s: Payload(config=dict(config)) for s in self.sites})
         return [str(replies[s].config["saved"]) for s in self.sites]
 
     def head_meta(self) -> dict[str, Any]:
