@@ -328,10 +328,20 @@ class Baseline(Scores):
 
 
 class FederatedScores(Scores):
-    """The final federated model: its scores, training rows and file."""
+    """The federated model kept (``global.h5``): its scores, training rows and file, and the
+    selection as the baselines report theirs: ``keep`` (``best-val`` or ``last``), the round
+    kept (``rounds_kept``), the federated validation score of every candidate round
+    (``val_metric``, None where a round was not scored; ``val_rounds`` their numbers), the
+    kept round's validation rows (``val_examples``) and the last round's file (``last_model``)."""
 
     num_examples: int | None = None
     model: str | None = None
+    keep: str | None = None
+    rounds_kept: int | None = None
+    val_metric: list[float | None] = Field(default_factory=list)
+    val_rounds: list[int] = Field(default_factory=list)
+    val_examples: int | None = None
+    last_model: str | None = None
 
 
 class Personalized(Scores):
