@@ -1,8 +1,10 @@
 """Fused vs each site alone vs centralized over several seeds (split and initial weights).
 
-The baselines (each site alone, centralized) get the federation's steps and keep the round a
-validation cut of their own training rows picks (``orchestration.vertical.local.train_baseline``);
-each row also shows the rounds they kept and the centralized model after the last round.
+Every model, fused and baselines (each site alone, centralized: the federation's steps), keeps
+the round that scores best on the same validation rows cut from the label holder's training
+rows (``orchestration.vertical.local.train_kept``, the rule ``fedsplit vertical simulate``
+follows); each row also shows the rounds they kept and the fused and centralized models after
+the last round.
 
 In-process runs of the same coordinator and site code `fedsplit vertical simulate` runs in Flower
 (same numbers for the same seed). One held-out split of a few hundred rows moves by a row's worth
@@ -27,7 +29,7 @@ def main() -> None:
     """Print one JSON line per seed and one with the means."""
     import torch
     from fedsplit.orchestration.vertical.datasets import write_bundled, write_titanic
-    from fedsplit.orchestration.vertical.local import baselines, train_local
+    from fedsplit.orchestration.vertical.local import baselines, train_kept
     from fedsplit.protocol.vertical.config import FusionParams
     from fedsplit.server.vertical.coordinator import read_label_file
 
@@ -49,20 +51,22 @@ def main() -> None:
                                    seed=seed))
             labels = read_label_file(str(files.labels), files.id_column, files.target, None)
             params = FusionParams(embedding_dim=args.embedding_dim)
-            fused = train_local(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
+            fused = train_kept(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
             base = baselines(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
             key = "accuracy" if labels.task == "classification" else "r2"
             central = base["centralized"]
             row = {"seed": seed, "metric": key, "fused": fused["metrics"][key],
                    "centralized": central["metrics"][key],
                    "alone": [s["metrics"][key] for s in base["local_only"]],
-                   "rounds_kept": {"centralized": central["rounds_kept"],
+                   "rounds_kept": {"fused": fused["rounds_kept"],
+                                   "centralized": central["rounds_kept"],
                                    "alone": [s["rounds_kept"] for s in base["local_only"]]},
+                   "fused_last_round": fused["final_metrics"][key],
                    "centralized_last_round": central["final_metrics"][key]}
             rows.append(row)
             print(json.dumps(row), flush=True)
     mean = {k: float(np.mean([r[k] for r in rows]))
-            for k in ("fused", "centralized", "centralized_last_round")}
+            for k in ("fused", "centralized", "fused_last_round", "centralized_last_round")}
     mean["alone"] = [float(v) for v in np.mean([r["alone"] for r in rows], axis=0)]
     print(json.dumps({"mean_over_seeds": args.seeds, **mean}))
 

@@ -43,7 +43,9 @@ def print_summary(summary: dict[str, Any]) -> None:
                   *[f"{c['metrics'][k]:.4f}" for k in keys])
     console.print(table)
     if summary.get("keep", "best-val") == "last":
-        console.print("every model keeps its last round (--keep last; docs/vertical.md)")
+        console.print("the fused model keeps its last round (--keep last); the baselines (the "
+                      "federation's steps) the round that scores best on validation rows cut from "
+                      "the label holder's training rows (docs/vertical.md)")
     else:
         console.print("every model, fused and baselines (the federation's steps), keeps the round "
                       "that scores best on validation rows cut from the label holder's training "
@@ -77,9 +79,9 @@ def simulate(
     test_fraction: Annotated[float, typer.Option(min=0.05, max=0.9, help="Held-out share.")] = 0.2,
     seed: Annotated[int, typer.Option(help="Seed for splits and initial weights.")] = 0,
     keep: Annotated[str, typer.Option(
-        help="Which round every model keeps: best-val (the round that scores best on validation "
-             "rows cut from the label holder's training rows; ties to the later) or last (the "
-             "last round, for protocols that fix the round count).",
+        help="Which round the fused model keeps: best-val (the round that scores best on "
+             "validation rows cut from the label holder's training rows, ties to the later: the "
+             "baselines' rule) or last (the last round, for protocols that fix the round count).",
         metavar="best-val|last")] = "best-val",
 ) -> None:
     """Train branches + a fusion head across sites with Flower; compare with each site and centralized."""

@@ -4,10 +4,11 @@
 files (bundled data is cut by columns first), runs PSI alignment and split training in Flower's
 simulation engine (one ClientApp per site), trains the baselines in-process with the same steps
 (each site alone, one centralized model on all columns) and writes ``summary.json`` and
-``rounds.png``. Every model, fused or baseline, keeps a round by the same rule (``keep``:
-``best-val``, the round that scores best on validation rows the label holder cut from its
-training rows, or ``last``; `protocol.selection`), and reports it (``rounds_kept``,
-``val_metric``). `compare_fills` runs every fill on the same split in-process
+``rounds.png``. Every model, fused or baseline, keeps the round that scores best on validation
+rows the label holder cut from its training rows (`protocol.selection`) and reports it
+(``rounds_kept``, ``val_metric``); ``keep="last"`` keeps the fused model's last round instead
+(protocols that fix the round count), the baselines still keeping theirs by validation.
+`compare_fills` runs every fill on the same split in-process
 (``fedsplit vertical compare-fills``).
 """
 
@@ -97,7 +98,7 @@ def run_vertical(
     fed_seconds = time.monotonic() - t0
     stage("baselines: each site alone and centralized (same steps, in-process)")
     base = baselines(label_table, files, inputs.id_column, params, rounds, seed=seed,
-                     test_fraction=test_fraction, keep=keep)
+                     test_fraction=test_fraction)
     chosen = history["selection"]
     final = history["rounds"][chosen["rounds_kept"] - 1]
     summary = {
