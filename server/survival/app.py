@@ -188,8 +188,7 @@ def fit_km(coord: Coordinator, run: sv.SurvivalRun) -> dict[str, Any]:
                               "Received: 0 event times")
     counts = coord.total("km-counts", {"grid": [float(g) for g in grid]})
     at_risk, events = np.rint(counts[:len(grid)]), np.rint(counts[len(grid):])
-    shown = kmm.apply_min_count(grid, at_risk, events, run.min_count)
-    curve = kmm.km_curve(*shown)
+    curve = kmm.apply_min_count(grid, at_risk, events, run.min_count)
     return {"hospitals": coord.sites, "rows": int(at_risk[0]), "events": int(events.sum()),
             "min_count": run.min_count, "curve": curve.to_dict(),
             "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",

@@ -8,9 +8,11 @@ and ``v = log S``, the bounds are ``exp(-exp(log(-v) -/+ z sqrt(V) / v))`` (1 wh
 
 Minimum-count rule (``min_count`` K, docs/survival.md): before anything is written, event times
 are gathered in time order into groups holding at least K pooled events each (a last group
-short of K joins the one before it); a group counts its events at its last time with the number
-at risk at its first time, so the curve drops once per group. The curve ends before the first
-time with fewer than K patients at risk. K = 1 keeps every event time (lifelines' curve).
+short of K joins the one before it). Only one point per group is published: its last time, the
+curve and band there (exact: the product runs over every event time), the group's events and
+the number at risk at its first time. The per-time counts inside a group are not written. The
+curve ends before the first time with fewer than K patients at risk. K = 1 keeps every event
+time (lifelines' curve).
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def km_curve(times: np.ndarray, at_risk: np.ndarray, events: np.ndarray) -> KMCu
 
 
 def apply_min_count(times: np.ndarray, at_risk: np.ndarray, events: np.ndarray,
-                    min_count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The minimum-count rule (module docstring) on pooled counts at event times."""
+                    min_count: int) -> KMCurve:
+    """The pooled curve as published under the minimum-count rule (module docstring)."""
     if min_count < 1:
         raise ConfigError(f"--min-count is at least 1 (1: every event time). Received: {min_count}")
     times, at_risk, events = (np.asarray(a) for a in (times, at_risk, events))
@@ -69,20 +71,19 @@ def apply_min_count(times: np.ndarray, at_risk: np.ndarray, events: np.ndarray,
     times, at_risk, events = times[keep], at_risk[keep], events[keep]
     enough = at_risk >= min_count
     stop = int(np.argmin(enough)) if not enough.all() else len(times)
-    times, at_risk, events = times[:stop], at_risk[:stop], events[:stop]
-    if min_count == 1 or not len(times):
-        return times, at_risk, events
+    exact = km_curve(times[:stop], at_risk[:stop], events[:stop])
+    if min_count == 1:
+        return exact
     groups: list[list[int]] = []
     current: list[int] = []
-    for i in range(len(events)):
+    for i in range(stop):
         current.append(i)
-        if sum(int(events[j]) for j in current) >= min_count:
+        if int(events[current].sum()) >= min_count:
             groups.append(current)
             current = []
-    if current:
-        if groups:
-            groups[-1].extend(current)
-        else:
-            return times[:0], at_risk[:0], events[:0]  # fewer than K events in all: nothing shown
-    return (np.array([times[g[-1]] for g in groups]), np.array([at_risk[g[0]] for g in groups]),
-            np.array([sum(int(events[j]) for j in g) for g in groups]))
+    if current and groups:
+        groups[-1].extend(current)
+    last = np.array([g[-1] for g in groups], dtype=np.int64)
+    return KMCurve(exact.times[last], np.array([at_risk[g[0]] for g in groups], np.float64),
+                   np.array([events[g].sum() for g in groups], np.float64),
+                   exact.survival[last], exact.lower[last], exact.upper[last])

@@ -147,7 +147,7 @@ def pooled_km(hospitals, min_count=1):
     grid = np.unique(np.concatenate([t[e] for t, e in hospitals]))
     at_risk = sum(km_counts(t, e, grid)[0] for t, e in hospitals)
     events = sum(km_counts(t, e, grid)[1] for t, e in hospitals)
-    return kmm.km_curve(*kmm.apply_min_count(grid, at_risk, events, min_count))
+    return kmm.apply_min_count(grid, at_risk, events, min_count)
 
 
 def test_km_from_summed_counts_equals_lifelines_at_every_event_time():
@@ -170,12 +170,34 @@ def test_min_count_rule_groups_small_cells_and_cuts_the_thin_tail():
     times = np.array([1.0, 2, 3, 4, 5, 6, 7])
     at_risk = np.array([40, 38, 30, 20, 9, 4, 2])
     events = np.array([1, 2, 3, 1, 4, 1, 1])
-    t, n, d = kmm.apply_min_count(times, at_risk, events, 3)
+    shown = kmm.apply_min_count(times, at_risk, events, 3)
     # groups close at >= 3 events: {1,2} {3} {4,5}; the tail from at-risk 2 (< 3) is cut
     # and the short last group {6} (4 at risk, 1 event) joins the one before
-    assert t.tolist() == [2.0, 3.0, 6.0]
-    assert n.tolist() == [40, 30, 20]
-    assert d.tolist() == [3, 3, 6]
-    assert all(v >= 3 for v in d) and all(v >= 3 for v in n)
+    assert shown.times.tolist() == [2.0, 3.0, 6.0]
+    assert shown.at_risk.tolist() == [40, 30, 20]
+    assert shown.events.tolist() == [3, 3, 6]
+    # the published points lie on the exact curve
+    exact = kmm.km_curve(times[:6], at_risk[:6], events[:6])
+    np.testing.assert_allclose(shown.survival, exact.survival[[1, 2, 5]])
+    np.testing.assert_allclose(shown.lower, exact.lower[[1, 2, 5]])
     with pytest.raises(Exception, match="at least 1"):
         kmm.apply_min_count(times, at_risk, events, 0)
+
+
+def test_km_on_tcga_brca_equals_lifelines_and_min_count_thins_it():
+    data = load_tcga_brca()
+    hospitals = [(tr["T"].astype(float).values, tr["E"].astype(float).values > 0)
+                 for tr, _ in data.values()]
+    curve = pooled_km(hospitals)
+    t_all = np.concatenate([t for t, _ in hospitals])
+    e_all = np.concatenate([e for _, e in hospitals])
+    ref = KaplanMeierFitter().fit(t_all, e_all)
+    np.testing.assert_allclose(curve.survival, ref.survival_function_.loc[curve.times].iloc[:, 0],
+                               rtol=1e-12)
+    assert len(curve.times) == len(np.unique(t_all[e_all]))
+    thinned = pooled_km(hospitals, min_count=5)
+    assert 0 < len(thinned.times) < len(curve.times) / 4
+    assert thinned.events.min() >= 5 and thinned.at_risk.min() >= 5
+    # fewer points, each on the exact curve
+    exact = ref.survival_function_.loc[thinned.times].iloc[:, 0].values
+    np.testing.assert_allclose(thinned.survival, exact, rtol=1e-12)
