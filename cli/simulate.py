@@ -10,6 +10,7 @@ import typer
 from fedsplit.client.data import DATASETS
 from fedsplit.orchestration.tables import summary_tables
 from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.history import RunRecord, RunSummary, scalars
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -188,10 +189,10 @@ def simulate(
                   console=console) as progress:
         bar = progress.add_task("rounds", total=rounds, status="starting Flower")
 
-        def on_progress(history: dict[str, Any]) -> None:
-            done = [r for r in history.get("rounds", []) if "evaluate" in r]
+        def on_progress(history: RunRecord) -> None:
+            done = [r.evaluate for r in history.rounds if r.evaluate is not None]
             status = "agreeing on the model" if not done else ", ".join(
-                f"{k}={v:.3f}" for k, v in done[-1]["evaluate"]["metrics"].items()
+                f"{k}={v:.3f}" for k, v in scalars(done[-1].metrics).items()
                 if k in ("accuracy", "r2", "loss"))
             progress.update(bar, completed=len(done), status=status)
 
@@ -200,14 +201,16 @@ def simulate(
         progress.update(bar, completed=rounds, status="done")
     print_summary(summary)
     dp_spec = DPSpec.parse(cfg.dp)
-    if dp_spec is not None:
-        for name, site_eps in summary["privacy"]["per_site"].items():
-            auc = summary["privacy"]["audit"]["per_site"].get(name, {}).get("auc")
-            console.print(f"{name}: epsilon {site_eps['epsilon']:.3f} of {dp_spec.epsilon}"
+    record = RunSummary.from_json(summary, source=str(out / "summary.json"))
+    if dp_spec is not None and record.privacy is not None:
+        audit = record.privacy.audit or {}
+        for name, site_eps in record.privacy.per_site.items():
+            auc = audit.get("per_site", {}).get(name, {}).get("auc")
+            console.print(f"{name}: epsilon {site_eps.epsilon:.3f} of {dp_spec.epsilon}"
                           + (f", membership AUC {auc:.3f}" if auc is not None else ""))
-        head = summary["privacy"]["audit"].get("headline")
+        head = audit.get("headline")
         if head:
             console.print(f"membership AUC (federation, {head['attack']}): {head['auc']:.3f} "
                           f"[{head['ci95'][0]:.3f}, {head['ci95'][1]:.3f}]")
     console.print(f"wrote {out / 'summary.json'}, {out / 'rounds.png'}, global model "
-                  f"{summary['federated']['model']}")
+                  f"{record.federated.model if record.federated else '-'}")

@@ -56,6 +56,7 @@ from fedsplit.orchestration.selection import BestRound, selection_metric
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
 from fedsplit.protocol.weights import read_schema
@@ -432,10 +433,12 @@ def stage_sites(exp: Experiment) -> tuple[RunConfig, list[SiteTable], list[SiteT
 def run_experiment(
     exp: Experiment,
     *,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[[RunRecord], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the federation and the baselines; write summary.json and rounds.png into ``exp.out``."""
+    """Run the federation and the baselines; write summary.json and rounds.png into ``exp.out``.
+
+    ``on_progress`` gets the coordinator's run record each time it is rewritten."""
     stage = on_stage or (lambda _msg: None)
     budget = parse_budget(exp.personalize)  # a bad value stops before Flower starts
     scope = resolve_scope(budget or 1, exp.personalize_scope)
@@ -445,8 +448,11 @@ def run_experiment(
     stage(f"federation: {len(joined)} hospitals ({', '.join(t.name for t in joined)}), "
           f"{cfg.strategy}{'' if cfg.server_opt == 'none' else ' + ' + cfg.server_opt}, "
           f"{cfg.num_server_rounds} rounds")
-    history = simulation(cfg, len(joined), out / "flower", on_progress=on_progress)
     fed_dir = out / "federation"
+    progress = None if on_progress is None else (
+        lambda raw: on_progress(RunRecord.from_json(raw, source=str(fed_dir / HISTORY_FILE))))
+    history = RunRecord.from_json(simulation(cfg, len(joined), out / "flower", on_progress=progress),
+                                  source=str(fed_dir / HISTORY_FILE))
     schema_text = read_schema(fed_dir / "global.h5")
     schema = Schema.from_json(schema_text) if schema_text else None
     data = dict(zip([t.name for t in everyone], encode_sites(everyone, schema), strict=True))
@@ -454,12 +460,10 @@ def run_experiment(
 
     stage("scoring the federated model per round on every hospital's test patients")
     rounds = []
-    for entry in history["rounds"]:
-        if "model" not in entry:
-            continue
-        scored = evaluate(load_model(fed_dir / entry["model"]), tests)
-        rounds.append({"round": entry["round"], **scored,
-                       "site_evaluation": entry.get("evaluate", {}).get("metrics", {})})
+    for entry in history.model_rounds:
+        scored = evaluate(load_model(fed_dir / str(entry.model)), tests)
+        rounds.append({"round": entry.round, **scored,
+                       "site_evaluation": dict(entry.evaluate.metrics) if entry.evaluate else {}})
     if not rounds:
         raise ConfigError("The federation produced no global model (every round failed); see "
                           f"{fed_dir / 'history.json'}. Received: 0 models")
@@ -482,8 +486,7 @@ def run_experiment(
     local_only = [{"site": name, **baseline(train, vals[name], steps)}
                   for (name, train), steps in zip(trains.items(), site_steps, strict=True)]
     # rows behind the final model: excluded (e.g. hostile) sites do not count
-    fed_examples = next(e["aggregation"]["num_examples"]
-                        for e in reversed(history["rounds"]) if "aggregation" in e)
+    fed_examples = history.final_examples
     personalized = None
     if budget:
         own = {name: split_site(data[name][0], cfg.val_fraction, cfg.seed)[0] for name, _ in tests}
@@ -517,7 +520,7 @@ def run_experiment(
         "schema": None if schema is None else {
             "digest": schema.digest(), "columns": len(schema.columns),
             "features": len(schema.feature_names), "labels": list(schema.labels),
-            "warnings": history.get("schema_warnings", [])},
+            "warnings": list(history.schema_warnings)},
         "test_examples": sum(len(t) for _, t in tests),
         "test_examples_per_site": {name: len(t) for name, t in tests},
         "steps_per_round": {name: steps_per_round(len(t), cfg) for name, t in trains.items()},
@@ -561,7 +564,7 @@ def prepare_partitions(out: Path, dataset: str, sites: int, partition: str = "ii
 def run_simulation(
     exp: Experiment,
     *,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[[RunRecord], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``fedsplit simulate``: `run_experiment` with one torch thread per process (the cores are
