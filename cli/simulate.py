@@ -180,6 +180,7 @@ def simulate(
         server_tau=server_tau, server_momentum=server_momentum, hidden=hidden,
         id_column=id_column, ignore_columns=",".join(ignore_column or []), na_values=na_values,
         min_category_count=min_category_count, dp=dp, secure_aggregation=secure_aggregation,
+        recipe=recipe, recipe_params=recipe_params,
     ))
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [], num_sites=sites,
                      partition=partition, test_fraction=test_fraction, leave_out=leave_out or [],

@@ -24,11 +24,12 @@ import numpy as np
 import torch
 from fedsplit.client.attacks import Attack, hostile_sites, parse_attack
 from fedsplit.client.data import feature_stats
-from fedsplit.client.models import ModelSpec, build_model
+from fedsplit.client.models import KINDS, RECIPE_KIND, ModelSpec, build_model, recipe_of
 from fedsplit.client.parallel import fit_parallel
 from fedsplit.client.privacy.agent import patient_dp, train_private
+from fedsplit.client.recipes import ModelInputs, builtin_recipe
 from fedsplit.client.secure.agent import handle_query, take_secure_record, train_reply
-from fedsplit.client.site import load_site, site_columns
+from fedsplit.client.site import effective_recipe, load_site, site_columns, site_recipe
 from fedsplit.client.train import (
     batches_per_epoch,
     local_steps_per_round,
@@ -73,6 +74,7 @@ def stats(msg: Message, context: Context) -> Message:
         count=count, sum=total, sumsq=sumsq,
         label_max=int(site.train.y.max()) if site.train.task == "classification" else 0,
         y_sum=float(y.sum()), y_sumsq=float((y**2).sum()),
+        recipe=effective_recipe(context.node_config, cfg, site.train.kind).identity.to_json(),
     ))
     return Message(reply, reply_to=msg)
 
@@ -88,16 +90,35 @@ def init(msg: Message, context: Context) -> Message:
     """Reply with a freshly initialised model that carries the agreed statistics."""
     cfg = RunConfig.from_flower(context.run_config)
     request = wire.parse_init_instruction(msg)
-    spec = ModelSpec(kind=request.kind, task=request.task, input_shape=request.input_shape,
-                     num_outputs=request.num_outputs, hidden=request.hidden, norm=request.norm)
-    model = build_model(spec, seed=cfg.seed)
+    if request.kind in KINDS:  # a built-in model, as the coordinator describes it
+        recipe = builtin_recipe(request.kind, hidden=request.hidden, norm=request.norm)
+    elif (recipe := site_recipe(context.node_config, cfg)) is None:
+        raise ConfigError("The coordinator asks for the federation's recipe model, but this "
+                          "hospital runs no recipe. Start it with --recipe (node config recipe). "
+                          f"Received: kind={request.kind!r}")
+    spec: ModelSpec = recipe.model_spec(ModelInputs(request.task, request.input_shape,
+                                                    request.num_outputs))
+    model = build_model(spec, seed=cfg.seed, recipe=recipe)
     set_statistics(model, request.mean, request.std, request.y_mean, request.y_std)
     reply = wire.build_init_reply(state_dict_arrays(model.state_dict()), spec.to_id())
     return Message(reply, reply_to=msg)
 
 
-def _global_model(instruction: wire.ModelInstruction) -> torch.nn.Module:
-    model = build_model(instruction.model_id)
+def _global_model(instruction: wire.ModelInstruction, context: Context,
+                  cfg: RunConfig) -> torch.nn.Module:
+    """The coordinator's model; a recipe model must be this hospital's own recipe (same name,
+    version and parameters), else it is refused with the difference."""
+    spec = ModelSpec.from_id(instruction.model_id)
+    recipe = None
+    if spec.kind == RECIPE_KIND:
+        recipe = site_recipe(context.node_config, cfg)
+        if recipe is None:
+            raise ConfigError(
+                f"The federation's model was built by recipe {spec.identity.label()}, but this "
+                f"hospital runs no recipe. Start it with --recipe (node config recipe). "
+                f"Received: {spec.identity.to_json()}"
+            )
+    model = build_model(spec, recipe=recipe, strict=True)
     model.load_state_dict(arrays_to_state_dict(instruction.arrays, like=model.state_dict()))
     return model
 
@@ -125,7 +146,7 @@ def train(msg: Message, context: Context) -> Message:
     secure = take_secure_record(msg.content)  # secure aggregation's collect stage, or None
     instruction = wire.parse_model_instruction(msg, wire.TRAIN)
     site = load_site(context.node_config, context.node_id, cfg, instruction.schema)
-    model = _global_model(instruction)
+    model = _global_model(instruction, context, cfg)
     device = pick_device(cfg.device)
     server_round = instruction.server_round
     attack = _hostile(context, cfg)

@@ -50,8 +50,8 @@ class Dataset:
 
     x: np.ndarray
     y: np.ndarray
-    task: str  # "classification" | "regression"
-    kind: str  # "mlp" | "cnn"
+    task: str  # "classification" | "regression" | a recipe's own task
+    kind: str  # "mlp" (a table: per-feature statistics) | "cnn" or another array kind (pooled)
     feature_names: list[str]
     schema: Schema | None = None  # how raw table rows were encoded (tables only)
 
@@ -124,14 +124,37 @@ def read_table(path: Path) -> "pandas.DataFrame":  # type: ignore[name-defined] 
         raise ConfigError(f"Could not read {path} as {path.suffix} ({e}). Received: {path}") from e
 
 
+def read_with_recipe(recipe: Any, path: str | Path) -> Dataset | None:
+    """A site's data read by its recipe's own reader (`client.recipes.Recipe.read_data`: image
+    folders, NPZ or Parquet arrays, ...), or None when the recipe has no reader for ``path``."""
+    if recipe is None:
+        return None
+    data = recipe.read_data(Path(path))
+    if data is None:
+        return None
+    if not isinstance(data, Dataset):
+        raise ConfigError(f"Recipe {recipe.name}'s read_data must return a fedsplit.client.data."
+                          f"Dataset or None. Received: {type(data).__name__}")
+    if len(data.x) != len(data.y) or len(data.y) == 0:
+        raise ConfigError(f"Recipe {recipe.name} read {path} into {len(data.x)} inputs and "
+                          f"{len(data.y)} targets; it needs one target per input and at least "
+                          f"one row. Received: x {data.x.shape}, y {np.shape(data.y)}")
+    x = np.asarray(data.x, dtype=np.float32)
+    return Dataset(x, np.asarray(data.y), data.task, data.kind, list(data.feature_names)
+                   or [f"x_{i}" for i in range(int(np.prod(x.shape[1:])))], data.schema)
+
+
 def load_site_file(path: str | Path, *, target: str, task: str | None = None,
-                   settings: TableSettings | None = None) -> Dataset:
-    """Load a site's own file: CSV/Parquet with a target column, or NPZ with ``x`` and ``y``.
+                   settings: TableSettings | None = None, recipe: Any = None) -> Dataset:
+    """Load a site's own file: what ``recipe``'s reader reads, else CSV/Parquet with a target
+    column, or NPZ with ``x`` and ``y``.
 
     Tables are encoded with their own schema (`local_schema`: numbers, booleans, one-hot text,
     missing-indicators; class labels become indices of the sorted labels).
     """
     path = Path(path)
+    if (read := read_with_recipe(recipe, path)) is not None:
+        return read
     suffix = path.suffix.lower()
     if suffix in IMAGE_SUFFIXES:
         if not path.is_file():
@@ -270,9 +293,10 @@ def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
 
 
 def feature_stats(data: Dataset) -> Moments:
-    """Return per-feature (count, sum, sum of squares) ignoring NaN; images pool all pixels."""
+    """Return per-feature (count, sum, sum of squares) ignoring NaN; images (any kind but
+    ``mlp``) pool all values into one feature."""
     x = data.x.reshape(len(data.x), -1)
-    return moments(x.reshape(-1, 1) if data.kind == "cnn" else x)
+    return moments(x.reshape(-1, 1) if data.kind != "mlp" else x)
 
 
 def heart_disease_file() -> Path:

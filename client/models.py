@@ -1,7 +1,12 @@
-"""The models a hospital trains: an MLP for tables and the seed's small CNN for images.
+"""The model a hospital trains, and how any party rebuilds it from its id.
 
 A model is fully described by a `ModelSpec`, whose id string travels with the weights
-(weight-file attribute ``model``, Flower config ``model-id``) so any party can rebuild it.
+(weight-file attribute ``model``, Flower config ``model-id``) so any party can rebuild it. The
+code that builds it is a recipe (`client.recipes`): the built-in MLP (tables) and the seed's small
+CNN (images) keep their short ids (``mlp/classification/30/2/64-32``); any other recipe's id is
+``recipe:`` + JSON with the recipe's name, version and parameters (`protocol.recipe`), so a
+weight file records the recipe it was trained with.
+
 Input standardisation (and, for regression, target scaling) are buffers inside the model,
 so a weight file scores raw features on its own. With ``norm="batch"`` the MLP has a
 BatchNorm1d after each hidden layer (Linear -> BatchNorm1d -> ReLU); its running statistics and
@@ -13,14 +18,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from fedsplit.client.recipes import ModelInputs, Recipe, Standardize, builtin_recipe, recipe_for
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.recipe import RecipeIdentity, RecipeModelId, is_recipe_id
 from torch import nn
 
-KINDS = ("mlp", "cnn")
-TASKS = ("classification", "regression")
+KINDS = ("mlp", "cnn")  # the built-in recipes' models; any other recipe's spec has kind "recipe"
+RECIPE_KIND = "recipe"
+TASKS = ("classification", "regression")  # the built-ins' tasks; a recipe may define others
 NORMS = ("none", "batch")
+
+__all__ = ["KINDS", "NORMS", "RECIPE_KIND", "TASKS", "ModelSpec", "SiteModel", "Standardize",
+           "build_model", "has_batch_norm", "load_model", "recipe_of"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,12 @@ class ModelSpec:
         id part ``-``); ignored by the CNN.
     norm : str (default: "none")
         ``"batch"``: a BatchNorm1d after each MLP hidden layer. The CNN takes ``"none"`` only.
+    recipe : RecipeIdentity | None (default: None)
+        With ``kind="recipe"``: the recipe (name, version, params) that builds the model; its
+        task may be any the recipe trains, and ``hidden``/``norm`` are unused.
+    selection : str (default: "")
+        With ``kind="recipe"``: the recipe's selection metric (it travels in the model id, so the
+        coordinator keeps rounds by it without running recipe code).
     """
 
     kind: str
@@ -50,8 +68,22 @@ class ModelSpec:
     num_outputs: int
     hidden: tuple[int, ...] = field(default=(64, 32))
     norm: str = "none"
+    recipe: RecipeIdentity | None = field(default=None, hash=False)
+    selection: str = ""
 
     def __post_init__(self) -> None:
+        if self.kind == RECIPE_KIND:
+            if self.recipe is None or not self.task or self.num_outputs < 1 or (
+                    not self.input_shape or min(self.input_shape) < 1):
+                raise ConfigError(
+                    f"A recipe model needs its recipe identity, a task, positive input dimensions "
+                    f"and at least one output. Received: recipe={self.recipe}, task={self.task!r}, "
+                    f"input_shape={self.input_shape}, num_outputs={self.num_outputs}"
+                )
+            return
+        if self.recipe is not None and self.recipe != self.identity:
+            raise ConfigError(f"A built-in {self.kind} spec carries another recipe. "
+                              f"Received: {self.recipe}")
         if self.kind not in KINDS:
             raise ConfigError(f"Model kind must be one of {KINDS}. Received: {self.kind!r}")
         if self.task not in TASKS:
@@ -77,9 +109,27 @@ class ModelSpec:
                 f"norm={self.norm!r}"
             )
 
+    @property
+    def identity(self) -> RecipeIdentity:
+        """The recipe that builds this model (the built-in ``mlp``/``cnn`` or the spec's own)."""
+        if self.kind == RECIPE_KIND:
+            assert self.recipe is not None
+            return self.recipe
+        return builtin_recipe(self.kind, hidden=self.hidden, norm=self.norm).identity
+
+    @property
+    def inputs(self) -> ModelInputs:
+        """Task, input shape and outputs (what the recipe builds the model for)."""
+        return ModelInputs(self.task, tuple(self.input_shape), int(self.num_outputs))
+
     def to_id(self) -> str:
         """Return the id string, e.g. ``mlp/classification/30/2/64-32`` (``.../64-32/batch``
-        with BatchNorm; ids without the sixth part, as older runs wrote them, mean no norm)."""
+        with BatchNorm; ids without the sixth part, as older runs wrote them, mean no norm), or
+        ``recipe:{...}`` for a recipe's model."""
+        if self.kind == RECIPE_KIND:
+            assert self.recipe is not None
+            return RecipeModelId(self.recipe, self.task, tuple(self.input_shape),
+                                 int(self.num_outputs), self.selection or "accuracy").to_id()
         shape = "x".join(map(str, self.input_shape))
         hidden = ("-".join(map(str, self.hidden)) or "-") if self.kind == "mlp" else "-"
         norm = "" if self.norm == "none" else f"/{self.norm}"
@@ -88,6 +138,10 @@ class ModelSpec:
     @classmethod
     def from_id(cls, model_id: str) -> ModelSpec:
         """Parse an id made by `to_id`."""
+        if is_recipe_id(model_id):
+            ref = RecipeModelId.from_id(model_id)
+            return cls(kind=RECIPE_KIND, task=ref.task, input_shape=ref.input_shape,
+                       num_outputs=ref.num_outputs, recipe=ref.recipe, selection=ref.selection)
         parts = model_id.split("/")
         try:
             if len(parts) not in (5, 6):
@@ -112,20 +166,6 @@ class ModelSpec:
                 f"'mlp/classification/30/2/64-32' or 'mlp/classification/30/2/64-32/batch'). "
                 f"Received: {model_id!r}"
             ) from e
-
-
-class Standardize(nn.Module):
-    """``(x - mean) / std`` with the statistics stored as buffers (they travel with weights)."""
-
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(shape))
-        self.register_buffer("std", torch.ones(shape))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Standardise ``x``; missing values (NaN) become the mean."""
-        z = (x - self.mean) / self.std
-        return torch.nan_to_num(z, nan=0.0)
 
 
 class SiteModel(nn.Module):
@@ -173,19 +213,55 @@ class SiteModel(nn.Module):
         return out.squeeze(1) * self.target_std + self.target_mean
 
 
-def build_model(spec: ModelSpec | str, *, seed: int | None = None) -> SiteModel:
-    """Build a model from a spec or its id; ``seed`` makes the initial weights reproducible."""
+def build_model(spec: ModelSpec | str, *, seed: int | None = None, recipe: Recipe | None = None,
+                strict: bool = False) -> nn.Module:
+    """Build a model from a spec or its id with its recipe; ``seed`` makes the initial weights
+    reproducible.
+
+    ``recipe``: this party's own recipe, which must match the one the spec names (with ``strict``
+    also its parameters: `client.recipes.recipe_for`); without it, built-ins and recipes this
+    process has loaded are found by name. The model gets ``spec`` (when the recipe did not set
+    one) and ``fedsplit_recipe`` attributes, read by the trainer (`recipe_of`).
+    """
     if isinstance(spec, str):
         spec = ModelSpec.from_id(spec)
+    where = "The model" if spec.kind == RECIPE_KIND else f"Model {spec.to_id()}"
+    impl = recipe_for(spec.identity, recipe, strict=strict, where=where)
     if seed is not None:
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            return SiteModel(spec)
-    return SiteModel(spec)
+            model = impl.build_model(spec.inputs)
+    else:
+        model = impl.build_model(spec.inputs)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"Recipe {impl.name}'s build_model must return a torch.nn.Module. "
+                          f"Received: {type(model).__name__}")
+    if getattr(model, "spec", None) is None:
+        model.spec = spec
+    model.fedsplit_recipe = impl
+    return model
 
 
-def load_model(path: str | Path) -> SiteModel:
-    """Rebuild the model stored in a fedsplit weight file (needs its ``model`` attribute)."""
+def recipe_of(model: nn.Module) -> Recipe:
+    """The recipe a model built by `build_model` trains and scores with."""
+    impl = getattr(model, "fedsplit_recipe", None)
+    if impl is not None:
+        return impl
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        raise ConfigError(f"This model was not built by fedsplit's build_model, so its recipe is "
+                          f"unknown. Received: {type(model).__name__}")
+    impl = recipe_for(spec.identity)
+    model.fedsplit_recipe = impl
+    return impl
+
+
+def load_model(path: str | Path, *, recipe: Recipe | None = None) -> Any:
+    """Rebuild the model stored in a fedsplit weight file (needs its ``model`` attribute).
+
+    A recipe model needs its recipe installed and loaded here (``recipe``, or loaded earlier in
+    this process); the parameters are the ones the file records.
+    """
     from fedsplit.protocol.weights import read_weights
 
     update = read_weights(path)
@@ -194,7 +270,7 @@ def load_model(path: str | Path) -> SiteModel:
             f"{path} has no 'model' attribute, so its architecture is unknown. Use a model written "
             f"by the fedsplit coordinator (global.h5). Received: model=None"
         )
-    model = build_model(update.model)
+    model = build_model(update.model, recipe=recipe)
     model.load_state_dict(update.to_state_dict(like=model.state_dict()))
     return model
 

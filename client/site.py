@@ -4,6 +4,11 @@ A table site reads its file as it comes (`client.data.read_table`), reports its 
 (`site_columns`, for the schema the federation agrees on before round 1), and encodes its rows
 with the schema every instruction carries (`load_site`). The held-out evaluation rows are cut
 from the file before encoding, the same way every time (``val-fraction``, ``seed``).
+
+The hospital's recipe (`site_recipe`) is its operator's choice: node config ``recipe`` (and
+``recipe-params``), else the run config's; none means the built-in MLP or CNN by the data
+(`effective_recipe`). A recipe with a data reader reads the node's ``data-path`` itself (a folder
+of images, NPZ, Parquet arrays); anything its reader declines is read as a table or NPZ.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from fedsplit.client.data import (
     load_site_file,
     local_schema,
     read_table,
+    read_with_recipe,
     split_indices,
 )
+from fedsplit.client.recipes import Recipe, builtin_recipe, load_recipe
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import Schema, SiteColumns, column_report
@@ -37,6 +44,43 @@ class SiteData:
     name: str
     train: Dataset
     val: Dataset
+
+
+def site_recipe(node_config: dict[str, Any], cfg: RunConfig) -> Recipe | None:
+    """This hospital's recipe: node config ``recipe`` (with ``recipe-params``), else the run
+    config's ``recipe`` (with ``recipe-params``); None: the built-in model by the data."""
+    ref = str(node_config.get("recipe", "") or "")
+    if ref:
+        return _recipe(ref, str(node_config.get("recipe-params", "") or "{}"))
+    if cfg.recipe:
+        return _recipe(cfg.recipe, cfg.recipe_params)
+    return None
+
+
+@lru_cache(maxsize=8)
+def _recipe(ref: str, params: str) -> Recipe:
+    return load_recipe(ref, params)
+
+
+def effective_recipe(node_config: dict[str, Any], cfg: RunConfig, data_kind: str) -> Recipe:
+    """The recipe this hospital trains with: its own (`site_recipe`), else the built-in one for
+    its data (run config ``model``, or ``mlp`` for tables and ``cnn`` for images, with the run
+    config's ``hidden`` and ``norm``)."""
+    recipe = site_recipe(node_config, cfg)
+    if recipe is not None:
+        return recipe
+    kind = cfg.model if cfg.model != "auto" else ("mlp" if data_kind == "mlp" else "cnn")
+    return builtin_recipe(kind, hidden=cfg.hidden_widths, norm=cfg.norm)
+
+
+def raw_data_path(node_config: dict[str, Any], cfg: RunConfig) -> Path:
+    """This node's data as configured (a file or a folder): node config ``data-path``, else
+    ``DATA_DIR/site-<partition-id>/``."""
+    if "data-path" in node_config:
+        return Path(str(node_config["data-path"]))
+    if cfg.data_dir and "partition-id" in node_config:
+        return Path(cfg.data_dir) / f"site-{int(node_config['partition-id'])}"
+    return resolve_data_path(node_config, cfg)  # raises with the fix
 
 
 def resolve_data_path(node_config: dict[str, Any], cfg: RunConfig) -> Path:
@@ -115,8 +159,10 @@ def split_site(data: Dataset, val_fraction: float, seed: int) -> tuple[Dataset, 
 def site_columns(node_config: dict[str, Any], node_id: int, cfg: RunConfig) -> SiteColumns:
     """This site's column report on its training rows (``query.schema``); NPZ sites report
     ``table`` False."""
-    path = resolve_data_path(node_config, cfg)
     name = site_name(node_config, node_id, cfg)
+    if (read := _recipe_read(node_config, cfg)) is not None:
+        return SiteColumns(name, len(split_site(read, cfg.val_fraction, cfg.seed)[0]), False)
+    path = resolve_data_path(node_config, cfg)
     if not _is_table(path):
         site = load_site(node_config, node_id, cfg)
         return SiteColumns(name, len(site.train), False)
@@ -127,9 +173,12 @@ def site_columns(node_config: dict[str, Any], node_id: int, cfg: RunConfig) -> S
 def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
               schema: str | None = None) -> SiteData:
     """Load (once per process) and split this site's data; tables are encoded with ``schema``
-    (the federation's, as JSON), else with the file's own schema (`client.data.local_schema`)."""
-    path = resolve_data_path(node_config, cfg)
+    (the federation's, as JSON), else with the file's own schema (`client.data.local_schema`).
+    A recipe with a reader for the data path reads it instead (`client.data.read_with_recipe`)."""
     name = site_name(node_config, node_id, cfg)
+    if (read := _recipe_read(node_config, cfg)) is not None:
+        return SiteData(name, *split_site(read, cfg.val_fraction, cfg.seed))
+    path = resolve_data_path(node_config, cfg)
     task = None if cfg.task == "auto" else cfg.task
     if not _is_table(path):
         train, val = _load(str(path), cfg.target, task, cfg.val_fraction, cfg.seed)
@@ -139,3 +188,18 @@ def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
         schema = local_schema(rows, cfg.table_settings, task=task, site=name).to_json()
     train, val = _encoded(str(path), cfg.val_fraction, cfg.seed, schema)
     return SiteData(name, train, val)
+
+
+_READ: dict[tuple[str, str, str], Dataset | None] = {}
+
+
+def _recipe_read(node_config: dict[str, Any], cfg: RunConfig) -> Dataset | None:
+    """The site's data as its recipe's reader reads it (once per process), or None."""
+    recipe = site_recipe(node_config, cfg)
+    if recipe is None or type(recipe).read_data is Recipe.read_data:
+        return None
+    path = raw_data_path(node_config, cfg)
+    key = (str(path.resolve()), type(recipe).__qualname__, recipe.identity.to_json())
+    if key not in _READ:
+        _READ[key] = read_with_recipe(recipe, path)
+    return _READ[key]

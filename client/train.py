@@ -1,4 +1,8 @@
-"""Local training and scoring of a `SiteModel` on one site's rows, and the local step budget.
+"""Local training and scoring of a model on one site's rows, and the local step budget.
+
+Everything task- or model-specific comes from the model's recipe (`client.recipes.Recipe`:
+targets, loss, optimizers, training step, metrics; `client.models.recipe_of`); this module only
+orders the batches, adds the FedProx penalty and moves the model to its device.
 
 `local_steps_per_round` fixes how many optimizer steps (mini-batches) a hospital takes per
 round; the simulation's baselines get the same budget (`baseline_steps`), so a centralized or
@@ -8,10 +12,11 @@ single-site model is never compared after less training than the federation had.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
-from fedsplit.client.models import SiteModel, has_batch_norm
+from fedsplit.client.models import has_batch_norm, recipe_of
 from fedsplit.protocol.errors import ConfigError
 from torch import nn
 
@@ -65,36 +70,30 @@ def pick_device(prefer: str = "auto") -> torch.device:
 
 
 def set_statistics(
-    model: SiteModel,
+    model: nn.Module,
     mean: np.ndarray,
     std: np.ndarray,
     target_mean: float = 0.0,
     target_std: float = 1.0,
 ) -> None:
-    """Store standardisation statistics in the model's buffers (std floored at 1e-6)."""
-    with torch.no_grad():
-        model.norm.mean.copy_(torch.as_tensor(mean, dtype=torch.float32).reshape(model.norm.mean.shape))
-        safe = np.where(np.asarray(std) > 1e-6, std, 1.0)
-        model.norm.std.copy_(torch.as_tensor(safe, dtype=torch.float32).reshape(model.norm.std.shape))
-        model.target_mean.fill_(float(target_mean))
-        model.target_std.fill_(float(target_std) if target_std > 1e-6 else 1.0)
+    """Store the federation's standardisation statistics in the model (its recipe's
+    `Recipe.set_statistics`: `Standardize` buffers and target scaling; std floored at 1e-6)."""
+    recipe_of(model).set_statistics(model, mean, std, target_mean, target_std)
 
 
-def training_targets(model: SiteModel, y: np.ndarray) -> torch.Tensor:
-    """The targets as the training loss sees them: class indices, or standardized values."""
-    if model.spec.task == "classification":
-        return torch.as_tensor(y, dtype=torch.long)
-    scaled = (np.asarray(y, dtype=np.float32) - float(model.target_mean)) / float(model.target_std)
-    return torch.as_tensor(scaled, dtype=torch.float32).reshape(-1, 1)
+def training_targets(model: nn.Module, y: np.ndarray) -> torch.Tensor:
+    """The targets as the training loss sees them (the recipe's `Recipe.targets`)."""
+    return recipe_of(model).targets(model, y)
 
 
-def loss_function(model: SiteModel) -> nn.Module:
-    """The training loss: cross-entropy (classification) or mean squared error (regression)."""
-    return nn.CrossEntropyLoss() if model.spec.task == "classification" else nn.MSELoss()
+def loss_function(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The training loss of one batch, ``loss(output, target)`` (the recipe's `Recipe.loss`)."""
+    recipe = recipe_of(model)
+    return lambda output, target: recipe.loss(model, output, target)
 
 
 def fit(
-    model: SiteModel,
+    model: nn.Module,
     x: np.ndarray,
     y: np.ndarray,
     *,
@@ -105,7 +104,8 @@ def fit(
     device: torch.device | None = None,
     proximal_mu: float = 0.0,
 ) -> float:
-    """Train ``model`` in place with Adam; return the mean loss of the last epoch.
+    """Train ``model`` in place with its recipe's training step (default: Adam on the recipe's
+    loss); return the mean loss of the last epoch.
 
     With ``proximal_mu > 0`` the FedProx term ``mu/2 * ||w - w_start||^2`` keeps the weights
     near the ones training started from (the global model).
@@ -122,11 +122,19 @@ def fit(
         )
     device = device or torch.device("cpu")
     model.to(device).train()
+    recipe = recipe_of(model)
     xt = torch.as_tensor(x, dtype=torch.float32)
-    yt = training_targets(model, y)
+    yt = recipe.targets(model, y)
     start = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    loss_fn = loss_function(model)
+    optimizers = list(recipe.optimizers(model, lr))
+
+    def penalty() -> torch.Tensor:
+        """FedProx: mu/2 * ||w - w_start||^2 (zero without it)."""
+        if not start:
+            return torch.zeros((), device=device)
+        prox = sum(((p - s) ** 2).sum() for p, s in zip(model.parameters(), start, strict=True))
+        return proximal_mu / 2 * prox
+
     gen = torch.Generator().manual_seed(seed)
     last = float("nan")
     for _ in range(epochs):
@@ -135,15 +143,8 @@ def fit(
         for i, j in batch_bounds(len(order), batch_size, merge_single=batch_norm):
             idx = order[i:j]
             xb, yb = xt[idx].to(device), yt[idx].to(device)
-            optimizer.zero_grad()
-            loss = loss_fn(model(xb), yb)
-            objective = loss
-            if start:
-                prox = sum(((p - s) ** 2).sum() for p, s in zip(model.parameters(), start, strict=True))
-                objective = loss + proximal_mu / 2 * prox
-            objective.backward()
-            optimizer.step()
-            total += loss.item() * len(idx)
+            loss = recipe.train_step(model, xb, yb, optimizers, penalty)
+            total += float(loss) * len(idx)
             seen += len(idx)
         last = total / max(seen, 1)
     model.cpu()
@@ -159,7 +160,7 @@ def batch_bounds(n: int, batch_size: int, *, merge_single: bool = False) -> list
     return bounds
 
 
-def fit_steps(model: SiteModel, x: np.ndarray, y: np.ndarray, *, steps: int, lr: float,
+def fit_steps(model: nn.Module, x: np.ndarray, y: np.ndarray, *, steps: int, lr: float,
               batch_size: int, seed: int, device: torch.device | None = None,
               proximal_mu: float = 0.0) -> float:
     """Train ``model`` in place for exactly ``steps`` mini-batches (see `step_rows`)."""
@@ -173,26 +174,12 @@ def fit_steps(model: SiteModel, x: np.ndarray, y: np.ndarray, *, steps: int, lr:
 
 @torch.no_grad()
 def score(
-    model: SiteModel, x: np.ndarray, y: np.ndarray, device: torch.device | None = None
+    model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device | None = None
 ) -> dict[str, float]:
-    """Return ``loss`` and ``accuracy`` (classification) or ``r2`` and ``rmse`` (regression)."""
+    """The recipe's metrics on held-out rows (`Recipe.metrics`: ``loss`` and ``accuracy`` for
+    classification, ``loss``, ``r2`` and ``rmse`` for regression, unless the recipe says)."""
     device = device or torch.device("cpu")
     model.to(device).eval()
-    xt = torch.as_tensor(x, dtype=torch.float32).to(device)
-    out = model(xt)
-    loss = float(loss_function(model)(out, training_targets(model, y).to(device)))
-    if model.spec.task == "classification":
-        acc = float((out.argmax(1).cpu().numpy() == np.asarray(y)).mean())
-        result = {"loss": loss, "accuracy": acc}
-    else:
-        pred = model.predict(xt).cpu().numpy().astype(np.float64)
-        truth = np.asarray(y, dtype=np.float64)
-        ss_res = float(((truth - pred) ** 2).sum())
-        ss_tot = float(((truth - truth.mean()) ** 2).sum())
-        result = {
-            "loss": loss,
-            "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0,
-            "rmse": float(np.sqrt(ss_res / len(truth))),
-        }
+    result = {k: float(v) for k, v in recipe_of(model).metrics(model, x, y, device).items()}
     model.cpu()
     return result

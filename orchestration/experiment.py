@@ -42,17 +42,19 @@ from fedsplit.client.data import (
     load_site_file,
     partition,
     read_table,
+    read_with_recipe,
     split_indices,
 )
-from fedsplit.client.models import ModelSpec, SiteModel, build_model, load_model
-from fedsplit.client.site import split_site
+from fedsplit.client.models import SiteModel, build_model, load_model, recipe_of
+from fedsplit.client.recipes import ModelInputs
+from fedsplit.client.site import effective_recipe, site_recipe, split_site
 from fedsplit.client.train import fit_steps, local_steps_per_round, score, set_statistics
 from fedsplit.orchestration.certs import site_names
 from fedsplit.orchestration.fingerprint import data_fingerprint
 from fedsplit.orchestration.flower_runtime import simulation
 from fedsplit.orchestration.personalize import ALONE, PRIOR, parse_budget, personalize, resolve_scope
 from fedsplit.orchestration.plots import plot_rounds
-from fedsplit.orchestration.selection import BestRound, selection_metric
+from fedsplit.orchestration.selection import BestRound
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
@@ -185,7 +187,11 @@ def _frame(data: Dataset, target: str) -> Any:
     return frame
 
 
-def _read_site(source: SiteSource) -> tuple[Any, Any]:
+def _read_site(source: SiteSource, cfg: RunConfig) -> tuple[Any, Any]:
+    recipe = site_recipe({}, cfg)  # a recipe's own reader (image folders, arrays) comes first
+    if (train := read_with_recipe(recipe, source.train)) is not None:
+        return train, (load_site_file(source.test, target="y", recipe=recipe)
+                       if source.test else None)
     suffix = source.train.suffix.lower()
     if suffix == ".npz" or suffix not in (".csv", ".parquet", ".pq"):
         return load_site_file(source.train, target="y"), (
@@ -232,7 +238,7 @@ def prepare_tables(exp: Experiment) -> list[SiteTable]:
                           f"Received: {names}")
     tables = []
     for i, source in enumerate(sources):
-        train, test = _read_site(source)
+        train, test = _read_site(source, cfg)
         if test is None:
             train, test = _cut(train, exp.test_fraction, cfg.seed + i)
         tables.append(SiteTable(source.name, train, test))
@@ -293,7 +299,7 @@ def write_site(site: Dataset | Any, folder: Path, target: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("data.*"):  # a previous run's file of the other kind: one file per site
         stale.unlink()
-    if isinstance(site, Dataset) and site.kind == "cnn":
+    if isinstance(site, Dataset) and site.kind != "mlp":  # images and other arrays
         path = folder / "data.npz"
         np.savez(path, x=site.x, y=site.y)
         return path
@@ -308,11 +314,13 @@ def write_site(site: Dataset | Any, folder: Path, target: str) -> Path:
 
 
 def _fresh_model(train: Dataset, num_outputs: int, cfg: RunConfig) -> SiteModel:
-    spec = ModelSpec(kind=train.kind, task=train.task, input_shape=tuple(train.x.shape[1:]),
-                     num_outputs=num_outputs, hidden=cfg.hidden_widths, norm=cfg.norm)
-    model = build_model(spec, seed=cfg.seed)
+    """The federation's model (its recipe: `client.site.effective_recipe`), freshly built with
+    ``train``'s standardisation statistics."""
+    recipe = effective_recipe({}, cfg, train.kind)
+    spec = recipe.model_spec(ModelInputs(train.task, tuple(train.x.shape[1:]), num_outputs))
+    model = build_model(spec, seed=cfg.seed, recipe=recipe)
     flat = train.x.reshape(len(train.x), -1)
-    mean, std = combine_moments([moments(flat.reshape(-1, 1) if train.kind == "cnn" else flat)])
+    mean, std = combine_moments([moments(flat.reshape(-1, 1) if train.kind != "mlp" else flat)])
     y = train.y.astype(np.float64)
     set_statistics(model, mean, std, float(y.mean()), float(y.std()))
     return model
@@ -348,7 +356,7 @@ def train_baseline(train: Dataset, val: Dataset, num_outputs: int, cfg: RunConfi
     import copy
 
     model = _fresh_model(train, num_outputs, cfg)
-    key = selection_metric(model.spec.task)
+    key = recipe_of(model).selection_metric(model.spec.task)
     rounds = cfg.num_server_rounds
     picker, best = BestRound(), copy.deepcopy(model.state_dict())
     for r in range(rounds):
@@ -360,6 +368,21 @@ def train_baseline(train: Dataset, val: Dataset, num_outputs: int, cfg: RunConfi
             best = copy.deepcopy(model.state_dict())
     model.load_state_dict(best)
     return model, picker
+
+
+def kept_round(history: RunRecord, fed_dir: Path) -> dict[str, Any]:
+    """The federated model's selection, as the baselines report theirs (`server.selection`):
+    ``keep``, ``rounds_kept``, ``val_metric`` (per candidate round, ``val_rounds``),
+    ``val_examples`` (the kept round's validation rows) and ``last_model``."""
+    chosen = history.selection
+    if chosen is None:
+        return {"last_model": str(fed_dir / "last.h5")}
+    kept = next((s for s in chosen.val_metric if s.round == chosen.rounds_kept), None)
+    return {"keep": chosen.keep, "rounds_kept": chosen.rounds_kept,
+            "val_metric": [s.score for s in chosen.val_metric],
+            "val_rounds": [s.round for s in chosen.val_metric],
+            "val_examples": kept.examples if kept is not None else None,
+            "last_model": str(fed_dir / "last.h5")}
 
 
 def evaluate(model: SiteModel, tests: Sequence[tuple[str, Dataset]]) -> dict[str, Any]:

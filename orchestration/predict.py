@@ -7,6 +7,13 @@ ID column and the schema's ignored columns are allowed), as are missing columns 
 the wrong kind; an unseen category takes the documented fallback (treated as missing). One
 output row per input row: the ID column when the table has it, then ``p_<label>`` per class and
 ``predicted`` (the label), or ``predicted`` alone for regression.
+
+A model trained with a recipe (`client.recipes`) is rebuilt with that recipe, which must be
+installed here and named with ``--recipe`` (its version must be the one the weight file records;
+the parameters come from the file). The recipe's `Recipe.predict` gives the output columns, and
+its reader (`Recipe.read_inputs`) reads inputs that are not tables: ``fedsplit predict --model
+global.h5 --recipe my_recipes:XRay FOLDER -o predictions.csv`` writes one row per image, named
+by its file (column ``input``).
 """
 
 from __future__ import annotations
@@ -14,16 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from fedsplit.client.data import read_table
-from fedsplit.client.models import load_model
+from fedsplit.client.data import TABLE_SUFFIXES, read_table
+from fedsplit.client.models import load_model, recipe_of
+from fedsplit.client.recipes import Recipe, load_recipe
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import Schema, encode_frame
 from fedsplit.protocol.weights import read_schema
 
 
-def predict_frame(model_path: Path, frame: Any, *, where: str) -> Any:
+def predict_frame(model_path: Path, frame: Any, *, where: str, recipe: Recipe | None = None) -> Any:
     """The predictions for a raw table (a DataFrame), as a DataFrame of the same length."""
     import pandas as pd
 
@@ -35,36 +41,63 @@ def predict_frame(model_path: Path, frame: Any, *, where: str) -> Any:
             f"from a table federation. Received: {model_path}"
         )
     schema = Schema.from_json(text)
-    model = load_model(model_path)
+    model = load_model(model_path, recipe=recipe)
     x, _ = encode_frame(schema, frame, where=where, need_target=False, refuse_unknown=True)
     if x.shape[1] != model.spec.input_shape[0]:
         raise ConfigError(f"{model_path}: its schema gives {x.shape[1]} features but the model "
                           f"reads {model.spec.input_shape[0]}; the file is inconsistent. "
                           f"Received: {model.spec.to_id()}")
-    model.eval()
-    with torch.no_grad():
-        xt = torch.as_tensor(x, dtype=torch.float32)
-        out = pd.DataFrame(index=range(len(frame)))
-        if schema.id_column and schema.id_column in frame.columns:
-            out[schema.id_column] = frame[schema.id_column].to_numpy()
-        if schema.task == "classification":
-            probs = torch.softmax(model(xt), dim=1).numpy().astype(np.float64)
-            labels = list(schema.labels) + [f"class-{k}" for k in
-                                            range(len(schema.labels), probs.shape[1])]
-            for k, label in enumerate(labels):
-                out[f"p_{label}"] = probs[:, k]
-            out["predicted"] = [labels[k] for k in probs.argmax(axis=1)]
-        else:
-            out["predicted"] = model.predict(xt).numpy().astype(np.float64)
+    columns = recipe_of(model).predict(model, x)
+    out = pd.DataFrame(index=range(len(frame)))
+    if schema.id_column and schema.id_column in frame.columns:
+        out[schema.id_column] = frame[schema.id_column].to_numpy()
+    if schema.task == "classification":  # class indices -> the schema's labels
+        probs = [c for c in columns if c.startswith("p_") and c[2:].isdigit()]
+        labels = list(schema.labels) + [f"class-{k}" for k in
+                                        range(len(schema.labels), len(probs))]
+        for name in probs:
+            out[f"p_{labels[int(name[2:])]}"] = columns[name]
+        out["predicted"] = [labels[int(k)] for k in columns["predicted"]]
+        for name, values in columns.items():
+            if name != "predicted" and name not in probs:
+                out[name] = values
+    else:
+        for name, values in columns.items():
+            out[name] = values
     return out
 
 
-def predict_file(model_path: Path, table: Path, output: Path) -> Any:
-    """Score ``table`` with the model in ``model_path``; write and return the predictions."""
+def predict_inputs(model_path: Path, source: Path, recipe: Recipe) -> Any:
+    """The predictions for inputs that are not a table, read by ``recipe``'s reader (a folder of
+    images, ...): one row per input, its id in column ``input``."""
+    import pandas as pd
+
+    read = recipe.read_inputs(Path(source))
+    if read is None:
+        raise ConfigError(f"Recipe {recipe.name} has no reader for {source} (and it is not a CSV "
+                          f"or Parquet table). Give the inputs as the recipe reads them. "
+                          f"Received: {source}")
+    x, ids = read
+    model = load_model(model_path, recipe=recipe)
+    if tuple(x.shape[1:]) != tuple(model.spec.input_shape):
+        raise ConfigError(f"{source}: the inputs have shape {tuple(x.shape[1:])} but the model "
+                          f"reads {tuple(model.spec.input_shape)}. Received: {len(x)} inputs")
+    columns = recipe_of(model).predict(model, x)
+    return pd.DataFrame({"input": ids, **columns})
+
+
+def predict_file(model_path: Path, table: Path, output: Path, *, recipe: str = "") -> Any:
+    """Score ``table`` (or, with a recipe that reads them, other inputs such as a folder of
+    images) with the model in ``model_path``; write and return the predictions."""
     if output.suffix.lower() not in (".csv", ".parquet"):
         raise ConfigError(f"-o must end in .csv or .parquet. Received: {output.name}")
-    frame = read_table(Path(table))
-    result = predict_frame(Path(model_path), frame, where=str(table))
+    impl = load_recipe(recipe) if recipe else None
+    table = Path(table)
+    if impl is not None and table.suffix.lower() not in TABLE_SUFFIXES:
+        result = predict_inputs(Path(model_path), table, impl)
+    else:
+        frame = read_table(table)
+        result = predict_frame(Path(model_path), frame, where=str(table), recipe=impl)
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.suffix.lower() == ".csv":
         result.to_csv(output, index=False)

@@ -48,6 +48,13 @@ class RunConfig(BaseModel):
                             "part of the model id; MLP only; needs batch-size >= 2 and parallel=none).")
     task: Literal["auto", "classification", "regression"] = Field(
         "auto", description="Learning task; auto infers it from the target.")
+    recipe: str = Field("", description="The hospitals' recipe (docs/recipes.md): package.module:Attribute "
+                        "or an entry point of the fedsplit.recipes group; '' = the built-in "
+                        "MLP or CNN by the data (model, hidden, norm). A hospital's node "
+                        "config 'recipe' takes precedence.")
+    recipe_params: str = Field("{}", alias="recipe-params",
+                               description="The recipe's parameters as a JSON object string "
+                                           "(validated by the recipe's Params model).")
     num_classes: int = Field(0, ge=0, alias="num-classes",
                              description="Classes; 0 = one more than the largest label any site holds.")
     target: str = Field("target", description="Target column in CSV/Parquet site files.")
@@ -166,7 +173,19 @@ class RunConfig(BaseModel):
                              f"layer). Received: {value!r}")
         return value
 
-    @field_validator("strategy_params", "cohort_caps", "data_fingerprint")
+    @field_validator("recipe")
+    @classmethod
+    def _recipe_ref(cls, value: str) -> str:
+        from fedsplit.protocol.recipe import parse_reference
+
+        if value:
+            try:
+                parse_reference(value)
+            except ConfigError as e:
+                raise ValueError(str(e)) from e
+        return value
+
+    @field_validator("strategy_params", "cohort_caps", "data_fingerprint", "recipe_params")
     @classmethod
     def _json_object(cls, value: str) -> str:
         try:

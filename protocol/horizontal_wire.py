@@ -15,7 +15,9 @@ query.schema   config: {}                             columns (config): report (
 query.stats    config: schema (optional: the agreed   stats (metrics): num-examples, count, sum,
                table schema as JSON)                  sumsq, label-max, y-sum, y-sumsq;
                                                       schema (config): name, kind, task,
-                                                      input-shape, features
+                                                      input-shape, features, recipe (the
+                                                      identity of the site's recipe as JSON:
+                                                      `protocol.recipe.RecipeIdentity`)
 query.init     config: kind, task, input-shape,       arrays: the initial model;
                num-outputs, hidden, norm, mean, std,  model (config): model-id
                y-mean, y-std
@@ -86,7 +88,7 @@ SCHEMA_KEY = "schema"  # the agreed table schema (JSON) in stats, train and eval
 REPORT = "report"
 
 STATS_KEYS = ("num-examples", "count", "sum", "sumsq", "label-max", "y-sum", "y-sumsq")
-SCHEMA_KEYS = ("name", "kind", "task", "input-shape", "features")
+SCHEMA_KEYS = ("name", "kind", "task", "input-shape", "features", "recipe")
 INIT_KEYS = ("kind", "task", "input-shape", "num-outputs", "hidden", "norm", "mean", "std",
              "y-mean", "y-std")
 SITE_KEYS = ("name", "device", "parallel-mode", "parallel-config")
@@ -301,6 +303,7 @@ class SiteStats:
     label_max: int
     y_sum: float
     y_sumsq: float
+    recipe: str = ""  # `protocol.recipe.RecipeIdentity` JSON of the recipe the site runs
 
 
 def build_stats_instruction(schema: str | None = None) -> RecordDict:
@@ -328,6 +331,7 @@ def build_stats_reply(stats: SiteStats) -> RecordDict:
             "name": stats.name, "kind": stats.kind, "task": stats.task,
             "input-shape": [int(d) for d in stats.input_shape],
             "features": [str(f) for f in stats.features],
+            "recipe": str(stats.recipe),
         }),
     })
     check_content(STATS, content, reply=True)
@@ -346,7 +350,7 @@ def parse_stats_reply(msg: Message) -> SiteStats:
         num_examples=int(s["num-examples"]),
         count=np.asarray(s["count"], dtype=np.float64), sum=np.asarray(s["sum"], dtype=np.float64),
         sumsq=np.asarray(s["sumsq"], dtype=np.float64), label_max=int(s["label-max"]),
-        y_sum=float(s["y-sum"]), y_sumsq=float(s["y-sumsq"]),
+        y_sum=float(s["y-sum"]), y_sumsq=float(s["y-sumsq"]), recipe=str(c["recipe"]),
     )
 
 
@@ -489,11 +493,16 @@ def build_train_reply(update: Update | Mapping[str, np.ndarray], metrics: Mappin
     return content
 
 
-def build_evaluate_reply(metrics: Mapping[str, Any], site_info: Mapping[str, str]) -> RecordDict:
-    """A site's ``evaluate`` reply: count and scalar metrics on its held-out rows."""
+def build_evaluate_reply(metrics: Mapping[str, Any], site_info: Mapping[str, str],
+                         *, metrics_allowed: Sequence[str] = ()) -> RecordDict:
+    """A site's ``evaluate`` reply: count and scalar metrics on its held-out rows.
+
+    ``metrics_allowed``: metric names the site's recipe declares besides `EVALUATE_METRICS`
+    (lower-case names; a recipe's metrics are numbers computed over the held-out rows).
+    """
     from flwr.app import MetricRecord
 
-    values = _scalar_metrics(metrics, EVALUATE_METRICS, "evaluate")
+    values = _scalar_metrics(metrics, EVALUATE_METRICS | frozenset(metrics_allowed), "evaluate")
     if NUM_EXAMPLES not in values:
         raise ReplyError(f"An evaluate reply needs {NUM_EXAMPLES!r}. Received: {sorted(values)}")
     content = _record_dict({METRICS: MetricRecord(values),

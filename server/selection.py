@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
 from fedsplit.protocol.selection import BestRound, selection_metric
 
 
 def task_metric(model_id: str | None, rounds: Iterable[Mapping[str, Any]] = ()) -> str:
     """The selection metric of a run: from the model id's task (``kind/task/...``), else from
     the metric its evaluations report (``accuracy``, else ``r2``)."""
+    if model_id and is_recipe_id(model_id):  # a recipe names its own selection metric
+        return RecipeModelId.from_id(model_id).selection
     parts = str(model_id or "").split("/")
     if len(parts) > 1 and parts[1] in ("classification", "regression"):
         return selection_metric(parts[1])

@@ -9,9 +9,12 @@
    task and per-feature count / sum / sum of squares. The coordinator checks that they match
    and pools the moments into one mean and standard deviation (and warns about columns that are
    constant at one site or orders of magnitude off the others).
+   Each stats reply also names the recipe the hospital runs (name, version, validated
+   parameters: `protocol.recipe`); hospitals that differ are refused here, before round 1,
+   with the hospital and the difference named.
 3. ``query.init`` to one hospital: build the model with those statistics; its weights become
    the shared starting point every site trains from (sites must share an initialisation for
-   averaging to work).
+   averaging to work). A recipe's model id must carry the recipe the hospitals agreed on.
 
 The coordinator never imports model code: it only routes statistics and arrays. Both
 exchanges are built and checked by `protocol.horizontal_wire`.
@@ -28,6 +31,7 @@ import numpy as np
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FederationError, FedsplitError
+from fedsplit.protocol.recipe import RecipeIdentity, RecipeModelId, check_same_recipe, is_recipe_id
 from fedsplit.protocol.schema import Schema, merge_reports, moment_warnings
 from fedsplit.protocol.stats import combine_moments
 from fedsplit.protocol.weights import read_schema, read_weights
@@ -35,6 +39,9 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
+
+BUILTIN_RECIPES = ("mlp", "cnn")  # their models keep the short ids; any other is a recipe model
+RECIPE_KIND = "recipe"  # query.init kind: build the model with the hospitals' own recipe
 
 
 @dataclass
@@ -112,6 +119,8 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
                     f"Sites holding different columns need vertical fusion instead. Received: "
                     f"{_head(mine)} vs {_head(theirs)}"
                 )
+    recipe = agree_recipe(stats)
+    builtin = recipe.name in BUILTIN_RECIPES
     tasks = {s.task for s in stats}
     task = cfg.task if cfg.task != "auto" else (tasks.pop() if len(tasks) == 1 else None)
     if agreed is not None:
@@ -131,8 +140,8 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
         outputs = max(outputs, 2)
     else:
         outputs = 1
-    kind = ref.kind if cfg.model == "auto" else cfg.model
-    if cfg.norm != "none" and kind != "mlp":
+    kind = (ref.kind if cfg.model == "auto" else cfg.model) if builtin else RECIPE_KIND
+    if builtin and cfg.norm != "none" and kind != "mlp":
         raise ConfigError(
             f"norm={cfg.norm} adds BatchNorm after the MLP's hidden layers, but the hospitals' "
             f"data gets a {kind} model. Use norm=none, or model=mlp for tabular data. "
@@ -143,11 +152,28 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
         hidden=cfg.hidden_widths, norm=cfg.norm, mean=mean, std=std,
         y_mean=float(y_mean), y_std=float(y_std),
     )
-    log.info("Model setup: %s, %s, %d rows over %d hospitals", kind, task, n, len(nodes))
+    log.info("Model setup: %s (recipe %s), %s, %d rows over %d hospitals", kind, recipe.label(),
+             task, n, len(nodes))
     reply = _ask(grid, nodes[:1], wire.INIT, wire.build_init_instruction(request),
                  cfg.round_timeout)[0]
     initial = _parse(wire.parse_init_reply, reply, wire.INIT)
+    if not builtin:
+        made = (RecipeModelId.from_id(initial.model_id).recipe
+                if is_recipe_id(initial.model_id) else None)
+        if made is None or made.differences(recipe):
+            raise FederationError(
+                f"Hospital {wire.reply_site(reply)} built the initial model with another recipe "
+                f"than the one every hospital reported ({recipe.to_json()}). Received: "
+                f"{initial.model_id[:200]}"
+            )
     return ModelSetup(initial.arrays, initial.model_id, schema, warnings)
+
+
+def agree_recipe(stats: list[wire.SiteStats]) -> RecipeIdentity:
+    """The recipe every hospital reported in its stats reply; hospitals that differ in name,
+    version or parameters raise `ConfigError` naming each and the difference."""
+    return check_same_recipe({s.name: RecipeIdentity.from_json(
+        s.recipe, where=f"hospital {s.name}'s recipe") for s in stats})
 
 
 def agree_schema(grid: Grid, nodes: list[int], cfg: RunConfig) -> tuple[Schema | None, list[str]]:

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 import torch
-from fedsplit.client.models import SiteModel
+from fedsplit.client.models import SiteModel, recipe_of
 from fedsplit.client.privacy.dpsgd import check_budget, check_private_model, fit_private, plan_noise
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
@@ -32,13 +32,19 @@ def train_private(model: SiteModel, x: np.ndarray, y: np.ndarray, spec: DPSpec, 
     check_private_model(model, proximal_mu)
     plan = plan_noise(spec, len(x), cfg.batch_size, steps)
     epsilon = check_budget(plan, server_round, site)
-    if model.spec.task == "classification":
-        targets = torch.as_tensor(y, dtype=torch.long)
-        loss_fn: torch.nn.Module = torch.nn.CrossEntropyLoss()
-    else:
-        scaled = (np.asarray(y, np.float32) - float(model.target_mean)) / float(model.target_std)
-        targets = torch.as_tensor(scaled, dtype=torch.float32).reshape(-1, 1)
-        loss_fn = torch.nn.MSELoss()
+    recipe = recipe_of(model)
+    if not recipe.per_sample_loss:
+        raise ConfigError(
+            f"Patient-level DP (DP-SGD) clips each patient's gradient, so the loss must be a sum "
+            f"over patients; recipe {recipe.name}'s loss is not (per_sample_loss = False: e.g. a "
+            f"Cox partial likelihood couples the patients of a risk set). Use dp level=hospital, "
+            f"or train without --dp. Received: recipe {recipe.identity.label()}"
+        )
+    targets = recipe.targets(model, y)
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return recipe.loss(model, output, target)
+
     with warnings.catch_warnings():  # Opacus's notes on secure RNG and backward hooks
         warnings.simplefilter("ignore", UserWarning)
         loss = fit_private(model, x, targets, plan, loss_fn=loss_fn, lr=cfg.lr, seed=seed,

@@ -96,10 +96,15 @@ def check_private_model(model: torch.nn.Module, proximal_mu: float) -> None:
 
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
+        layers = [f"{name or 'the model'} ({type(sub).__name__})"
+                  for name, sub in model.named_modules()
+                  if type(sub) in ModuleValidator.VALIDATORS and ModuleValidator.VALIDATORS[type(sub)](sub)]
         raise ConfigError(
-            f"Patient-level DP (DP-SGD) needs per-sample gradients, which this model's layers do "
-            f"not allow (BatchNorm mixes the rows of a batch): use norm=none. Received: "
-            f"{[str(e) for e in errors][:3]}"
+            f"Patient-level DP (DP-SGD) needs per-sample gradients, which Opacus cannot compute "
+            f"for layer(s) {', '.join(layers) or 'of this model'} (e.g. BatchNorm mixes the rows "
+            f"of a batch; an LSTM needs opacus.layers.DPLSTM): use norm=none for the built-in MLP, "
+            f"or replace the layer in the recipe (opacus ModuleValidator.fix suggests "
+            f"replacements: GroupNorm for BatchNorm). Received: {[str(e) for e in errors][:3]}"
         )
     if proximal_mu > 0:
         raise ConfigError(f"Patient-level DP clips per-sample gradients; the FedProx term is not a "

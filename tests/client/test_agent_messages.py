@@ -79,7 +79,7 @@ def test_every_reply_holds_only_model_arrays_counts_and_scalars(site) -> None:
         assert len(record[key]) == num_features
     assert set(record) == {"num-examples", "count", "sum", "sumsq", "label-max", "y-sum", "y-sumsq"}
     schema = stats.content.config_records["schema"]
-    assert set(schema) == {"name", "kind", "task", "input-shape", "features"}
+    assert set(schema) == {"name", "kind", "task", "input-shape", "features", "recipe"}
     assert list(schema["features"]) == list(frame.columns[:-1])
 
     # Init: a model built from pooled statistics

@@ -1,0 +1,310 @@
+"""The recipe interface: everything a hospital's own model brings to fedsplit, written down once.
+
+A recipe is a subclass of `Recipe`. It must give a name, a version and `build_model`; the rest has
+defaults that follow the task (``classification``: cross-entropy, ``loss`` and ``accuracy``,
+selection by accuracy; ``regression``: mean squared error on standardised targets, ``loss``,
+``r2`` and ``rmse``, selection by r2). Override what differs:
+
+===========================  ====================================================================
+``name``, ``version``        identity (class attributes); hospitals must agree on both
+``Params``                   a pydantic model of the recipe's parameters (validated; recorded
+                             with the run and in every weight file)
+``tasks``                    the tasks the recipe trains (default classification, regression)
+``build_model(inputs)``      the ``nn.Module``, from what the agreed schema says (`ModelInputs`)
+``targets(model, y)``        the training targets as the loss wants them (y may be 2-D, e.g. time
+                             and event)
+``loss(model, out, target)``  the batch loss (a scalar tensor; need not be a per-row sum)
+``metrics(model, x, y, device)``  the metric values on held-out rows (``loss`` among them)
+``metric_names(task)``       the metric names `metrics` returns
+``selection_metric(task)``   the one metric (higher is better) that picks a baseline's round
+``predict(model, x)``        predictions in the target's units (used by ``fedsplit predict``)
+``read_data(path)``          optional reader for files that are not tables: a `Dataset`, or None
+                             when the path is not for this reader
+``read_inputs(path)``        optional: unlabelled inputs and row ids for ``fedsplit predict``
+                             (default: `read_data`'s inputs)
+``optimizers(model, lr)``    optional: the optimizers a training step uses (default one Adam)
+``train_step(...)``          optional: one optimizer step (AMP, gradient clipping, several
+                             optimizers); must add ``penalty()`` (FedProx) to what it minimises
+``per_sample_loss``          False when the loss is not a sum over rows (a Cox partial
+                             likelihood): DP-SGD is then refused with that reason
+===========================  ====================================================================
+
+`Standardize` (federated feature standardisation as buffers that travel with the weights) is for
+recipe models too: a model holding one gets the federation's pooled mean and standard deviation
+before round 1 (`Recipe.set_statistics`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.recipe import RecipeIdentity
+from pydantic import BaseModel, ConfigDict, ValidationError
+from torch import nn
+
+if TYPE_CHECKING:
+    from fedsplit.client.data import Dataset
+
+METRIC_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
+CLASSIFICATION = "classification"
+REGRESSION = "regression"
+
+
+class NoParams(BaseModel):
+    """A recipe without parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What the federation agreed about a model's inputs and outputs before round 1.
+
+    Parameters
+    ----------
+    task : str
+        The task (``classification``, ``regression``, or one a recipe defines).
+    input_shape : tuple[int, ...]
+        One row's shape: ``(features,)`` for a table, ``(channels, height, width)`` for images.
+    num_outputs : int
+        Classes for classification, else what the task needs (1 for regression).
+    """
+
+    task: str
+    input_shape: tuple[int, ...]
+    num_outputs: int
+
+
+class Standardize(nn.Module):
+    """``(x - mean) / std`` with the statistics stored as buffers (they travel with weights).
+
+    ``shape`` is one row's feature shape for tables, ``(1,)`` for images (one pooled pixel mean).
+    """
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("std", torch.ones(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Standardise ``x``; missing values (NaN) become the mean."""
+        z = (x - self.mean) / self.std
+        return torch.nan_to_num(z, nan=0.0)
+
+
+def no_penalty() -> torch.Tensor:
+    """The penalty of a training step without FedProx."""
+    return torch.zeros(())
+
+
+class Recipe:
+    """Base class of every recipe (see the module docstring for what to override)."""
+
+    name: ClassVar[str] = ""
+    version: ClassVar[str] = ""
+    Params: ClassVar[type[BaseModel]] = NoParams
+    tasks: ClassVar[tuple[str, ...]] = (CLASSIFICATION, REGRESSION)
+    per_sample_loss: ClassVar[bool] = True
+
+    def __init__(self, params: BaseModel | dict[str, Any] | None = None) -> None:
+        if isinstance(params, BaseModel):
+            params = params.model_dump(mode="json")
+        try:
+            self.params = self.Params.model_validate(params or {})
+        except ValidationError as e:
+            raise ConfigError(
+                f"Recipe {self.name} version {self.version} refuses its parameters: "
+                f"{e.errors(include_url=False)}. Fix --recipe-params. Received: {params}"
+            ) from e
+
+    # --- identity -------------------------------------------------------------------------
+    @property
+    def identity(self) -> RecipeIdentity:
+        """Name, version and validated parameters (what hospitals compare)."""
+        return RecipeIdentity(name=self.name, version=self.version,
+                              params=self.params.model_dump(mode="json"))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.identity.to_json()})"
+
+    def model_spec(self, inputs: ModelInputs) -> Any:
+        """The `client.models.ModelSpec` (and so the model id) of this recipe's model."""
+        from fedsplit.client.models import ModelSpec
+
+        self.check_task(inputs.task)
+        return ModelSpec(kind="recipe", task=inputs.task, input_shape=tuple(inputs.input_shape),
+                         num_outputs=int(inputs.num_outputs), recipe=self.identity,
+                         selection=self.selection_metric(inputs.task))
+
+    def check_task(self, task: str) -> None:
+        """Refuse a task this recipe does not train."""
+        if task not in self.tasks:
+            raise ConfigError(f"Recipe {self.name} trains {', '.join(self.tasks)}; the hospitals' "
+                              f"data is {task}. Choose another recipe or --task. Received: {task!r}")
+
+    # --- model ------------------------------------------------------------------------------
+    def build_model(self, inputs: ModelInputs) -> nn.Module:
+        """The model for ``inputs`` (required)."""
+        raise NotImplementedError(f"Recipe {self.name} must define build_model(inputs)")
+
+    def set_statistics(self, model: nn.Module, mean: np.ndarray, std: np.ndarray,
+                       target_mean: float = 0.0, target_std: float = 1.0) -> None:
+        """Store the federation's pooled statistics in the model's `Standardize` modules and its
+        ``target_mean``/``target_std`` buffers, where it has them (std floored at 1e-6)."""
+        safe = np.where(np.asarray(std) > 1e-6, std, 1.0)
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, Standardize):
+                    module.mean.copy_(torch.as_tensor(mean, dtype=torch.float32)
+                                      .reshape(module.mean.shape))
+                    module.std.copy_(torch.as_tensor(safe, dtype=torch.float32)
+                                     .reshape(module.std.shape))
+            buffers = dict(model.named_buffers())
+            if "target_mean" in buffers and "target_std" in buffers:
+                buffers["target_mean"].fill_(float(target_mean))
+                buffers["target_std"].fill_(float(target_std) if target_std > 1e-6 else 1.0)
+
+    # --- targets, loss, metrics -------------------------------------------------------------
+    def targets(self, model: nn.Module, y: np.ndarray) -> torch.Tensor:
+        """Class indices (classification), or targets standardised with the model's
+        ``target_mean``/``target_std`` buffers when it has them (regression, N x 1)."""
+        task = model_task(model)
+        if task == CLASSIFICATION:
+            return torch.as_tensor(np.asarray(y), dtype=torch.long)
+        mean, std = _target_scale(model)
+        scaled = (np.asarray(y, dtype=np.float32) - mean) / std
+        scaled = scaled.reshape(-1, 1) if scaled.ndim == 1 else scaled
+        return torch.as_tensor(scaled, dtype=torch.float32)
+
+    def loss(self, model: nn.Module, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy (classification) or mean squared error (regression) of one batch."""
+        if model_task(model) == CLASSIFICATION:
+            return nn.functional.cross_entropy(output, target)
+        return nn.functional.mse_loss(output, target)
+
+    def metric_names(self, task: str) -> tuple[str, ...]:
+        """The names `metrics` returns for ``task``."""
+        return ("loss", "accuracy") if task == CLASSIFICATION else ("loss", "r2", "rmse")
+
+    def selection_metric(self, task: str) -> str:
+        """The metric (higher is better) that picks a baseline's round."""
+        return "accuracy" if task == CLASSIFICATION else "r2"
+
+    def forward_all(self, model: nn.Module, x: np.ndarray, device: torch.device) -> torch.Tensor:
+        """The model's outputs for every row of ``x`` (in batches of 4096)."""
+        xt = torch.as_tensor(x, dtype=torch.float32)
+        outs = [model(xt[i:i + 4096].to(device)) for i in range(0, max(len(xt), 1), 4096)]
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+    @torch.no_grad()
+    def metrics(self, model: nn.Module, x: np.ndarray, y: np.ndarray,
+                device: torch.device) -> dict[str, float]:
+        """``loss`` and ``accuracy`` (classification) or ``loss``, ``r2``, ``rmse``."""
+        out = self.forward_all(model, x, device)
+        loss = float(self.loss(model, out, self.targets(model, y).to(device)))
+        if model_task(model) == CLASSIFICATION:
+            acc = float((out.argmax(1).cpu().numpy() == np.asarray(y)).mean())
+            return {"loss": loss, "accuracy": acc}
+        pred = self.predict_outputs(model, out).cpu().numpy().astype(np.float64)
+        truth = np.asarray(y, dtype=np.float64)
+        ss_res = float(((truth - pred) ** 2).sum())
+        ss_tot = float(((truth - truth.mean()) ** 2).sum())
+        return {"loss": loss, "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0,
+                "rmse": float(np.sqrt(ss_res / len(truth)))}
+
+    def predict_outputs(self, model: nn.Module, out: torch.Tensor) -> torch.Tensor:
+        """Model outputs -> class indices, or values in target units."""
+        if model_task(model) == CLASSIFICATION:
+            return out.argmax(dim=1)
+        mean, std = _target_scale(model)
+        return out.squeeze(1) * std + mean
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, x: np.ndarray) -> dict[str, np.ndarray]:
+        """Columns of ``fedsplit predict``'s output: ``p_<k>`` per class and ``predicted``
+        (classification), or ``predicted`` in target units."""
+        model.eval()
+        out = self.forward_all(model, x, torch.device("cpu"))
+        if model_task(model) == CLASSIFICATION:
+            probs = torch.softmax(out, dim=1).numpy().astype(np.float64)
+            cols = {f"p_{k}": probs[:, k] for k in range(probs.shape[1])}
+            return {**cols, "predicted": probs.argmax(axis=1)}
+        return {"predicted": self.predict_outputs(model, out).numpy().astype(np.float64)}
+
+    # --- data -------------------------------------------------------------------------------
+    def read_data(self, path: Path) -> Dataset | None:
+        """A hospital's data that is not a table (images, arrays), or None: not for this reader.
+
+        The `Dataset` holds ``x`` (N x input shape, float32), ``y``, the task and a ``kind``
+        (``"mlp"``: per-feature statistics; anything else pools all values, as for images).
+        """
+        return None
+
+    def read_inputs(self, path: Path) -> tuple[np.ndarray, list[str]] | None:
+        """Inputs to score (``fedsplit predict``) with one id per row (e.g. the file name), or
+        None: not for this reader. Default: `read_data`'s inputs, rows numbered from 0."""
+        data = self.read_data(path)
+        if data is None:
+            return None
+        return np.asarray(data.x, dtype=np.float32), [str(i) for i in range(len(data.x))]
+
+    # --- training ---------------------------------------------------------------------------
+    def optimizers(self, model: nn.Module, lr: float) -> Sequence[torch.optim.Optimizer]:
+        """The optimizers `train_step` uses: one Adam at the run's learning rate."""
+        return [torch.optim.Adam(model.parameters(), lr=lr)]
+
+    def train_step(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
+                   optimizers: Sequence[torch.optim.Optimizer],
+                   penalty: Callable[[], torch.Tensor] = no_penalty) -> float:
+        """One optimizer step on a batch; returns the batch loss (without the penalty)."""
+        for opt in optimizers:
+            opt.zero_grad()
+        loss = self.loss(model, model(xb), yb)
+        (loss + penalty()).backward()
+        for opt in optimizers:
+            opt.step()
+        return float(loss.item())
+
+
+def model_task(model: nn.Module) -> str:
+    """The task of a model built by `client.models.build_model`."""
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        raise ConfigError(f"This model was not built by fedsplit's build_model, so its task is "
+                          f"unknown. Received: {type(model).__name__}")
+    return str(spec.task)
+
+
+def _target_scale(model: nn.Module) -> tuple[float, float]:
+    buffers = dict(model.named_buffers())
+    if "target_mean" in buffers and "target_std" in buffers:
+        return float(buffers["target_mean"]), float(buffers["target_std"])
+    return 0.0, 1.0
+
+
+def check_recipe_class(cls: Any, where: str) -> type[Recipe]:
+    """Refuse what is not a usable recipe class, naming what is missing."""
+    if not (isinstance(cls, type) and issubclass(cls, Recipe)):
+        raise ConfigError(f"{where} must be a subclass of fedsplit.client.recipes.Recipe. "
+                          f"Received: {cls!r}")
+    if not cls.name or not cls.version:
+        raise ConfigError(f"{where}: a recipe declares its name and version (class attributes "
+                          f"name = '...', version = '...'). Received: name={cls.name!r}, "
+                          f"version={cls.version!r}")
+    try:
+        RecipeIdentity(name=cls.name, version=cls.version)
+    except ValidationError as e:
+        raise ConfigError(f"{where}: a recipe name is 1-64 letters, digits, '_', '.' or '-' and "
+                          f"its version a non-empty string. Received: name={cls.name!r}, "
+                          f"version={cls.version!r}") from e
+    if cls.build_model is Recipe.build_model:
+        raise ConfigError(f"{where}: recipe {cls.name} must define build_model(self, inputs). "
+                          f"Received: none")
+    return cls

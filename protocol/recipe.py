@@ -1,0 +1,208 @@
+"""A recipe's identity: what the hospitals and the coordinator compare, and what the model id says.
+
+A recipe (`client.recipes.Recipe`) is the code that builds a hospital's model, its loss, its
+metrics and optionally its data reader and training step. Its code is installed by each party's
+operator, never sent; what travels is its identity: a name, a version and its validated
+parameters (`RecipeIdentity`). Before round 1 every hospital reports the identity of the recipe
+it runs and the coordinator refuses a federation whose hospitals differ (`check_same_recipe`,
+naming the hospital and the difference); each hospital again checks the identity inside every
+model id it is sent against its own.
+
+Model ids (weight-file attribute ``model``, Flower config ``model-id``):
+
+- the built-in MLP and CNN keep their short form ``kind/task/shape/outputs/hidden[/norm]``
+  (e.g. ``mlp/classification/30/2/64-32``), which older weight files carry;
+- every other recipe's model is ``recipe:`` followed by canonical JSON with the recipe's
+  ``name``, ``version``, ``params``, and the model's ``task``, ``input_shape``, ``num_outputs``
+  and ``selection`` (the metric, higher is better, by which the coordinator keeps a round)
+  (`RecipeModelId`). So a weight file records the recipe it was trained with, and anyone with
+  that recipe installed rebuilds the model from the file alone.
+
+A recipe is referenced by its users as ``module:attribute`` or by the name of an entry point in
+the ``fedsplit.recipes`` group (`parse_reference`); this module only parses the reference, it
+imports nothing (the coordinator never runs recipe code).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fedsplit.protocol.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+#: Entry-point group under which an installed package registers its recipes.
+ENTRY_POINT_GROUP = "fedsplit.recipes"
+#: Prefix of a model id built by a recipe other than the built-in MLP and CNN.
+RECIPE_ID_PREFIX = "recipe:"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MODULE_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class RecipeIdentity(BaseModel):
+    """Name, version and validated parameters of a recipe: equal identities train one model.
+
+    Parameters
+    ----------
+    name : str
+        The recipe's name (1-64 letters, digits, ``_.-``), e.g. ``mlp`` or ``digits-cnn``.
+    version : str
+        The recipe's own version string; hospitals on different versions are refused.
+    params : dict
+        The recipe's parameters after validation (defaults filled in), JSON values only.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME.pattern)
+    version: str = Field(min_length=1, max_length=64)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, no spaces): equal identities give equal text."""
+        return json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str = "recipe identity") -> RecipeIdentity:
+        """Parse `to_json` output; bad text raises `ConfigError` naming ``where``."""
+        try:
+            return cls.model_validate(json.loads(text))
+        except (ValueError, ValidationError) as e:
+            raise ConfigError(f"{where} is not a recipe identity (JSON with name, version, params). "
+                              f"({e}) Received: {text[:200]!r}") from e
+
+    def label(self) -> str:
+        """``name`` version ``version`` for messages."""
+        return f"{self.name} version {self.version}"
+
+    def differences(self, other: RecipeIdentity) -> list[str]:
+        """What differs from ``other``, one phrase per field (``[]`` when equal)."""
+        out = []
+        if self.name != other.name:
+            out.append(f"name {self.name!r} vs {other.name!r}")
+        if self.version != other.version:
+            out.append(f"version {self.version!r} vs {other.version!r}")
+        keys = sorted(set(self.params) | set(other.params))
+        for key in keys:
+            mine, theirs = self.params.get(key, "<unset>"), other.params.get(key, "<unset>")
+            if _canonical(mine) != _canonical(theirs):
+                out.append(f"param {key}={mine!r} vs {theirs!r}")
+        return out
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def check_same_recipe(sites: Mapping[str, RecipeIdentity]) -> RecipeIdentity:
+    """The one recipe every hospital runs; a hospital that differs raises `ConfigError` naming
+    it and the difference (compared with the first hospital)."""
+    if not sites:
+        raise ConfigError("No hospital reported its recipe. Received: 0 hospitals")
+    names = list(sites)
+    ref_name, ref = names[0], sites[names[0]]
+    problems = [f"hospital {name} runs {other.label()} ({'; '.join(other.differences(ref))})"
+                for name, other in sites.items() if other.differences(ref)]
+    if problems:
+        raise ConfigError(
+            f"Every hospital must run the same recipe (name, version and parameters) before round "
+            f"1; hospital {ref_name} runs {ref.label()} with params {ref.params}, but "
+            f"{', and '.join(problems)}. Install the same recipe version at every hospital and "
+            f"give them the same --recipe-params. Received: "
+            f"{ {n: s.to_json() for n, s in sites.items()} }"
+        )
+    return ref
+
+
+@dataclass(frozen=True)
+class RecipeModelId:
+    """The model id of a recipe model: the recipe's identity and what its inputs look like."""
+
+    recipe: RecipeIdentity
+    task: str
+    input_shape: tuple[int, ...]
+    num_outputs: int
+    selection: str = "accuracy"
+
+    def to_id(self) -> str:
+        """``recipe:`` + canonical JSON."""
+        body = {"name": self.recipe.name, "version": self.recipe.version,
+                "params": self.recipe.params, "task": self.task,
+                "input_shape": list(self.input_shape), "num_outputs": self.num_outputs,
+                "selection": self.selection}
+        return RECIPE_ID_PREFIX + json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_id(cls, model_id: str) -> RecipeModelId:
+        """Parse a ``recipe:`` model id; anything else raises `ConfigError`."""
+        if not is_recipe_id(model_id):
+            raise ConfigError(f"Not a recipe model id (it starts with {RECIPE_ID_PREFIX!r}). "
+                              f"Received: {model_id[:120]!r}")
+        try:
+            body = json.loads(model_id[len(RECIPE_ID_PREFIX):])
+            identity = RecipeIdentity(name=body["name"], version=body["version"],
+                                      params=body["params"])
+            shape = tuple(int(d) for d in body["input_shape"])
+            outputs = int(body["num_outputs"])
+            task = str(body["task"])
+            selection = str(body.get("selection") or "accuracy")
+        except (ValueError, KeyError, TypeError, ValidationError) as e:
+            raise ConfigError(
+                f"A recipe model id is 'recipe:' + JSON with name, version, params, task, "
+                f"input_shape and num_outputs. ({e}) Received: {model_id[:200]!r}"
+            ) from e
+        if not task or outputs < 1 or not shape or min(shape) < 1:
+            raise ConfigError(f"A recipe model id needs a task, positive input dimensions and at "
+                              f"least one output. Received: {model_id[:200]!r}")
+        return cls(identity, task, shape, outputs, selection)
+
+
+def is_recipe_id(model_id: str) -> bool:
+    """Whether ``model_id`` names a recipe model (not the built-in short form)."""
+    return model_id.startswith(RECIPE_ID_PREFIX)
+
+
+@dataclass(frozen=True)
+class RecipeReference:
+    """Where a recipe's code is: ``module:attribute``, or an entry point's name."""
+
+    text: str
+    module: str = ""
+    attribute: str = ""
+    entry_point: str = ""
+
+
+def parse_reference(text: str) -> RecipeReference:
+    """``package.module:Attr`` or an entry-point name of the ``fedsplit.recipes`` group."""
+    text = text.strip()
+    if MODULE_REF.match(text):
+        module, attribute = text.split(":", 1)
+        return RecipeReference(text, module=module, attribute=attribute)
+    if NAME.match(text):
+        return RecipeReference(text, entry_point=text)
+    raise ConfigError(
+        f"--recipe is 'package.module:Attribute' (e.g. my_recipes.xray:ChestXray) or the name of "
+        f"an installed entry point of the {ENTRY_POINT_GROUP!r} group (e.g. mlp). "
+        f"Received: {text!r}"
+    )
+
+
+def parse_params(text: str | Mapping[str, Any] | None, *, where: str = "--recipe-params"
+                 ) -> dict[str, Any]:
+    """Recipe parameters as a dict: a JSON object string (``{}`` when empty) or a mapping."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return {}
+    if isinstance(text, Mapping):
+        return dict(text)
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{where} must be a JSON object, e.g. '{{\"width\": 32}}'. ({e}) "
+                          f"Received: {text!r}") from e
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a JSON object, e.g. '{{\"width\": 32}}'. "
+                          f"Received: {text!r}")
+    return value

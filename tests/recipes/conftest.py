@@ -1,0 +1,83 @@
+"""Recipes that live outside fedsplit, and hospitals whose data is folders of PNG files.
+
+`recipe_dir` copies the worked examples of docs/recipes.md (``tests/recipes/examples/``) into a
+temporary folder that is importable only through ``PYTHONPATH`` (or ``sys.path``), as a
+hospital's own code would be. `png_hospitals` writes scikit-learn's 8x8 digits as grayscale PNG
+files, one folder per hospital with one sub-folder per class, label-skewed: each class has a home
+hospital holding 70% of its images (nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+EXAMPLES = Path(__file__).parent / "examples"
+HOSPITALS = ("north", "south", "east")
+
+
+@pytest.fixture(scope="session")
+def recipe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder outside the package holding the example recipes (png_cnn.py, tabular_loss.py)
+    and a second version of the PNG recipe (png_cnn_v2.py: PngCNN version 1.1)."""
+    folder = tmp_path_factory.mktemp("user-recipes")
+    for source in EXAMPLES.glob("*.py"):
+        shutil.copy2(source, folder / source.name)
+    (folder / "png_cnn_v2.py").write_text(
+        '"""The PNG recipe, one version later."""\n\n'
+        "from png_cnn import PngCNN\n\n\n"
+        "class PngCNNv2(PngCNN):\n"
+        '    """Same model, version 1.1."""\n\n'
+        '    version = "1.1"\n'
+    )
+    return folder
+
+
+@pytest.fixture
+def on_path(recipe_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The example recipes importable in this test process (removed again afterwards)."""
+    monkeypatch.syspath_prepend(str(recipe_dir))
+    yield recipe_dir
+    for name in ("png_cnn", "png_cnn_v2", "tabular_loss"):
+        sys.modules.pop(name, None)
+
+
+def write_png(path: Path, image: np.ndarray) -> None:
+    """An 8x8 digit (values 0..16) as an 8-bit grayscale PNG."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.round(image / 16.0 * 255).astype(np.uint8), mode="L").save(path)
+
+
+@pytest.fixture(scope="session")
+def png_hospitals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three hospitals' PNG folders (HOSPITAL/<digit>/<n>.png) from half of sklearn's digits,
+    label-skewed (class c: 70% at hospital c % 3, 15% at each other), and a flat folder of
+    unlabelled PNGs (``unlabelled``: 40 digits no hospital holds, with their labels in
+    ``labels.csv``)."""
+    from sklearn.datasets import load_digits
+
+    root = tmp_path_factory.mktemp("png-hospitals")
+    digits = load_digits()
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(digits.target))
+    held, used = order[:40], order[40:40 + 900]
+    folders = {name: root / name for name in HOSPITALS}
+    for i in used:
+        label = int(digits.target[i])
+        home = label % 3
+        share = rng.random()
+        k = home if share < 0.7 else (home + 1) % 3 if share < 0.85 else (home + 2) % 3
+        write_png(folders[HOSPITALS[k]] / str(label) / f"{i}.png", digits.images[i])
+    flat = root / "unlabelled"
+    lines = ["input,label"]
+    for i in held:
+        write_png(flat / f"digit-{i}.png", digits.images[i])
+        lines.append(f"digit-{i}.png,{int(digits.target[i])}")
+    (root / "labels.csv").write_text("\n".join(lines) + "\n")
+    return {**folders, "unlabelled": flat, "labels": root / "labels.csv"}
