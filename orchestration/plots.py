@@ -52,7 +52,8 @@ def _summary(summary: RunSummary | Mapping[str, Any]) -> RunSummary:
 def plot_rounds(summary: RunSummary | Mapping[str, Any], path: Path) -> None:
     """Draw the federated metric per round against the baselines (``fedsplit simulate``).
 
-    Bold: the federated model on the pooled test rows; one thin line per hospital: the federated
+    Bold: the federated model on the pooled test rows (an open square: the round it keeps,
+    ``global.h5``); one thin line per hospital: the federated
     model on that hospital's own test patients, with a dotted line of the same colour for the
     hospital's model trained alone, scored on the same patients; dashed: centralized (pooled).
     With personalization, a star per hospital after the last round: its fine-tuned model on its
@@ -65,6 +66,10 @@ def plot_rounds(summary: RunSummary | Mapping[str, Any], path: Path) -> None:
                     f"{len(summary.local_only)} hospitals", size=(8, 4.8)) as ax:
         ax.plot(rounds, summary.round_metric(key), "o-", color="C0",
                 label="federated (pooled test)", lw=2.5)
+        fed = summary.federated
+        if fed is not None and fed.rounds_kept:  # the round its validation kept: global.h5
+            ax.plot([fed.rounds_kept], [fed.metrics[key]], "s", color="C0", ms=9, mfc="none",
+                    mew=2, label=f"federated kept ({fed.keep or 'best-val'})")
         if summary.centralized is not None:
             ax.axhline(summary.centralized.metrics[key], color="k", ls="--",
                        label="centralized (pooled test)")
@@ -103,13 +108,17 @@ def plot_comparison(results: Mapping[str, RunSummary | Mapping[str, Any]], path:
 
 def plot_vertical(summary: dict[str, Any], path: Path) -> None:
     """Fused per round against each site alone and centralized (``fedsplit vertical simulate``);
-    a marker on each baseline's line shows the round it keeps (chosen on a validation cut)."""
+    a marker on each line shows the round that model keeps (chosen on validation rows)."""
     key = metric_key(summary["task"])
     rounds = [r["round"] for r in summary["rounds"]]
     title = f"fedsplit vertical: {len(summary['local_only'])} sites, fill={summary['fill']}"
     with round_axes(path, ylabel=f"held-out {key}", title=title) as ax:
         ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", lw=2,
                 label="fused (federated)")
+        fed = summary["federated"]
+        if fed.get("rounds_kept"):  # the round its validation kept
+            ax.plot([fed["rounds_kept"]], [fed["metrics"][key]], "s", color="C0", ms=9,
+                    mfc="none", mew=2)
         central = summary["centralized"]
         ax.plot(rounds, [m[key] for m in central["per_round"]], "k--",
                 label="centralized, all columns")
