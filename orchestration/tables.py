@@ -11,7 +11,8 @@ A federation is compared on two tables rather than one wide one:
   its training rows, the round it keeps and its validation score, and its mean per hospital and
   pooled score; each hospital-alone model's mean covers every hospital's test patients.
 
-Scores print with 3 decimals; every number is also in ``summary.json``.
+Scores print with 3 decimals; every number is also in ``summary.json``, read here through
+`protocol.history.RunSummary` (a mapping is read through it first).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fedsplit.protocol.history import Baseline, RunSummary, Scores
 from rich import box
 from rich.table import Table
 
@@ -27,86 +29,90 @@ __all__ = ["metric_key", "models_table", "per_hospital_table", "summary_tables"]
 _MISSING = "-"
 
 
-def metric_key(summary: Mapping[str, Any]) -> str:
+def _summary(summary: RunSummary | Mapping[str, Any]) -> RunSummary:
+    return summary if isinstance(summary, RunSummary) else RunSummary.from_json(dict(summary))
+
+
+def metric_key(summary: RunSummary | Mapping[str, Any]) -> str:
     """The metric the tables show: the run's selection metric (accuracy, r2, c_index, ...)."""
-    named = summary.get("selection_metric")
-    if isinstance(named, str) and named:
-        return named
-    return "accuracy" if summary.get("task") == "classification" else "r2"
+    summary = _summary(summary)
+    if summary.selection_metric:
+        return summary.selection_metric
+    return "accuracy" if summary.task == "classification" else "r2"
 
 
-def _score(entry: Mapping[str, Any] | None, *path: str, key: str) -> str:
-    node: Any = entry
-    for part in path:
-        if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
-        node = node[part]
-    value = node.get(key) if isinstance(node, Mapping) else None
-    return f"{value:.3f}" if isinstance(value, int | float) else _MISSING
+def _text(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else _MISSING
 
 
-def _federated_label(summary: Mapping[str, Any]) -> str:
-    opt = summary.get("server_opt")
-    return f"federated ({summary.get('strategy', 'fedavg')}{' + ' + opt['name'] if opt else ''})"
+def _site_score(entry: Scores | None, site: str, key: str) -> str:
+    return _text(entry.per_site.get(site, {}).get(key)) if entry is not None else _MISSING
 
 
-def _personalized_label(summary: Mapping[str, Any]) -> str | None:
-    tuned = summary.get("personalized")
+def _federated_label(summary: RunSummary) -> str:
+    opt = summary.server_opt
+    return f"federated ({summary.strategy or 'fedavg'}{' + ' + opt.name if opt else ''})"
+
+
+def _personalized_label(summary: RunSummary) -> str | None:
+    tuned = summary.personalized
     if not tuned:
         return None
-    return "federated + prior" if "prior_test" in tuned else "federated + fine-tuned"
+    return "federated + prior" if tuned.prior_test is not None else "federated + fine-tuned"
 
 
-def _rounds_kept(entry: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
-    kept = entry.get("rounds_kept")
+def _rounds_kept(entry: Scores, summary: RunSummary) -> str:
+    kept = getattr(entry, "rounds_kept", None)
     if kept is None:
         return _MISSING
-    total = summary.get("rounds") if isinstance(summary.get("rounds"), int) else None
-    total = total or (summary.get("config") or {}).get("num-server-rounds")
+    total = summary.config.get("num-server-rounds")
     return f"{kept} of {total}" if total else str(kept)
 
 
-def per_hospital_table(summary: Mapping[str, Any]) -> Table:
+def per_hospital_table(summary: RunSummary | Mapping[str, Any]) -> Table:
     """Hospitals as rows, models as columns: each hospital's own test patients."""
+    summary = _summary(summary)
     key = metric_key(summary)
-    per_site: Mapping[str, int] = summary["test_examples_per_site"]
-    alone = {entry["site"]: entry for entry in summary.get("local_only", [])}
+    per_site = summary.test_examples_per_site
+    alone: dict[str, Baseline] = {str(entry.site): entry for entry in summary.local_only}
     tuned_label = _personalized_label(summary)
     table = Table(title=f"Test {key} on each hospital's own test patients", box=box.SIMPLE_HEAD,
                   title_justify="left", pad_edge=False)
     table.add_column("hospital (test patients)", no_wrap=True)
-    columns = [("centralized", summary.get("centralized")), ("alone", None),
-               ("federated", summary.get("federated"))]
+    columns: list[tuple[str, Scores | None]] = [
+        ("centralized", summary.centralized), ("alone", None), ("federated", summary.federated)]
     if tuned_label:
         columns.append((tuned_label.replace("federated + fine-tuned", "+ tuned")
-                        .replace("federated ", ""), summary.get("personalized")))
+                        .replace("federated ", ""), summary.personalized))
     for label, _ in columns:
         table.add_column(label, justify="right", overflow="fold")
     for name, rows in per_site.items():
         cells = []
         for label, entry in columns:
             source = alone.get(name) if label == "alone" else entry
-            cells.append(_score(source, "per_site", name, key=key))
+            cells.append(_site_score(source, name, key))
         table.add_row(f"{name} ({rows})", *cells)
     mean_cells, pooled_cells = [], []
     for label, entry in columns:
         if label == "alone":
-            own = [alone[n]["per_site"][n][key] for n in per_site
-                   if n in alone and key in alone[n].get("per_site", {}).get(n, {})]
+            own = [alone[n].per_site[n][key] for n in per_site
+                   if n in alone and key in alone[n].per_site.get(n, {})]
             mean_cells.append(f"{sum(own) / len(own):.3f}" if own and len(own) == len(per_site)
                               else _MISSING)
             pooled_cells.append(_MISSING)
         else:
-            mean_cells.append(_score(entry, "mean_per_site", key=key))
-            pooled_cells.append(_score(entry, "metrics", key=key))
+            mean_cells.append(_text(entry.mean_per_site.get(key)) if entry else _MISSING)
+            pooled_cells.append(_text(entry.metrics.get(key)) if entry else _MISSING)
     table.add_section()
     table.add_row("mean per hospital", *mean_cells)
-    table.add_row(f"pooled ({summary.get('test_examples', sum(per_site.values()))})", *pooled_cells)
+    pooled = summary.test_examples if summary.test_examples is not None else sum(per_site.values())
+    table.add_row(f"pooled ({pooled})", *pooled_cells)
     return table
 
 
-def models_table(summary: Mapping[str, Any]) -> Table:
+def models_table(summary: RunSummary | Mapping[str, Any]) -> Table:
     """Models as rows: training rows, kept round and validation score, mean and pooled test."""
+    summary = _summary(summary)
     key = metric_key(summary)
     table = Table(title=f"Models (test {key})", box=box.SIMPLE_HEAD, title_justify="left",
                   pad_edge=False, caption=f"rows: training rows; kept: the round kept (by validation "
@@ -116,28 +122,29 @@ def models_table(summary: Mapping[str, Any]) -> Table:
     for header in ("rows", "kept", "val", "mean", "pooled"):
         table.add_column(header, justify="right", overflow="fold")
 
-    def row(label: str, entry: Mapping[str, Any] | None, style: str | None = None) -> None:
-        if not entry:
+    def row(label: str, entry: Scores | None, style: str | None = None) -> None:
+        if entry is None:
             return
-        val = entry.get("val_metric")
-        if isinstance(val, list):  # the validation curve: the kept round's score
-            kept = entry.get("rounds_kept")
-            val = val[kept - 1] if isinstance(kept, int) and 0 < kept <= len(val) else None
-        val_text = f"{val:.3f}" if isinstance(val, int | float) else _MISSING
-        table.add_row(label, str(entry.get("num_examples", _MISSING)), _rounds_kept(entry, summary),
-                      val_text, _score(entry, "mean_per_site", key=key),
-                      _score(entry, "metrics", key=key), style=style)
+        curve = getattr(entry, "val_metric", None) or []  # the validation curve
+        kept = getattr(entry, "rounds_kept", None)
+        val = curve[kept - 1] if isinstance(kept, int) and 0 < kept <= len(curve) else None
+        rows = getattr(entry, "num_examples", None)
+        table.add_row(label, str(rows if rows is not None else _MISSING),
+                      _rounds_kept(entry, summary), _text(val),
+                      _text(entry.mean_per_site.get(key)), _text(entry.metrics.get(key)),
+                      style=style)
 
-    row("centralized (pooled data)", summary.get("centralized"))
-    for entry in summary.get("local_only", []):
-        row(f"{entry['site']} alone", entry)
-    row(_federated_label(summary), summary.get("federated"), style="bold")
+    row("centralized (pooled data)", summary.centralized)
+    for entry in summary.local_only:
+        row(f"{entry.site} alone", entry)
+    row(_federated_label(summary), summary.federated, style="bold")
     tuned_label = _personalized_label(summary)
     if tuned_label:
-        row(tuned_label, summary.get("personalized"), style="bold")
+        row(tuned_label, summary.personalized, style="bold")
     return table
 
 
-def summary_tables(summary: Mapping[str, Any]) -> list[Table]:
+def summary_tables(summary: RunSummary | Mapping[str, Any]) -> list[Table]:
     """Both tables, in print order."""
+    summary = _summary(summary)
     return [per_hospital_table(summary), models_table(summary)]

@@ -384,14 +384,32 @@ class SummaryPrivacy(_Part):
     audit: dict[str, Any] | None = None
 
 
+class ServerOptSettings(_Part):
+    """The server optimizer a run used (``--server-opt`` and its settings)."""
+
+    name: str
+    lr: float | None = None
+    beta1: float | None = None
+    beta2: float | None = None
+    tau: float | None = None
+    momentum: float | None = None
+
+
 class RunSummary(_Part):
-    """``summary.json`` of ``fedsplit simulate``: baselines and the federated model's scores."""
+    """``summary.json`` of ``fedsplit simulate``: baselines and the federated model's scores.
+
+    ``selection_metric``: the metric models are kept and compared by; ``test_examples`` and
+    ``test_examples_per_site``: the held-out test rows, pooled and per hospital."""
 
     task: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     strategy: str | None = None
     strategy_params: dict[str, Any] = Field(default_factory=dict)
+    server_opt: ServerOptSettings | None = None
+    selection_metric: str | None = None
     model_id: str | None = None
+    test_examples: int | None = None
+    test_examples_per_site: dict[str, int] = Field(default_factory=dict)
     centralized: Baseline | None = None
     local_only: list[Baseline] = Field(default_factory=list)
     federated: FederatedScores | None = None
