@@ -24,12 +24,24 @@ def serve(
         Path | None, typer.Option(help="PEM certificate (chain) to serve HTTPS with; needs --tls-key.")
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option("--allowed-hosts", help="Host header value to answer (repeat; '*.example.org' "
+                     "for subdomains, '*' for any). Default: the bound address and localhost."),
+    ] = None,
+    min_model_sites: Annotated[
+        int, typer.Option(help="Fewest hospitals an aggregate needs before a hospital may download it.")
+    ] = 2,
+    docs: Annotated[
+        bool, typer.Option("--docs/--no-docs", help="Serve the API docs at /docs (from local files).")
+    ] = True,
 ) -> None:
     """Serve the admin API; the admin token comes from FEDSPLIT_ADMIN_TOKEN(_FILE)."""
     import uvicorn
     from fedsplit.protocol.errors import ConfigError
     from fedsplit.server.admin.app import create_app
     from fedsplit.server.admin.config import AdminSettings
+    from fedsplit.server.admin.limits import MAX_HEADER_BYTES, default_allowed_hosts
     from fedsplit.server.admin.ui import check_runs_dirs, view_url
 
     if (tls_cert is None) != (tls_key is None):
@@ -43,14 +55,20 @@ def serve(
                 f"{option} must be a readable PEM file (e.g. from `fedsplit certs`). Received: {path}"
             )
     https = tls_cert is not None
+    hosts = tuple(allowed_hosts) if allowed_hosts else default_allowed_hosts(host)
     settings = AdminSettings.from_env(
         data_dir=data_dir, max_upload_mb=max_upload_mb, database_url=database_url,
-        runs=tuple(check_runs_dirs(runs or [], warn=typer.echo)),
+        runs=tuple(check_runs_dirs(runs or [], warn=typer.echo)), allowed_hosts=hosts,
+        min_model_sites=min_model_sites, docs=docs,
     )
     app = create_app(settings)
     scheme = "https" if https else "http"
     typer.echo(f"fedsplit admin API on {scheme}://{host}:{port} (docs: /docs), data in {data_dir}")
     typer.echo(f"web view: {view_url(host, port, https=https)} (sign in with the admin or a site token)")
+    typer.echo(f"answering Host: {', '.join(hosts)} (--allowed-hosts)")
+    # h11 with a bounded header buffer: a request whose headers exceed it is refused before
+    # they are held in memory (the app refuses the same limit with 431)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10,
+                http="h11", h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                 ssl_certfile=str(tls_cert) if tls_cert else None,
                 ssl_keyfile=str(tls_key) if tls_key else None)

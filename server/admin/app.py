@@ -23,12 +23,15 @@ from fedsplit.server.admin.errors import (
     ConflictError,
     NotFoundError,
     PermissionDeniedError,
+    TooManyRequestsError,
     UploadRefusedError,
     UploadTooLargeError,
 )
-from fedsplit.server.admin.routes import health, rounds, uploads
+from fedsplit.server.admin.limits import RequestGuard
+from fedsplit.server.admin.routes import docs, health, rounds, uploads
 from fedsplit.server.admin.sandbox import Sandbox
-from fedsplit.server.admin.ui import install_ui
+from fedsplit.server.admin.ui import UI_PATH, install_ui
+from fedsplit.server.admin.ui.pages import UIError, handle_ui_error
 from starlette.exceptions import HTTPException
 
 API_PREFIX = "/api/v1"
@@ -40,6 +43,7 @@ STATUS_OF: dict[type[FedsplitError], int] = {
     NotFoundError: 404,
     ConflictError: 409,
     UploadTooLargeError: 413,
+    TooManyRequestsError: 429,
     UploadRefusedError: 422,
     WeightFileError: 422,
     UpdateError: 422,
@@ -68,6 +72,8 @@ async def handle_fedsplit_error(request: Request, error: Exception) -> JSONRespo
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status == 413:
         headers = {"Connection": "close"}  # the rest of the body is not read
+    if isinstance(error, TooManyRequestsError):
+        headers = {"Retry-After": str(max(1, round(error.retry_after)))}
     body = {"detail": str(error), "error": type(error).__name__, "reason": getattr(error, "reason", None)}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -78,6 +84,8 @@ async def handle_validation_error(request: Request, error: Exception) -> JSONRes
     ``errors`` keeps each problem's location, message and type for API clients.
     """
     assert isinstance(error, RequestValidationError)
+    if _under_ui(request):  # a page address: the web view's error page, nothing echoed
+        return await handle_ui_error(request, UIError(404, "There is no such page."))
     problems = [
         {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", "")),
          "type": str(e.get("type", ""))}
@@ -102,12 +110,21 @@ async def handle_http_error(request: Request, error: Exception) -> JSONResponse:
     """Answer FastAPI's own HTTP errors (unparsable body 400, unknown path 404, wrong method
     405) with the same body as every refusal."""
     assert isinstance(error, HTTPException)
+    if _under_ui(request):  # the web view's error page; the address is not echoed back
+        message = "There is no such page." if error.status_code in (404, 405) else \
+            "The request could not be read."
+        return await handle_ui_error(request, UIError(error.status_code, message))
     detail = (
         f"{error.detail}. See the API's schema (GET /openapi.json) for its paths, methods and "
         f"bodies. Received: {request.method} {request.url.path}"
     )
     body = {"detail": detail, "error": "HTTPException", "reason": None}
     return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+
+def _under_ui(request: Request) -> bool:
+    path = request.url.path
+    return path == UI_PATH or path.startswith(UI_PATH + "/")
 
 
 def create_app(settings: AdminSettings, *, sandbox: Sandbox | None = None) -> FastAPI:
@@ -127,6 +144,8 @@ def create_app(settings: AdminSettings, *, sandbox: Sandbox | None = None) -> Fa
         summary="Authenticated HDF5 weight uploads, aggregation rounds and model downloads.",
         version="1",
         lifespan=lifespan,
+        docs_url=None,  # served from local files by routes.docs (unless --no-docs)
+        redoc_url=None,
     )
     app.state.admin = ctx
     app.add_exception_handler(FedsplitError, handle_fedsplit_error)
@@ -137,5 +156,8 @@ def create_app(settings: AdminSettings, *, sandbox: Sandbox | None = None) -> Fa
     api.include_router(uploads.router)
     app.include_router(api)
     app.include_router(health.router)
+    if settings.docs:
+        app.include_router(docs.router)
     install_ui(app, runs=settings.runs)  # the web view at /ui (server/admin/ui)
+    app.add_middleware(RequestGuard, ctx=ctx)  # outermost: limits before any work (limits.py)
     return app

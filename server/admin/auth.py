@@ -34,13 +34,25 @@ def authenticate(token: str | None, *, session: Session, admin_token_hash: str) 
     digest = hash_token(token)
     if same_hash(digest, admin_token_hash):
         return Principal(role=ADMIN)
-    site = session.scalar(select(Site).where(Site.token_hash == digest))
+    site = session.scalar(select(Site).where(Site.token_hash == digest, Site.removed_at.is_(None)))
     if site is None or not same_hash(digest, site.token_hash):
         raise AuthenticationError(
             "The bearer token matches no admin and no registered site. Use the token "
-            "`fedsplit admin add-site` printed (it is shown once; add the site again under a new "
-            "name if it is lost). Received: an unknown token"
+            "`fedsplit admin add-site` or `fedsplit admin rotate-token` printed last (a rotated or "
+            "removed site's old token is refused). Received: an unknown token"
         )
+    return Principal(role=SITE, site_id=site.id, site_name=site.name, cohort_size=site.cohort_size)
+
+
+def live_principal(session: Session, principal: Principal, token_hash: str, *,
+                   admin_token_hash: str) -> Principal | None:
+    """``principal`` as it stands now, if ``token_hash`` (the token it signed in with) is still its
+    token; None once the site was removed or its token rotated (or the admin token changed)."""
+    if principal.role == ADMIN:
+        return principal if same_hash(token_hash, admin_token_hash) else None
+    site = session.get(Site, principal.site_id)
+    if site is None or site.removed_at is not None or not same_hash(token_hash, site.token_hash):
+        return None
     return Principal(role=SITE, site_id=site.id, site_name=site.name, cohort_size=site.cohort_size)
 
 

@@ -41,6 +41,16 @@ class AdminSettings(BaseModel):
         Working memory a strategy may use beyond its output (``aggregate_updates``'s budget).
     runs : tuple[Path, ...] (default: ())
         Folders the web view (``/ui``) searches for Flower runs' ``history.json`` (``--runs``).
+    allowed_hosts : tuple[str, ...] (default: localhost, 127.0.0.1, ::1)
+        ``Host`` header values answered (``--allowed-hosts``); others get 400 (DNS rebinding).
+        ``*.example.org`` allows its subdomains; ``*`` turns the check off.
+    min_model_sites : int (default: 2)
+        A hospital may download an aggregate (or a start model that is one) only when at least
+        this many hospitals' updates went into it; below it the model is one hospital's weights,
+        or close to them. The admin may always download.
+    docs : bool (default: True)
+        Serve the API's interactive docs at ``/docs`` (from local files; ``--no-docs`` turns
+        them off).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -55,6 +65,9 @@ class AdminSettings(BaseModel):
     max_group_depth: int = Field(default=12, ge=2, le=64)
     aggregation_memory_mb: int = Field(default=512, ge=16)
     runs: tuple[Path, ...] = ()
+    allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    min_model_sites: int = Field(default=2, ge=1)
+    docs: bool = True
 
     @field_validator("admin_token")
     @classmethod

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 
+from fedsplit.server.admin.audit import AuditLog
+from fedsplit.server.admin.auth import ADMIN, Principal, authenticate
 from fedsplit.server.admin.config import AdminSettings
+from fedsplit.server.admin.errors import AuthenticationError, TooManyRequestsError
+from fedsplit.server.admin.limits import normalize_hosts
 from fedsplit.server.admin.metrics import AdminMetrics
+from fedsplit.server.admin.ratelimit import SignInLimiter
 from fedsplit.server.admin.sandbox import Sandbox
 from fedsplit.server.admin.security import hash_token
 from fedsplit.server.admin.storage import FileStore
 from fedsplit.server.admin.store import make_engine, make_sessionmaker
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger("fedsplit.admin.security")
 
 
 @dataclass
@@ -31,6 +39,12 @@ class AdminContext:
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # One aggregation at a time: bounds memory to one strategy's working set.
     aggregate_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Failed sign-ins (web view and bearer tokens) per client address.
+    limiter: SignInLimiter = field(default_factory=SignInLimiter)
+    audit: AuditLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.audit = AuditLog(self.engine)
 
     @classmethod
     def open(cls, settings: AdminSettings, sandbox: Sandbox | None = None) -> AdminContext:
@@ -50,8 +64,66 @@ class AdminContext:
             admin_token_hash=hash_token(settings.admin_token.get_secret_value()),
         )
 
+    @property
+    def allowed_hosts(self) -> tuple[str, ...]:
+        """``--allowed-hosts``, normalized."""
+        return normalize_hosts(self.settings.allowed_hosts)
+
+    def check_bearer(self, token: str | None, address: str, *, kind: str = "api") -> Principal:
+        """The principal of ``token`` sent from ``address``.
+
+        Raises `AuthenticationError` (no or unknown token) or `TooManyRequestsError` (the address
+        is waiting after failed sign-ins: the token is not checked). Failures are logged and
+        count against the address.
+        """
+        if not token:
+            self.unauthenticated("no_token", address, flush=True)
+            return authenticate(None, session=None, admin_token_hash="")  # type: ignore[arg-type]
+        wait = self.limiter.wait_s(address)
+        if wait > 0:
+            self.unauthenticated("rate_limited", address, flush=True)
+            raise TooManyRequestsError(
+                f"Too many failed sign-ins from {address}; wait {wait:.0f} s before trying another "
+                f"token (the wait doubles with each further failure). Received: a token while "
+                f"waiting", wait)
+        try:
+            with self.sessions() as session:
+                principal = authenticate(token, session=session, admin_token_hash=self.admin_token_hash)
+        except AuthenticationError:
+            failures, delay = self.limiter.failed(address)
+            self.metrics.unauthenticated("bad_token")
+            log.warning("sign-in failure (%s) from %s: unknown token; %d failure(s), next attempt "
+                        "allowed in %.0f s", kind, address, failures, delay)
+            self.audit.record("signin_failed", actor="unauthenticated", address=address,
+                              channel=kind, failures=failures, delay_s=round(delay, 1))
+            raise
+        return principal  # a success does not reset the count: a valid token buys no more guesses
+
+    def unauthenticated(self, kind: str, address: str | None, *, flush: bool = False) -> bool:
+        """Count a request refused before any identity was known (metric and audit summary).
+
+        Returns whether the audit summary is due; ``flush`` writes it here when it is.
+        """
+        self.metrics.unauthenticated(kind)
+        due = self.audit.noise(kind, address)
+        if due and flush:
+            self.audit.flush_noise(force=False)
+        return due
+
+    def record(self, event: str, principal: Principal | None, address: str | None = None,
+               **detail: object) -> None:
+        """Append an audit record of ``principal``'s ``event`` (`audit.AuditLog.record`)."""
+        if principal is None:
+            actor, site_id = "unauthenticated", None
+        elif principal.role == ADMIN:
+            actor, site_id = ADMIN, None
+        else:
+            actor, site_id = str(principal.site_name), principal.site_id
+        self.audit.record(event, actor=actor, site_id=site_id, address=address, **detail)
+
     def close(self) -> None:
         """Stop the sandbox and release the database connections."""
+        self.audit.flush_noise()
         if self.owns_sandbox:
             self.sandbox.close()
         self.engine.dispose()

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from fedsplit.server.admin.auth import Principal, authenticate, require_admin, require_site
+from fedsplit.server.admin.auth import Principal, require_admin, require_site
 from fedsplit.server.admin.context import AdminContext
 from fedsplit.server.admin.schemas import MAX_ID
 from sqlalchemy.orm import Session
@@ -36,12 +36,17 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def get_principal(
-    ctx: ContextDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, ctx: ContextDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """The caller, from the bearer token (401 if none or unknown)."""
+    """The caller, from the bearer token (401 if none or unknown, 429 after repeated failures)."""
     token = credentials.credentials if credentials is not None else None
-    with ctx.sessions() as session:
-        return authenticate(token, session=session, admin_token_hash=ctx.admin_token_hash)
+    return ctx.check_bearer(token, client_address(request))
+
+
+def client_address(request: Request) -> str:
+    """The client's IP address as the server saw it (a proxy's, behind a proxy)."""
+    return request.client.host if request.client is not None else "unknown"
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

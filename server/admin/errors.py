@@ -7,6 +7,7 @@
         ├── NotFoundError              HTTP 404  no such round, model or start model
         ├── ConflictError              HTTP 409  the round's state forbids it (aggregated, deadline)
         ├── UploadTooLargeError        HTTP 413  body over the size limit (checked while streaming)
+        ├── TooManyRequestsError       HTTP 429  sign-in failures from this address: wait Retry-After
         └── UploadRefusedError         HTTP 422  the file or its count is refused; `reason` names why
 
 `server.admin.app` maps these (and protocol/aggregation errors) to HTTP in one handler.
@@ -47,3 +48,11 @@ class UploadRefusedError(AdminError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class TooManyRequestsError(AdminError):
+    """Too many failed sign-ins (bad tokens) from one client address; ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -18,6 +18,7 @@ class AdminMetrics:
         self._aggregations = 0
         self._aggregation_seconds = 0.0
         self._last_aggregation_seconds = 0.0
+        self._unauthenticated: Counter[str] = Counter()
 
     def upload_accepted(self, size: int) -> None:
         """Count an accepted upload of ``size`` bytes."""
@@ -31,6 +32,16 @@ class AdminMetrics:
         with self._lock:
             self._refused[reason] += 1
             self._received_bytes += size
+
+    def unauthenticated(self, kind: str) -> None:
+        """Count a request refused before any identity was known (no token, bad token, host...)."""
+        with self._lock:
+            self._unauthenticated[kind] += 1
+
+    def unauthenticated_counts(self) -> dict[str, int]:
+        """The refusals `unauthenticated` counted, by kind."""
+        with self._lock:
+            return dict(self._unauthenticated)
 
     def aggregation_done(self, seconds: float) -> None:
         """Count one aggregation and its duration."""
@@ -67,5 +78,12 @@ class AdminMetrics:
                 "# HELP fedsplit_aggregation_last_seconds Wall time of the latest aggregation.",
                 "# TYPE fedsplit_aggregation_last_seconds gauge",
                 f"fedsplit_aggregation_last_seconds {self._last_aggregation_seconds:.6f}",
+                "# HELP fedsplit_unauthenticated_refused_total Requests refused before any identity "
+                "was known, by kind.",
+                "# TYPE fedsplit_unauthenticated_refused_total counter",
+            ]
+            lines += [
+                f'fedsplit_unauthenticated_refused_total{{kind="{k}"}} {n}'
+                for k, n in sorted(self._unauthenticated.items())
             ]
         return "\n".join(lines) + "\n"

@@ -178,7 +178,15 @@ async def receive_upload(request: Request, tmp_dir: Path, limit: int) -> Receive
             "on_headers_finished", "on_part_data", "on_part_end",
         )
     }
-    parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+    try:
+        parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+    except (ValueError, MultipartParseError) as e:  # e.g. a boundary over 256 characters
+        raise UploadRefusedError(
+            f"The multipart boundary cannot be used ({e}); send the upload with curl -F or "
+            f"`fedsplit upload`, which pick a short boundary. Received: a boundary of "
+            f"{len(boundary)} bytes",
+            "bad_request",
+        ) from None
     body = 0
     try:
         async for chunk in request.stream():

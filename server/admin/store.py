@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.server.admin import audit
 from fedsplit.server.admin.config import default_database_url
 from fedsplit.server.admin.security import hash_token, new_site_token
-from fedsplit.server.admin.tables import Base, Site
+from fedsplit.server.admin.tables import Base, Site, utcnow
 from sqlalchemy import Engine, create_engine, event, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -41,6 +43,7 @@ def make_engine(url: str) -> Engine:
 #: stored before read as NULL). Nothing is ever dropped or rewritten.
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("uploads", "client_filename", "VARCHAR(255)"),
+    ("sites", "removed_at", "DATETIME"),
 )
 
 
@@ -58,35 +61,116 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def add_site(
-    *, data_dir: Path, name: str, cohort_size: int | None = None, database_url: str | None = None
-) -> str:
-    """Register a site and return its new bearer token (only its hash is stored)."""
-    if not name or len(name) > 128 or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+#: The actor of audit records written by the `fedsplit admin` commands.
+CLI_ACTOR = "admin (cli)"
+
+#: Names no hospital may take: they name the admin or a kind of caller in logs and pages.
+RESERVED_NAMES = frozenset({
+    "admin", "administrator", "root", "system", "server", "coordinator", "template", "anonymous",
+    "unknown", "nobody", "everyone", "all", "no-token", "unknown-token", "fedsplit",
+})
+
+
+def check_site_name(name: str) -> None:
+    """Refuse a malformed or reserved site name (`ConfigError`)."""
+    if not name or len(name) > 128 or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() \
+            or not name.isascii():
         raise ConfigError(
             "A site name is 1-128 letters, digits, '-', '_' or '.', e.g. 'hospital-a'. "
             f"Received: {name!r}"
         )
+    if name.lower() in RESERVED_NAMES:
+        raise ConfigError(
+            f"{name!r} is reserved (it names the admin or a kind of caller in pages and logs); "
+            f"pick a hospital's own name, e.g. 'hospital-a'. Reserved: {', '.join(sorted(RESERVED_NAMES))}. "
+            f"Received: {name!r}"
+        )
+
+
+def _engine(data_dir: Path, database_url: str | None) -> Engine:
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    return make_engine(database_url or default_database_url(data_dir))
+
+
+def add_site(
+    *, data_dir: Path, name: str, cohort_size: int | None = None, database_url: str | None = None
+) -> str:
+    """Register a site and return its new bearer token (only its hash is stored)."""
+    check_site_name(name)
     if cohort_size is not None and cohort_size < 1:
         raise ConfigError(
             f"--cohort-size is the site's number of patients/rows and must be >= 1. "
             f"Received: {cohort_size}"
         )
-    Path(data_dir).mkdir(parents=True, exist_ok=True)
-    engine = make_engine(database_url or default_database_url(data_dir))
+    engine = _engine(data_dir, database_url)
     token = new_site_token()
     try:
         with Session(engine) as session:
-            if session.scalar(select(Site).where(Site.name == name)) is not None:
+            existing = session.scalar(select(Site).where(Site.name == name))
+            if existing is not None and existing.removed_at is not None:
                 raise ConfigError(
-                    f"A site called {name!r} already exists in this store; pick another name. "
+                    f"A site called {name!r} was removed; a removed site keeps its name so its past "
+                    f"uploads keep their owner. Register the hospital under a new name. "
                     f"Received: {name!r}"
                 )
-            session.add(Site(name=name, token_hash=hash_token(token), cohort_size=cohort_size))
+            if existing is not None:
+                raise ConfigError(
+                    f"A site called {name!r} already exists in this store; pick another name, or "
+                    f"give it a new token with `fedsplit admin rotate-token`. Received: {name!r}"
+                )
+            site = Site(name=name, token_hash=hash_token(token), cohort_size=cohort_size)
+            session.add(site)
             try:
                 session.commit()
             except IntegrityError as e:
                 raise ConfigError(f"Could not add site {name!r}: {e.orig}. Received: {name!r}") from e
+            site_id = site.id
+        audit.append(engine, "site_added", actor=CLI_ACTOR, site_id=site_id, site=name,
+                     cohort_size=cohort_size)
+    finally:
+        engine.dispose()
+    return token
+
+
+def _live_site(session: Session, name: str) -> Site:
+    site = session.scalar(select(Site).where(Site.name == name))
+    if site is None or site.removed_at is not None:
+        known = session.scalars(select(Site.name).where(Site.removed_at.is_(None)).order_by(Site.name))
+        raise ConfigError(
+            f"There is no registered site {name!r}"
+            f"{' (it was removed)' if site is not None else ''}. Registered sites: "
+            f"{', '.join(known) or 'none'}. Received: {name!r}"
+        )
+    return site
+
+
+def remove_site(*, data_dir: Path, name: str, database_url: str | None = None) -> None:
+    """Remove a site: its token matches nothing from now on, so its API access and its web-view
+    sessions end at their next request; its uploads stay (attributed to it)."""
+    engine = _engine(data_dir, database_url)
+    try:
+        with Session(engine) as session:
+            site = _live_site(session, name)
+            site.removed_at = utcnow()
+            site.token_hash = secrets.token_hex(32)  # a hash no token was ever issued for
+            session.commit()
+            site_id = site.id
+        audit.append(engine, "site_removed", actor=CLI_ACTOR, site_id=site_id, site=name)
+    finally:
+        engine.dispose()
+
+
+def rotate_token(*, data_dir: Path, name: str, database_url: str | None = None) -> str:
+    """Give a site a new token and return it; the old token (API and sessions) stops at once."""
+    engine = _engine(data_dir, database_url)
+    token = new_site_token()
+    try:
+        with Session(engine) as session:
+            site = _live_site(session, name)
+            site.token_hash = hash_token(token)
+            session.commit()
+            site_id = site.id
+        audit.append(engine, "token_rotated", actor=CLI_ACTOR, site_id=site_id, site=name)
     finally:
         engine.dispose()
     return token

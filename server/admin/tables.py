@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fedsplit.protocol.arrays import ArraySpec
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, text
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -28,6 +28,9 @@ class Site(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
     cohort_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    #: set by `fedsplit admin remove-site`: the token matches nothing from then on; the row (and
+    #: its name) stays so that past uploads keep their owner
+    removed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 # One aggregation round: its strategy, expected model, uploads and, once aggregated, the result.
@@ -100,3 +103,18 @@ class Upload(Base):
 
     round: Mapped[Round] = relationship(back_populates="uploads")
     site: Mapped[Site] = relationship()
+
+
+# One audit-log record (server.admin.audit): append-only, chained by SHA-256.
+class AuditRecord(Base):
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    at: Mapped[str] = mapped_column(String(40), index=True)  # ISO-8601 UTC, microseconds
+    event: Mapped[str] = mapped_column(String(32), index=True)
+    actor: Mapped[str] = mapped_column(String(160))
+    site_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    address: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[str] = mapped_column(Text)  # canonical JSON, exactly as hashed
+    prev_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    hash: Mapped[str] = mapped_column(String(64))

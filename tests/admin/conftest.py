@@ -17,6 +17,8 @@ from fedsplit.server.admin.sandbox import Sandbox
 from fedsplit.server.admin.store import add_site
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+#: Host names the test apps answer: TestClient's own and the loopback addresses.
+TEST_HOSTS = ("testserver", "localhost", "127.0.0.1", "::1")
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +41,8 @@ def make_client(data_dir: Path, sandbox: Sandbox) -> Iterator[Callable[..., Test
     clients: list[TestClient] = []
 
     def make(**overrides: Any) -> TestClient:
-        values: dict[str, Any] = {"data_dir": data_dir, "admin_token": ADMIN_TOKEN, "max_upload_mb": 1.0}
+        values: dict[str, Any] = {"data_dir": data_dir, "admin_token": ADMIN_TOKEN, "max_upload_mb": 1.0,
+                                  "allowed_hosts": TEST_HOSTS}
         values.update(overrides)
         client = TestClient(create_app(AdminSettings(**values), sandbox=sandbox))
         client.__enter__()

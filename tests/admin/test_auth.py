@@ -14,8 +14,8 @@ NO_TOKEN = (
 )
 BAD_TOKEN = (
     "The bearer token matches no admin and no registered site. Use the token `fedsplit admin "
-    "add-site` printed (it is shown once; add the site again under a new name if it is lost). "
-    "Received: an unknown token"
+    "add-site` or `fedsplit admin rotate-token` printed last (a rotated or removed site's old "
+    "token is refused). Received: an unknown token"
 )
 SITE_ON_ADMIN = (
     "Only the admin token may do this; site tokens upload and download only. Use "
@@ -92,14 +92,25 @@ def test_site_cannot_upload_another_sites_weights(client, site_token, tmp_path: 
 
 
 def test_sites_and_admin_may_read_and_download(client, site_token, tmp_path: Path):
-    """Reads and downloads take any valid token; the token of one site reads another's round."""
+    """Reads take any valid token; a site downloads an aggregate only when it was built from at
+    least two hospitals (issue 25: a one-hospital aggregate is that hospital's own weights)."""
     a, b = site_token("hospital-a"), site_token("hospital-b")
-    rnd = create_round(client)
-    assert post_file(client, rnd["id"], a, write_model(tmp_path / "a.h5", 1.0)).status_code == 201
-    assert client.post(f"/api/v1/rounds/{rnd['id']}/aggregate", headers=ADMIN).status_code == 200
+    alone = create_round(client)
+    assert post_file(client, alone["id"], a, write_model(tmp_path / "a.h5", 1.0)).status_code == 201
+    assert client.post(f"/api/v1/rounds/{alone['id']}/aggregate", headers=ADMIN).status_code == 200
+    both = create_round(client)
+    for token, value in ((a, 1.0), (b, 2.0)):
+        upload = post_file(client, both["id"], token, write_model(tmp_path / f"{value}.h5", value))
+        assert upload.status_code == 201
+    assert client.post(f"/api/v1/rounds/{both['id']}/aggregate", headers=ADMIN).status_code == 200
     for headers in (ADMIN, bearer(a), bearer(b)):
         assert client.get("/api/v1/rounds", headers=headers).status_code == 200
-        assert client.get(f"/api/v1/rounds/{rnd['id']}/model", headers=headers).status_code == 200
+        assert client.get(f"/api/v1/rounds/{both['id']}/model", headers=headers).status_code == 200
+    assert client.get(f"/api/v1/rounds/{alone['id']}/model", headers=ADMIN).status_code == 200
+    for headers in (bearer(a), bearer(b)):
+        refused = client.get(f"/api/v1/rounds/{alone['id']}/model", headers=headers)
+        assert refused.status_code == 403
+        assert "built from 1 hospital(s), fewer than this server's minimum of 2" in refused.json()["detail"]
 
 
 def test_tokens_are_stored_hashed(client, site_token, data_dir: Path):

@@ -43,6 +43,6 @@ def test_add_site_prints_the_token_last_and_refuses_duplicates(tmp_path, capsys)
     assert lines[-1].startswith("fss_") and " " not in lines[-1]
     assert run_guarded(fedsplit_app, args) == 2
     assert capsys.readouterr().err.strip() == (
-        "ConfigError: A site called 'hospital-a' already exists in this store; pick another name. "
-        "Received: 'hospital-a'"
+        "ConfigError: A site called 'hospital-a' already exists in this store; pick another name, or "
+        "give it a new token with `fedsplit admin rotate-token`. Received: 'hospital-a'"
     )

@@ -41,8 +41,10 @@ def free_port() -> int:
 class LiveServer:
     """`fedsplit admin serve` in a subprocess; start, stop (graceful or SIGKILL), restart."""
 
-    def __init__(self, data_dir: Path, tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(self, data_dir: Path, tls: tuple[Path, Path] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.env = env or {}
         self.port = free_port()
         self.tls = tls
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
@@ -50,7 +52,7 @@ class LiveServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "FEDSPLIT_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "FEDSPLIT_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": str(REPO), **self.env}
         self.proc = subprocess.Popen(
             [
                 sys.executable,

@@ -160,8 +160,11 @@ def test_continued_round_starts_from_the_previous_aggregate(client, site_token, 
     client.post(f"/api/v1/rounds/{first['id']}/aggregate", headers=ADMIN)
     second = create_round(client, continues=first["id"])
     assert second["model_source"] == "continues"
-    start = client.get(f"/api/v1/rounds/{second['id']}/start-model", headers=bearer(token))
+    start = client.get(f"/api/v1/rounds/{second['id']}/start-model", headers=ADMIN)
     assert np.all(read_weights(io.BytesIO(start.content)).arrays["layer.0.bias"] == 3.0)
+    # one hospital's aggregate is its own weights: no site token may fetch it as a start model
+    alone = client.get(f"/api/v1/rounds/{second['id']}/start-model", headers=bearer(token))
+    assert alone.status_code == 403 and "fewer than this server's minimum" in alone.json()["detail"]
     wrong = post_file(client, second["id"], token, write_model(tmp_path / "b.h5", hidden=4))
     assert wrong.status_code == 422
     assert wrong.json()["reason"] == "model_mismatch"
@@ -178,5 +181,5 @@ def test_restart_keeps_rounds_uploads_and_models(make_client, site_token, tmp_pa
     body = restarted.get(f"/api/v1/rounds/{rnd['id']}", headers=bearer(token)).json()
     assert body["status"] == "aggregated"
     assert body["uploads"][0]["sha256"] == receipt["sha256"]
-    model = restarted.get(f"/api/v1/rounds/{rnd['id']}/model", headers=bearer(token))
+    model = restarted.get(f"/api/v1/rounds/{rnd['id']}/model", headers=ADMIN)
     assert np.all(read_weights(io.BytesIO(model.content)).arrays["layer.0.bias"] == 1.5)

@@ -2,8 +2,9 @@
 
 schemathesis generates 100 requests per operation and mode (valid, then invalid ones),
 derandomized so every run sends the same requests, and each is sent in process through the
-ASGI app twice: with the admin token and with a site token. Any 5xx answer, or an answer the
-schema does not document (status code, content type, body schema), fails the test.
+ASGI app three times: with the admin token, with a site token and with no token. Any 5xx
+answer, or an answer the schema does not document (status code, content type, body schema),
+fails the test.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, post_file, write_model
+from tests.admin.conftest import ADMIN, ADMIN_TOKEN, TEST_HOSTS, bearer, post_file, write_model
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
@@ -41,7 +42,8 @@ def api_schema(tmp_path: Path, sandbox: Sandbox) -> Iterator[schemathesis.BaseSc
     """The app over a database holding rounds in every state, and its schema."""
     data_dir = tmp_path / "admin-data"
     app = create_app(
-        AdminSettings(data_dir=data_dir, admin_token=ADMIN_TOKEN, max_upload_mb=1.0),
+        AdminSettings(data_dir=data_dir, admin_token=ADMIN_TOKEN, max_upload_mb=1.0,
+                      allowed_hosts=TEST_HOSTS),
         sandbox=sandbox,
     )
     TOKENS["admin"] = ADMIN_TOKEN
@@ -64,7 +66,8 @@ def operations(api_schema: schemathesis.BaseSchema) -> list[schemathesis.APIOper
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_admin_api_answers_only_documented_responses(api_schema, mode: GenerationMode) -> None:
-    """No generated request, sent as the admin and as a site, gets 5xx or an undocumented answer.
+    """No generated request, sent as the admin, as a site and with no token, gets 5xx or an
+    undocumented answer.
 
     ``mode`` POSITIVE generates requests the schema allows, NEGATIVE requests it forbids.
     """
@@ -84,7 +87,8 @@ def test_admin_api_answers_only_documented_responses(api_schema, mode: Generatio
         )
         @given(case=operation.as_strategy(generation_mode=mode))
         def run(case: schemathesis.Case) -> None:
-            for role in ("admin", "site"):
-                case.call_and_validate(headers=bearer(TOKENS[role]), checks=CHECKS)
+            for role in ("admin", "site", None):
+                headers = bearer(TOKENS[role]) if role else {}
+                case.call_and_validate(headers=headers, checks=CHECKS)
 
         run()

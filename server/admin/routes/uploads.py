@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-from fedsplit.server.admin.deps import ContextDep, RoundId, SitePrincipal
+from fedsplit.server.admin.deps import ContextDep, RoundId, SitePrincipal, client_address
 from fedsplit.server.admin.errors import AdminError, UploadRefusedError, UploadTooLargeError
 from fedsplit.server.admin.receive import receive_upload
 from fedsplit.server.admin.routes.rounds import ERRORS, MULTIPART_BODY
@@ -26,6 +26,7 @@ async def create_upload(
 ) -> UploadReceipt:
     """Upload this site's weight file (multipart 'file', optional 'num_examples')."""
     size = 0
+    address = client_address(request)
     try:
         received = await receive_upload(request, ctx.files.tmp, ctx.settings.max_upload_bytes)
         size = received.size
@@ -35,14 +36,14 @@ async def create_upload(
             )
         finally:
             received.path.unlink(missing_ok=True)
-    except UploadRefusedError as e:
-        ctx.metrics.upload_refused(e.reason, size)
-        raise
-    except UploadTooLargeError:
-        ctx.metrics.upload_refused("too_large", size)
-        raise
-    except AdminError as e:
-        ctx.metrics.upload_refused(type(e).__name__.removesuffix("Error").lower(), size)
+    except (UploadRefusedError, UploadTooLargeError, AdminError) as e:
+        reason = (e.reason if isinstance(e, UploadRefusedError) else "too_large"
+                  if isinstance(e, UploadTooLargeError) else type(e).__name__.removesuffix("Error").lower())
+        ctx.metrics.upload_refused(reason, size)
+        await run_in_threadpool(ctx.record, "upload_refused", site, address, round=round_id,
+                                reason=reason, size=size)
         raise
     ctx.metrics.upload_accepted(receipt.size)
+    await run_in_threadpool(ctx.record, "upload", site, address, round=round_id, upload=receipt.id,
+                            sha256=receipt.sha256, size=receipt.size, num_examples=receipt.num_examples)
     return receipt

@@ -6,8 +6,10 @@ from pathlib import Path
 
 from fedsplit.protocol.keras_layout import KERAS3, write_keras
 from fedsplit.protocol.weights import read_weights
+from fedsplit.server.admin.auth import Principal
 from fedsplit.server.admin.context import AdminContext
 from fedsplit.server.admin.errors import ConflictError, NotFoundError
+from fedsplit.server.admin.services.isolation import check_model_download
 from fedsplit.server.admin.tables import Round
 
 FEDSPLIT_FORMAT = "fedsplit"
@@ -15,21 +17,26 @@ KERAS_FORMAT = "keras"
 FORMATS = (FEDSPLIT_FORMAT, KERAS_FORMAT)
 
 
-def model_file(ctx: AdminContext, rnd: Round, fmt: str) -> tuple[Path, str]:
-    """Return the aggregate's path and download name."""
+def model_file(ctx: AdminContext, rnd: Round, fmt: str, principal: Principal) -> tuple[Path, str]:
+    """Return the aggregate's path and download name (a hospital: only above the minimum)."""
     if rnd.model_file is None:
         raise NotFoundError(
             f"Round {rnd.id} has no model yet: it is {rnd.status}. The admin aggregates it with POST "
             f"/api/v1/rounds/{rnd.id}/aggregate. Received: status {rnd.status!r}"
         )
+    check_model_download(principal, rnd.report, ctx.settings.min_model_sites,
+                         f"Round {rnd.id}'s aggregate")
     return _in_format(ctx, rnd, ctx.files.absolute(rnd.model_file), fmt, f"round-{rnd.id}-model")
 
 
-def start_model_file(ctx: AdminContext, rnd: Round, continued: Round | None, fmt: str) -> tuple[Path, str]:
+def start_model_file(ctx: AdminContext, rnd: Round, continued: Round | None, fmt: str,
+                     principal: Principal) -> tuple[Path, str]:
     """Return the start model's path (template, or the continued round's aggregate)."""
     if rnd.template_file is not None:
         source = ctx.files.absolute(rnd.template_file)
     elif continued is not None and continued.model_file is not None:
+        check_model_download(principal, continued.report, ctx.settings.min_model_sites,
+                             f"Round {rnd.id}'s start model (round {continued.id}'s aggregate)")
         source = ctx.files.absolute(continued.model_file)
     else:
         raise NotFoundError(

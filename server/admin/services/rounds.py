@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from fedsplit.server.admin.auth import Principal
 from fedsplit.server.admin.errors import ConflictError, NotFoundError
 from fedsplit.server.admin.schemas import ParameterPublic, RoundCreate, RoundPublic, UploadPublic
+from fedsplit.server.admin.services import isolation
 from fedsplit.server.admin.tables import Round, Upload
 from fedsplit.server.admin.timeutil import as_utc
 from sqlalchemy import select
@@ -78,8 +80,12 @@ def upload_public(upload: Upload) -> UploadPublic:
     )
 
 
-def round_public(rnd: Round) -> RoundPublic:
-    """Response body of one round."""
+def round_public(rnd: Round, principal: Principal) -> RoundPublic:
+    """Response body of one round, as ``principal`` may see it (`isolation`): a hospital gets its
+    own uploads and its own line of the report, and no total count."""
+    admin = isolation.is_admin(principal)
+    mine = [u for u in rnd.uploads if isolation.sees_site(principal, site_id=u.site_id)]
+    names = [] if admin else [u.site.name for u in rnd.uploads]
     return RoundPublic(
         id=rnd.id,
         strategy=rnd.strategy,
@@ -92,11 +98,11 @@ def round_public(rnd: Round) -> RoundPublic:
         keras_layout=rnd.keras_layout["kind"] if rnd.keras_layout else None,
         parameters=[ParameterPublic.from_spec(s) for s in specs] if (specs := rnd.specs) else None,
         has_start_model=rnd.template_file is not None or rnd.continues is not None,
-        uploads=[upload_public(u) for u in rnd.uploads if u.current],
-        history=[upload_public(u) for u in rnd.uploads if not u.current],
-        num_examples=rnd.num_examples,
+        uploads=[upload_public(u) for u in mine if u.current],
+        history=[upload_public(u) for u in mine if not u.current],
+        num_examples=rnd.num_examples if admin else None,
         aggregation_seconds=rnd.aggregation_seconds,
-        report=rnd.report,
+        report=isolation.report_for(principal, rnd.report, names),
         created_at=as_utc(rnd.created_at),  # type: ignore[arg-type]
         aggregated_at=as_utc(rnd.aggregated_at),
     )

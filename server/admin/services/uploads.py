@@ -36,7 +36,8 @@ def parse_form_count(raw: str | None) -> int | None:
     if raw is None or raw.strip() == "":
         return None
     text = raw.strip()
-    if not text.isdigit() or int(text) < 1:
+    # ASCII digits only: str.isdigit() also accepts "²" or "①", which int() refuses
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) < 1:
         raise UploadRefusedError(
             "Form field num_examples must be an integer >= 1: the number of training rows behind "
             f"these weights (FedAvg's weight). Received: {raw!r}",

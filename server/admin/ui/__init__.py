@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from fastapi.templating import Jinja2Templates
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin.ui.pages import UIError, handle_ui_error, make_templates
-from fedsplit.server.admin.ui.refusals import RefusalRecorder, UIBase
+from fedsplit.server.admin.ui.refusals import RefusalRecorder, create_tables
 from fedsplit.server.admin.ui.routes import router
 from fedsplit.server.admin.ui.runs import RunCatalog
 from fedsplit.server.admin.ui.sessions import SessionStore
@@ -43,7 +43,7 @@ class UIState:
 def install_ui(app: FastAPI, *, runs: list[Path] | tuple[Path, ...] = ()) -> None:
     """Serve the web view on ``app`` (after ``app.state.admin`` is set); ``runs``: ``--runs`` folders."""
     ctx = app.state.admin
-    UIBase.metadata.create_all(ctx.engine)
+    create_tables(ctx.engine)
     app.state.ui = UIState(sessions=SessionStore(), catalog=RunCatalog(list(runs)),
                            templates=make_templates())
     app.add_middleware(RefusalRecorder, ctx=ctx)

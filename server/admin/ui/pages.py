@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from fedsplit.server.admin.auth import ADMIN, Principal
+from fedsplit.server.admin.auth import ADMIN, Principal, live_principal
 from fedsplit.server.admin.ui.sessions import COOKIE, SessionStore
 
 HERE = Path(__file__).parent
@@ -114,8 +114,27 @@ def session_store(request: Request) -> SessionStore:
 
 
 def current_principal(request: Request) -> Principal | None:
-    """The signed-in principal of this browser, or None."""
-    return session_store(request).get(request.cookies.get(COOKIE))
+    """The signed-in principal of this browser, or None.
+
+    Checked against the database on every request: a session whose hospital was removed, or
+    whose token was rotated since sign-in, ends here.
+    """
+    cached = getattr(request.state, "ui_principal", False)
+    if cached is not False:
+        return cached
+    store = session_store(request)
+    sid = request.cookies.get(COOKIE)
+    session = store.get(sid)
+    principal = None
+    if session is not None:
+        ctx = request.app.state.admin
+        with ctx.sessions() as db:
+            principal = live_principal(db, session.principal, session.token_hash,
+                                       admin_token_hash=ctx.admin_token_hash)
+        if principal is None:
+            store.end(sid)
+    request.state.ui_principal = principal
+    return principal
 
 
 def require_principal(request: Request) -> Principal:
@@ -139,14 +158,22 @@ def require_admin(request: Request) -> Principal:
 def same_origin(request: Request) -> bool:
     """Whether a POST comes from this site's own pages.
 
-    Browsers send ``Sec-Fetch-Site`` (scripts cannot set it): only ``same-origin`` passes. Without
-    it, an ``Origin`` header must name this host; a request with neither (not a browser) passes,
-    since it carries no ambient cookie a forger could ride on.
+    Browsers send ``Sec-Fetch-Site`` (scripts cannot set it): only ``same-origin`` passes. An
+    ``Origin`` header, when sent, must name this scheme and host (``http://`` is not the origin
+    of an ``https://`` server); one that does not parse is refused. A request with neither (not
+    a browser) passes, since it carries no ambient cookie a forger could ride on.
     """
     fetch_site = request.headers.get("sec-fetch-site")
-    if fetch_site is not None:
-        return fetch_site == "same-origin"
+    if fetch_site is not None and fetch_site != "same-origin":
+        return False
     origin = request.headers.get("origin")
     if origin is None:
-        return True
-    return urlsplit(origin).netloc == request.headers.get("host", "")
+        return fetch_site == "same-origin" or fetch_site is None
+    try:
+        parts = urlsplit(origin)
+        netloc = parts.netloc
+        _ = parts.port  # raises ValueError on a malformed port
+    except ValueError:
+        return False
+    return (parts.scheme == request.url.scheme and not parts.path.strip("/")
+            and netloc.lower() == request.headers.get("host", "").lower())

@@ -7,7 +7,13 @@ route reads it (the same bytes, never a second read), captures the response stat
 JSON error body, and when the status is 4xx/5xx stores one `RefusedUpload` row: who (site name
 from the bearer token, "admin", or "unknown token"), the round, the file name the client gave,
 its size and sha256 (None when the route stopped reading early, e.g. 413), the error class,
-its ``reason`` code and message. The table keeps the newest `MAX_ROWS` rows.
+its ``reason`` code and message.
+
+Only refusals of a known identity (the admin or a live site) are stored: a request without a
+valid token is refused by `limits.RequestGuard` before its body is read and is only counted
+(``fedsplit_unauthenticated_refused_total``), so anonymous noise cannot push real refusals out.
+The table keeps the newest `MAX_ROWS` rows per identity: one hospital's refusals never evict
+another's or the admin's.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from fedsplit.server.admin.errors import AuthenticationError
 from fedsplit.server.admin.tables import utcnow
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
-from sqlalchemy import DateTime, Integer, String, Text, delete, select
+from sqlalchemy import DateTime, Engine, Integer, String, Text, delete, inspect, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from starlette.concurrency import run_in_threadpool
@@ -49,6 +55,8 @@ class RefusedUpload(UIBase):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     round_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     who: Mapped[str] = mapped_column(String(128), index=True)
+    #: the site's row id (None: the admin); hospitals see the rows with their own id
+    site_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     filename: Mapped[str | None] = mapped_column(String(256), nullable=True)
     size_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -57,6 +65,28 @@ class RefusedUpload(UIBase):
     reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
     detail: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+def create_tables(engine: Engine) -> None:
+    """Create the web view's tables, adding columns later versions introduced."""
+    UIBase.metadata.create_all(engine)
+    present = {c["name"] for c in inspect(engine).get_columns(RefusedUpload.__tablename__)}
+    if "site_id" not in present:
+        with engine.begin() as conn:
+            conn.execute(text(f"ALTER TABLE {RefusedUpload.__tablename__} ADD COLUMN site_id INTEGER"))
+
+
+def make_hasher(content_type: str) -> FileHasher | None:
+    """A `FileHasher` for a multipart body of ``content_type``; None when it cannot be parsed
+    (not multipart, no boundary, or a boundary python-multipart refuses)."""
+    _, options = parse_options_header(content_type)
+    boundary = options.get(b"boundary")
+    if not boundary:
+        return None
+    try:
+        return FileHasher(boundary)
+    except (ValueError, MultipartParseError):  # e.g. a boundary over 256 characters
+        return None
 
 
 class FileHasher:
@@ -145,9 +175,7 @@ class RefusalRecorder:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        _, options = parse_options_header(headers.get("content-type", ""))
-        boundary = options.get(b"boundary")
-        hasher = FileHasher(boundary) if boundary else None
+        hasher = make_hasher(headers.get("content-type", ""))
         seen = {"status": 0, "body": b"", "bytes": 0}
 
         async def tee_receive() -> Message:
@@ -191,12 +219,12 @@ class RefusalRecorder:
             try:
                 principal = authenticate(token, session=session,
                                          admin_token_hash=self.ctx.admin_token_hash)
-                who = "admin" if principal.role == ADMIN else str(principal.site_name)
             except AuthenticationError:
-                who = "unknown token" if token else "no token"
+                return  # no identity: counted by the request guard, never stored
+            who = "admin" if principal.role == ADMIN else str(principal.site_name)
             size = hasher.size if hasher is not None and hasher.size else None
             session.add(RefusedUpload(
-                round_id=round_id, who=who,
+                round_id=round_id, who=who, site_id=principal.site_id,
                 filename=hasher.filename if hasher is not None else None,
                 size_bytes=size, sha256=hasher.sha256 if hasher is not None else None,
                 status_code=int(seen["status"]),
@@ -205,7 +233,10 @@ class RefusalRecorder:
                 detail=str(body.get("detail"))[:MAX_DETAIL] if body.get("detail") else None,
             ))
             session.flush()
-            newest = session.scalar(select(RefusedUpload.id).order_by(RefusedUpload.id.desc()))
-            if newest is not None and newest > MAX_ROWS:
-                session.execute(delete(RefusedUpload).where(RefusedUpload.id <= newest - MAX_ROWS))
+            own = (RefusedUpload.site_id == principal.site_id if principal.site_id is not None
+                   else RefusedUpload.site_id.is_(None))
+            oldest_kept = session.scalar(select(RefusedUpload.id).where(own)
+                                         .order_by(RefusedUpload.id.desc()).offset(MAX_ROWS - 1))
+            if oldest_kept is not None:
+                session.execute(delete(RefusedUpload).where(own, RefusedUpload.id < oldest_kept))
             session.commit()

@@ -1,6 +1,8 @@
 """REST rounds as the web view shows them, read from the admin database.
 
-A site principal sees only its own rows: its uploads, its refusals, its line of each report.
+A site principal sees what `services.isolation` allows, as through the API: its own uploads and
+refusals, its own line of each report, no total count, and a model link only for aggregates of
+at least ``min_model_sites`` hospitals.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from fedsplit.server.admin.auth import ADMIN, Principal
-from fedsplit.server.admin.tables import Round, Site, Upload
+from fedsplit.server.admin.services import isolation
+from fedsplit.server.admin.tables import Round, Upload
 from fedsplit.server.admin.timeutil import as_utc
 from fedsplit.server.admin.ui.refusals import RefusedUpload
 from fedsplit.server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
@@ -40,6 +43,7 @@ class UploadItem:
     reason: str | None = None
     detail: str | None = None
     status_code: int | None = None
+    site_id: int | None = None
 
 
 @dataclass
@@ -63,8 +67,8 @@ class RestRound(RoundRows):
     sites_uploaded: int = 0
 
 
-def _visible(principal: Principal, site: str) -> bool:
-    return principal.role == ADMIN or site == principal.site_name
+def _visible(principal: Principal, item: UploadItem) -> bool:
+    return isolation.sees_site(principal, site_id=item.site_id)
 
 
 def upload_item(upload: Upload) -> UploadItem:
@@ -75,7 +79,7 @@ def upload_item(upload: Upload) -> UploadItem:
         file=upload.client_filename or (
             upload.original_file.rsplit("/", 1)[-1] if upload.original_file else None),
         layout=upload.layout, num_examples=upload.num_examples, current=upload.current,
-        replaced_at=as_utc(upload.replaced_at),
+        replaced_at=as_utc(upload.replaced_at), site_id=upload.site_id,
     )
 
 
@@ -85,15 +89,20 @@ def refusal_item(refusal: RefusedUpload) -> UploadItem:
         round_id=refusal.round_id, site=refusal.who, at=as_utc(refusal.created_at),
         sha256=refusal.sha256, size=refusal.size_bytes, file=refusal.filename, refused=True,
         reason=refusal.reason or refusal.error, detail=refusal.detail, status_code=refusal.status_code,
+        site_id=refusal.site_id,
     )
 
 
-def rest_round(rnd: Round, principal: Principal, refusals: list[RefusedUpload]) -> RestRound:
+def rest_round(rnd: Round, principal: Principal, refusals: list[RefusedUpload],
+               min_sites: int = isolation.DEFAULT_MIN_MODEL_SITES) -> RestRound:
     """The view of ``rnd`` for ``principal``."""
+    admin = isolation.is_admin(principal)
     current = [u for u in rnd.uploads if u.current]
+    names = [u.site.name for u in rnd.uploads]
     rows = rows_from_round(
-        [{"site": u.site.name, "num_examples": u.num_examples} for u in current], rnd.report,
-        sent_tag="uploaded",
+        [{"site": u.site.name, "num_examples": u.num_examples} for u in current
+         if isolation.sees_site(principal, site_id=u.site_id)],
+        isolation.report_for(principal, rnd.report, names), sent_tag="uploaded",
     )
     items = [upload_item(u) for u in rnd.uploads] + [refusal_item(r) for r in refusals]
     items.sort(key=lambda i: (i.at is None, i.at), reverse=True)
@@ -101,11 +110,14 @@ def rest_round(rnd: Round, principal: Principal, refusals: list[RefusedUpload]) 
         id=rnd.id, strategy=rnd.strategy, params=dict(rnd.params or {}), status=rnd.status,
         min_uploads=rnd.min_uploads, deadline=as_utc(rnd.deadline),
         created_at=as_utc(rnd.created_at), aggregated_at=as_utc(rnd.aggregated_at),
-        num_examples=rnd.num_examples, aggregation_seconds=rnd.aggregation_seconds,
-        has_model=rnd.model_file is not None, has_keras=rnd.keras_layout is not None,
-        rows=[r for r in rows if _visible(principal, r.site)],
-        uploads=[i for i in items if _visible(principal, i.site)],
-        sites_uploaded=len(current),
+        num_examples=rnd.num_examples if admin else None,
+        aggregation_seconds=rnd.aggregation_seconds,
+        has_model=rnd.model_file is not None
+        and isolation.may_download_model(principal, rnd.report, min_sites),
+        has_keras=rnd.keras_layout is not None,
+        rows=[r for r in rows if admin or r.site == principal.site_name],
+        uploads=[i for i in items if _visible(principal, i)],
+        sites_uploaded=len(current) if admin else 0,
     )
 
 
@@ -114,11 +126,12 @@ def _refusals(session: Session, principal: Principal, round_ids: list[int] | Non
     if round_ids is not None:
         query = query.where(RefusedUpload.round_id.in_(round_ids))
     if principal.role != ADMIN:
-        query = query.where(RefusedUpload.who == principal.site_name)
+        query = query.where(RefusedUpload.site_id == principal.site_id)
     return list(session.scalars(query))
 
 
-def list_rounds(session: Session, principal: Principal) -> list[RestRound]:
+def list_rounds(session: Session, principal: Principal,
+                min_sites: int = isolation.DEFAULT_MIN_MODEL_SITES) -> list[RestRound]:
     """The newest `MAX_ROUNDS_LISTED` rounds, newest first."""
     rounds = list(session.scalars(
         select(Round).options(selectinload(Round.uploads).selectinload(Upload.site))
@@ -128,15 +141,16 @@ def list_rounds(session: Session, principal: Principal) -> list[RestRound]:
     by_round: dict[int | None, list[RefusedUpload]] = {}
     for refusal in refusals:
         by_round.setdefault(refusal.round_id, []).append(refusal)
-    return [rest_round(r, principal, by_round.get(r.id, [])) for r in rounds]
+    return [rest_round(r, principal, by_round.get(r.id, []), min_sites) for r in rounds]
 
 
-def get_round(session: Session, principal: Principal, round_id: int) -> RestRound | None:
+def get_round(session: Session, principal: Principal, round_id: int,
+              min_sites: int = isolation.DEFAULT_MIN_MODEL_SITES) -> RestRound | None:
     """One round, or None."""
     rnd = session.get(Round, round_id)
     if rnd is None:
         return None
-    return rest_round(rnd, principal, _refusals(session, principal, [round_id]))
+    return rest_round(rnd, principal, _refusals(session, principal, [round_id]), min_sites)
 
 
 def recent_uploads(session: Session, principal: Principal) -> list[UploadItem]:
@@ -144,7 +158,7 @@ def recent_uploads(session: Session, principal: Principal) -> list[UploadItem]:
     query = (select(Upload).options(selectinload(Upload.site))
              .order_by(Upload.id.desc()).limit(MAX_UPLOADS_LISTED))
     if principal.role != ADMIN:
-        query = query.join(Site).where(Site.name == principal.site_name)
+        query = query.where(Upload.site_id == principal.site_id)
     items = [upload_item(u) for u in session.scalars(query)]
     items += [refusal_item(r) for r in _refusals(session, principal, None)]
     items.sort(key=lambda i: (i.at is None, i.at), reverse=True)

@@ -9,10 +9,17 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, RedirectResponse, Response
-from fedsplit.server.admin.auth import ADMIN, Principal, authenticate
+from fedsplit.server.admin.auth import ADMIN, Principal
 from fedsplit.server.admin.context import AdminContext
-from fedsplit.server.admin.errors import AdminError, AuthenticationError
-from fedsplit.server.admin.services import downloads
+from fedsplit.server.admin.deps import client_address
+from fedsplit.server.admin.errors import (
+    AdminError,
+    AuthenticationError,
+    PermissionDeniedError,
+    TooManyRequestsError,
+)
+from fedsplit.server.admin.security import hash_token
+from fedsplit.server.admin.services import downloads, isolation
 from fedsplit.server.admin.services.rounds import get_round as get_round_row
 from fedsplit.server.admin.ui import activity, rest
 from fedsplit.server.admin.ui.curves import primary_metric, privacy_of, run_charts
@@ -68,7 +75,8 @@ def _visible(principal: Principal) -> set[str] | None:
 def _base(principal: Principal, title: str) -> dict[str, object]:
     return {"principal": principal, "admin": principal.role == ADMIN, "title": title,
             "mine": (lambda rows: rows if principal.role == ADMIN
-                     else [r for r in rows if r.site == principal.site_name])}
+                     else [r for r in rows if r.site == principal.site_name]),
+            "round_error": lambda error: isolation.round_error_for(principal, error)}
 
 
 # Sign-in and sign-out ---------------------------------------------------------------------------
@@ -82,19 +90,32 @@ def read_login(request: Request) -> Response:
 
 @router.post("/login")
 def create_session(request: Request, token: Annotated[str, Form(max_length=1024)] = "") -> Response:
-    """Check the token like a bearer token; on success set the session cookie (never the token)."""
+    """Check the token like a bearer token; on success set the session cookie (never the token).
+
+    The browser's previous session, if any, ends (a new id at each sign-in). Failures count
+    against the client's address (`ratelimit`): after a few, each further attempt waits longer.
+    """
     if not same_origin(request):
         return render(request, "login.html", {"title": "Sign in", "error": "This form must be sent "
                       "from this server's own sign-in page."}, status_code=403)
     ctx = _ctx(request)
+    token = token.strip()
     try:
-        with ctx.sessions() as session:
-            principal = authenticate(token.strip(), session=session, admin_token_hash=ctx.admin_token_hash)
+        principal = ctx.check_bearer(token, client_address(request), kind="web view")
+    except TooManyRequestsError as e:
+        wait = max(1, round(e.retry_after))
+        response = render(request, "login.html", {"title": "Sign in", "error": (
+            f"Too many failed sign-ins from this address; wait {wait} s before trying again.")},
+            status_code=429)
+        response.headers["Retry-After"] = str(wait)
+        return response
     except AuthenticationError:
         error = ("That token matches no admin and no registered site. Paste the admin token or the "
                  "token `fedsplit admin add-site` printed for your hospital.")
         return render(request, "login.html", {"title": "Sign in", "error": error}, status_code=401)
-    sid = session_store(request).create(principal)
+    sid = session_store(request).create(principal, hash_token(token),
+                                        replaces=request.cookies.get(COOKIE))
+    ctx.record("signin", principal, client_address(request), channel="web view")
     response = RedirectResponse("/ui", status_code=303)
     response.set_cookie(COOKIE, sid, httponly=True, samesite="strict", path="/ui",
                         secure=request.url.scheme == "https")
@@ -107,7 +128,10 @@ def delete_session(request: Request) -> Response:
     if not same_origin(request):
         raise UIError(403, "Sign out from this server's own pages; a sign-out sent by another "
                            "site is refused.")
+    principal = current_principal(request)
     session_store(request).end(request.cookies.get(COOKIE))
+    if principal is not None:
+        _ctx(request).record("signout", principal, client_address(request), channel="web view")
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
     return with_headers(response)
@@ -119,7 +143,7 @@ def read_overview(request: Request, principal: PrincipalDep) -> Response:
     """Every federation: REST rounds, Flower runs, the activity feed and recent uploads."""
     ctx = _ctx(request)
     with ctx.sessions() as session:
-        rounds = rest.list_rounds(session, principal)
+        rounds = rest.list_rounds(session, principal, ctx.settings.min_model_sites)
         uploads = rest.recent_uploads(session, principal)
     runs = _runs(request, principal)
     events = activity.feed(activity.rest_events(rounds, uploads, principal)
@@ -141,8 +165,9 @@ def read_uploads(request: Request, principal: PrincipalDep) -> Response:
 @router.get("/rounds/{round_id}")
 def read_rest_round(request: Request, principal: PrincipalDep, round_id: RoundId) -> Response:
     """A REST round: every hospital's upload and part in the aggregate, its files, its model."""
-    with _ctx(request).sessions() as session:
-        rnd = rest.get_round(session, principal, round_id)
+    ctx = _ctx(request)
+    with ctx.sessions() as session:
+        rnd = rest.get_round(session, principal, round_id, ctx.settings.min_model_sites)
     if rnd is None:
         raise UIError(404, f"There is no REST round {round_id}.")
     return render(request, "rest_round.html", {**_base(principal, f"REST round {rnd.id}"), "round": rnd})
@@ -151,17 +176,24 @@ def read_rest_round(request: Request, principal: PrincipalDep, round_id: RoundId
 @router.get("/rounds/{round_id}/model")
 async def read_rest_model(request: Request, principal: PrincipalDep, round_id: RoundId,
                           format: str = downloads.FEDSPLIT_FORMAT) -> Response:
-    """The round's aggregate, as GET /api/v1/rounds/{id}/model serves it (admin or any site)."""
+    """The round's aggregate, as GET /api/v1/rounds/{id}/model serves it (same minimum)."""
     ctx = _ctx(request)
 
     def locate() -> tuple[Path, str]:
         with ctx.sessions() as session:
-            return downloads.model_file(ctx, get_round_row(session, round_id), format)
+            return downloads.model_file(ctx, get_round_row(session, round_id), format, principal)
 
+    address = client_address(request)
     try:
         path, name = await run_in_threadpool(locate)
+    except PermissionDeniedError as e:
+        await run_in_threadpool(ctx.record, "model_download_refused", principal, address,
+                                round=round_id, file="model", reason=str(e)[:200])
+        raise UIError(403, str(e)) from e
     except AdminError as e:
         raise UIError(404, str(e)) from e
+    await run_in_threadpool(ctx.record, "model_download", principal, address, round=round_id,
+                            file="model", format=format, channel="web view")
     return with_headers(FileResponse(path, media_type="application/x-hdf5", filename=name))
 
 

@@ -1,0 +1,200 @@
+"""The audit log: every security-relevant event, append-only, each record chained to the last.
+
+A record holds its sequence number (``id``, never reused), time (ISO-8601 UTC), event, actor
+(``admin``, a site name, or ``unauthenticated``), site id, client address and a JSON detail, plus
+``prev_hash`` (the previous record's hash; 64 zeros for the first) and ``hash``: the SHA-256 of
+the canonical JSON of every other field. Editing a record breaks its hash; deleting one leaves a
+gap in the ids; moving one breaks the chain: `verify` names the first such record. The id is
+the head's plus one and ``prev_hash`` is unique, so two writers can never fork the chain (the
+second retries on the new head).
+
+Events (`EVENTS`): sign-in, sign-in failure, sign-out; upload, upload refused, aggregation, model
+download (and refused download); round created, template; site added, site removed, token
+rotated. Requests refused before any identity was known (no token, unknown token while rate
+limited, wrong Host, oversized headers or bodies) are not written one by one: they are counted
+and written as one ``unauthenticated`` summary record at most every `NOISE_INTERVAL_S` seconds,
+so noise can neither flood the log nor push anything out (nothing is ever deleted or evicted).
+Retention: the server never deletes records; see docs/admin-api.md, "Audit log".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from fedsplit.server.admin.tables import AuditRecord
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+GENESIS = "0" * 64
+NOISE_INTERVAL_S = 60.0
+_APPEND_TRIES = 50
+EVENTS = (
+    "signin", "signin_failed", "signout", "upload", "upload_refused", "aggregate",
+    "model_download", "model_download_refused", "round_created", "template", "site_added",
+    "site_removed", "token_rotated", "unauthenticated",
+)
+
+
+def record_hash(fields: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of a record's fields (everything but ``hash``)."""
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def _fields(record: AuditRecord) -> dict[str, Any]:
+    return {"id": record.id, "at": record.at, "event": record.event, "actor": record.actor,
+            "site_id": record.site_id, "address": record.address, "detail": record.detail,
+            "prev_hash": record.prev_hash}
+
+
+_process_lock = threading.Lock()
+
+
+def append(engine: Engine, event: str, *, actor: str, site_id: int | None = None,
+           address: str | None = None, **detail: Any) -> AuditRecord:
+    """Append one record in its own transaction (retried if another writer took the head)."""
+    detail_json = json.dumps(detail, sort_keys=True, separators=(",", ":"), default=str)
+    last_error: Exception | None = None
+    with _process_lock:
+        for attempt in range(_APPEND_TRIES):
+            try:
+                with Session(engine) as session, session.begin():
+                    head = session.scalar(select(AuditRecord).order_by(AuditRecord.id.desc()).limit(1))
+                    record = AuditRecord(
+                        id=head.id + 1 if head is not None else 1,
+                        at=datetime.now(UTC).isoformat(timespec="microseconds"), event=event,
+                        actor=actor[:160], site_id=site_id,
+                        address=address[:64] if address else None, detail=detail_json,
+                        prev_hash=head.hash if head is not None else GENESIS, hash="",
+                    )
+                    session.add(record)
+                    record.hash = record_hash(_fields(record))
+                return record
+            except (IntegrityError, OperationalError) as e:  # another process appended first
+                last_error = e
+                time.sleep(min(0.5, 0.01 * (attempt + 1)))
+    raise RuntimeError(f"could not append to the audit log after {_APPEND_TRIES} tries: {last_error}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `verify` found: ``ok``, how many records, the head hash, the first problem."""
+
+    ok: bool
+    records: int
+    head: str
+    problem: str | None = None
+    first_bad_id: int | None = None
+
+
+def verify(engine: Engine, *, head: str | None = None) -> Verdict:
+    """Walk the chain from the first record; report the first missing, edited or moved record.
+
+    ``head``: a hash noted earlier (``audit verify`` prints it); it must be in the chain, which
+    catches records deleted from the end as well.
+    """
+    previous = GENESIS
+    expected_id = 1
+    count = 0
+    seen_head = head is None
+    with Session(engine) as session:
+        for record in session.scalars(select(AuditRecord).order_by(AuditRecord.id)).yield_per(1000):
+            if record.id != expected_id:
+                missing = (f"record {expected_id} is missing" if record.id == expected_id + 1
+                           else f"records {expected_id}-{record.id - 1} are missing")
+                return Verdict(False, count, previous, f"{missing} (the ids jump from "
+                               f"{expected_id - 1} to {record.id}): deleted", expected_id)
+            if record.prev_hash != previous:
+                return Verdict(False, count, previous, f"record {record.id} does not follow record "
+                               f"{record.id - 1}: its prev_hash is not that record's hash (records "
+                               f"reordered, replaced or the earlier one edited)", record.id)
+            if record_hash(_fields(record)) != record.hash:
+                return Verdict(False, count, previous, f"record {record.id} was altered: its hash "
+                               f"does not match its content", record.id)
+            previous = record.hash
+            expected_id += 1
+            count += 1
+            if not seen_head and record.hash == head:
+                seen_head = True
+    if not seen_head:
+        return Verdict(False, count, previous, f"the noted head {head} is not in the chain: records "
+                       f"after it were deleted, or the log was rewritten", None)
+    return Verdict(True, count, previous)
+
+
+def _iso(moment: datetime) -> str:
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return aware.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def parse_detail(record: AuditRecord) -> dict[str, Any]:
+    """A record's detail as a dict."""
+    try:
+        value = json.loads(record.detail or "{}")
+    except ValueError:
+        return {"(unparsed)": record.detail}
+    return value if isinstance(value, dict) else {"(unparsed)": value}
+
+
+def query(engine: Engine, *, site_ids: list[int] | None = None, since: datetime | None = None,
+          until: datetime | None = None, events: list[str] | None = None,
+          limit: int = 100) -> list[AuditRecord]:
+    """Records matching the filters, oldest first (the newest ``limit`` of them)."""
+    statement = select(AuditRecord)
+    if site_ids is not None:
+        statement = statement.where(AuditRecord.site_id.in_(site_ids))
+    if since is not None:
+        statement = statement.where(AuditRecord.at >= _iso(since))
+    if until is not None:
+        statement = statement.where(AuditRecord.at <= _iso(until))
+    if events:
+        statement = statement.where(AuditRecord.event.in_(events))
+    with Session(engine) as session:
+        rows = list(session.scalars(statement.order_by(AuditRecord.id.desc()).limit(limit)))
+    return rows[::-1]
+
+
+class AuditLog:
+    """The process's writer: `record` for events, `noise` for unauthenticated refusals."""
+
+    def __init__(self, engine: Engine, *, noise_interval_s: float = NOISE_INTERVAL_S) -> None:
+        self.engine = engine
+        self.noise_interval_s = noise_interval_s
+        self._lock = threading.Lock()
+        self._noise: Counter[str] = Counter()
+        self._addresses: Counter[str] = Counter()
+        self._since = time.monotonic()
+
+    def record(self, event: str, *, actor: str, site_id: int | None = None,
+               address: str | None = None, **detail: Any) -> None:
+        """Append an event (after any noise counted so far is summarised)."""
+        self.flush_noise(force=False)
+        append(self.engine, event, actor=actor, site_id=site_id, address=address, **detail)
+
+    def noise(self, kind: str, address: str | None) -> bool:
+        """Count one unauthenticated refusal; True when a summary is due (`flush_noise`)."""
+        with self._lock:
+            self._noise[kind] += 1
+            if len(self._addresses) < 10_000 or address in self._addresses:
+                self._addresses[address or "unknown"] += 1
+            return time.monotonic() - self._since >= self.noise_interval_s
+
+    def flush_noise(self, *, force: bool = True) -> None:
+        """Write the counted noise as one ``unauthenticated`` record (if any, and if due)."""
+        with self._lock:
+            if not self._noise or (not force and time.monotonic() - self._since < self.noise_interval_s):
+                return
+            counts, addresses = dict(self._noise), self._addresses
+            self._noise, self._addresses = Counter(), Counter()
+            self._since = time.monotonic()
+        append(self.engine, "unauthenticated", actor="unauthenticated",
+               requests=sum(counts.values()), by_kind=counts, addresses=len(addresses),
+               top_addresses=dict(addresses.most_common(5)))
