@@ -19,35 +19,36 @@ from fedsplit import aggregation
 console = Console()
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: RunSummary | dict[str, Any]) -> None:
     """Print each model's score on every hospital's test patients, their mean and the pooled test."""
-    tuned = summary.get("personalized")
-    tuned_label = "federated + prior" if tuned and "prior_test" in tuned else "federated + fine-tuned"
+    if not isinstance(summary, RunSummary):
+        summary = RunSummary.from_json(summary)
+    tuned = summary.personalized
+    prior = tuned is not None and tuned.prior_test is not None
+    tuned_label = "federated + prior" if prior else "federated + fine-tuned"
     for table in summary_tables(summary):
         console.print(table)
-    if tuned and "prior_test" in tuned:
-        tested = tuned["prior_test"]
+    if tuned is not None and tuned.prior_test is not None:
         console.print("federated + prior: each hospital refits the global model's final bias "
                       "on its own training rows and keeps it when a likelihood-ratio test rejects "
                       "the global bias (p < 0.05): " + ", ".join(
                           f"{name} {'refitted' if t['adopted'] else 'global'} (p={t['p_value']:.2g})"
-                          for name, t in tested.items()))
-    elif tuned:
-        steps = tuned["steps_per_site"]
+                          for name, t in tuned.prior_test.items()))
+    elif tuned is not None:
         budget = ("as many mini-batches as alone: "
-                  + ", ".join(f"{name} {n}" for name, n in steps.items())
-                  if tuned["steps"] == "alone" else f"{tuned['steps']} mini-batches")
-        part = "its final layer's bias, " if tuned.get("scope") == "bias" else ""
+                  + ", ".join(f"{name} {n}" for name, n in tuned.steps_per_site.items())
+                  if tuned.steps == "alone" else f"{tuned.steps} mini-batches")
+        part = "its final layer's bias, " if tuned.scope == "bias" else ""
         console.print(f"federated + fine-tuned: each hospital's own fine-tuned copy of the global "
                       f"model ({part}{budget}), scored on its own test patients (pooled: each row by "
                       f"its hospital's model)")
-    if summary["task"] == "regression":
-        entries = [("centralized", summary["centralized"]), ("federated", summary["federated"])]
-        if tuned:
-            entries.append((tuned_label, tuned))
+    if summary.task == "regression":
+        entries = [(label, entry) for label, entry in (
+            ("centralized", summary.centralized), ("federated", summary.federated),
+            (tuned_label, tuned)) if entry is not None]
         console.print("rmse (pooled): " + ", ".join(
-            f"{label} {entry['metrics']['rmse']:.3f}" for label, entry in entries))
-    for line in (summary.get("schema") or {}).get("warnings", []):
+            f"{label} {entry.metrics['rmse']:.3f}" for label, entry in entries))
+    for line in summary.table_schema.warnings if summary.table_schema else []:
         console.print(f"[yellow]schema warning:[/] {line}")
 
 
@@ -157,6 +158,14 @@ def simulate(
                                "0 = off.",
                           metavar="STEPS|alone|prior")
     ] = "0",
+    recipe: Annotated[
+        str, typer.Option(help="The hospitals' own model, loss and metrics (docs/recipes.md): "
+                               "package.module:Attribute or an installed fedsplit.recipes entry "
+                               "point; default: the built-in MLP (tables) or CNN (images).")
+    ] = "",
+    recipe_params: Annotated[
+        str, typer.Option(help="The recipe's parameters, a JSON object (validated by the recipe).")
+    ] = "{}",
     personalize_scope: Annotated[
         str, typer.Option(help="Which weights --personalize fine-tunes: all (every weight) or "
                                "bias (only the final layer's bias, a per-hospital prior "

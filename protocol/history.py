@@ -395,6 +395,17 @@ class ServerOptSettings(_Part):
     momentum: float | None = None
 
 
+class SchemaSummary(_Part):
+    """The agreed table schema in brief: its digest, column and feature counts, the labels and
+    the warnings raised while agreeing on it."""
+
+    digest: str | None = None
+    columns: int | None = None
+    features: int | None = None
+    labels: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+
 class RunSummary(_Part):
     """``summary.json`` of ``fedsplit simulate``: baselines and the federated model's scores.
 
@@ -410,6 +421,7 @@ class RunSummary(_Part):
     model_id: str | None = None
     test_examples: int | None = None
     test_examples_per_site: dict[str, int] = Field(default_factory=dict)
+    table_schema: SchemaSummary | None = Field(default=None, alias="schema")
     centralized: Baseline | None = None
     local_only: list[Baseline] = Field(default_factory=list)
     federated: FederatedScores | None = None
