@@ -199,8 +199,10 @@ def evaluate(msg: Message, context: Context) -> Message:
     cfg = RunConfig.from_flower(context.run_config)
     instruction = wire.parse_model_instruction(msg, wire.EVALUATE)
     site = load_site(context.node_config, context.node_id, cfg, instruction.schema)
-    model = _global_model(instruction)
+    model = _global_model(instruction, context, cfg)
     result = score(model, site.val.x, site.val.y, pick_device(cfg.device))
+    names = recipe_of(model).metric_names(model.spec.task)
     reply = wire.build_evaluate_reply({wire.NUM_EXAMPLES: len(site.val), **result},
-                                      {wire.SITE_NAME: site.name})
+                                      {wire.SITE_NAME: site.name},
+                                      metrics_allowed=names)
     return Message(reply, reply_to=msg)
