@@ -113,11 +113,13 @@ def newton(evaluate: Callable[[np.ndarray], tuple[float, np.ndarray, np.ndarray]
     ll, g, h, ll_null = penalized(beta)
     rounds, steps = 1, []
     if penalizer == 0 and (groups := collinear_columns(h, names)):
-        listed = "; ".join(", ".join(repr(c) for c in grp) for grp in groups)
+        involved = {c for grp in groups for c in grp}
+        listed = ", ".join(repr(c) for c in names if c in involved)
         raise CollinearError(
-            f"Covariates are collinear (one is a combination of the others in every risk set): "
-            f"{listed}. The unpenalized Cox model has no unique fit; {PENALIZER_ADVICE}. "
-            f"Received: {len(groups)} collinear direction(s) among {p} covariates")
+            f"Covariates are collinear (some are combinations of others in every risk set, e.g. "
+            f"one-hot columns of one variable that sum to 1): {listed}. The unpenalized Cox "
+            f"model has no unique fit; {PENALIZER_ADVICE}. Received: {len(groups)} collinear "
+            f"direction(s) among {p} covariates")
     while True:
         try:
             delta = np.linalg.solve(-h, g)

@@ -1,0 +1,121 @@
+"""FLamby's Fed-TCGA-BRCA protocol on fedsplit: 6 regions, Harrell's C-index per region.
+
+    .venv/bin/python bench/flamby_tcga.py                    # exact federated Cox, penalizer 0.01
+    .venv/bin/python bench/flamby_tcga.py --secure           # the same under secure aggregation
+    .venv/bin/python bench/flamby_tcga.py --penalizer 0.1
+
+The data: FLamby's Fed-TCGA-BRCA as fedsplit bundles it (`client/survival/tcga.py`): 1,088
+patients in FLamby's 6 regions with FLamby's static split (866 training, 222 test patients).
+The exact federated Cox model (``fedsplit cox``: Newton-Raphson on the regions' summed
+gradients and Hessians, stratified by region, lifelines' penalizer convention) is fitted to the
+training rows in Flower's simulation engine; its linear predictor is then scored as FLamby
+scores (``lifelines.utils.concordance_index(T, -risk, E)``) on each region's test patients:
+their mean over regions (FLamby's number) and the pooled test patients (in brackets). The same
+model fitted by lifelines to the pooled training rows (``CoxPHFitter(strata=[region],
+penalizer=P)``) is printed beside it (the two must agree), and FLamby's published table.
+
+The fit is deterministic: FLamby's 5 seeds change nothing here (they seed its SGD training).
+FedAvg, FedAdam and FedYogi on a linear Cox model need the survival task of ``fedsplit
+simulate`` (the recipe interface of the "hospitals bring their own models" issue); they are not
+run by this version of the bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from fedsplit.client.survival.tcga import EVENT, ID, REGIONS, TIME, load_tcga_brca  # noqa: E402
+from fedsplit.orchestration.survival.run import run_survival  # noqa: E402
+from fedsplit.protocol.survival import SurvivalRun  # noqa: E402
+from lifelines import CoxPHFitter  # noqa: E402
+from lifelines.utils import concordance_index  # noqa: E402
+
+#: FLamby's published results (SOURCE.md): mean per-region C-index over 5 seeds (pooled test)
+FLAMBY = [("FedAdam", 0.815, 0.842), ("FedYogi", 0.815, 0.842), ("FedAdagrad", 0.813, 0.834),
+          ("FedAvg", 0.732, 0.735), ("FedProx", 0.729, 0.717), ("Scaffold", 0.687, 0.699),
+          ("Cyclic", 0.658, 0.661), ("pooled training", 0.676, 0.704)]
+FLAMBY_ALONE = dict(zip(REGIONS, (0.728, 0.750, 0.498, 0.656, 0.712, 0.691), strict=True))
+
+
+def scores(coef: pd.Series, data: dict) -> tuple[dict[str, float], float]:
+    """Per-region test C-index and the pooled test C-index of the linear predictor x'coef."""
+    per_region, pooled = {}, []
+    for region, (_, test) in data.items():
+        x = test[list(coef.index)].astype(float).values
+        t, e = test[TIME].astype(float).values, test[EVENT].astype(float).values
+        risk = x @ coef.values
+        per_region[region] = concordance_index(t, -risk, e)
+        pooled.append((t, e, risk))
+    t, e, risk = (np.concatenate(parts) for parts in zip(*pooled, strict=True))
+    return per_region, concordance_index(t, -risk, e)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--penalizer", type=float, default=0.01)
+    parser.add_argument("--secure", action="store_true", help="secure aggregation on")
+    parser.add_argument("--out", type=Path, default=None, help="keep the run here")
+    args = parser.parse_args()
+    data = load_tcga_brca()
+    out = args.out or Path(tempfile.mkdtemp(prefix="flamby-tcga-"))
+    run = SurvivalRun(mode="cox", time=TIME, event=EVENT, out_dir="", id_column=ID,
+                      penalizer=args.penalizer, secure_aggregation="on" if args.secure else "")
+    started = time.monotonic()
+    doc = run_survival(run, dataset="tcga-brca", site_files=[], out=out)
+    seconds = time.monotonic() - started
+    names = list(doc["covariates"])
+    fed = pd.Series([doc["covariates"][n]["coef"] for n in names], index=names)
+
+    pooled = pd.concat([train[[*names, TIME, EVENT]].astype(float).assign(region=k)
+                        for k, (train, _) in enumerate(data.values())], ignore_index=True)
+    t0 = time.monotonic()
+    ref = CoxPHFitter(penalizer=args.penalizer).fit(pooled, TIME, EVENT, strata=["region"])
+    ref_seconds = time.monotonic() - t0
+    tight = CoxPHFitter(penalizer=args.penalizer).fit(
+        pooled, TIME, EVENT, strata=["region"],
+        fit_options={"precision": 1e-12, "r_precision": 1e-14})
+    se = pd.Series([doc["covariates"][n]["se"] for n in names], index=names)
+
+    fed_regions, fed_pooled = scores(fed, data)
+    ref_regions, ref_pooled = scores(ref.params_[names], data)
+    print(f"Fed-TCGA-BRCA, FLamby's split: {doc['rows']} training patients ({doc['events']} "
+          f"events) in {len(REGIONS)} regions; penalizer {args.penalizer}, secure aggregation "
+          f"{doc['secure_aggregation']}")
+    print(f"exact federated Cox: {doc['newton_rounds']} Newton rounds, {doc['secure_sums']} "
+          f"summed vectors, {seconds:.1f} s end to end (Flower simulation, {doc['seconds']:.1f} s "
+          f"inside the coordinator); lifelines on the pooled rows {ref_seconds:.2f} s")
+    for label, model in (("lifelines defaults", ref), ("lifelines to its maximum", tight)):
+        rel_c = float(np.max(np.abs(fed / model.params_[names] - 1)))
+        rel_se = float(np.max(np.abs(se / model.standard_errors_[names] - 1)))
+        print(f"  vs {label}: max relative difference coef {rel_c:.2e}, SE {rel_se:.2e}")
+    print()
+    header = f"{'model':<34}" + "".join(f"{r[:9]:>10}" for r in REGIONS) + f"{'mean':>8}{'pooled':>8}"
+    print(header)
+    print("-" * len(header))
+
+    def row(label: str, regions: dict[str, float] | None, mean: float, pool: float | None) -> None:
+        cells = "".join(f"{regions[r]:>10.3f}" for r in REGIONS) if regions else " " * 60
+        print(f"{label:<34}{cells}{mean:>8.3f}" + (f"{pool:>8.3f}" if pool is not None else ""))
+
+    row("fedsplit exact federated Cox", fed_regions, float(np.mean(list(fed_regions.values()))),
+        fed_pooled)
+    row("lifelines pooled, stratified", ref_regions, float(np.mean(list(ref_regions.values()))),
+        ref_pooled)
+    for name, mean, pool in FLAMBY:
+        row(f"FLamby {name} (5 seeds)", None, mean, pool)
+    row("FLamby each region alone", FLAMBY_ALONE, float(np.mean(list(FLAMBY_ALONE.values()))),
+        None)
+    print(f"\nrun kept in {out}")
+
+
+if __name__ == "__main__":
+    main()
