@@ -164,7 +164,7 @@ def train(msg: Message, context: Context) -> Message:
                                       site=site.name, seed=seed, device=device,
                                       proximal_mu=cfg.proximal_mu if mu is None else mu)
         update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
-        metrics = {wire.TRAIN_LOSS: loss, "on-gpu": int(device.type == "cuda"), wire.DP_EPSILON: epsilon}
+        metrics = {wire.TRAIN_LOSS: loss, wire.ON_GPU: int(device.type == "cuda"), wire.DP_EPSILON: epsilon}
         site_info = {"name": site.name, "device": str(device)}
         return Message(train_reply(secure, context, instruction.arrays, update, metrics, site_info),
                        reply_to=msg)
@@ -180,7 +180,7 @@ def train(msg: Message, context: Context) -> Message:
     )
     update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
     info = result.metrics()
-    metrics = {wire.TRAIN_LOSS: result.loss, "on-gpu": int(device.type == "cuda"),
+    metrics = {wire.TRAIN_LOSS: result.loss, wire.ON_GPU: int(device.type == "cuda"),
                **{k: v for k, v in info.items() if isinstance(v, int | float)}}
     site_info = {"name": site.name, "device": str(device),
                  **{k: v for k, v in info.items() if isinstance(v, str)}}

@@ -93,12 +93,15 @@ INIT_KEYS = ("kind", "task", "input-shape", "num-outputs", "hidden", "norm", "me
              "y-mean", "y-std")
 SITE_KEYS = ("name", "device", "parallel-mode", "parallel-config")
 TRAIN_LOSS = "train-loss"  # a train reply's mean training loss
+ON_GPU = "on-gpu"  # 1 when the hospital trained on a GPU
+PARALLEL_WORKERS = "parallel-workers"  # in-site parallelism: workers used (client.parallel)
+PARALLEL_SAMPLES_PER_S = "parallel-samples-per-s"  # in-site training throughput
 #: A train reply's spent privacy budget (patient-level DP-SGD, cumulative over the run);
 #: the coordinator copies it to the run record (`protocol.history.RunRecord.record_privacy`).
 DP_EPSILON = "dp-epsilon"
 #: Metric names the hospital agent may put in its replies (scalars only).
-TRAIN_METRICS = frozenset({NUM_EXAMPLES, TRAIN_LOSS, "on-gpu", "parallel-workers",
-                           "parallel-samples-per-s", DP_EPSILON})
+TRAIN_METRICS = frozenset({NUM_EXAMPLES, TRAIN_LOSS, ON_GPU, PARALLEL_WORKERS,
+                           PARALLEL_SAMPLES_PER_S, DP_EPSILON})
 EVALUATE_METRICS = frozenset({NUM_EXAMPLES, "loss", "accuracy", "r2", "rmse"})
 
 

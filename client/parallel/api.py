@@ -14,6 +14,7 @@ from fedsplit.client.parallel.layer_split import fit_layer_split
 from fedsplit.client.parallel.loop import check_inputs
 from fedsplit.client.parallel.replicas import train_replicas
 from fedsplit.client.train import fit, pick_device
+from fedsplit.protocol import horizontal_wire as wire
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,9 @@ class ParallelFit:
         """Flat metrics for a round report (Flower ``MetricRecord``/``ConfigRecord`` scalars)."""
         return {
             "parallel-mode": self.mode,
-            "parallel-workers": self.workers,
+            wire.PARALLEL_WORKERS: self.workers,
             "parallel-config": self.config,
-            "parallel-samples-per-s": round(self.samples_per_second, 2),
+            wire.PARALLEL_SAMPLES_PER_S: round(self.samples_per_second, 2),
         }
 
 
