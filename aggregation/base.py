@@ -112,9 +112,28 @@ class AggregationStrategy(ABC):
     #: True when `aggregate` takes ``distances=True`` and then fills in every report's
     #: ``l2_to_aggregate`` in its own pass (FedAvg); `aggregation.run` asks for it
     fuses_distances: ClassVar[bool] = False
+    #: What the rule supports, asked by the privacy wrappers (`server.compose`) instead of name
+    #: lists. ``linear``: the aggregate is the count-weighted mean of the updates, a linear
+    #: function of them, so one secure sum of count-weighted updates gives it (secure
+    #: aggregation) and one hospital moves it by at most its count share (hospital-level DP).
+    linear: ClassVar[bool] = False
+    #: ``iterative_on_sums``: the aggregate is reached by steps that are each one weighted mean
+    #: whose weights every hospital computes alone from its own update and a broadcast point,
+    #: so each step can be one secure sum (`iterate_on_sums`). A rule with neither compares the
+    #: single updates (median, Krum, ...), which secure aggregation hides.
+    iterative_on_sums: ClassVar[bool] = False
 
     def __init__(self, params: StrategyParams | None = None) -> None:
         self.params = params if params is not None else self.Params()
+
+    def iterate_on_sums(self, step: Any, start: dict[str, np.ndarray]
+                        ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Run the rule's iteration from the secure mean ``start``, each step one secure sum
+        (``step(point) -> (objective, next point)``); only rules with `iterative_on_sums`."""
+        from fedsplit.aggregation.errors import AggregationError
+
+        raise AggregationError(f"Strategy {self.name} does not iterate on secure sums (its "
+                               f"iterative_on_sums is False). Received: {self.name}")
 
     @abstractmethod
     def aggregate(

@@ -1,47 +1,12 @@
-"""``fedsplit export``: a torch checkpoint (state_dict) to a fedsplit weight file."""
+"""``fedsplit export``: a torch checkpoint (state_dict) to a fedsplit weight file
+(`orchestration.export`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from fedsplit.protocol import Update, write_weights
-from fedsplit.protocol.errors import WeightFileError
-
-_NESTED_KEYS = ("state_dict", "model_state_dict", "model")
-
-
-def load_state_dict(path: Path) -> tuple[dict[str, Any], list[str]]:
-    """Load a checkpoint's float tensors; return them and the names of skipped non-float entries."""
-    import torch
-
-    if not path.is_file():
-        raise WeightFileError(f"Checkpoint {path} does not exist. Received: {path}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise WeightFileError(
-            f"Checkpoint {path} is not a torch file loadable with weights_only=True ({e}). Save "
-            f"it with torch.save(model.state_dict(), path). Received: {path.name}"
-        ) from e
-    if isinstance(obj, dict):
-        for key in _NESTED_KEYS:
-            if isinstance(obj.get(key), dict):
-                obj = obj[key]
-                break
-    if not isinstance(obj, dict) or not obj:
-        raise WeightFileError(
-            f"Checkpoint {path} holds no state_dict (a dict of tensors). Save it with "
-            f"torch.save(model.state_dict(), path). Received: {type(obj).__name__}"
-        )
-    tensors, skipped = {}, []
-    for name, value in obj.items():
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            tensors[str(name)] = value.float() if value.dtype == torch.bfloat16 else value
-        else:
-            skipped.append(str(name))
-    return tensors, skipped
 
 
 def export(
@@ -52,9 +17,10 @@ def export(
     compress: Annotated[bool, typer.Option(help="gzip the arrays.")] = False,
 ) -> None:
     """Write a checkpoint's float parameters as a fedsplit weight file for `fedsplit upload`."""
-    tensors, skipped = load_state_dict(checkpoint)
-    update = Update.from_state_dict(tensors, num_examples=num_examples, site=site)
-    write_weights(update, output, compress=compress)
+    from fedsplit.orchestration.export import export_checkpoint
+
+    update, skipped = export_checkpoint(checkpoint, output, num_examples=num_examples, site=site,
+                                        compress=compress)
     if skipped:
         typer.echo(f"skipped {len(skipped)} non-float entr(y/ies): {', '.join(skipped[:5])}")
     typer.echo(

@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError
 from rich.console import Console
 
 console = Console(stderr=True, highlight=False)
@@ -44,38 +42,11 @@ def run(
                                                           "giving up.")] = 10,
 ) -> None:
     """Run this hospital's agent: a Flower SuperNode with fedsplit's ClientApp."""
-    from fedsplit.client.site import resolve_data_path
-    from fedsplit.orchestration.flower_runtime import flower_env, supernode_command
-    from fedsplit.orchestration.site_agent import check_key, describe_device, supervise
+    from fedsplit.orchestration.site_agent import run_agent
 
-    if root_cert is None and not insecure:
-        raise ConfigError("Give --root-cert CA.crt to reach the SuperLink over TLS, or --insecure for "
-                          "a plaintext test set-up. Received: neither")
-    if root_cert is not None and insecure:
-        raise ConfigError(f"--root-cert and --insecure exclude each other. Received: both ({root_cert})")
-    if key is not None and root_cert is None:
-        raise ConfigError("Node authentication (--key) needs TLS: add --root-cert. Received: --key "
-                          f"{key} with --insecure")
-    if isolation not in ("subprocess", "process"):
-        raise ConfigError(f"--isolation must be subprocess or process. Received: {isolation!r}")
-    if root_cert is not None and not root_cert.is_file():
-        raise ConfigError(f"--root-cert must be a readable CA certificate file. Received: {root_cert}")
-    if key is not None:
-        check_key(key)
-    data_file = resolve_data_path({"data-path": str(data.resolve())}, RunConfig())
-    if not data_file.is_file():
-        raise ConfigError(f"--data must be this hospital's data file or a folder holding it. "
-                          f"Received: {data}")
-    site_name = name or (data.name if data.is_dir() else data.stem)
-    home = flwr_home or Path.home() / ".fedsplit" / site_name
-    env = flower_env(home)
-    home.mkdir(parents=True, exist_ok=True)
-    cmd = supernode_command(superlink, data_path=data_file.resolve(), site_name=site_name, port=port,
-                            host=host, root_cert=root_cert.resolve() if root_cert else None,
-                            key=key.resolve() if key else None, isolation=isolation)
-    console.print(f"{site_name}: SuperNode -> {superlink} ({'TLS' if root_cert else 'insecure'}"
-                  f"{', node auth' if key else ''}); data {data_file}; trains on {describe_device()}")
-    supervise(cmd, env, max_restarts=max_restarts, name=site_name)
+    run_agent(superlink, data, root_cert=root_cert, key=key, insecure=insecure, name=name,
+              port=port, host=host, isolation=isolation, flwr_home=flwr_home,
+              max_restarts=max_restarts, on_start=console.print)
 
 
 @app.command("prepare")

@@ -2,17 +2,15 @@
 
 The same topology as ``docker/compose.yaml`` on 127.0.0.1: a SuperLink, the coordinator
 (SuperExec running the ServerApp), one ``fedsplit site run`` agent per hospital, each with its own
-partition and FLWR_HOME, and the admin API. It prints one line per round; Ctrl-C or the end of
-the run stops every process it started.
+partition and FLWR_HOME, and the admin API (sequenced by `orchestration.up`). It prints one line
+per round; Ctrl-C, SIGTERM or the end of the run stops every process it started.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
@@ -65,10 +63,6 @@ class RoundPrinter:
                 console.print(round_line(entry, self.total))
 
 
-def _terminate(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def up(
     sites: Annotated[int, typer.Option(min=1, help="Simulated hospitals.")] = 3,
     rounds: Annotated[int, typer.Option(min=1, help="Federation rounds.")] = 3,
@@ -104,50 +98,24 @@ def up(
     ] = "none",
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
-    from fedsplit.orchestration.experiment import prepare_partitions
-    from fedsplit.orchestration.fingerprint import data_fingerprint
-    from fedsplit.orchestration.flower_runtime import attach
-    from fedsplit.orchestration.local_federation import LocalFederation, Site
-    from fedsplit.protocol.privacy import SecureSpec, check_run
-    from fedsplit.server.history import find_resume_point
+    from fedsplit.orchestration.up import UpPlan, run_up
 
-    params = aggregation.parse_param_pairs(param or [])
-    aggregation.get_strategy(strategy, params)  # fail fast on a bad name or value
-    secure = SecureSpec.parse(secure_aggregation)
-    check_run(dp="", secure=secure.to_spec() if secure else "", strategy=strategy)
     work = work.resolve()
     out = (out or work / "out").resolve()
-    cfg = RunConfig(
-        num_server_rounds=rounds, strategy=strategy, strategy_params=json.dumps(params),
+    cfg = RunConfig.from_flower(dict(  # validated: a bad value is a ConfigError naming it
+        num_server_rounds=rounds, strategy=strategy,
+        strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),
         local_epochs=local_epochs, lr=lr, seed=seed, out_dir=str(out), min_nodes=sites,
         quorum=quorum, round_timeout=round_timeout, resume=resume,
-        secure_aggregation=secure.to_spec() if secure else "",
-    )
+        secure_aggregation=secure_aggregation,
+    ))
+    plan = UpPlan(cfg=cfg, work=work, sites=sites, dataset=dataset, partition=partition, tls=tls,
+                  port=port, admin_port=admin_port if admin else None, timeout=timeout,
+                  superlink=superlink, root_cert=root_cert)
     started = time.monotonic()
-    if superlink is not None:  # the hospitals hold their own data: no fingerprint from here
-        console.print(f"[bold]federation[/] on {superlink}: {cfg.strategy}, {cfg.num_server_rounds} rounds")
-        history = attach(cfg, superlink, work, root_cert=root_cert,
-                         on_progress=RoundPrinter(cfg.num_server_rounds))
-        console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: "
-                      f"{len(history.rounds)} rounds; history {out / 'history.json'}")
-        return
-    files = prepare_partitions(work / "sites", dataset, sites, partition, seed)
-    cfg = cfg.model_copy(update={"data_fingerprint": data_fingerprint(files)})
-    if resume:  # refuse an unfinished run on other data before starting any process
-        find_resume_point(out, cfg.to_flower())
-    federation = LocalFederation(
-        work, [Site(n, path.parent) for n, path in files.items()], tls=tls, port=port,
-        admin_port=admin_port if admin else None,
-        say=lambda msg: console.print(f"[dim]{msg}[/]"),
-    )
-    previous = signal.signal(signal.SIGTERM, _terminate)  # `kill` stops everything, like Ctrl-C
-    try:
-        with federation:
-            federation.start()
-            console.print(f"[bold]federation[/]: {sites} hospitals, {strategy}, {rounds} rounds, "
-                          f"quorum {quorum or sites}; logs in {federation.logs}")
-            history = federation.run(cfg, timeout=timeout, on_progress=RoundPrinter(rounds))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    history = run_up(plan, on_progress=RoundPrinter(rounds),
+                     on_stage=lambda msg: console.print(f"[bold]{msg}[/]"),
+                     say=lambda msg: console.print(f"[dim]{msg}[/]"))
+    model = "" if superlink is not None else f"global model {out / 'global.h5'}, "
     console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history.rounds)} "
-                  f"rounds; global model {out / 'global.h5'}, history {out / 'history.json'}")
+                  f"rounds; {model}history {out / 'history.json'}")

@@ -1,4 +1,5 @@
-"""``fedsplit upload``: send a weight file to a round of the admin API, with a progress bar.
+"""``fedsplit upload``: send a weight file to a round of the admin API, with a progress bar
+(the client: `orchestration.upload_client`).
 
 The site token is a secret, so it is never a command-line argument (arguments show in ``ps``
 and in shell history): it is read from ``--token-file PATH`` or, without that option, from
@@ -7,87 +8,13 @@ the environment variable ``FEDSPLIT_SITE_TOKEN``. Surrounding whitespace is stri
 
 from __future__ import annotations
 
-import hashlib
-import os
-import secrets
-import ssl
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from fedsplit.protocol.errors import ConfigError, UploadFailedError
+from fedsplit.orchestration.upload_client import TOKEN_ENV, read_token, upload_file
 
-CHUNK = 1024 * 1024
-TOKEN_ENV = "FEDSPLIT_SITE_TOKEN"
-
-
-def read_token(token_file: Path | None, environ: dict[str, str] | None = None) -> str:
-    """Return the site token from ``token_file`` (when given) or ``$FEDSPLIT_SITE_TOKEN``."""
-    env = os.environ if environ is None else environ
-    if token_file is not None:
-        try:
-            text = token_file.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(
-                f"--token-file {token_file} does not exist. Save the site's token (from `fedsplit "
-                f"admin add-site`) there, readable only by you (chmod 600). Received: {token_file}"
-            ) from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(
-                f"--token-file {token_file} cannot be read ({type(e).__name__}: {e}); it must be a "
-                f"readable text file holding the site's token. Received: {token_file}"
-            ) from None
-        token = text.strip()
-        if not token:
-            raise ConfigError(
-                f"--token-file {token_file} is empty; it must hold the site's token (from "
-                f"`fedsplit admin add-site`). Received: {len(text)} byte(s) of whitespace"
-            )
-        return token
-    if TOKEN_ENV in env:
-        token = env[TOKEN_ENV].strip()
-        if not token:
-            raise ConfigError(
-                f"{TOKEN_ENV} is set but empty; set it to the site's token (from `fedsplit admin "
-                f"add-site`) or pass --token-file PATH. Received: {TOKEN_ENV}={env[TOKEN_ENV]!r}"
-            )
-        return token
-    raise ConfigError(
-        f"No site token: set {TOKEN_ENV} to the site's token (from `fedsplit admin add-site`) or "
-        f"pass --token-file PATH (a file holding it). A token is never a command-line argument: "
-        f"arguments show in `ps` and in shell history. Received: neither"
-    )
-
-
-def multipart_parts(filename: str, num_examples: int | None) -> tuple[str, bytes, bytes]:
-    """Return (boundary, bytes before the file, bytes after it) of the multipart body."""
-    boundary = secrets.token_hex(16)
-    safe = filename.replace('"', "_").replace("\r", "_").replace("\n", "_")
-    head = b""
-    if num_examples is not None:
-        head += (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="num_examples"\r\n\r\n'
-            f"{num_examples}\r\n"
-        ).encode()
-    head += (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{safe}"\r\n'
-        f"Content-Type: application/x-hdf5\r\n\r\n"
-    ).encode()
-    return boundary, head, f"\r\n--{boundary}--\r\n".encode()
-
-
-def tls_verify(root_cert: Path | None) -> ssl.SSLContext | bool:
-    """The TLS verification httpx uses: the system's CAs, or only ``root_cert``."""
-    if root_cert is None:
-        return True
-    try:
-        return ssl.create_default_context(cafile=str(root_cert))
-    except (OSError, ssl.SSLError) as e:
-        raise ConfigError(
-            f"--root-cert must be a readable PEM CA certificate, e.g. the ca.crt written by "
-            f"`fedsplit certs` ({e}). Received: {root_cert}"
-        ) from e
+__all__ = ["TOKEN_ENV", "read_token", "upload"]
 
 
 def upload(
@@ -113,61 +40,17 @@ def upload(
 
     The site token comes from --token-file or $FEDSPLIT_SITE_TOKEN, never from an argument.
     """
-    import httpx
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     token = read_token(token_file)
-    verify = tls_verify(root_cert)
-
-    if not file.is_file():
-        raise UploadFailedError(f"{file} does not exist or is not a file. Received: {file}")
-    size = file.stat().st_size
-    boundary, head, tail = multipart_parts(file.name, num_examples)
-    digest = hashlib.sha256()
-    url = f"{server.rstrip('/')}/api/v1/rounds/{round_id}/uploads"
     with Progress(
         "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn()
     ) as progress:
-        task = progress.add_task(f"upload {file.name}", total=size)
-
-        def body() -> Iterator[bytes]:
-            yield head
-            with open(file, "rb") as fh:
-                while chunk := fh.read(CHUNK):
-                    digest.update(chunk)
-                    progress.update(task, advance=len(chunk))
-                    yield chunk
-            yield tail
-
-        try:
-            response = httpx.post(
-                url,
-                content=body(),
-                headers={
-                    "Authorization": f"Bearer {token}",
-                    "Content-Type": f"multipart/form-data; boundary={boundary}",
-                    "Content-Length": str(len(head) + size + len(tail)),
-                },
-                timeout=httpx.Timeout(timeout, connect=30.0),
-                verify=verify,
-            )
-        except httpx.HTTPError as e:
-            raise UploadFailedError(
-                f"Could not upload to {url} ({type(e).__name__}: {e}). Check --server and that the "
-                f"admin API is running. Received: {server}"
-            ) from e
-    if response.status_code != 201:
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
-        raise UploadFailedError(f"The server refused the upload (HTTP {response.status_code}): {detail}")
-    receipt = response.json()
-    if receipt["sha256"] != digest.hexdigest():
-        raise UploadFailedError(
-            "The server stored different bytes than were sent (sha256 mismatch); upload again. "
-            f"Received: server {receipt['sha256']} vs local {digest.hexdigest()}"
-        )
+        task = progress.add_task(f"upload {file.name}",
+                                 total=file.stat().st_size if file.is_file() else None)
+        receipt = upload_file(file, server, round_id, token=token, num_examples=num_examples,
+                              timeout=timeout, root_cert=root_cert,
+                              on_bytes=lambda n: progress.update(task, advance=n))
     replaced = f", replaced upload {receipt['replaced']}" if receipt.get("replaced") else ""
     typer.echo(
         f"uploaded {file.name} to round {round_id}: upload {receipt['id']}, "

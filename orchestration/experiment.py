@@ -62,9 +62,8 @@ from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
 from fedsplit.protocol.weights import read_schema
+from fedsplit.server.compose import check_composition
 from fedsplit.server.history import find_resume_point
-
-from fedsplit import aggregation
 
 SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -162,7 +161,8 @@ class Experiment:
                 f"per hospital, not both or neither. Received: dataset={self.dataset!r}, "
                 f"{len(self.site_files)} --site")
         cfg = self.cfg
-        aggregation.get_strategy(cfg.strategy, cfg.params)  # a bad name or value fails here
+        # a bad strategy name or value, or a rule the privacy wrappers cannot wrap, fails here
+        check_composition(cfg)
         from fedsplit.client.parallel import ParallelConfig
 
         ParallelConfig.parse(cfg.parallel)

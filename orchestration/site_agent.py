@@ -148,3 +148,47 @@ def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: s
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
+              key: Path | None = None, insecure: bool = False, name: str | None = None,
+              port: int = 9094, host: str = "127.0.0.1", isolation: str = "subprocess",
+              flwr_home: Path | None = None, max_restarts: int = 10,
+              on_start: Callable[[str], None] = lambda _msg: None) -> None:
+    """``fedsplit site run``: check the options against each other, then start this hospital's
+    SuperNode (fedsplit's ClientApp on ``data``) and `supervise` it until it ends.
+
+    ``on_start`` gets one line saying what starts (name, SuperLink, TLS, data, device).
+    """
+    from fedsplit.client.site import resolve_data_path
+    from fedsplit.orchestration.flower_runtime import flower_env, supernode_command
+    from fedsplit.protocol.config import RunConfig
+
+    if root_cert is None and not insecure:
+        raise ConfigError("Give --root-cert CA.crt to reach the SuperLink over TLS, or --insecure for "
+                          "a plaintext test set-up. Received: neither")
+    if root_cert is not None and insecure:
+        raise ConfigError(f"--root-cert and --insecure exclude each other. Received: both ({root_cert})")
+    if key is not None and root_cert is None:
+        raise ConfigError("Node authentication (--key) needs TLS: add --root-cert. Received: --key "
+                          f"{key} with --insecure")
+    if isolation not in ("subprocess", "process"):
+        raise ConfigError(f"--isolation must be subprocess or process. Received: {isolation!r}")
+    if root_cert is not None and not root_cert.is_file():
+        raise ConfigError(f"--root-cert must be a readable CA certificate file. Received: {root_cert}")
+    if key is not None:
+        check_key(key)
+    data_file = resolve_data_path({"data-path": str(data.resolve())}, RunConfig())
+    if not data_file.is_file():
+        raise ConfigError(f"--data must be this hospital's data file or a folder holding it. "
+                          f"Received: {data}")
+    site_name = name or (data.name if data.is_dir() else data.stem)
+    home = flwr_home or Path.home() / ".fedsplit" / site_name
+    env = flower_env(home)
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = supernode_command(superlink, data_path=data_file.resolve(), site_name=site_name, port=port,
+                            host=host, root_cert=root_cert.resolve() if root_cert else None,
+                            key=key.resolve() if key else None, isolation=isolation)
+    on_start(f"{site_name}: SuperNode -> {superlink} ({'TLS' if root_cert else 'insecure'}"
+             f"{', node auth' if key else ''}); data {data_file}; trains on {describe_device()}")
+    supervise(cmd, env, max_restarts=max_restarts, name=site_name)

@@ -240,9 +240,8 @@ class RunConfig(BaseModel):
         the strategy can run under them is the rule's to say (`server.compose`)."""
         from fedsplit.protocol.privacy import check_run
 
-        check_run(dp=self.dp, secure=self.secure_aggregation, strategy=self.strategy,
-                  attack=self.attack, norm=self.norm, proximal_mu=self.proximal_mu,
-                  parallel=self.parallel)
+        check_run(dp=self.dp, secure=self.secure_aggregation, attack=self.attack, norm=self.norm,
+                  proximal_mu=self.proximal_mu, parallel=self.parallel)
         return self
 
     @property

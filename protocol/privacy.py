@@ -1,5 +1,9 @@
-"""The privacy contracts: the ``dp`` and ``secure-aggregation`` run-config specs, the strategies
-that cannot run under secure aggregation, and the secure-aggregation message keys.
+"""The privacy contracts: the ``dp`` and ``secure-aggregation`` run-config specs, which settings
+can go together (`check_run`), and the secure-aggregation message keys.
+
+Which aggregation rules can run under them is the rules' own declaration
+(`aggregation.base.AggregationStrategy.linear` / ``iterative_on_sums``), asked by the
+coordinator's strategy factory (`server.compose`); no name list lives here.
 
 ``dp`` (run config, `fedsplit simulate --dp`) is a comma-separated ``key=value`` list:
 
@@ -35,11 +39,6 @@ from dataclasses import dataclass
 from fedsplit.protocol.errors import ConfigError, FederationError
 
 DP_LEVELS = ("patient", "hospital")
-#: Strategies that need to see every single update; secure aggregation hides them.
-NEEDS_SINGLE_UPDATES = frozenset({"median", "trimmed-mean", "krum", "multi-krum"})
-#: Strategies the secure round runs: fedavg (one secure weighted average per round) and
-#: geometric-median (then one more secure weighted average per smoothed Weiszfeld step).
-SECURE_STRATEGIES = ("fedavg", "geometric-median")
 
 
 class PrivacyBudgetError(FederationError):
@@ -193,24 +192,6 @@ class SecureSpec:
         return k, min(k, max(2, math.ceil(self.threshold * k)))
 
 
-def check_secure_strategy(strategy: str) -> None:
-    """Refuse a strategy that must see single updates when secure aggregation is on."""
-    if strategy in NEEDS_SINGLE_UPDATES:
-        raise ConfigError(
-            f"Strategy {strategy} cannot run with secure aggregation: it compares the single "
-            f"hospitals' updates, and under secure aggregation the coordinator sees only their "
-            f"masked sum. Choose robust or secure: drop --secure-aggregation (robust rules need "
-            f"the single updates), or keep it with geometric-median (robust, each Weiszfeld step "
-            f"one secure weighted average) or fedavg, the documented robust-enough default when "
-            f"each hospital's change is bounded (the secure range bound=B refuses larger ones at "
-            f"the hospital). Received: strategy={strategy}"
-        )
-    if strategy not in SECURE_STRATEGIES:
-        raise ConfigError(
-            f"Secure aggregation runs {', '.join(SECURE_STRATEGIES)} (secure weighted averages "
-            f"only). Drop --secure-aggregation or use one of them. Received: strategy={strategy}")
-
-
 # --- secure aggregation messages (an extension of protocol.horizontal_wire) -----------------
 SECAGG = "secagg"  # record name (config) carried by every secure-aggregation message
 SECAGG_QUERY = "query.secagg"  # message type of the setup, share-keys and unmask stages
@@ -248,12 +229,11 @@ def check_secagg_record(record: dict | object, stage: str, *, reply: bool) -> No
                     f"holds exactly {sorted(allowed)}. Received: keys {sorted(keys)}")
 
 
-def check_run(*, dp: str, secure: str, strategy: str, attack: str = "none", norm: str = "none",
+def check_run(*, dp: str, secure: str, attack: str = "none", norm: str = "none",
               proximal_mu: float = 0.0, parallel: str = "none") -> None:
-    """Refuse privacy settings that cannot work together, before any process starts."""
+    """Refuse privacy settings that cannot work together, before any process starts (whether
+    the strategy can run under them is the rule's to say: `server.compose`)."""
     spec, sec = DPSpec.parse(dp), SecureSpec.parse(secure)
-    if sec is not None:
-        check_secure_strategy(strategy)
     if (spec or sec) and attack not in ("", "none"):
         raise ConfigError(f"Simulated hostile hospitals (--attack) send unprotected poisoned "
                           f"updates; run them without --dp / --secure-aggregation. Received: "
@@ -270,9 +250,6 @@ def check_run(*, dp: str, secure: str, strategy: str, attack: str = "none", norm
     if spec.level == "patient" and parallel.split(":", 1)[0].strip() != "none":
         raise ConfigError(f"Patient-level DP trains with Opacus on one device; use parallel none. "
                           f"Received: parallel={parallel!r}")
-    if spec.level == "hospital" and strategy != "fedavg":
-        raise ConfigError(f"Hospital-level DP clips and noises count-weighted FedAvg; use strategy "
-                          f"fedavg. Received: strategy={strategy}")
     if spec.level == "hospital" and sec is not None:
         raise ConfigError("Hospital-level DP calibrates its noise to the largest count share, which "
                           "secure aggregation hides. Use --dp level=patient with "

@@ -17,13 +17,11 @@ from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FedsplitError
+from fedsplit.server.compose import compose_aggregator, compose_strategy
 from fedsplit.server.history import RunHistory, find_resume_point
-from fedsplit.server.privacy import privacy_aggregator, strategy_class, strategy_kwargs
 from fedsplit.server.setup import ModelSetup, prepare_model, wait_for_nodes
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-
-from fedsplit import aggregation
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +68,9 @@ def server_optimizer(cfg: RunConfig) -> ServerOptimizer | None:
 def main(grid: Grid, context: Context) -> None:
     """Agree on a starting model, then run the configured rounds."""
     cfg = RunConfig.from_flower(context.run_config)
-    # dp / secure-aggregation (server/privacy.py): refuses combinations that cannot work
-    aggregator = privacy_aggregator(cfg, aggregation.get_strategy(cfg.strategy, cfg.params))
+    # the rule under the run's privacy settings (server/compose.py): a rule the privacy
+    # wrappers cannot wrap is refused here
+    aggregator = compose_aggregator(cfg)
     # A restarted coordinator continues an unfinished run from its last completed round.
     resume = find_resume_point(Path(cfg.out_dir), cfg.to_flower()) if cfg.resume else None
     history = RunHistory(Path(cfg.out_dir), cfg.to_flower(),
@@ -99,7 +98,8 @@ def main(grid: Grid, context: Context) -> None:
             history.set_model(setup.model_id)
             history.set_schema(setup.schema, setup.warnings)
             done = 0
-        strategy = strategy_class(cfg)(
+        strategy = compose_strategy(  # the loop, wrapped for secure aggregation and dp
+            cfg,
             aggregator,
             history,
             quorum=quorum,
@@ -113,7 +113,6 @@ def main(grid: Grid, context: Context) -> None:
             min_evaluate_nodes=quorum,
             min_available_nodes=quorum,
             server_optimizer=optimizer,
-            **strategy_kwargs(cfg),
         )
         if done < cfg.num_server_rounds:
             strategy.start(

@@ -45,7 +45,7 @@ from fedsplit.protocol.update import Update
 from fedsplit.server.history import RunHistory
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fedsplit import aggregation
 
@@ -102,6 +102,69 @@ def _metric_dict(record: MetricRecord | None, what: str) -> dict[str, Metric]:
             f"(list[RecordDict], str) -> MetricRecord). Received: {type(record).__name__}"
         )
     return {k: [float(x) for x in v] if isinstance(v, list) else v for k, v in record.items()}
+
+
+class StrategyWrapper(Strategy):
+    """A strategy wrapping another, as Flower's ``DifferentialPrivacy*FixedClipping`` do: every
+    hook goes to the wrapped ``strategy`` unless the wrapper overrides it.
+
+    The innermost strategy is always a `RegistryStrategy` (`loop`): the round loop whose rule,
+    history and round bookkeeping every wrapper shares (`server.compose` builds the stack).
+    """
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+
+    @property
+    def loop(self) -> RegistryStrategy:
+        """The innermost `RegistryStrategy`."""
+        inner = self.strategy
+        while isinstance(inner, StrategyWrapper):
+            inner = inner.strategy
+        if not isinstance(inner, RegistryStrategy):
+            raise ConfigError(f"A fedsplit strategy wrapper wraps a RegistryStrategy (or another "
+                              f"wrapper of one). Received: {type(inner).__name__}")
+        return inner
+
+    @property
+    def aggregator(self) -> AggregationStrategy:
+        """The loop's registry rule."""
+        return self.loop.aggregator
+
+    @property
+    def history(self) -> RunHistory:
+        """The loop's run history."""
+        return self.loop.history
+
+    @property
+    def round_offset(self) -> int:
+        """Rounds completed before this coordinator started (resume)."""
+        return self.loop.round_offset
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """The wrapped strategy's."""
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The wrapped strategy's."""
+        return self.strategy.aggregate_train(server_round, replies)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """The wrapped strategy's."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """The wrapped strategy's."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        """Name the wrapper, then the wrapped strategy's summary."""
+        log.info("\t%s wrapping %s", type(self).__name__, type(self.strategy).__name__)
+        self.strategy.summary()
 
 
 class RegistryStrategy(FedAvg):

@@ -1,4 +1,4 @@
-"""`SecureStrategy`: Flower's FedAvg round loop where the coordinator sees only a masked sum.
+"""`SecureStrategy`: a strategy wrapper whose training rounds the coordinator sees only as a masked sum.
 
 Each training round, after Flower samples the hospitals (`RegistryStrategy.configure_train`):
 
@@ -9,8 +9,13 @@ Each training round, after Flower samples the hospitals (`RegistryStrategy.confi
 4. (in `aggregate_train`) ``query.secagg`` stage ``unmask`` to those that replied; the sum is
    unmasked and decoded into the count-weighted mean change, added to the global model.
 
-With ``geometric-median`` the unmasked mean is z_0 of smoothed Weiszfeld steps, each one more
-secure sum (stages setup, share-keys, ``point``, unmask; `_weiszfeld`, docs/privacy.md).
+It wraps the run's `RegistryStrategy` (as Flower's DP wrappers wrap a strategy): sampling,
+quorum, deadlines, the history and the server optimizer stay the wrapped loop's; only the
+training round's messages and its aggregation change. It asks the rule what it supports
+(`check_secure_rule`): a ``linear`` rule (FedAvg) is the unmasked mean itself; an
+``iterative_on_sums`` rule (geometric median) runs its own iteration from that mean
+(`AggregationStrategy.iterate_on_sums`), each step one more secure sum (stages setup,
+share-keys, ``point``, unmask; `_iterate`, docs/privacy.md). Any other rule is refused.
 
 A hospital that fails or is late at stage 1 or 2 leaves the round; one that drops at 3 is
 removed with its neighbours' shares (up to the reconstruction threshold; `server.secure.secagg`).
@@ -26,29 +31,59 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from fedsplit.aggregation.base import AggregateResult, AggregationReport, SiteReport
+from fedsplit.aggregation.base import (
+    AggregateResult,
+    AggregationReport,
+    AggregationStrategy,
+    SiteReport,
+)
+from fedsplit.aggregation.geometric_median import WeiszfeldStop
 from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import secure_vector as sv
-from fedsplit.protocol.errors import FedsplitError
+from fedsplit.protocol.errors import ConfigError, FedsplitError
 from fedsplit.protocol.horizontal_wire import reply_site
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.protocol.update import Update
-from fedsplit.server.privacy import PrivateStrategy
 from fedsplit.server.secure import unmask
 from fedsplit.server.secure.secagg import SecureSum
-from fedsplit.server.strategy import weighted_mean
+from fedsplit.server.strategy import RegistryStrategy, StrategyWrapper, weighted_mean
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+
+from fedsplit import aggregation
 
 log = logging.getLogger(__name__)
 
 
-class SecureStrategy(PrivateStrategy):
-    """`PrivateStrategy` whose training rounds run SecAgg+ (see the module docstring)."""
+def secure_rules() -> list[str]:
+    """The registered rules secure aggregation runs (those that say they can), by name."""
+    return [name for name in aggregation.strategy_names()
+            if (rule := aggregation.get_strategy(name)).linear or rule.iterative_on_sums]
 
-    def __init__(self, *args: Any, secure: SecureSpec, timeout: float | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+
+def check_secure_rule(rule: AggregationStrategy) -> None:
+    """Refuse a rule that must see single updates: secure aggregation shows only sums."""
+    if rule.linear or rule.iterative_on_sums:
+        return
+    raise ConfigError(
+        f"Strategy {rule.name} cannot run with secure aggregation: it compares the single "
+        f"hospitals' updates, and under secure aggregation the coordinator sees only their "
+        f"masked sum. Choose robust or secure: drop --secure-aggregation (robust rules need "
+        f"the single updates), or keep it with a rule that runs on secure sums: "
+        f"{', '.join(secure_rules())} (fedavg is one secure weighted average per round, the "
+        f"documented robust-enough default when each hospital's change is bounded: the secure "
+        f"range bound=B refuses larger ones at the hospital; geometric-median is robust, each "
+        f"Weiszfeld step one secure weighted average). Received: strategy={rule.name}"
+    )
+
+
+class SecureStrategy(StrategyWrapper):
+    """Wraps a `RegistryStrategy` so that its training rounds run SecAgg+ (module docstring)."""
+
+    def __init__(self, strategy: RegistryStrategy, *, secure: SecureSpec,
+                 timeout: float | None = None) -> None:
+        super().__init__(strategy)
+        check_secure_rule(self.aggregator)
         self.secure = secure
         self.timeout = timeout
         self._grid: Grid | None = None
@@ -73,7 +108,8 @@ class SecureStrategy(PrivateStrategy):
                         grid: Grid) -> list[Message]:
         """Flower's sampling, then the setup and share-keys stages; the collect stage rides on
         the train instructions."""
-        msgs = super().configure_train(server_round, arrays, config, grid)
+        loop = self.loop
+        msgs = list(self.strategy.configure_train(server_round, arrays, config, grid))
         r = server_round + self.round_offset
         if not msgs:
             return msgs
@@ -90,21 +126,47 @@ class SecureStrategy(PrivateStrategy):
                 {n: (list(rep["dsts"]), list(rep["ciphertexts"])) for n, rep in shared.items()})
         except FedsplitError as e:
             log.warning("Round %s: secure aggregation could not start: %s", r, e)
-            self._skipped[("train", r)] = f"secure aggregation could not start: {e}"
-            self._sent.pop(("train", r), None)
+            loop._skipped[("train", r)] = f"secure aggregation could not start: {e}"
+            loop._sent.pop(("train", r), None)
             return []
         self.stage_seconds[r] = {"setup": t1 - start, "share-keys": time.monotonic() - t1}
         kept = [self._with_record(m, ConfigRecord(collect[m.metadata.dst_node_id]))
                 for m in msgs if m.metadata.dst_node_id in collect]
-        self._sent[("train", r)] = kept
+        loop._sent[("train", r)] = kept  # the wrapped loop waits for (and names) these
         self._runs[r] = (run, {k: a.numpy() for k, a in arrays.items()})
         return kept
 
-    def _secure_step(self, r: int, nodes: list[int], point: np.ndarray, scale: float,
+    def _iterate(self, r: int, nodes: list[int], start: dict[str, np.ndarray],
+                 mean: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The rule's own iteration (`AggregationStrategy.iterate_on_sums`; the geometric median's
+        smoothed Weiszfeld steps) from the secure mean, each step one secure weighted average
+        among the hospitals still taking part (fresh keys and masks): each hospital weighs
+        itself by its own distance to the broadcast point. A step that fails (too many
+        dropouts) ends the iteration at the last point."""
+        nu = float(self.aggregator.params.nu)
+        taking_part = list(nodes)
+        scale = sv.max_distance(sv.flat(mean).size, self.secure.bound) * 2.0 ** -sv.WEIGHT_BITS
+
+        def step(point: dict[str, np.ndarray]) -> tuple[float, dict[str, np.ndarray]]:
+            nonlocal taking_part, scale
+            try:
+                nxt, count, objective, taking_part = self._secure_step(
+                    r, taking_part, sv.flat(point), scale, nu, start)
+            except FedsplitError as e:
+                log.warning("Round %s: secure step failed, keeping the last point: %s", r, e)
+                raise WeiszfeldStop(f"a secure step failed ({e}); kept the last point") from e
+            if not nxt:
+                raise WeiszfeldStop("no hospital left to move towards")
+            scale = objective / count if count else scale
+            return objective, nxt
+
+        return self.aggregator.iterate_on_sums(step, mean)
+
+    def _secure_step(self, r: int, nodes: list[int], point: np.ndarray, scale: float, nu: float,
                      start: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int, float,
                                                             list[int]]:
-        """One smoothed-Weiszfeld step as one secure sum among ``nodes`` (fresh keys and masks):
-        (next point, total count, objective g(point), hospitals that took part)."""
+        """One step as one secure sum among ``nodes`` (fresh keys and masks): (next point,
+        total count, objective g(point), hospitals that took part)."""
         grid = self._grid
         run = SecureSum(self.secure, nodes, round=r)
         setup = self._ask(grid, {n: run.setup_config() for n in run.nodes})
@@ -112,7 +174,6 @@ class SecureStrategy(PrivateStrategy):
             {n: (rep["pk1"], rep["pk2"]) for n, rep in setup.items()}))
         collect = run.collect_instructions(
             {n: (list(rep["dsts"]), list(rep["ciphertexts"])) for n, rep in shared.items()})
-        nu = float(self.aggregator.params.nu)
         replies = self._ask(grid, {n: {**cfg, pv.STAGE: pv.POINT, "point": point.tobytes(),
                                        "scale": float(scale), "nu": nu}
                                    for n, cfg in collect.items()})
@@ -124,36 +185,6 @@ class SecureStrategy(PrivateStrategy):
         nxt, _weight, count, objective = sv.decode_weiszfeld(total, start, self.secure.bound,
                                                              self.secure.levels)
         return nxt, count, objective, run.u2
-
-    def _weiszfeld(self, r: int, nodes: list[int], start: dict[str, np.ndarray],
-                   mean: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """The geometric median of the hospitals' changes by smoothed Weiszfeld steps, each one
-        secure weighted average (`aggregation.geometric_median`'s rule and stopping test; each
-        hospital weighs itself by its own distance to the broadcast point). Starts from the
-        secure mean; a step that fails (too many dropouts) ends the iteration at the last point."""
-        params = self.aggregator.params
-        point = mean
-        flat = sv.flat(point)
-        scale = sv.max_distance(flat.size, self.secure.bound) * 2.0 ** -sv.WEIGHT_BITS
-        objectives: list[float] = []
-        stopped = "max_iter"
-        for _ in range(int(params.max_iter)):
-            try:
-                nxt, count, objective, nodes = self._secure_step(r, nodes, flat, scale, start)
-            except FedsplitError as e:
-                log.warning("Round %s: secure Weiszfeld step failed, keeping the last point: %s",
-                            r, e)
-                stopped = f"a secure step failed ({e}); kept the last point"
-                break
-            objectives.append(objective)
-            if not nxt or objective == 0.0:
-                stopped = "no hospital left to move towards" if not nxt else "objective 0"
-                break
-            point, flat, scale = nxt, sv.flat(nxt), objective / count
-            if len(objectives) > 1 and objectives[-2] - objective <= params.eps * objectives[-2]:
-                stopped = "eps"
-                break
-        return point, {"steps": len(objectives), "objectives": objectives, "stopped": stopped}
 
     @staticmethod
     def _with_record(msg: Message, record: ConfigRecord) -> Message:
@@ -169,14 +200,15 @@ class SecureStrategy(PrivateStrategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Unmask the sum of the masked replies; the global model moves by the weighted mean."""
+        loop = self.loop  # its round bookkeeping: who was sent what, skipped rounds, the quorum
         r = server_round + self.round_offset
         replies = list(replies)
-        senders, missing = self._missing("train", r, replies)
+        senders, missing = loop._missing("train", r, replies)
         sites: list[dict[str, Any]] = []
         masked: dict[int, np.ndarray] = {}
         rows: list[tuple[float, dict[str, Any]]] = []
         for msg in replies:
-            site = self._site(msg, senders)
+            site = loop._site(msg, senders)
             if not msg.has_content() or pv.MASKED not in msg.content.array_records:
                 reason = msg.error.reason if msg.has_error() else "no masked vector"
                 sites.append({"site": site, "excluded": True,
@@ -191,7 +223,7 @@ class SecureStrategy(PrivateStrategy):
             sites.append({"site": reply_site(msg), "metrics": metrics, "info": info,
                           "secure": True})
         sites.extend(missing)
-        if (skipped := self._skipped.pop(("train", r), None)) is not None:
+        if (skipped := loop._skipped.pop(("train", r), None)) is not None:
             self.history.record_train(r, None, sites, {}, error=skipped)
             return None, None
         run, start = self._runs.pop(r)
@@ -202,13 +234,13 @@ class SecureStrategy(PrivateStrategy):
                                for n, rep in unmask.items()})
             mean, count = sv.decode(total, start, self.secure.bound, self.secure.levels)
         except FedsplitError as e:
-            return self._short(r, sites, f"secure aggregation failed: {e}; global model unchanged")
-        if len(masked) < self.quorum:
-            return self._short(r, sites, f"only {len(masked)} masked replies, fewer than the "
-                                         f"quorum of {self.quorum}; global model unchanged")
+            return loop._short(r, sites, f"secure aggregation failed: {e}; global model unchanged")
+        if len(masked) < loop.quorum:
+            return loop._short(r, sites, f"only {len(masked)} masked replies, fewer than the "
+                                         f"quorum of {loop.quorum}; global model unchanged")
         weiszfeld = None
-        if self.aggregator.name == "geometric-median":
-            mean, weiszfeld = self._weiszfeld(r, run.u2, start, mean)
+        if self.aggregator.iterative_on_sums:  # else linear: the secure mean is the aggregate
+            mean, weiszfeld = self._iterate(r, run.u2, start, mean)
         arrays = {k: (np.asarray(start[k], np.float64) + mean[k]).astype(np.asarray(start[k]).dtype)
                   for k in start}
         seconds = {**self.stage_seconds.pop(r, {}), "unmask": time.monotonic() - t0}
@@ -227,11 +259,10 @@ class SecureStrategy(PrivateStrategy):
         )
         result = AggregateResult(arrays, count, report)
         metrics = weighted_mean(rows)
-        optimizer = getattr(self, "server_optimizer", None)
+        optimizer = loop.server_optimizer
         if optimizer is not None:  # the secure mean is the pseudo-gradient's target, as in plain runs
             arrays = optimizer.step(start, result.arrays)
             self.history.record_train(r, result, sites, metrics, arrays=arrays, server_opt=optimizer)
         else:
             self.history.record_train(r, result, sites, metrics)
-        self.record_epsilon(r)
         return Update(arrays=arrays, num_examples=count).to_array_record(), MetricRecord(metrics)

@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
-from fedsplit.cli.upload import TOKEN_ENV, read_token, upload
-from fedsplit.protocol.errors import ConfigError
+from fedsplit.cli.upload import upload
+from fedsplit.orchestration.flower_runtime import free_port
+from fedsplit.orchestration.upload_client import TOKEN_ENV, read_token, upload_file
+from fedsplit.protocol.errors import ConfigError, UploadFailedError
 
 
 def test_token_file_is_read_and_stripped(tmp_path: Path) -> None:
@@ -59,3 +61,15 @@ def test_upload_has_no_token_argument() -> None:
     """A secret is never an argument: the command takes no --token option."""
     assert "token" not in upload.__annotations__
     assert "token_file" in upload.__annotations__
+
+
+def test_the_client_refuses_a_missing_file_and_names_an_unreachable_server(tmp_path: Path) -> None:
+    """The upload client (the CLI's `upload` only parses, calls and prints)."""
+    with pytest.raises(UploadFailedError, match="does not exist or is not a file"):
+        upload_file(tmp_path / "none.h5", "http://127.0.0.1:9", 1, token="fss_x")
+    model = tmp_path / "m.h5"
+    model.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(64))
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(UploadFailedError, match=r"Could not upload to .*/api/v1/rounds/7/uploads.*"
+                                                r"Check --server"):
+        upload_file(model, url, 7, token="fss_x", timeout=5)

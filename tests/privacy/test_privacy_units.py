@@ -10,9 +10,11 @@ from fedsplit.aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams,
 from fedsplit.client.models import ModelSpec, build_model
 from fedsplit.client.privacy import check_budget, fit_private, plan_noise, spent_epsilon
 from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, UpdateError
 from fedsplit.protocol.privacy import DPSpec, PrivacyBudgetError, SecureSpec, check_run
 from fedsplit.protocol.update import Update
+from fedsplit.server.compose import check_composition
 
 from tests.privacy.secure_harness import secure_sum
 
@@ -31,8 +33,10 @@ def test_dp_spec_parses_and_refuses() -> None:
 @pytest.mark.parametrize("strategy", ["median", "trimmed-mean", "krum", "multi-krum"])
 def test_robust_rules_refuse_secure_aggregation(strategy: str) -> None:
     with pytest.raises(ConfigError, match=r"masked sum.*fedavg"):
-        check_run(dp="", secure="on", strategy=strategy)
-    check_run(dp="", secure="on", strategy="fedavg")
+        check_composition(RunConfig(strategy=strategy, secure_aggregation="on"))
+    check_composition(RunConfig(strategy="fedavg", secure_aggregation="on"))
+    check_composition(RunConfig(strategy="geometric-median", secure_aggregation="on"))
+    check_run(dp="", secure="on")
 
 
 def test_budget_stop_after_planned_rounds() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,9 @@ import pytest
 from fedsplit.client.secure.agent import UPDATE, UPDATE_COUNT, handle_query
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.protocol.update import Update
+from fedsplit.server.history import RunHistory
 from fedsplit.server.secure.strategy import SecureStrategy
+from fedsplit.server.strategy import RegistryStrategy
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -42,10 +45,14 @@ class InProcessGrid:
                 for m in msgs if m.metadata.dst_node_id not in self.drop]
 
 
-def _strategy(spec: SecureSpec, grid: InProcessGrid, **params: Any) -> SecureStrategy:
-    strategy = object.__new__(SecureStrategy)  # only the secure parts: no history, no Flower loop
-    strategy.secure, strategy.timeout, strategy._grid = spec, None, grid
-    strategy.aggregator = aggregation.get_strategy("geometric-median", params)
+def _strategy(spec: SecureSpec, grid: InProcessGrid, tmp_path: Path, **params: Any
+              ) -> SecureStrategy:
+    """The secure wrapper around a loop merging with geometric-median; only its secure steps
+    run here (no Flower round loop)."""
+    loop = RegistryStrategy(aggregation.get_strategy("geometric-median", params),
+                            RunHistory(tmp_path, config={}))
+    strategy = SecureStrategy(loop, secure=spec)
+    strategy._grid = grid
     return strategy
 
 
@@ -61,7 +68,7 @@ def test_each_train_message_gets_its_own_secure_record() -> None:
     assert [m.metadata.dst_node_id for m in out] == [5, 9]
 
 
-def test_secure_weiszfeld_equals_the_geometric_median() -> None:
+def test_secure_weiszfeld_equals_the_geometric_median(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     n = 7
     ids = [(1 << 63) + 101 * i for i in range(n)]  # node ids as large as Flower draws them
@@ -75,16 +82,17 @@ def test_secure_weiszfeld_equals_the_geometric_median() -> None:
         nodes[i].state.config_records[UPDATE_COUNT] = ConfigRecord({"count": c})
     total = sum(counts)
     mean = {k: sum(d[k] * c for d, c in zip(deltas, counts, strict=True)) / total for k in ("w", "b")}
-    # run to convergence on both sides (with the default eps the secure loop, which learns
-    # g(z_t) together with z_{t+1}, returns one Weiszfeld step more than the registry rule)
+    # one iteration (aggregation.geometric_median.weiszfeld) on both sides: the same steps,
+    # the same stopping test, the same point returned
     params = {"eps": 1e-9, "max_iter": 200}
-    strategy = _strategy(SecureSpec(bound=1.0), InProcessGrid(nodes), **params)
-    point, details = strategy._weiszfeld(1, ids, {k: np.zeros_like(v) for k, v in mean.items()},
-                                         mean)
+    strategy = _strategy(SecureSpec(bound=1.0), InProcessGrid(nodes), tmp_path, **params)
+    point, details = strategy._iterate(1, ids, {k: np.zeros_like(v) for k, v in mean.items()},
+                                       mean)
     plain = aggregation.aggregate_updates(
         aggregation.get_strategy("geometric-median", params),
         [Update(arrays=d, num_examples=c) for d, c in zip(deltas, counts, strict=True)])
-    assert details["steps"] >= 2 and details["stopped"] == "eps"
+    assert details["steps"] >= 2 and details["stopped"] == "converged"
+    assert details["steps"] == plain.report.details["iterations"] + 1  # + the step at z_0
     for k in ("w", "b"):  # within the quantisation (2B / L = 1.9e-6) and weight rounding
         assert np.max(np.abs(point[k] - plain.arrays[k])) < 1e-5
     # and robust: the hostile hospital pulls the mean far from the honest ones, the median hardly
@@ -93,7 +101,7 @@ def test_secure_weiszfeld_equals_the_geometric_median() -> None:
     assert pulled > 0.1 and kept < 0.1 * pulled
 
 
-def test_secure_weiszfeld_survives_a_dropout() -> None:
+def test_secure_weiszfeld_survives_a_dropout(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     ids = [1000 + i for i in range(6)]
     deltas = {i: {"w": rng.normal(0, 0.05, 20)} for i in ids}
@@ -103,8 +111,8 @@ def test_secure_weiszfeld_survives_a_dropout() -> None:
                                                       ).to_array_record()
         nodes[i].state.config_records[UPDATE_COUNT] = ConfigRecord({"count": 100})
     mean = {"w": np.mean([deltas[i]["w"] for i in ids], axis=0)}
-    strategy = _strategy(SecureSpec(bound=1.0), InProcessGrid(nodes, drop={ids[2]}))
-    point, details = strategy._weiszfeld(1, ids, {"w": np.zeros(20)}, mean)
+    strategy = _strategy(SecureSpec(bound=1.0), InProcessGrid(nodes, drop={ids[2]}), tmp_path)
+    point, details = strategy._iterate(1, ids, {"w": np.zeros(20)}, mean)
     plain = aggregation.aggregate_updates(
         aggregation.get_strategy("geometric-median", {}),
         [Update(arrays=deltas[i], num_examples=100) for i in ids if i != ids[2]])
