@@ -1,7 +1,11 @@
-"""Aggregation strategies and their registry (numpy only; no Flower, no FastAPI).
+"""Aggregation strategies and their registry (no Flower, no FastAPI).
 
 Importing this package registers every built-in strategy. Look one up with
-`get_strategy(name, params)`; list them with `describe_strategies()`.
+`get_strategy(name, params)`; list them with `describe_strategies()`; run one with
+`aggregate_updates`. The rules are built from six operations of `aggregation.backend`, which
+runs each pass on the numpy reference, compiled kernels (C through cffi, numba) or a CUDA GPU
+(torch), as its `select` decides (``FEDSPLIT_AGG_BACKEND``); importing this package imports
+none of numba, cffi or torch.
 """
 
 from fedsplit.aggregation import fedavg as _fedavg  # noqa: F401  (registers "fedavg")

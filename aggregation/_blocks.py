@@ -11,9 +11,10 @@ slicing when it is an in-memory `protocol.Update`. The block length ``b`` is cho
 the buffer plus the reducer's own working memory stay under the budget, whatever N.
 Strategies supply only the reducer that turns a stacked block into aggregate values.
 
-A reducer whose compiled kernels read the updates where they lie (`StackReducer.takes_rows`)
-gets a block as `Rows` instead: one view per update (its own memory, or the weight file's
-mapped pages), no stacked copy and no separate finite check; the reducer's own output
+A reducer whose backend reads the updates where they lie (`StackReducer.takes_rows`: the
+compiled kernels, `aggregation._compiled`) gets a block as `Rows` instead: one view per
+update (its own memory, or the weight file's mapped pages), no stacked copy and no separate
+finite check; the reducer's own output
 (`StackReducer.proof`: distances, the Gram matrix) proves the values finite instead. Blocks
 that cannot be viewed (HDF5 reads, float16 files) are still stacked.
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,10 +36,6 @@ from fedsplit.protocol.weights import WeightFile
 
 #: Default working-memory budget of a robust aggregation (bytes): 512 MiB.
 DEFAULT_MEMORY_BUDGET = 512 * 1024**2
-
-#: Whether a reader drops a mapped weight-file block's pages once it is done with it, so the
-#: process's resident memory holds about one block per file (``FEDSPLIT_UNMAP=0``: keep them).
-UNMAP_DONE = os.environ.get("FEDSPLIT_UNMAP", "1") != "0"
 
 #: Largest stacked buffer worth allocating even when the budget allows more: bigger blocks
 #: only add page faults, while reads (one per update per block) are already large.
@@ -246,7 +242,7 @@ class BlockReader:
 
     def _unmap(self, block: Block | None) -> None:
         """Drop a mapped block's pages from the process (they stay in the page cache)."""
-        if block is not None and self._file is not None and UNMAP_DONE:
+        if block is not None and self._file is not None:
             self._file.unmap(block.name, block.start, block.stop)
 
     def _flat(self, name: str) -> np.ndarray:
@@ -340,7 +336,7 @@ class BlockReader:
         self._cached = None
         self._unmap(self._viewed)
         self._viewed = None
-        if self._file is not None and UNMAP_DONE:
+        if self._file is not None:
             self._file.drop_done()
 
 
@@ -412,7 +408,7 @@ class Rows:
 
     What `iter_stacks` hands a reducer instead of a stacked copy when every update's block can
     be viewed (`BlockReader.view`) in the plan's dtype; `addresses` are the rows' first values,
-    as the compiled kernels take them (`aggregation._numba_kernels`).
+    as the compiled kernels take them (`aggregation._compiled`).
     """
 
     def __init__(self, views: list[np.ndarray]) -> None:

@@ -1,4 +1,4 @@
-"""The streamed passes' compiled kernels: C, built with cffi on first use and cached.
+"""The compiled backend's C kernels (``weighted_sum``, ``squared_distances``), built with cffi.
 
 FedAvg's weighted sum and the distance pass read every value once and do little arithmetic
 on it: they are bound by memory, and what a compiled kernel saves there (about half the pass:
@@ -7,14 +7,15 @@ numba's start-up (about 0.2 s to import numba and load cached kernels). So these
 are a few lines of C compiled by cffi, loaded as a plain extension module in about a
 millisecond, which releases the GIL on every call (the aggregation's worker threads run
 them side by side). The order statistics and Krum's tiles stay in numba
-(`aggregation._numba_kernels`): their start-up pays for itself on the passes they serve.
+(`aggregation._numba_kernels`): their start-up pays for itself on the passes they serve. The
+compiled backend (`aggregation._compiled`) is the only caller.
 
-Kernels (the same arithmetic as the numpy reference in `aggregation.building_blocks`):
+Kernels (the same arithmetic as the numpy reference in `aggregation._reference`):
 
 - `StreamedKernels.weighted_sum` (a worker's prepared `WeightedSum` calls): one block of the
   weighted mean over N updates per call. Each update is taken where it lies (an in-memory
   update's own memory) or read by the call itself from its weight file (one ``pread`` per
-  update and sub-block of `building_blocks.file_block` values into a row buffer that stays in the core's
+  update and sub-block of `_compiled.file_block` values into a row buffer that stays in the core's
   cache). Products are rounded to the working precision before they are added (compiled
   without contraction into fused multiply-adds), in groups of ``group`` updates whose sums
   are added in float64 (float32 models), or one float64 sum (float64 models): the result is
@@ -22,8 +23,8 @@ Kernels (the same arithmetic as the numpy reference in `aggregation.building_blo
   finished mean is added in the same call, tile by tile (2048 coordinates: the tile's N inputs
   are still in the core's cache when they are re-read).
 - `StreamedKernels.squared_distance`: ``sum((x - ref)**2)``, differences in the input
-  precision, squares summed in float64 over eight interleaved partial sums (as the numba
-  kernel it replaces; the numpy reference sums float32 squares with BLAS's dot).
+  precision, squares summed in float64 over eight interleaved partial sums (the numpy
+  reference sums float32 squares with BLAS's dot).
 
 Building: ``python -m fedsplit.aggregation._ckernels`` (``make setup`` runs it), or the first pass that
 wants the kernels, builds them in a subprocess (cffi and the machine's C compiler, about a
@@ -35,7 +36,7 @@ moved into place by rename, so a concurrent process never loads half a file
 removed. An AVX2 clone of each kernel is chosen when the module loads where the CPU has it
 (the same bits as the baseline clone). Where no C
 compiler (or no Python headers) is found, the reason is recorded beside it and the passes
-stay in numpy (``FEDSPLIT_AGG_KERNELS=compiled`` then fails and names the reason; running
+stay in numpy (``FEDSPLIT_AGG_BACKEND=compiled`` then fails and names the reason; running
 ``python -m fedsplit.aggregation._ckernels`` tries again).
 """
 

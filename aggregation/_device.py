@@ -1,20 +1,22 @@
-"""The coordinator's GPU: the stacked and streamed passes on a CUDA device with torch.
+"""The GPU backend: the six aggregation operations in torch on a CUDA device.
 
-`aggregation.aggregate_updates(..., device="auto")` (and ``fedsplit aggregate --device``)
-chooses where the passes run and sets it for the call (`using`):
+`GpuBackend` is what `aggregation.backend.select` returns for a pass on the GPU; where the
+passes run is set per call (`using`: ``aggregate_updates(..., device=...)``,
+``fedsplit aggregate --device``) and read by `select` with ``FEDSPLIT_AGG_BACKEND``:
 
-- ``cpu``: numpy, or the compiled kernels (`aggregation._kernels`);
-- ``cuda`` / ``cuda:N``: torch on that device (an error when torch has no CUDA device);
+- ``cpu``: never the GPU (numpy or the compiled kernels);
+- ``cuda`` / ``cuda:N``: every pass on that device (an error when torch has no CUDA device);
 - ``auto`` (default): the first CUDA device when there is one, for passes over at least
-  `aggregation._kernels.COMPILED_FROM` values; else the CPU. Whether a machine may have a GPU
-  is checked without importing torch (an NVIDIA driver node, and torch installed), so an
-  aggregation on a machine without one never imports torch.
+  `aggregation.backend.COMPILED_FROM` values (under ``FEDSPLIT_AGG_BACKEND=auto``; every pass
+  under ``gpu``; none under ``numpy`` or ``compiled``); else the CPU. Whether a machine may
+  have a GPU is checked without importing torch (an NVIDIA driver node, and torch installed),
+  so an aggregation on a machine without one never imports torch.
 
 On the device, blocks are read on the host exactly as on the CPU (`aggregation._blocks`: the
 ``(N, b)`` stack, sized to the memory budget, or each update's block), copied to the device
 and reduced there; the budget covers the device's copies too (`DEVICE_BYTES_PER_VALUE`).
-Results equal the CPU path within the tolerances of docs/aggregation.md ("The coordinator's
-GPU"): sorted ranks and the Krum choice are the same, sums run in float64.
+Results equal the numpy reference within the tolerances of docs/aggregation.md ("Backends"):
+sorted ranks and the Krum choice are the same, sums run in float64.
 
 `TorchDevice` also runs on ``torch.device("cpu")``: the tests use that to check the torch code
 against the numpy reference on machines without a GPU.
@@ -33,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from fedsplit.aggregation._blocks import flat_view, iter_stacks, plan_stack
-from fedsplit.aggregation._kernels import COMPILED_FROM
+from fedsplit.aggregation._interface import Backend, DistancePass, MeanPass, OrderResults
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.protocol.arrays import ArraySpec
 from fedsplit.protocol.update import UpdateSource
@@ -74,7 +76,7 @@ class TorchDevice:
     # ---------------------------------------------------------------- order statistics
 
     def trim(self, stack: np.ndarray, out: np.ndarray, cut: int) -> tuple[np.ndarray, np.ndarray]:
-        """Unweighted trimmed mean / median of a stacked block (as `_order.TrimReducer`)."""
+        """Unweighted trimmed mean / median of a stacked block (as `_reference.trim_tile`)."""
         torch = self.torch
         x = self._to(stack)
         n = x.shape[0]
@@ -99,7 +101,7 @@ class TorchDevice:
     def weighted_median(
         self, stack: np.ndarray, out: np.ndarray, counts: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Count-weighted median of a stacked block (as `_order.WeightedMedianReducer`)."""
+        """Count-weighted median of a stacked block (as `_reference.weighted_median_tile`)."""
         torch = self.torch
         x = self._to(stack)
         n, t = x.shape
@@ -120,7 +122,7 @@ class TorchDevice:
     def weighted_trim(
         self, stack: np.ndarray, out: np.ndarray, counts: np.ndarray, lo: float, hi: float
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Count-weighted trimmed mean of a stacked block (as `_order.WeightedTrimReducer`)."""
+        """Count-weighted trimmed mean of a stacked block (as `_reference.weighted_trim_tile`)."""
         torch = self.torch
         x = self._to(stack)
         n = x.shape[0]
@@ -200,6 +202,7 @@ class TorchDevice:
 class _Choice:
     device: TorchDevice | None
     forced: bool  # a device named explicitly: every pass uses it, whatever its size
+    spec: str = "auto"  # as the call named it: auto, cpu, cuda, cuda:N (or a TorchDevice)
 
 
 _CURRENT: contextvars.ContextVar[_Choice | None] = contextvars.ContextVar(
@@ -218,7 +221,7 @@ def _may_have_cuda() -> bool:
 def resolve(spec: str | TorchDevice | None) -> _Choice:
     """Turn ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (or a `TorchDevice`) into a choice."""
     if isinstance(spec, TorchDevice):
-        return _Choice(spec, True)
+        return _Choice(spec, True, str(spec.device))
     text = "auto" if spec is None else str(spec).strip().lower()
     if not _SPEC.fullmatch(text):
         raise AggregationError(
@@ -226,12 +229,12 @@ def resolve(spec: str | TorchDevice | None) -> _Choice:
             f"'cuda:N'. Received: {spec!r}"
         )
     if text == "cpu" or (text == "auto" and not _may_have_cuda()):
-        return _Choice(None, False)
+        return _Choice(None, False, text)
     import torch
 
     if not torch.cuda.is_available():
         if text == "auto":
-            return _Choice(None, False)
+            return _Choice(None, False, text)
         raise AggregationError(
             f"--device {text} asks for a CUDA GPU, but torch sees none (torch "
             f"{torch.__version__}, CUDA build: {torch.version.cuda is not None}). Use --device "
@@ -243,7 +246,7 @@ def resolve(spec: str | TorchDevice | None) -> _Choice:
             f"There are {torch.cuda.device_count()} CUDA device(s), numbered from 0. "
             f"Received: {spec!r}"
         )
-    return _Choice(TorchDevice(f"cuda:{index}"), text != "auto")
+    return _Choice(TorchDevice(f"cuda:{index}"), text != "auto", text)
 
 
 @contextlib.contextmanager
@@ -265,11 +268,61 @@ def current() -> TorchDevice | bool | None:
     return choice.device if choice.device is not None else False
 
 
-def active_device(values: int) -> TorchDevice | None:
-    """The device a pass over ``values`` values runs on (None: the CPU)."""
+def gpu_for(mode: str, values: int, threshold: int) -> TorchDevice | None:
+    """The GPU a pass over ``values`` values runs on, None for the CPU (the policy:
+    `aggregation.backend.select`; ``mode`` is ``FEDSPLIT_AGG_BACKEND``)."""
     choice = _CURRENT.get()
+    if mode == "gpu":
+        if choice is not None and choice.device is not None:
+            return choice.device
+        if choice is not None and choice.spec == "cpu":
+            raise AggregationError(
+                "FEDSPLIT_AGG_BACKEND=gpu runs every pass on a CUDA GPU, but the call asks for "
+                "the CPU. Drop --device cpu (or device='cpu'), or unset FEDSPLIT_AGG_BACKEND. "
+                "Received: device 'cpu'"
+            )
+        try:
+            return resolve("cuda").device
+        except AggregationError as e:
+            raise AggregationError(
+                f"FEDSPLIT_AGG_BACKEND=gpu runs every pass on a CUDA GPU, but there is none: {e}"
+            ) from e
     if choice is None or choice.device is None:
         return None
-    if choice.forced or values >= COMPILED_FROM:
+    if choice.forced or (mode == "auto" and values >= threshold):
         return choice.device
     return None
+
+
+class GpuBackend(Backend):
+    """The six operations in torch on one device (`TorchDevice`); every block goes there."""
+
+    name = "gpu"
+    device_bytes_per_value = DEVICE_BYTES_PER_VALUE
+
+    def __init__(self, device: TorchDevice) -> None:
+        super().__init__()
+        self.device = device
+
+    def weighted_sum(self, updates, specs, share, arrays, *, memory_budget, distances):
+        working = self.device.weighted_mean(updates, specs, share, arrays, memory_budget)
+        dist = None
+        if distances:  # a second pass over the updates
+            dist, used = self.device.distances(updates, specs, arrays, memory_budget)
+            working = max(working, used)
+        return MeanPass(arrays=arrays, working_bytes=working, distances=dist)
+
+    def squared_distances(self, updates, specs, arrays, *, memory_budget) -> DistancePass:
+        return DistancePass(*self.device.distances(updates, specs, arrays, memory_budget))
+
+    def trimmed_mean(self, values, out, cut) -> OrderResults:
+        return [self.device.trim(values, out, cut)]
+
+    def weighted_median(self, values, out, counts) -> OrderResults:
+        return [self.device.weighted_median(values, out, counts)]
+
+    def weighted_trimmed_mean(self, values, out, counts, lo, hi) -> OrderResults:
+        return [self.device.weighted_trim(values, out, counts, lo, hi)]
+
+    def gram(self, values, grams) -> None:
+        grams[0] += self.device.gram(values)

@@ -1,7 +1,7 @@
-"""numba-compiled kernels of the aggregation passes (imported only through `aggregation._kernels`).
+"""numba kernels of the stacked operations (imported only through `aggregation._compiled`).
 
 Each kernel does exactly the arithmetic of the numpy reference it replaces, in the same
-precision (differences and where they come from: docs/aggregation.md, "Compiled kernels").
+precision (differences and where they come from: docs/aggregation.md, "Backends").
 Arrays are float32 or float64 and C-contiguous; scalars are int64 or float64, so each kernel
 compiles for two signatures at most. Every kernel releases the GIL (``nogil``) and is cached
 on disk (``cache=True``) when a cache directory is writable.

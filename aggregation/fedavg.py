@@ -2,35 +2,33 @@
 
     w = sum_k n_k * w_k / sum_k n_k
 
-One streamed pass of `aggregation.building_blocks.weighted_mean` with the sample counts as
-weights: the model is cut into cache-sized blocks and every update is read once, from where it
-lies (a view of an in-memory update; for a weight file, one positional read of the block's
-bytes from the page cache, or an HDF5 hyperslab read when the values need converting).
-With the C kernels (`aggregation._ckernels`, the default where a C compiler built them) each
-block is one call that multiplies every update's values by its weight ``n_k / sum n`` and
-sums them tile by tile; in numpy, each update's block is multiplied into a cache-resident
-buffer and added to the block's accumulator. Nothing is stacked or cast-copied first
-(`bench/aggregation.py` measures the share of the machine's read bandwidth reached).
+One streamed pass of the backend's ``weighted_sum`` (`aggregation.backend`) with the sample
+counts as weights: the model is cut into cache-sized blocks and every update is read once,
+from where it lies (a view of an in-memory update; for a weight file, one positional read of
+the block's bytes from the page cache, or an HDF5 hyperslab read when the values need
+converting). Nothing is stacked or cast-copied first (`bench/aggregation.py` measures the
+share of the machine's read bandwidth reached). Which implementation runs (C kernels where a
+C compiler built them, else numpy; torch on a GPU) is `aggregation.backend.select`'s choice.
 
 Called through `aggregation.aggregate_updates`, the same pass also gives the report's
-distances: each tile's (C) or block's (numpy) distances are taken right after its mean, while
-the updates' values are still in the cache, instead of a second pass over every input.
+distances: each block's distances are taken right after its sum, while the updates' values
+are still in the cache, instead of a second pass over every input.
 
 Precision: float32 products and sums (float64 for float64 models) within groups of 16 updates,
-the group sums added in float64 (details in `aggregation.building_blocks`); the C kernels give
-the same bits. Blocks are shared out among ``FEDSPLIT_AGG_THREADS`` threads (default: every
-core, at most 8); the kernels and numpy's loops release the GIL. Extra memory is a few
-cache-sized buffers per thread (with the C kernels and weight files, one block row per
-update), within the budget.
+the group sums added in float64 (`aggregation._reference`); the C kernels give the same bits.
+Blocks are shared out among ``FEDSPLIT_AGG_THREADS`` threads (default: every core, at most 8).
+Extra memory is a few cache-sized buffers per thread (with the C kernels and weight files, one
+block row per update), within the budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fedsplit.aggregation import backend
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
-from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports, weighted_mean
+from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports
 from fedsplit.aggregation.registry import register
 from fedsplit.protocol.update import UpdateSource
 
@@ -49,7 +47,6 @@ class FedAvg(AggregationStrategy):
     Params = FedAvgParams
 
     fuses_distances = True  # the report's distances in the mean's own pass
-    linear = True  # the count-weighted mean: one secure sum gives it
 
     def aggregate(
         self,
@@ -64,7 +61,7 @@ class FedAvg(AggregationStrategy):
         block's distances while its inputs are in the cache); else `aggregation.run` adds them.
         """
         inputs = inputs_of(self, updates)
-        mean = weighted_mean(
+        mean = backend.weighted_sum(
             updates, inputs.counts, memory_budget=memory_budget, distances=distances
         )
         columns = {} if mean.distances is None else {"l2_to_aggregate": mean.distances}

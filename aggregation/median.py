@@ -8,18 +8,20 @@ it with the next value (so equal counts give the ordinary median). A site that c
 rows pulls the median towards its value but can still not move it past the other sites'
 values on its own while it holds under half the total count.
 
-Memory: parameter blocks of all N updates at a time (`aggregation._blocks`), within the
-memory budget whatever N; values are read straight from weight files when aggregating files.
+One stacked pass of the backend's ``trimmed_mean`` at the middle cut (``backend.median``) or
+``weighted_median`` (`aggregation.backend`). Memory: parameter blocks of all N updates at a
+time (`aggregation._blocks`), within the memory budget whatever N; values are read straight
+from weight files when aggregating files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
+from fedsplit.aggregation import backend
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from fedsplit.aggregation._order import TrimReducer, WeightedMedianReducer, aggregate_order_statistic
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
+from fedsplit.aggregation.building_blocks import inputs_of, order_result
 from fedsplit.aggregation.registry import register
 from fedsplit.protocol.update import UpdateSource
 from pydantic import Field
@@ -55,13 +57,10 @@ class Median(AggregationStrategy):
         self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
     ) -> AggregateResult:
         """Return the coordinate-wise (weighted) median, working in blocks within the budget."""
+        inputs = inputs_of(self, updates)
         weighted = bool(self.params.weighted)
-
-        def make(counts: np.ndarray, itemsize: int) -> TrimReducer | WeightedMedianReducer:
-            if weighted:
-                return WeightedMedianReducer(counts, itemsize)
-            return TrimReducer(counts, cut=(len(counts) - 1) // 2, itemsize=itemsize)
-
-        return aggregate_order_statistic(
-            self, updates, make, memory_budget=memory_budget, weighted=weighted
-        )
+        if weighted:
+            stat = backend.weighted_median(updates, inputs.counts, memory_budget=memory_budget)
+        else:
+            stat = backend.median(updates, memory_budget=memory_budget)
+        return order_result(self, inputs, stat, weighted=weighted, memory_budget=memory_budget)

@@ -5,7 +5,7 @@ values; failures are excluded with a reason, not fatal), runs the strategy withi
 budget (fewer accepted updates than its `min_updates` is refused, naming the exclusions), and
 returns the aggregate with a report holding one entry per input update: the count used, its
 weight, whether and why it was excluded, how often it was trimmed or whether it was selected,
-and its L2 distance to the aggregate (`building_blocks.distances_to` for rules that leave it
+and its L2 distance to the aggregate (``backend.squared_distances`` for rules that leave it
 out; a rule with ``fuses_distances``, FedAvg, is asked for them in its own pass).
 
 The finite-value check costs a full read of every update, so for a rule that declares
@@ -20,10 +20,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 
+from fedsplit.aggregation import backend
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET, ValueWatch, check_budget
 from fedsplit.aggregation._device import current, using
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, SiteReport
-from fedsplit.aggregation.building_blocks import distances_to, require_updates
+from fedsplit.aggregation.building_blocks import require_updates
 from fedsplit.aggregation.errors import NotEnoughUpdatesError
 from fedsplit.aggregation.guard import Expected, guard_updates
 from fedsplit.protocol.update import UpdateSource
@@ -58,7 +59,8 @@ def aggregate_updates(
     device : {"auto", "cpu", "cuda", "cuda:N"}, optional
         Where the passes run: ``auto`` uses the first CUDA GPU when the machine has one (torch
         is imported only then) for passes over at least 1M values, else the CPU (numpy or the
-        compiled kernels); ``cuda`` refuses when there is no GPU (`aggregation._device`).
+        compiled kernels); ``cuda`` refuses when there is no GPU. With
+        ``FEDSPLIT_AGG_BACKEND`` it decides each pass's backend (`aggregation.backend.select`).
         Default: the device of an enclosing `aggregation.on_device` block, else ``auto``.
     """
     if not updates:
@@ -113,7 +115,7 @@ def _guarded(
     result = strategy.aggregate(guard.accepted, memory_budget=memory_budget, **fused)
     missing = [i for i, s in enumerate(result.report.sites) if s.l2_to_aggregate is None]
     if missing:
-        dists = distances_to(
+        dists = backend.squared_distances(
             [guard.accepted[i] for i in missing], result.arrays, memory_budget=memory_budget
         )
         for i, d in zip(missing, dists.values, strict=True):

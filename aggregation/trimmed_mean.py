@@ -9,18 +9,20 @@ k owns the interval [C_{k-1}, C_k] of the total count W; the mass below ``beta*W
 averaged weighted by the mass they keep. With equal counts and ``beta*N`` an integer this is the
 unweighted trimmed mean; ``beta=0`` gives FedAvg's count-weighted mean.
 
-Memory: parameter blocks of all N updates at a time (`aggregation._blocks`), within the
-memory budget whatever N; values are read straight from weight files when aggregating files.
+One stacked pass of the backend's ``trimmed_mean`` or ``weighted_trimmed_mean``
+(`aggregation.backend`). Memory: parameter blocks of all N updates at a time
+(`aggregation._blocks`), within the memory budget whatever N; values are read straight from
+weight files when aggregating files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
+from fedsplit.aggregation import backend
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from fedsplit.aggregation._order import TrimReducer, WeightedTrimReducer, aggregate_order_statistic
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
+from fedsplit.aggregation.building_blocks import inputs_of, order_result
 from fedsplit.aggregation.registry import register
 from fedsplit.protocol.update import UpdateSource
 from pydantic import Field
@@ -65,14 +67,14 @@ class TrimmedMean(AggregationStrategy):
         self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
     ) -> AggregateResult:
         """Return the coordinate-wise (weighted) trimmed mean, in blocks within the budget."""
+        inputs = inputs_of(self, updates)
         beta = float(self.params.beta)
         weighted = bool(self.params.weighted)
-
-        def make(counts: np.ndarray, itemsize: int) -> TrimReducer | WeightedTrimReducer:
-            if weighted:
-                return WeightedTrimReducer(counts, beta, itemsize)
-            return TrimReducer(counts, cut=int(beta * len(counts)), itemsize=itemsize)
-
-        return aggregate_order_statistic(
-            self, updates, make, memory_budget=memory_budget, weighted=weighted
-        )
+        if weighted:
+            stat = backend.weighted_trimmed_mean(
+                updates, inputs.counts, beta, memory_budget=memory_budget
+            )
+        else:
+            cut = int(beta * len(updates))
+            stat = backend.trimmed_mean(updates, cut, memory_budget=memory_budget)
+        return order_result(self, inputs, stat, weighted=weighted, memory_budget=memory_budget)

@@ -1,4 +1,5 @@
-"""The shared building blocks: streamed weighted mean, distances, report rows, update counts."""
+"""The shared building blocks: the backend's streamed weighted sum and distances, report rows,
+update counts."""
 
 from __future__ import annotations
 
@@ -6,12 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedsplit.aggregation.building_blocks import (
-    distances_to,
-    inputs_of,
-    site_reports,
-    weighted_mean,
-)
+from fedsplit.aggregation.backend import squared_distances, weighted_sum
+from fedsplit.aggregation.building_blocks import inputs_of, site_reports
 from fedsplit.aggregation.errors import AggregationError, NotEnoughUpdatesError
 from fedsplit.protocol import open_weights, write_weights
 
@@ -34,11 +31,11 @@ def test_weighted_mean_and_distances_equal_numpy(h, tmp_path: Path, dtype) -> No
     files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
     try:
         for source, budget in ((updates, 2**20), (files, 64)):
-            mean = weighted_mean(source, weights, memory_budget=budget)
+            mean = weighted_sum(source, weights, memory_budget=budget)
             assert mean.working_bytes <= budget
             assert all(a.dtype == dtype for a in mean.arrays.values())
             np.testing.assert_allclose(_flat(mean.arrays), expected, rtol=tol, atol=tol)
-            dist = distances_to(source, mean.arrays, memory_budget=budget)
+            dist = squared_distances(source, mean.arrays, memory_budget=budget)
             assert dist.working_bytes <= budget
             direct = np.linalg.norm(points - _flat(mean.arrays), axis=1)
             np.testing.assert_allclose(dist.values, direct, rtol=1e-5)
@@ -52,11 +49,11 @@ def test_weighted_mean_refuses_unusable_weights(h) -> None:
     updates = h.make_updates(3)
     for bad in ([1.0, 2.0], [1.0, -1.0, 1.0], [1.0, float("nan"), 1.0], [0.0, 0.0, 0.0]):
         with pytest.raises(AggregationError, match=r"non-negative weight per update.*Received"):
-            weighted_mean(updates, bad)
+            weighted_sum(updates, bad)
     with pytest.raises(NotEnoughUpdatesError, match="Received: 0 updates"):
-        weighted_mean([], [])
+        weighted_sum([], [])
     with pytest.raises(AggregationError, match=r"one coordinate.*Received: 10"):
-        weighted_mean(updates, [1, 1, 1], memory_budget=10)
+        weighted_sum(updates, [1, 1, 1], memory_budget=10)
 
 
 def test_inputs_and_report_rows(h) -> None:

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fedsplit.aggregation import _ckernels
-from fedsplit.aggregation.building_blocks import GROUP, distances_to, file_block, weighted_mean
+from fedsplit.aggregation._compiled import file_block
+from fedsplit.aggregation._reference import GROUP
+from fedsplit.aggregation.backend import squared_distances, weighted_sum
 from fedsplit.protocol import WeightFileError, open_weights, write_weights
 
 from fedsplit import aggregation
@@ -29,7 +31,7 @@ def kernels() -> _ckernels.StreamedKernels:
 
 
 def _reference_sum(rows: list[np.ndarray], share: np.ndarray) -> np.ndarray:
-    """numpy's weighted sum as `building_blocks._BlockSum.block` computes it."""
+    """numpy's weighted sum as `_reference.BlockSum.sum_block` computes it."""
     dtype = rows[0].dtype
     if dtype == np.float64 or len(rows) <= GROUP:
         out = rows[0] * share[0]
@@ -83,7 +85,7 @@ def test_squared_distance_sums_squares_in_float64(kernels, dtype) -> None:
 def test_fedavg_over_files_equals_fedavg_in_memory(h, tmp_path: Path, monkeypatch, dtype) -> None:
     """Files read by positional reads into the kernels' rows: the in-memory result, bit for
     bit, under the default and a budget that cuts parameters into blocks; numpy agrees."""
-    monkeypatch.delenv("FEDSPLIT_AGG_KERNELS", raising=False)
+    monkeypatch.delenv("FEDSPLIT_AGG_BACKEND", raising=False)
     updates = h.make_updates(19, dtype=dtype, shapes=[(400, 300), (7,), (), (3, 5, 2)], seed=11)
     files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
     try:
@@ -97,7 +99,7 @@ def test_fedavg_over_files_equals_fedavg_in_memory(h, tmp_path: Path, monkeypatc
                 np.testing.assert_array_equal(got.arrays[key], want)
             for a, b in zip(mem.report.sites, got.report.sites, strict=True):
                 assert b.l2_to_aggregate == pytest.approx(a.l2_to_aggregate, rel=1e-12)
-        monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "numpy")
+        monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "numpy")
         ref = aggregation.aggregate_updates(fedavg, files)
         for key, want in ref.arrays.items():
             np.testing.assert_array_equal(mem.arrays[key], want)
@@ -138,7 +140,7 @@ def test_fedavg_refuses_a_weight_file_cut_short_while_open(h, tmp_path: Path) ->
         os.truncate(tmp_path / f"{updates[1].site}.h5", os.path.getsize(
             tmp_path / f"{updates[1].site}.h5") - 40_000)
         with pytest.raises(WeightFileError, match="ends early") as err:
-            weighted_mean(files, [1, 1, 1])
+            weighted_sum(files, [1, 1, 1])
         assert err.value.reason == "corrupt" and updates[1].site in str(err.value)
     finally:
         for f in files:
@@ -151,12 +153,12 @@ def test_a_budget_without_room_for_the_rows_uses_numpy(h, tmp_path: Path) -> Non
     files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
     try:
         weights = [u.num_examples for u in updates]
-        small = weighted_mean(files, weights, memory_budget=64, distances=True)
-        full = weighted_mean(files, weights, distances=True)
+        small = weighted_sum(files, weights, memory_budget=64, distances=True)
+        full = weighted_sum(files, weights, distances=True)
         assert small.working_bytes <= 64 < full.working_bytes
         np.testing.assert_array_equal(small.arrays["p0"], full.arrays["p0"])
         np.testing.assert_allclose(small.distances, full.distances, rtol=1e-5)
-        dist = distances_to(files, full.arrays)
+        dist = squared_distances(files, full.arrays)
         np.testing.assert_allclose(dist.values, full.distances, rtol=1e-12)
     finally:
         for f in files:
@@ -197,17 +199,18 @@ def test_a_failed_build_is_recorded_and_auto_falls_back_to_numpy(tmp_path: Path)
     assert "not built" in build.stderr and "install a C compiler" in build.stderr
     assert list((tmp_path / "k").glob("*.failed"))
     code = (
-        "import os, numpy as np, aggregation\n"
-        "from fedsplit.aggregation import _kernels\n"
+        "import os, numpy as np\n"
+        "import fedsplit.aggregation as aggregation\n"
+        "from fedsplit.aggregation import backend\n"
         "from fedsplit.protocol import Update\n"
         "ups = [Update(arrays={'w': np.full(5, float(i), np.float32)}, num_examples=1) "
         "for i in range(3)]\n"
-        "assert _kernels.streamed() is None\n"
+        "assert backend.select('weighted_sum', 1 << 30).name == 'numpy'\n"
         "r = aggregation.aggregate_updates(aggregation.get_strategy('fedavg', {}), ups)\n"
         "print(r.arrays['w'].tolist())\n"
-        "os.environ['FEDSPLIT_AGG_KERNELS'] = 'compiled'\n"
+        "os.environ['FEDSPLIT_AGG_BACKEND'] = 'compiled'\n"
         "try:\n"
-        "    _kernels.streamed()\n"
+        "    backend.select('weighted_sum', 10)\n"
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
     )
@@ -216,4 +219,4 @@ def test_a_failed_build_is_recorded_and_auto_falls_back_to_numpy(tmp_path: Path)
     lines = done.stdout.splitlines()
     assert lines[0] == "[1.0, 1.0, 1.0, 1.0, 1.0]"
     assert lines[1].startswith("AggregationError") and "install a C compiler" in lines[1]
-    assert "Received: FEDSPLIT_AGG_KERNELS=compiled" in lines[1]
+    assert "Received: FEDSPLIT_AGG_BACKEND=compiled" in lines[1]

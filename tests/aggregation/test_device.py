@@ -1,4 +1,4 @@
-"""The torch path (`aggregation._device`): on the CPU here, on CUDA where there is a GPU.
+"""The GPU backend (`aggregation._device`): on the CPU here, on CUDA where there is a GPU.
 
 `TorchDevice` runs the same torch code on ``torch.device("cpu")``, so the GPU path's logic is
 checked against the numpy reference on every machine; the CUDA test runs only where torch
@@ -34,7 +34,7 @@ EXACT = {("median", False), ("krum", False)}
 
 
 def _check(h, device, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "numpy")
+    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "numpy")
     for dtype in (np.float16, np.float32, np.float64):
         rng = np.random.default_rng(7)
         ws = h.random_weights(rng, 9, dtype, shapes=[(40, 3), (), (7,)])

@@ -109,7 +109,7 @@ def test_many_updates_sum_in_float64_across_groups(monkeypatch) -> None:
     A float32 running sum of 1000 terms of 1e-4 drifts by about 150 ulp; summing groups of
     `GROUP` updates in float32 and the groups in float64 keeps it at float32 rounding (2 ulp).
     """
-    from fedsplit.aggregation import building_blocks
+    from fedsplit.aggregation import _reference
 
     value = np.float32(0.1)
     updates = [Update({"w": np.full(64, value, np.float32)}, num_examples=1) for _ in range(1000)]
@@ -117,17 +117,17 @@ def test_many_updates_sum_in_float64_across_groups(monkeypatch) -> None:
     ulp = float(np.spacing(value))
     assert abs(float(result.arrays["w"][0]) - float(value)) <= 4 * ulp
     # the same sum with one float32 group (no float64 total) is visibly worse: the test has teeth
-    monkeypatch.setattr(building_blocks, "GROUP", 10_000)
+    monkeypatch.setattr(_reference, "GROUP", 10_000)
     drifted = aggregation.get_strategy("fedavg").aggregate(updates)
     assert abs(float(drifted.arrays["w"][0]) - float(value)) > 50 * ulp
 
 
 def test_threads_and_blocks_give_the_same_bits(rng, monkeypatch) -> None:
     """Blocks shared out among threads, from memory and from files: one and the same result."""
-    from fedsplit.aggregation import _threads, building_blocks
+    from fedsplit.aggregation import _reference, _threads
 
     updates = make_updates(rng, [5, 7, 11, 13, 17])
-    monkeypatch.setattr(building_blocks, "BLOCK", 7)  # several blocks per parameter
+    monkeypatch.setattr(_reference, "BLOCK", 7)  # several blocks per parameter
     monkeypatch.setattr(_threads, "THREADED_FROM", 0)
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "1")
     one = aggregation.get_strategy("fedavg").aggregate(updates)

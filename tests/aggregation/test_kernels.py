@@ -1,8 +1,8 @@
-"""The compiled kernels (numba) against the numpy reference, and the kernel switch.
+"""The compiled backend against the numpy reference, and the backend switch (`select`).
 
-Every rule runs twice on the same random updates, once with ``FEDSPLIT_AGG_KERNELS=numpy``
-(the reference) and once with ``=numba`` (kernels for every pass whatever its size); the
-bounds asserted are the ones docs/aggregation.md ("Compiled kernels") documents.
+Every rule runs twice on the same random updates, once with ``FEDSPLIT_AGG_BACKEND=numpy``
+(the reference) and once with ``=compiled`` (C and numba kernels for every pass whatever its
+size); the bounds asserted are the ones docs/aggregation.md ("Backends") documents.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedsplit.aggregation._kernels import batcher_network, mode, selection_network
+from fedsplit.aggregation._compiled import batcher_network, selection_network
+from fedsplit.aggregation.backend import mode, select
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.protocol import open_weights, write_weights
 
@@ -39,7 +40,7 @@ SHAPES = [(70, 3), (), (5,), (2, 3, 4)]
 
 
 def _run(monkeypatch, kernels: str, name: str, params: dict, updates, **kw):
-    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", kernels)
+    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", kernels)
     return aggregation.aggregate_updates(aggregation.get_strategy(name, params), updates, **kw)
 
 
@@ -73,7 +74,7 @@ def test_kernels_match_the_numpy_reference(h, monkeypatch, name, params, dtype) 
             counts = [7] * n  # equal counts: exact halves in the weighted median
         updates = h.as_updates(ws, counts)
         ref = _run(monkeypatch, "numpy", name, params, updates)
-        got = _run(monkeypatch, "numba", name, params, updates)
+        got = _run(monkeypatch, "compiled", name, params, updates)
         for key, want in ref.arrays.items():
             have = got.arrays[key]
             assert have.dtype == want.dtype and have.shape == want.shape
@@ -107,11 +108,11 @@ def test_kernels_hold_the_budget_and_read_files_alike(h, tmp_path: Path, monkeyp
     updates = h.make_updates(9, shapes=[(6, 90), (4, 3, 5), (11,), ()], seed=5)
     budget = 80 if name in ("fedavg", "geometric-median") else 9 * 4 * 40 + 4096
     ref = _run(monkeypatch, "numpy", name, params, updates, memory_budget=budget)
-    got = _run(monkeypatch, "numba", name, params, updates, memory_budget=budget)
+    got = _run(monkeypatch, "compiled", name, params, updates, memory_budget=budget)
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
     files = [open_weights(p) for p in paths]
     try:
-        from_files = _run(monkeypatch, "numba", name, params, files, memory_budget=budget)
+        from_files = _run(monkeypatch, "compiled", name, params, files, memory_budget=budget)
     finally:
         for f in files:
             f.close()
@@ -138,9 +139,28 @@ def test_selection_networks_sort_the_ranks_they_promise(n) -> None:
 
 
 def test_the_switch_refuses_unknown_values(monkeypatch) -> None:
-    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "fast")
+    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "fast")
     with pytest.raises(AggregationError, match="Received: 'fast'"):
         mode()
+    monkeypatch.delenv("FEDSPLIT_AGG_BACKEND")
+    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "fast")
+    with pytest.warns(FutureWarning), pytest.raises(AggregationError, match="'fast'"):
+        mode()
+
+
+def test_the_old_variable_still_works_with_a_warning(monkeypatch) -> None:
+    """FEDSPLIT_AGG_KERNELS (replaced) is read when FEDSPLIT_AGG_BACKEND is unset; numba is
+    its old name of compiled."""
+    from fedsplit.aggregation import backend
+
+    monkeypatch.delenv("FEDSPLIT_AGG_BACKEND", raising=False)
+    for old, new in (("numba", "compiled"), ("compiled", "compiled"), ("numpy", "numpy")):
+        backend._warn_old.cache_clear()
+        monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", old)
+        with pytest.warns(FutureWarning, match=f"FEDSPLIT_AGG_BACKEND={new}"):
+            assert mode() == new
+    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "auto")  # the new variable wins
+    assert mode() == "auto"
 
 
 def test_kernels_work_from_a_read_only_install(tmp_path: Path) -> None:
@@ -172,16 +192,23 @@ def test_kernels_work_from_a_read_only_install(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_streamed_passes_take_the_c_kernels_and_stacked_ones_numba(monkeypatch) -> None:
-    """auto: the streamed passes use the C kernels (no start-up to pay for); numpy: neither."""
-    from fedsplit.aggregation import _ckernels, _kernels
+def test_select_follows_the_documented_policy(monkeypatch) -> None:
+    """auto: the streamed operations take the C kernels at any size (no start-up to pay for),
+    the stacked ones numba's from COMPILED_FROM values; numpy: neither; compiled: both always."""
+    from fedsplit.aggregation import _ckernels, _compiled
+    from fedsplit.aggregation.backend import COMPILED_FROM, STACKED, STREAMED
 
+    monkeypatch.delenv("FEDSPLIT_AGG_BACKEND", raising=False)
     monkeypatch.delenv("FEDSPLIT_AGG_KERNELS", raising=False)
-    streamed = _kernels.streamed()
-    assert isinstance(streamed, _ckernels.StreamedKernels) and streamed.path.is_file()
-    assert _kernels.compiled(10) is None  # small stacked passes stay in numpy
-    assert _kernels.compiled(1 << 30) is not None
-    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "numpy")
-    assert _kernels.streamed() is None and _kernels.compiled(1 << 30) is None
-    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "numba")  # the old name of "compiled"
-    assert _kernels.mode() == "compiled" and _kernels.streamed() is streamed
+    assert isinstance(_compiled.c_kernels(), _ckernels.StreamedKernels)
+    for op in STREAMED:
+        assert select(op, 10).name == "compiled"
+    for op in STACKED:
+        assert select(op, COMPILED_FROM - 1).name == "numpy"  # small stacked passes: numpy
+        assert select(op, COMPILED_FROM).name == "compiled"
+    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "numpy")
+    assert {select(op, 1 << 30).name for op in STREAMED + STACKED} == {"numpy"}
+    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "compiled")
+    assert {select(op, 1).name for op in STREAMED + STACKED} == {"compiled"}
+    with pytest.raises(ValueError, match="Received: 'sort'"):
+        select("sort", 1)

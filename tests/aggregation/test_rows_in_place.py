@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fedsplit.aggregation import _blocks
-from fedsplit.aggregation._order import _OrderReducer
-from fedsplit.aggregation.building_blocks import distances_to
-from fedsplit.aggregation.krum import GRAM_TILE, GramReducer
+from fedsplit.aggregation._compiled import CompiledBackend
+from fedsplit.aggregation._reference import GRAM_TILE
+from fedsplit.aggregation.backend import squared_distances
 from fedsplit.protocol import Update, open_weights, write_weights
 
 from fedsplit import aggregation
@@ -49,7 +49,7 @@ def _updates(n: int, dtype=np.float32, seed: int = 0) -> list[Update]:
 
 
 def _run(monkeypatch, kernels: str, name: str, params: dict, updates, **kw):
-    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", kernels)
+    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", kernels)
     return aggregation.aggregate_updates(aggregation.get_strategy(name, params), updates, **kw)
 
 
@@ -68,8 +68,7 @@ def _count_rows(monkeypatch) -> list[int]:
 
 
 def _stacked_only(monkeypatch) -> None:
-    monkeypatch.setattr(_OrderReducer, "takes_rows", lambda self, plan: False)
-    monkeypatch.setattr(GramReducer, "takes_rows", lambda self, plan: False)
+    monkeypatch.setattr(CompiledBackend, "takes_rows", lambda self, operation, plan: False)
 
 
 @pytest.mark.parametrize("name,params", RULES)
@@ -77,12 +76,12 @@ def _stacked_only(monkeypatch) -> None:
 def test_in_place_equals_the_stacked_kernels_and_the_reference(monkeypatch, name, params, dtype):
     updates = _updates(9, dtype, seed=len(name) + len(params))
     seen = _count_rows(monkeypatch)
-    got = _run(monkeypatch, "numba", name, params, updates)
+    got = _run(monkeypatch, "compiled", name, params, updates)
     assert seen[0] > 0  # the in-place path ran
     ref = _run(monkeypatch, "numpy", name, params, updates)
     _stacked_only(monkeypatch)
     seen[0] = 0
-    stacked = _run(monkeypatch, "numba", name, params, updates)
+    stacked = _run(monkeypatch, "compiled", name, params, updates)
     assert seen[0] == 0
     exact = "krum" in name or (name == "median" and not params.get("weighted"))
     for key, want in ref.arrays.items():
@@ -110,7 +109,7 @@ def test_mapped_files_in_place_equal_hdf5_reads(tmp_path: Path, monkeypatch, nam
         monkeypatch.setenv("FEDSPLIT_MMAP", mmap)
         files = [open_weights(p) for p in paths]
         try:
-            return _run(monkeypatch, "numba", name, params, files)
+            return _run(monkeypatch, "compiled", name, params, files)
         finally:
             for f in files:
                 f.close()
@@ -121,7 +120,7 @@ def test_mapped_files_in_place_equal_hdf5_reads(tmp_path: Path, monkeypatch, nam
     seen[0] = 0
     read = from_files("0")
     assert seen[0] == 0
-    memory = _run(monkeypatch, "numba", name, params, updates)
+    memory = _run(monkeypatch, "compiled", name, params, updates)
     for key in memory.arrays:
         np.testing.assert_array_equal(mapped.arrays[key], read.arrays[key])
         np.testing.assert_array_equal(mapped.arrays[key], memory.arrays[key])
@@ -135,7 +134,7 @@ def test_a_non_finite_value_read_in_place_is_excluded(monkeypatch, name, params,
     updates = _updates(9, seed=11)
     updates[4].arrays["p0"][12345] = bad
     seen = _count_rows(monkeypatch)
-    got = _run(monkeypatch, "numba", name, params, updates)
+    got = _run(monkeypatch, "compiled", name, params, updates)
     assert seen[0] > 0
     ref = _run(monkeypatch, "numpy", name, params, updates)
     site = got.report.sites[4]
@@ -152,9 +151,9 @@ def test_in_place_krum_keeps_tiles_within_the_stack_it_skips(monkeypatch):
     updates = _updates(9, seed=2)
     budget = 9 * 4 * GRAM_TILE  # blocks shorter than one tile per thread
     seen = _count_rows(monkeypatch)
-    small = _run(monkeypatch, "numba", "krum", {"f": 1}, updates, memory_budget=budget)
+    small = _run(monkeypatch, "compiled", "krum", {"f": 1}, updates, memory_budget=budget)
     assert seen[0] == 0 and small.report.working_bytes <= budget
-    big = _run(monkeypatch, "numba", "krum", {"f": 1}, updates)
+    big = _run(monkeypatch, "compiled", "krum", {"f": 1}, updates)
     assert seen[0] > 0
     assert [s.selected for s in small.report.sites] == [s.selected for s in big.report.sites]
 
@@ -166,7 +165,7 @@ def test_fedavg_distances_in_the_mean_pass_equal_the_distance_pass(tmp_path: Pat
     fused = strategy.aggregate(updates, distances=True)
     plain = strategy.aggregate(updates)
     assert all(s.l2_to_aggregate is None for s in plain.report.sites)
-    separate = distances_to(updates, plain.arrays).values
+    separate = squared_distances(updates, plain.arrays).values
     got = [s.l2_to_aggregate for s in fused.report.sites]
     np.testing.assert_allclose(got, separate, rtol=1e-12)
     for key in plain.arrays:
@@ -188,12 +187,12 @@ def test_aggregate_updates_fills_fedavg_distances_from_the_fused_pass(monkeypatc
     import fedsplit.aggregation.run as run
 
     def refuse(*args, **kw):  # the separate distance pass must not run
-        raise AssertionError("distances_to ran")
+        raise AssertionError("squared_distances ran")
 
-    monkeypatch.setattr(run, "distances_to", refuse)
+    monkeypatch.setattr(run.backend, "squared_distances", refuse)
     updates = _updates(6, seed=9)
     result = aggregation.aggregate_updates(aggregation.get_strategy("fedavg", {}), updates)
-    want = distances_to(updates, result.arrays).values
+    want = squared_distances(updates, result.arrays).values
     np.testing.assert_allclose([s.l2_to_aggregate for s in result.report.sites], want, rtol=1e-12)
 
 
@@ -224,9 +223,9 @@ def test_loading_the_kernels_does_not_import_scipy(tmp_path: Path):
 
     code = (
         "import sys, numpy as np\n"
-        "from fedsplit.aggregation._kernels import _load, selection_network\n"
+        "from fedsplit.aggregation._compiled import numba_kernels, selection_network\n"
         "from fedsplit.aggregation._blocks import stack_addresses\n"
-        "k = _load()\n"
+        "k = numba_kernels()\n"
         "x = np.arange(15, dtype=np.float32).reshape(3, 5)\n"
         "lo, hi = selection_network(3, 1, 1)\n"
         "out = np.empty(5, np.float32)\n"

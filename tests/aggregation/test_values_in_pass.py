@@ -107,13 +107,13 @@ def test_guard_with_a_watch_defers_the_scan_and_reads_flag_it(h) -> None:
 
 def test_weighted_mean_output_check_flags_a_nan_even_with_weight_zero(h) -> None:
     """0 * NaN is NaN: a finite weighted sum proves every input finite, whatever the weights."""
-    from fedsplit.aggregation.building_blocks import weighted_mean
+    from fedsplit.aggregation.backend import weighted_sum
 
     updates = h.make_updates(3, seed=7)
     updates[2].arrays["p1"] = updates[2].arrays["p1"].copy()
     updates[2].arrays["p1"].flat[0] = np.nan
     watch = ValueWatch()
-    weighted_mean([Watched(u, watch) for u in updates], [1.0, 1.0, 0.0])
+    weighted_sum([Watched(u, watch) for u in updates], [1.0, 1.0, 0.0])
     assert watch.flagged
 
 
@@ -206,13 +206,13 @@ def test_runs_shorten_when_many_files_are_mapped(h, tmp_path, monkeypatch) -> No
 @needs_smaps
 def test_a_pass_leaves_no_done_block_resident(h, tmp_path) -> None:
     """After FedAvg's pass over mapped files, none of their blocks stays in the process."""
-    from fedsplit.aggregation.building_blocks import weighted_mean
+    from fedsplit.aggregation.backend import weighted_sum
 
     updates = h.make_updates(3, shapes=[(600, 500)], seed=12)  # 1.2 MB each
     paths = [write_weights(u, tmp_path / f"{u.site}.h5").resolve() for u in updates]
     files = [open_weights(p) for p in paths]
     try:
-        mean = weighted_mean(files, [1.0, 2.0, 3.0])
+        mean = weighted_sum(files, [1.0, 2.0, 3.0])
         weighted = zip([1, 2, 3], updates, strict=True)
         expected = sum(w * u.arrays["p0"].astype(np.float64) for w, u in weighted) / 6
         np.testing.assert_allclose(mean.arrays["p0"], expected, rtol=1e-5, atol=1e-6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fedsplit.aggregation._order import weighted_median, weighted_trimmed_mean
+from fedsplit.aggregation._reference import weighted_median, weighted_trimmed_mean
 from fedsplit.aggregation.errors import NotEnoughUpdatesError
 from fedsplit.aggregation.krum import squared_distances
 
@@ -99,18 +99,16 @@ def test_big_count_cannot_move_weighted_median_past_others_below_half(h) -> None
 
 def test_gram_distances_equal_pairwise_brute_force(h) -> None:
     """Squared distances from the blockwise, centred Gram matrix equal direct computation."""
-    from fedsplit.aggregation._blocks import run_stacked
-    from fedsplit.aggregation.krum import GramReducer
+    from fedsplit.aggregation import backend
 
     updates = h.make_updates(6, dtype=np.float64, seed=15)
     for u in updates:  # a large common offset: centring keeps the small differences exact
         u.arrays = {k: v + 1000.0 for k, v in u.arrays.items()}
-    specs = updates[0].header.specs
-    reducer = GramReducer(6)
-    run_stacked(updates, specs, reducer, memory_budget=6 * 8 * 5 + 4096)
+    pairs = backend.gram(updates, memory_budget=6 * 8 * 5 + 4096)
+    assert pairs.working_bytes <= 6 * 8 * 5 + 4096
     flat = np.stack([np.concatenate([a.reshape(-1) for a in u.arrays.values()]) for u in updates])
     brute = ((flat[:, None, :] - flat[None, :, :]) ** 2).sum(-1)
-    np.testing.assert_allclose(squared_distances(reducer.gram), brute, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(squared_distances(pairs.gram), brute, rtol=1e-9, atol=1e-9)
 
 
 def test_krum_and_median_flag_the_outlier(h) -> None:

@@ -78,8 +78,8 @@ def test_median_loads_only_its_kernel_from_the_cache_without_numbas_refresh(file
     imports the bare ``scipy`` package, about 12 ms, to check its version)."""
     pytest.importorskip("numba")
     args = ["aggregate", *map(str, files), "-o", str(tmp_path / "m.h5"), "--strategy", "median"]
-    _probe(args, FEDSPLIT_AGG_KERNELS="numba")  # compiles into the cache if it is cold
-    got = _probe(args, FEDSPLIT_AGG_KERNELS="numba")
+    _probe(args, FEDSPLIT_AGG_BACKEND="compiled")  # compiles into the cache if it is cold
+    got = _probe(args, FEDSPLIT_AGG_BACKEND="compiled")
     assert got["code"] == 0
     assert got["kernels"] == {"trim_tile": 1}
     assert "numba" in got["modules"]
@@ -113,14 +113,14 @@ def test_kernels_loaded_without_refresh_equal_the_reference_in_a_fresh_process(t
     the cache without numba's refresh), gives the numpy reference's aggregate and distances."""
     pytest.importorskip("numba")
     results = {}
-    for mode in ("numba", "numba", "numpy"):  # the first numba run fills a cold cache
+    for mode in ("compiled", "compiled", "numpy"):  # the first run fills a cold cache
         path = tmp_path / f"{mode}.npy"
         done = subprocess.run([sys.executable, "-c", KERNEL_CASES, str(path)], cwd=ROOT,
                               capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "FEDSPLIT_AGG_KERNELS": mode})
+                              env={**os.environ, "FEDSPLIT_AGG_BACKEND": mode})
         assert done.returncode == 0, done.stderr[-2000:]
         results[mode] = np.load(path)
-    np.testing.assert_allclose(results["numba"], results["numpy"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(results["compiled"], results["numpy"], rtol=1e-5, atol=1e-5)
 
 
 def test_help_loads_only_the_command_asked_for() -> None:
