@@ -47,6 +47,7 @@ class FedAvg(AggregationStrategy):
     Params = FedAvgParams
 
     fuses_distances = True  # the report's distances in the mean's own pass
+    linear = True  # the count-weighted mean: one secure sum gives it
 
     def aggregate(
         self,

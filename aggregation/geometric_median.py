@@ -24,7 +24,8 @@ Each iteration is exactly one count-weighted average with weights alpha_k (one s
 (``backend.squared_distances``; `aggregation.backend`). The average needs only
 ``sum_k alpha_k w_k`` and ``sum_k alpha_k``, and each alpha_k only site k's own distance to
 the broadcast z, so the rule can also run on securely aggregated weighted sums, each site
-computing its distance locally (a later issue relies on this).
+computing its distance locally: secure aggregation runs the same iteration (`weiszfeld`) that
+way, one secure sum per step (`GeometricMedian.iterate_on_sums`, `server.secure.strategy`).
 
 Iterations: close updates converge in 2-3 (the ``eps`` rule stops them). A far-off minority
 holding a share q of the count pulls z_0 (the mean) a distance D towards it, and each iteration
@@ -43,7 +44,9 @@ produced the returned z; count shares when no iteration ran) and its distance to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from fedsplit.aggregation import backend
@@ -53,6 +56,58 @@ from fedsplit.aggregation.building_blocks import inputs_of, make_result, shares_
 from fedsplit.aggregation.registry import register
 from fedsplit.protocol.update import UpdateSource
 from pydantic import Field
+
+Point = TypeVar("Point")
+#: one secure Weiszfeld step at a broadcast point: (g(point), the next point)
+SumStep = Callable[[dict[str, np.ndarray]], tuple[float, dict[str, np.ndarray]]]
+
+
+class WeiszfeldStop(Exception):
+    """Raised by a step that cannot be taken (e.g. a secure sum failed, or no hospital is left):
+    the iteration ends at the last point, the message saying why."""
+
+
+@dataclass
+class WeiszfeldRun(Generic[Point]):
+    """Where `weiszfeld` ended: the point, g after each step, why it stopped."""
+
+    point: Point
+    objectives: list[float]
+    stopped: str  # converged, exact, max_iter, or a step's WeiszfeldStop message
+
+
+def weiszfeld(step: Callable[[Point], tuple[float, Callable[[], Point]]], start: Point, *,
+              max_iter: int, eps: float) -> WeiszfeldRun[Point]:
+    """Smoothed Weiszfeld iterations from z_0 = ``start`` with the module docstring's stopping rule.
+
+    ``step(z_t)`` returns ``(g(z_t), advance)``; ``advance()`` returns z_{t+1} (the weighted mean
+    with alpha_k = n_k / max(nu, ||w_k - z_t||)) and is called only when the iteration goes on.
+    In memory (`GeometricMedian.aggregate`) a step is one distance pass and ``advance`` one
+    weighted-mean pass; under secure aggregation (`GeometricMedian.iterate_on_sums`) one secure
+    sum gives both. At most ``max_iter`` advances and ``max_iter + 1`` steps.
+    """
+    point, objectives, stopped = start, [], "max_iter"
+    for t in range(max_iter + 1):
+        try:
+            objective, advance = step(point)
+        except WeiszfeldStop as e:
+            stopped = str(e)
+            break
+        objectives.append(objective)
+        if objective == 0.0:  # every update equals z: nothing left to improve
+            stopped = "exact"
+            break
+        if t and objectives[-2] - objective <= eps * objectives[-2]:
+            stopped = "converged"
+            break
+        if t == max_iter:
+            break
+        try:
+            point = advance()
+        except WeiszfeldStop as e:
+            stopped = str(e)
+            break
+    return WeiszfeldRun(point, objectives, stopped)
 
 
 class GeometricMedianParams(StrategyParams):
@@ -94,6 +149,9 @@ class GeometricMedian(AggregationStrategy):
 
     name = "geometric-median"
     checks_values_in_pass = True  # every value goes through the block passes
+    #: each Weiszfeld step is one weighted mean whose weights a hospital computes alone from
+    #: the broadcast point: under secure aggregation, one secure sum per step (`iterate_on_sums`)
+    iterative_on_sums = True
     summary = (
         "Geometric median (RFA, Pillutla et al. 2022): the point with the smallest count-weighted "
         "sum of distances to the updates, by smoothed Weiszfeld iterations (each one weighted "
@@ -107,28 +165,30 @@ class GeometricMedian(AggregationStrategy):
         """Return the smoothed-Weiszfeld geometric median, streamed within the budget."""
         inputs = inputs_of(self, updates)
         counts = inputs.counts.astype(np.float64)
-        max_iter, eps, nu = int(self.params.max_iter), float(self.params.eps), float(self.params.nu)
-        share = shares_of(counts, len(counts))
+        nu = float(self.params.nu)
+        # the weight shares that produced the returned z (count shares when no step ran) and
+        # every site's distance to it, for the report
+        last: dict[str, np.ndarray] = {"share": shares_of(counts, len(counts))}
         mean = backend.weighted_sum(updates, counts, memory_budget=memory_budget)
         z, working = mean.arrays, mean.working_bytes
-        dist = backend.squared_distances(updates, z, memory_budget=memory_budget)
-        working = max(working, dist.working_bytes)
-        objectives = [float(counts @ dist.values)]
-        stopped = "max_iter"
-        for _ in range(max_iter):
-            if objectives[-1] == 0.0:  # every update equals z: nothing left to improve
-                break
-            alpha = counts / np.maximum(nu, dist.values)
-            share = shares_of(alpha, len(alpha))
-            backend.weighted_sum(updates, alpha, memory_budget=memory_budget, out=z)
-            dist = backend.squared_distances(updates, z, memory_budget=memory_budget)
-            objectives.append(float(counts @ dist.values))
-            if objectives[-2] - objectives[-1] <= eps * objectives[-2]:
-                stopped = "converged"
-                break
-        if objectives[-1] == 0.0:
-            stopped = "exact"
-        sites = site_reports(inputs.headers, share, l2_to_aggregate=dist.values)
+
+        def step(point: dict[str, np.ndarray]) -> tuple[float, Callable[[], dict[str, np.ndarray]]]:
+            nonlocal working
+            dist = backend.squared_distances(updates, point, memory_budget=memory_budget)
+            working = max(working, dist.working_bytes)
+            last["dist"] = dist.values
+
+            def advance() -> dict[str, np.ndarray]:
+                alpha = counts / np.maximum(nu, dist.values)
+                last["share"] = shares_of(alpha, len(alpha))
+                backend.weighted_sum(updates, alpha, memory_budget=memory_budget, out=point)
+                return point  # the iterate is the output buffer itself
+
+            return float(counts @ dist.values), advance
+
+        run = weiszfeld(step, z, max_iter=int(self.params.max_iter), eps=float(self.params.eps))
+        objectives, stopped = run.objectives, run.stopped
+        sites = site_reports(inputs.headers, last["share"], l2_to_aggregate=last["dist"])
         details = {
             "iterations": len(objectives) - 1,
             "objective": objectives,
@@ -138,3 +198,18 @@ class GeometricMedian(AggregationStrategy):
             self, inputs, z, sites,
             memory_budget=memory_budget, working_bytes=working, details=details,
         )
+
+    def iterate_on_sums(self, step: SumStep, start: dict[str, np.ndarray]
+                        ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The same iteration (`weiszfeld`) where each step is one secure sum: ``step(z_t)``
+        returns (g(z_t), z_{t+1}) at once, or raises `WeiszfeldStop` (the iteration then ends
+        at the last point). ``start``: the secure count-weighted mean z_0. Returns the point
+        and ``details`` (secure sums taken, the objective after each, why it stopped)."""
+        def lazy(point: dict[str, np.ndarray]) -> tuple[float, Callable[[], dict[str, np.ndarray]]]:
+            objective, nxt = step(point)
+            return objective, lambda: nxt
+
+        run = weiszfeld(lazy, start, max_iter=int(self.params.max_iter), eps=float(self.params.eps))
+        return run.point, {"steps": len(run.objectives), "objectives": run.objectives,
+                           "stopped": run.stopped}
+
