@@ -9,7 +9,7 @@ BLAS's dot, torch's sum; one thread and one per core) over the same updates. ``-
 the whole-process comparison (`bench/aggregation_process.py`): the same updates written as
 weight files, ``fedsplit aggregate`` over them as a subprocess vs a subprocess that reads them
 with h5py and runs Flower's function, plus start-up (imports) and HDF5 block-read rate vs a
-plain read of the same bytes. The kernels in use are printed (``FEDSPLIT_AGG_KERNELS``).
+plain read of the same bytes. The backends in use are printed (``FEDSPLIT_AGG_BACKEND``).
 
 Quick default (about 15 s on 2 cores)::
 
@@ -246,25 +246,27 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{'rule':<17}{'ours s':>9}{'GB/s':>7}{'peak MB':>9}{'e2e s':>8}"
               f"{'flower s':>10}{'peak MB':>9}{'speedup':>9}{'mem ratio':>10}")
     print(header, flush=True)
-    from fedsplit.aggregation._kernels import compiled, streamed
+    from fedsplit.aggregation import _compiled, backend
 
-    kernels = compiled(1 << 30)
-    c_kernels = streamed()
-    print(f"# kernels: {'numba ' + kernels.numba.__version__ if kernels else 'numpy'}, "
-          f"streamed passes: {'C (cffi, ' + c_kernels.path.name + ')' if c_kernels else 'numpy'} "
-          f"(FEDSPLIT_AGG_KERNELS={os.environ.get('FEDSPLIT_AGG_KERNELS', 'auto')}), "
-          f"threads: {os.environ.get('FEDSPLIT_AGG_THREADS', 'default')}", flush=True)
-    if kernels is not None:  # compile (or load from the cache) outside the timed runs
-        saved = os.environ.get("FEDSPLIT_AGG_KERNELS")
-        os.environ["FEDSPLIT_AGG_KERNELS"] = "numba"  # the warm-up is under auto's threshold
+    stacked = backend.select("trimmed_mean", 1 << 30)
+    streamed = backend.select("weighted_sum", 1 << 30)
+    c_kernels = _compiled.c_kernels() if streamed.name == "compiled" else None
+    numba_kernels = _compiled.numba_kernels() if stacked.name == "compiled" else None
+    print(f"# backends (FEDSPLIT_AGG_BACKEND={backend.mode()}): stacked passes "
+          f"{'numba ' + numba_kernels.numba.__version__ if numba_kernels else stacked.name}, "
+          f"streamed passes {'C (cffi, ' + c_kernels.path.name + ')' if c_kernels else streamed.name}"
+          f", threads: {os.environ.get('FEDSPLIT_AGG_THREADS', 'default')}", flush=True)
+    if numba_kernels is not None:  # compile (or load from the cache) outside the timed runs
+        saved = os.environ.get(backend.ENV)
+        os.environ[backend.ENV] = "compiled"  # the warm-up is under auto's threshold
         small = make_updates(max(5, 2 * args.f + 3), shapes_for(20_000), seed=1)
         for name in args.strategies.split(","):
             warm = params_of.get(name, {}) if name != "multi-krum" else {"f": args.f}
             aggregation.aggregate_updates(aggregation.get_strategy(name, warm), small)
         if saved is None:
-            del os.environ["FEDSPLIT_AGG_KERNELS"]
+            del os.environ[backend.ENV]
         else:
-            os.environ["FEDSPLIT_AGG_KERNELS"] = saved
+            os.environ[backend.ENV] = saved
     rules = [] if args.files_only else args.strategies.split(",")
     for name in rules:
         strat = aggregation.get_strategy(name, params_of.get(name, {}))

@@ -93,9 +93,9 @@ def _best(cmd: list[str], env: dict[str, str], repeat: int) -> tuple[float, floa
 
 KERNEL_START = """
 import time, numpy as np
-from fedsplit.aggregation import _kernels
+from fedsplit.aggregation import _compiled
 wall, cpu = time.perf_counter(), time.process_time()
-kernels = _kernels._load()
+kernels = _compiled.numba_kernels()
 x = np.ones((2, 8), np.float32)
 kernels.center_columns(x, 0, 8)
 print(time.perf_counter() - wall, time.process_time() - cpu)
