@@ -25,6 +25,11 @@ compose; its state is saved with each round's model (`server.history`).
 A round updates the global model only when at least ``quorum`` replies are usable: the count
 is taken after the input checks of `aggregation.aggregate_updates` (layout, count, cohort cap,
 finite values), so excluded updates never make up a quorum.
+
+`StrategyWrapper` is the base of the wrappers the coordinator's factory (`server.compose`)
+stacks around this loop, as Flower's DP wrappers wrap a strategy: secure aggregation
+(`server.secure.strategy.SecureStrategy`) and the privacy accounting
+(`server.privacy.PrivateStrategy`); each delegates every hook it does not change.
 """
 
 from __future__ import annotations
