@@ -3,7 +3,8 @@
 After each round the model is scored on validation rows (cut from training rows, never test
 rows) by the task's own metric: accuracy for classification, r2 for regression. With
 ``keep="best-val"`` (the default) the round that scores best is kept, ties going to the later
-round (more training at the same score) and a NaN score never winning over a number; with
+round (more training at the same score; scores within `TIE_TOLERANCE` tie) and a NaN score
+never winning over a number; with
 ``keep="last"`` the last round is kept whatever it scores (protocols that fix the round count,
 e.g. FLamby's). The metric, not the loss, decides: on a few validation rows the loss of a barely
 trained model can be the lowest while its accuracy is not.
@@ -19,6 +20,9 @@ from collections.abc import Iterable
 from typing import Literal
 
 Keep = Literal["best-val", "last"]
+#: Scores this close count as a tie (a federated score is a weighted mean of the hospitals':
+#: the same accuracy reached another way can differ in the last bits).
+TIE_TOLERANCE = 1e-9
 KEEP: tuple[str, ...] = ("best-val", "last")
 
 
@@ -66,8 +70,9 @@ class BestRound:
                              f"{self.rounds[-1]}. Received: {number}")
         self.scores.append(value)
         self.rounds.append(number)
-        if self.keep == "last" or self.round == 0 or (not math.isnan(value)
-                                                     and value >= self._best):
+        if self.keep == "last" or self.round == 0 or (not math.isnan(value) and (
+                value >= self._best or math.isclose(value, self._best, rel_tol=TIE_TOLERANCE,
+                                                    abs_tol=TIE_TOLERANCE))):
             self.round, self._best = number, -math.inf if math.isnan(value) else value
             return True
         return False

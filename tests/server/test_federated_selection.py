@@ -180,3 +180,12 @@ def test_the_metric_follows_the_task() -> None:
     assert task_metric("mlp:x", [{"evaluate": {"metrics": {"r2": 0.1}}}]) == "r2"
     empty = select([], "best-val", CLASSIFIER)
     assert empty["rounds_kept"] == 0 and empty["val_score"] is None
+
+
+def test_scores_equal_but_for_rounding_are_a_tie() -> None:
+    """The same accuracy reached another way differs in the last bits of a weighted mean."""
+    from fedsplit.protocol.selection import BestRound
+
+    rule = BestRound.replay([(1, 0.5), (5, 0.8378378378378379), (8, 0.8378378378378378), (9, 0.83)])
+    assert rule.round == 8
+    assert BestRound.replay([(1, 0.5), (2, 0.8), (3, 0.8 - 1e-6)]).round == 2
