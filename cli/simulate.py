@@ -136,6 +136,13 @@ def simulate(
         bool, typer.Option(help="Continue an unfinished run in --out after its last completed round "
                                 "(refused if its config or site data differ); --no-resume starts over.")
     ] = True,
+    keep: Annotated[
+        str, typer.Option(help="Which round's federated model is kept (global.h5): best-val, the "
+                               "round that scores best on the hospitals' validation rows (the "
+                               "baselines' rule, ties to the later round), or last (the last "
+                               "round, for protocols that fix the round count).",
+                          metavar="best-val|last")
+    ] = "best-val",
     dp: Annotated[
         str, typer.Option(help="Differential privacy: epsilon=E,delta=D[,clip=C][,level=patient|"
                                "hospital] planned for --rounds (docs/privacy.md); runs the "
@@ -184,7 +191,7 @@ def simulate(
         strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
         task=task, target=target, seed=seed, parallel=parallel, attack=attack, attackers=attackers,
-        norm=norm, resume=resume, local_steps=local_steps, server_opt=server_opt,
+        norm=norm, resume=resume, keep=keep, local_steps=local_steps, server_opt=server_opt,
         server_lr=server_lr, server_beta1=server_beta1, server_beta2=server_beta2,
         server_tau=server_tau, server_momentum=server_momentum, hidden=hidden,
         id_column=id_column, ignore_columns=",".join(ignore_column or []), na_values=na_values,

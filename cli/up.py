@@ -92,10 +92,18 @@ def up(
                                                   "coordinator and this command both see).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue an unfinished run in OUT after its last "
                                               "completed round (--no-resume: start over).")] = True,
+    keep: Annotated[str, typer.Option(help="Which round's model is global.h5: best-val (the best "
+                                           "federated validation score, ties to the later round) "
+                                           "or last.", metavar="best-val|last")] = "best-val",
     secure_aggregation: Annotated[
         str, typer.Option(help="Secure aggregation (SecAgg+): on, or bound=B[,levels=L]"
                                "[,neighbours=K][,threshold=T] (docs/privacy.md). none = off.")
     ] = "none",
+    recipe: Annotated[str, typer.Option(help="The hospitals' recipe (docs/recipes.md): "
+                                             "package.module:Attribute or an installed "
+                                             "fedsplit.recipes entry point; default: the built-in "
+                                             "MLP or CNN.")] = "",
+    recipe_params: Annotated[str, typer.Option(help="The recipe's parameters, a JSON object.")] = "{}",
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
     from fedsplit.orchestration.up import UpPlan, run_up
@@ -106,8 +114,8 @@ def up(
         num_server_rounds=rounds, strategy=strategy,
         strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),
         local_epochs=local_epochs, lr=lr, seed=seed, out_dir=str(out), min_nodes=sites,
-        quorum=quorum, round_timeout=round_timeout, resume=resume,
-        secure_aggregation=secure_aggregation,
+        quorum=quorum, round_timeout=round_timeout, resume=resume, keep=keep,
+        secure_aggregation=secure_aggregation, recipe=recipe, recipe_params=recipe_params,
     ))
     plan = UpPlan(cfg=cfg, work=work, sites=sites, dataset=dataset, partition=partition, tls=tls,
                   port=port, admin_port=admin_port if admin else None, timeout=timeout,

@@ -136,6 +136,12 @@ class RunConfig(BaseModel):
     resume: bool = Field(True,
                          description="If out-dir holds an unfinished run (history.json + global.h5), "
                                      "continue after its last completed round instead of starting over.")
+    keep: Literal["best-val", "last"] = Field(
+        "best-val", description="Which round's global model is kept as global.h5: best-val, the round "
+                                "whose federated evaluation on the hospitals' validation rows scores "
+                                "best by the task metric (ties to the later round; "
+                                "protocol/selection.py), or last (the last round, for protocols "
+                                "that fix the round count). last.h5 is always the last round's.")
     dp: str = Field("", description="Differential privacy (protocol/privacy.py): '' = off, or "
                     "level=patient|hospital,epsilon=E,delta=D[,clip=C],rounds=R (the budget and "
                     "the rounds it is planned for; docs/privacy.md).")
