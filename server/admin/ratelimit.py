@@ -62,8 +62,8 @@ class SignInLimiter:
                 state = _Failures(0, now, now)
             state.count += 1
             state.last = now
-            over = state.count - self.free
-            delay = 0.0 if over < 0 else min(self.max_s, self.base_s * 2.0 ** over)
+            over = state.count - self.free  # the first `free` failures cost nothing
+            delay = 0.0 if over <= 0 else min(self.max_s, self.base_s * 2.0 ** (over - 1))
             state.next_allowed = now + delay
             self._state[address] = state
             while len(self._state) > self.max_addresses:

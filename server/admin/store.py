@@ -87,9 +87,21 @@ def check_site_name(name: str) -> None:
         )
 
 
-def _engine(data_dir: Path, database_url: str | None) -> Engine:
+def open_engine(*, data_dir: Path, database_url: str | None = None) -> Engine:
+    """The store's engine (tables created); the caller disposes of it."""
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     return make_engine(database_url or default_database_url(data_dir))
+
+
+def site_ids_named(engine: Engine, name: str) -> list[int]:
+    """Row ids of the site called ``name`` (removed or not); `ConfigError` if there is none."""
+    with Session(engine) as session:
+        ids = list(session.scalars(select(Site.id).where(Site.name == name)))
+        if not ids:
+            known = list(session.scalars(select(Site.name).order_by(Site.name)))
+            raise ConfigError(f"There is no site {name!r} in this store. Sites: "
+                              f"{', '.join(known) or 'none'}. Received: {name!r}")
+    return ids
 
 
 def add_site(
@@ -102,7 +114,7 @@ def add_site(
             f"--cohort-size is the site's number of patients/rows and must be >= 1. "
             f"Received: {cohort_size}"
         )
-    engine = _engine(data_dir, database_url)
+    engine = open_engine(data_dir=data_dir, database_url=database_url)
     token = new_site_token()
     try:
         with Session(engine) as session:
@@ -147,7 +159,7 @@ def _live_site(session: Session, name: str) -> Site:
 def remove_site(*, data_dir: Path, name: str, database_url: str | None = None) -> None:
     """Remove a site: its token matches nothing from now on, so its API access and its web-view
     sessions end at their next request; its uploads stay (attributed to it)."""
-    engine = _engine(data_dir, database_url)
+    engine = open_engine(data_dir=data_dir, database_url=database_url)
     try:
         with Session(engine) as session:
             site = _live_site(session, name)
@@ -162,7 +174,7 @@ def remove_site(*, data_dir: Path, name: str, database_url: str | None = None) -
 
 def rotate_token(*, data_dir: Path, name: str, database_url: str | None = None) -> str:
     """Give a site a new token and return it; the old token (API and sessions) stops at once."""
-    engine = _engine(data_dir, database_url)
+    engine = open_engine(data_dir=data_dir, database_url=database_url)
     token = new_site_token()
     try:
         with Session(engine) as session:

@@ -64,6 +64,7 @@ def operations(api_schema: schemathesis.BaseSchema) -> list[schemathesis.APIOper
     return [result.ok() for result in api_schema.get_all_operations()]
 
 
+@pytest.mark.slow  # 300 requests per operation and mode: about 3.5 min on a loaded 2-core machine
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_admin_api_answers_only_documented_responses(api_schema, mode: GenerationMode) -> None:
     """No generated request, sent as the admin, as a site and with no token, gets 5xx or an

@@ -1,0 +1,25 @@
+"""``fedsplit admin rotate-token``: give a hospital a new token; the old one stops at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def rotate_token(
+    name: Annotated[str, typer.Argument(help="The site's name, as add-site registered it.")],
+    data_dir: Annotated[Path, typer.Option(help="The admin API's --data-dir.")],
+    database_url: Annotated[
+        str | None, typer.Option(help="SQLAlchemy URL; default sqlite in --data-dir.")
+    ] = None,
+) -> None:
+    """Issue a new token for a site; its old token and web-view sessions end at their next
+    request. The new token is printed once, alone on the last line."""
+    from fedsplit.server.admin.store import rotate_token as store_rotate_token
+
+    token = store_rotate_token(data_dir=data_dir, name=name, database_url=database_url)
+    typer.echo(f"New token for site {name!r}; the old one and its sessions no longer work. "
+               "Shown only now (the store keeps a hash):")
+    typer.echo(token)
