@@ -117,7 +117,10 @@ def test_pipeline_gradients_and_step_equal_the_full_batch_run() -> None:
     assert set(run.grads) == set(want)  # both stages sent their gradients back
     for name, grad in want.items():
         torch.testing.assert_close(run.grads[name], grad, rtol=1e-5, atol=1e-7)
-    _assert_same_weights(ref, model, atol=1e-6)
+    # Adam's first step is lr * g / (|g| + eps): for a gradient near eps, the summation-order
+    # difference the line above allows (micro-batches accumulate) moves a weight by up to about
+    # lr * 1e-3 (one element of 65,536 moved 1.14e-6 in a CI run); beyond that is a real error.
+    _assert_same_weights(ref, model, atol=2e-6)
 
 
 def test_pipeline_three_stages_training_equals_fit() -> None:
