@@ -126,23 +126,19 @@ def compare_fills(
 ) -> None:
     """Accuracy of each fill (nearest, mean, zero, drop) on the same held-out rows, in-process."""
     import torch
-    from fedsplit.orchestration.vertical.experiment import compare_fills, resolve_inputs
-    from fedsplit.protocol.atomic import write_json_atomic
+    from fedsplit.orchestration.vertical.experiment import resolve_inputs, run_compare_fills
     from fedsplit.protocol.vertical.config import FusionParams
-    from fedsplit.server.vertical.coordinator import read_label_file
 
     torch.set_num_threads(1)
     out = out.resolve()
     params = FusionParams.parse({"steps_per_round": steps, "embedding_dim": embedding_dim})
     inputs = resolve_inputs(dataset=dataset, site_files=site or [], labels=labels, num_sites=sites,
                             overlap=overlap, out=out, seed=seed, id_column=id_column, target=target)
-    label_table = read_label_file(str(inputs.labels), inputs.id_column, inputs.target, None)
-    results = compare_fills(label_table, inputs.sites, inputs.id_column, rounds, params, seed)
-    write_json_atomic(out / "fills.json", results)
+    results, task = run_compare_fills(inputs, params, out, rounds=rounds, seed=seed)
     table = Table(title="Fills for missing views (held-out rows)")
     for col in ("fill", "training rows", "all held-out rows", "rows every site holds"):
         table.add_column(col, justify="right")
-    key = "accuracy" if label_table.task == "classification" else "r2"
+    key = "accuracy" if task == "classification" else "r2"
     for r in results["fills"]:
         table.add_row(r["fill"], str(r["train_rows"]), f"{r['metrics'][key]:.4f} (n={r['num_examples']})",
                       f"{r.get('metrics_complete_rows', r['metrics'])[key]:.4f} (n={r['complete_rows']})")

@@ -138,3 +138,13 @@ def compare_fills(labels: LabelTable, files: Sequence[Path], id_column: str, rou
         r.pop("per_round")
         fills.append({"fill": fill, **r})
     return {"fills": fills}
+
+
+def run_compare_fills(inputs: VerticalInputs, params: FusionParams, out: Path, *, rounds: int,
+                      seed: int) -> tuple[dict[str, Any], str]:
+    """``fedsplit vertical compare-fills``: every fill on the same split (`compare_fills`),
+    written to OUT/fills.json; returns (the results, the label holder's task)."""
+    label_table = read_label_file(str(inputs.labels), inputs.id_column, inputs.target, None)
+    results = compare_fills(label_table, inputs.sites, inputs.id_column, rounds, params, seed)
+    write_json_atomic(out / "fills.json", results)
+    return results, label_table.task
