@@ -508,8 +508,10 @@ def run_experiment(
                            central_steps)
     local_only = [{"site": name, **baseline(train, vals[name], steps)}
                   for (name, train), steps in zip(trains.items(), site_steps, strict=True)]
-    # rows behind the final model: excluded (e.g. hostile) sites do not count
-    fed_examples = history.final_examples
+    # rows behind the kept model: excluded (e.g. hostile) sites do not count
+    kept = history.round(history.selection.rounds_kept or 0) if history.selection else None
+    fed_examples = (kept.aggregation.num_examples if kept is not None and kept.aggregation
+                    else history.final_examples)
     personalized = None
     if budget:
         own = {name: split_site(data[name][0], cfg.val_fraction, cfg.seed)[0] for name, _ in tests}
@@ -551,7 +553,7 @@ def run_experiment(
         "centralized": centralized,
         "local_only": local_only,
         "federated": {**evaluate(final, tests), "num_examples": fed_examples,
-                      "model": str(fed_dir / "global.h5")},
+                      "model": str(fed_dir / "global.h5"), **kept_round(history, fed_dir)},
         "personalized": personalized,
         "rounds": rounds,
         **exp.summary_extra,
