@@ -40,13 +40,18 @@ def run(
                                                         "(default ~/.fedsplit/<name>).")] = None,
     max_restarts: Annotated[int, typer.Option(min=0, help="Consecutive SuperNode restarts before "
                                                           "giving up.")] = 10,
+    recipe: Annotated[str, typer.Option(help="This hospital's recipe (docs/recipes.md): "
+                                             "package.module:Attribute or an installed "
+                                             "fedsplit.recipes entry point; default: the run's.")] = "",
+    recipe_params: Annotated[str, typer.Option(help="The recipe's parameters, a JSON object.")] = "{}",
 ) -> None:
     """Run this hospital's agent: a Flower SuperNode with fedsplit's ClientApp."""
     from fedsplit.orchestration.site_agent import run_agent
 
     run_agent(superlink, data, root_cert=root_cert, key=key, insecure=insecure, name=name,
               port=port, host=host, isolation=isolation, flwr_home=flwr_home,
-              max_restarts=max_restarts, on_start=console.print)
+              max_restarts=max_restarts, on_start=console.print, recipe=recipe,
+              recipe_params=recipe_params)
 
 
 @app.command("prepare")

@@ -170,6 +170,8 @@ class Experiment:
             set(self.leave_out))
         check_attack(cfg.attack, cfg.attackers, joined)
         resolve_scope(parse_budget(self.personalize) or 1, self.personalize_scope)
+        if cfg.recipe:  # a recipe that cannot be imported or refuses its params fails here
+            effective_recipe({}, cfg, "mlp")
 
 
 def _concat(parts: Sequence[Dataset]) -> Dataset:
@@ -529,6 +531,9 @@ def run_experiment(
     hostile = names[len(names) - cfg.attackers:] if cfg.attackers else []
     summary = {
         "task": final.spec.task,
+        "recipe": final.spec.identity.model_dump(),
+        "metric_names": list(recipe_of(final).metric_names(final.spec.task)),
+        "selection_metric": recipe_of(final).selection_metric(final.spec.task),
         "attack": {"kind": cfg.attack, "hostile_sites": hostile} if hostile else None,
         "dataset": exp.dataset or [str(parse_site(s).train) for s in exp.site_files],
         "strategy": cfg.strategy,

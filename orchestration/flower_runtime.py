@@ -326,21 +326,32 @@ def superexec_command(runtime_address: str, *, root_cert: Path | None = None) ->
     return cmd + (["--root-certificates", str(root_cert)] if root_cert else ["--insecure"])
 
 
-def node_config(data_path: Path | str, site_name: str) -> str:
-    """The ``--node-config`` string telling our ClientApp where its data is and what it is called."""
+def node_config(data_path: Path | str, site_name: str, *, recipe: str = "",
+                recipe_params: str = "") -> str:
+    """The ``--node-config`` string telling our ClientApp where its data is and what it is called
+    (and, with ``recipe``, the hospital's own recipe and its parameters as JSON)."""
     for value in (str(data_path), site_name):
         if "'" in value or '"' in value:
             raise FlowerRunError("Data paths and site names cannot contain quotes (Flower's node "
                                  f"config syntax). Rename it. Received: {value!r}")
-    return f"data-path='{data_path}' site-name='{site_name}'"
+    text = f"data-path='{data_path}' site-name='{site_name}'"
+    if recipe:
+        if "'" in recipe or "'" in recipe_params:
+            raise FlowerRunError("A recipe reference and its parameters cannot contain single "
+                                 "quotes (Flower's node config syntax); write JSON strings with "
+                                 f"double quotes. Received: {recipe!r} {recipe_params!r}")
+        text += f" recipe='{recipe}' recipe-params='{recipe_params or '{}'}'"
+    return text
 
 
 def supernode_command(superlink: str, *, data_path: Path | str, site_name: str, port: int,
                       host: str = "127.0.0.1", root_cert: Path | None = None,
-                      key: Path | None = None, isolation: str = "subprocess") -> list[str]:
+                      key: Path | None = None, isolation: str = "subprocess", recipe: str = "",
+                      recipe_params: str = "") -> list[str]:
     """``flower-supernode`` for one hospital, retrying the SuperLink forever when it drops."""
+    config = node_config(data_path, site_name, recipe=recipe, recipe_params=recipe_params)
     cmd = [tool("flower-supernode"), "--superlink", superlink, "--host", host, "--port", str(port),
-           "--isolation", isolation, "--node-config", node_config(data_path, site_name)]
+           "--isolation", isolation, "--node-config", config]
     cmd += ["--root-certificates", str(root_cert)] if root_cert else ["--insecure"]
     if key is not None:
         cmd += ["--auth-supernode-private-key", str(key)]

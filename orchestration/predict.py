@@ -25,8 +25,9 @@ from fedsplit.client.data import TABLE_SUFFIXES, read_table
 from fedsplit.client.models import load_model, recipe_of
 from fedsplit.client.recipes import Recipe, load_recipe
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
 from fedsplit.protocol.schema import Schema, encode_frame
-from fedsplit.protocol.weights import read_schema
+from fedsplit.protocol.weights import read_schema, read_weights
 
 
 def predict_frame(model_path: Path, frame: Any, *, where: str, recipe: Recipe | None = None) -> Any:
@@ -93,6 +94,12 @@ def predict_file(model_path: Path, table: Path, output: Path, *, recipe: str = "
         raise ConfigError(f"-o must end in .csv or .parquet. Received: {output.name}")
     impl = load_recipe(recipe) if recipe else None
     table = Path(table)
+    model_id = read_weights(Path(model_path)).model or ""
+    if impl is None and is_recipe_id(model_id):
+        made = RecipeModelId.from_id(model_id).recipe
+        raise ConfigError(f"{model_path} was trained with recipe {made.label()}; pass --recipe "
+                          f"with that recipe (installed here) to rebuild and score it. Received: "
+                          f"no --recipe")
     if impl is not None and table.suffix.lower() not in TABLE_SUFFIXES:
         result = predict_inputs(Path(model_path), table, impl)
     else:

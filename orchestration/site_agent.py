@@ -154,11 +154,15 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
               key: Path | None = None, insecure: bool = False, name: str | None = None,
               port: int = 9094, host: str = "127.0.0.1", isolation: str = "subprocess",
               flwr_home: Path | None = None, max_restarts: int = 10,
-              on_start: Callable[[str], None] = lambda _msg: None) -> None:
+              on_start: Callable[[str], None] = lambda _msg: None, recipe: str = "",
+              recipe_params: str = "{}") -> None:
     """``fedsplit site run``: check the options against each other, then start this hospital's
     SuperNode (fedsplit's ClientApp on ``data``) and `supervise` it until it ends.
 
     ``on_start`` gets one line saying what starts (name, SuperLink, TLS, data, device).
+    ``recipe``: this hospital's own recipe (node config ``recipe``, ``recipe-params``), imported
+    and its parameters validated here first; a recipe whose reader reads ``data`` (e.g. a folder of
+    images) gets the folder itself.
     """
     from fedsplit.client.site import resolve_data_path
     from fedsplit.orchestration.flower_runtime import flower_env, supernode_command
@@ -178,8 +182,17 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
         raise ConfigError(f"--root-cert must be a readable CA certificate file. Received: {root_cert}")
     if key is not None:
         check_key(key)
-    data_file = resolve_data_path({"data-path": str(data.resolve())}, RunConfig())
-    if not data_file.is_file():
+    impl = None
+    if recipe:
+        from fedsplit.client.data import read_with_recipe
+        from fedsplit.client.recipes import load_recipe
+
+        impl = load_recipe(recipe, recipe_params)
+    if impl is not None and read_with_recipe(impl, data.resolve()) is not None:
+        data_file = data.resolve()
+    else:
+        data_file = resolve_data_path({"data-path": str(data.resolve())}, RunConfig())
+    if not data_file.exists():
         raise ConfigError(f"--data must be this hospital's data file or a folder holding it. "
                           f"Received: {data}")
     site_name = name or (data.name if data.is_dir() else data.stem)
@@ -188,7 +201,9 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
     home.mkdir(parents=True, exist_ok=True)
     cmd = supernode_command(superlink, data_path=data_file.resolve(), site_name=site_name, port=port,
                             host=host, root_cert=root_cert.resolve() if root_cert else None,
-                            key=key.resolve() if key else None, isolation=isolation)
+                            key=key.resolve() if key else None, isolation=isolation,
+                            recipe=recipe, recipe_params=recipe_params if recipe else "")
     on_start(f"{site_name}: SuperNode -> {superlink} ({'TLS' if root_cert else 'insecure'}"
-             f"{', node auth' if key else ''}); data {data_file}; trains on {describe_device()}")
+             f"{', node auth' if key else ''}); data {data_file}; "
+             f"{f'recipe {impl.identity.label()}; ' if impl else ''}trains on {describe_device()}")
     supervise(cmd, env, max_restarts=max_restarts, name=site_name)

@@ -62,6 +62,10 @@ def run_up(plan: UpPlan, *, on_progress: Callable[[RunRecord], None] | None = No
         on_stage(f"federation on {plan.superlink}: {cfg.strategy}, {cfg.num_server_rounds} rounds")
         return attach(cfg, plan.superlink, plan.work, root_cert=plan.root_cert,
                       on_progress=on_progress)
+    if cfg.recipe:  # the local hospitals import it: a missing module or bad params fail here
+        from fedsplit.client.recipes import load_recipe
+
+        load_recipe(cfg.recipe, cfg.recipe_params)
     files = prepare_partitions(plan.work / "sites", plan.dataset, plan.sites, plan.partition,
                                cfg.seed)
     cfg = cfg.model_copy(update={"data_fingerprint": data_fingerprint(files)})

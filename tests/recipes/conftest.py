@@ -4,7 +4,7 @@
 temporary folder that is importable only through ``PYTHONPATH`` (or ``sys.path``), as a
 hospital's own code would be. `png_hospitals` writes scikit-learn's 8x8 digits as grayscale PNG
 files, one folder per hospital with one sub-folder per class, label-skewed: each class has a home
-hospital holding 70% of its images (nothing is downloaded).
+hospital holding 85% of its images (nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def write_png(path: Path, image: np.ndarray) -> None:
 @pytest.fixture(scope="session")
 def png_hospitals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Three hospitals' PNG folders (HOSPITAL/<digit>/<n>.png) from half of sklearn's digits,
-    label-skewed (class c: 70% at hospital c % 3, 15% at each other), and a flat folder of
+    label-skewed (class c: 85% at hospital c % 3, 7.5% at each other), and a flat folder of
     unlabelled PNGs (``unlabelled``: 40 digits no hospital holds, with their labels in
     ``labels.csv``)."""
     from sklearn.datasets import load_digits
@@ -72,7 +72,7 @@ def png_hospitals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         label = int(digits.target[i])
         home = label % 3
         share = rng.random()
-        k = home if share < 0.7 else (home + 1) % 3 if share < 0.85 else (home + 2) % 3
+        k = home if share < 0.85 else (home + 1) % 3 if share < 0.925 else (home + 2) % 3
         write_png(folders[HOSPITALS[k]] / str(label) / f"{i}.png", digits.images[i])
     flat = root / "unlabelled"
     lines = ["input,label"]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.history import SummaryPrivacy
 from fedsplit.protocol.horizontal_wire import TRAIN_LOSS
+from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
 from fedsplit.server.admin.ui.charts import Chart, Series, line_chart
 from fedsplit.server.admin.ui.runs import FlowerRun
 
@@ -20,10 +22,18 @@ PREFERRED = ("accuracy", "r2", "auc", "rmse", "loss")
 
 
 def primary_metric(run: FlowerRun) -> str | None:
-    """The metric the run is judged by: accuracy, else r2, ..., else the first one recorded."""
+    """The metric the run is judged by: a recipe model's own selection metric (its model id
+    names it, `protocol.recipe`), else accuracy, else r2, ..., else the first one recorded."""
     keys: set[str] = set()
     for rnd in run.rounds:
         keys |= set(rnd.metrics) | set(rnd.test_metrics)
+    if run.model_id and is_recipe_id(run.model_id):
+        try:
+            selection = RecipeModelId.from_id(run.model_id).selection
+        except ConfigError:
+            selection = None
+        if selection in keys:
+            return selection
     return next((k for k in PREFERRED if k in keys), min(keys) if keys else None)
 
 

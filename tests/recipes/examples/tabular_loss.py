@@ -47,6 +47,10 @@ class FocalMLP(Recipe):
         """The metrics `metrics` returns."""
         return ("loss", "accuracy", "balanced-accuracy")
 
+    def selection_metric(self, task: str) -> str:
+        """Rounds are kept by balanced accuracy (the classes are imbalanced)."""
+        return "balanced-accuracy"
+
     @torch.no_grad()
     def metrics(self, model: nn.Module, x: np.ndarray, y: np.ndarray,
                 device: torch.device) -> dict[str, float]:
