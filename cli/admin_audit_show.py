@@ -14,10 +14,10 @@ def show(
     data_dir: Annotated[Path, typer.Option(help="The admin API's --data-dir.")],
     site: Annotated[str | None, typer.Option(help="Only this hospital's records.")] = None,
     since: Annotated[
-        datetime | None, typer.Option(help="Only records at or after this time (ISO-8601; UTC if no zone).")
+        str | None, typer.Option(help="Only records at or after this time (ISO-8601; UTC if no zone).")
     ] = None,
     until: Annotated[
-        datetime | None, typer.Option(help="Only records at or before this time (ISO-8601; UTC if no zone).")
+        str | None, typer.Option(help="Only records at or before this time (ISO-8601; UTC if no zone).")
     ] = None,
     event: Annotated[
         list[str] | None, typer.Option("--event", help="Only this event (repeat), e.g. signin_failed.")
@@ -37,10 +37,12 @@ def show(
         unknown = sorted(set(event) - set(audit.EVENTS))
         if unknown:
             raise ConfigError(f"--event takes one of {', '.join(audit.EVENTS)}. Received: {unknown}")
+    bounds = {option: _moment(option, value) for option, value in (("--since", since), ("--until", until))}
     engine = open_engine(data_dir=data_dir, database_url=database_url)
     try:
         ids = site_ids_named(engine, site) if site is not None else None
-        records = audit.query(engine, site_ids=ids, since=since, until=until, events=event, limit=limit)
+        records = audit.query(engine, site_ids=ids, since=bounds["--since"], until=bounds["--until"],
+                              events=event, limit=limit)
     finally:
         engine.dispose()
     for record in records:
@@ -56,3 +58,15 @@ def show(
                        f"{' from ' + record.address if record.address else ''}  {details}")
     if not as_json:
         typer.echo(f"({len(records)} record(s))", err=True)
+
+
+def _moment(option: str, value: str | None) -> datetime | None:
+    from fedsplit.protocol.errors import ConfigError
+
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ConfigError(f"{option} takes an ISO-8601 time such as 2026-12-03 or "
+                          f"2026-12-03T21:00:00+00:00. Received: {value!r}") from None

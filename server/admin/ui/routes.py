@@ -233,6 +233,8 @@ def read_run_model(request: Request, principal: AdminDep, run_id: RunId, number:
     if not real.is_relative_to(run.path) or not real.is_file():
         raise UIError(404, f"Round {number} of {run.name!r} saved no model.")
     name = f"{run.name.replace('/', '-')}-round-{number:03d}.h5"
+    _ctx(request).record("model_download", principal, client_address(request), run=run.name,
+                         round=number, channel="web view")
     return with_headers(FileResponse(real, media_type="application/x-hdf5", filename=name))
 
 
