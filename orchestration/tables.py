@@ -127,7 +127,8 @@ def models_table(summary: RunSummary | Mapping[str, Any]) -> Table:
             return
         curve = getattr(entry, "val_metric", None) or []  # the validation curve
         kept = getattr(entry, "rounds_kept", None)
-        val = curve[kept - 1] if isinstance(kept, int) and 0 < kept <= len(curve) else None
+        numbers = getattr(entry, "val_rounds", None) or range(1, len(curve) + 1)  # its rounds
+        val = dict(zip(numbers, curve, strict=False)).get(kept) if isinstance(kept, int) else None
         rows = getattr(entry, "num_examples", None)
         table.add_row(label, str(rows if rows is not None else _MISSING),
                       _rounds_kept(entry, summary), _text(val),
