@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from fedsplit.client.models import SiteModel
+from fedsplit.client.models import KINDS, SiteModel
 from fedsplit.client.parallel.config import ParallelConfig, as_config
 from fedsplit.client.parallel.device_map import resolve_device_map, resolve_devices
 from fedsplit.client.parallel.layer_split import fit_layer_split
@@ -15,6 +15,7 @@ from fedsplit.client.parallel.loop import check_inputs
 from fedsplit.client.parallel.replicas import train_replicas
 from fedsplit.client.train import fit, pick_device
 from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,12 @@ def fit_parallel(
     samples = epochs * len(x)
     common = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
               "proximal_mu": proximal_mu}
+    if cfg.mode != "none" and getattr(getattr(model, "spec", None), "kind", "") not in KINDS:
+        raise ConfigError(
+            f"In-site parallelism ({cfg.mode}) splits the built-in MLP and CNN; a recipe's model "
+            f"trains with its own step on one device. Use parallel=none. Received: recipe "
+            f"{model.spec.identity.label()}, parallel={cfg.to_string()!r}"
+        )
     if cfg.mode == "none":
         loss = fit(model, x, y, device=device or pick_device("auto"), **common)
         took = time.perf_counter() - began
