@@ -301,7 +301,8 @@ def write_site(site: Dataset | Any, folder: Path, target: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("data.*"):  # a previous run's file of the other kind: one file per site
         stale.unlink()
-    if isinstance(site, Dataset) and site.kind != "mlp":  # images and other arrays
+    if isinstance(site, Dataset) and (site.kind != "mlp" or np.ndim(site.y) > 1):  # images, arrays,
+        # and targets of several columns (survival: time and event)
         path = folder / "data.npz"
         np.savez(path, x=site.x, y=site.y)
         return path

@@ -60,7 +60,7 @@ def plot_rounds(summary: RunSummary | Mapping[str, Any], path: Path) -> None:
     own test patients (the pooled one in bold colour).
     """
     summary = _summary(summary)
-    key = metric_key(str(summary.task))
+    key = summary.selection_metric or metric_key(str(summary.task))  # a recipe's, e.g. c_index
     rounds = [r.round for r in summary.rounds]
     with round_axes(path, ylabel=f"test {key}", title=f"fedsplit: {summary.strategy} over "
                     f"{len(summary.local_only)} hospitals", size=(8, 4.8)) as ax:

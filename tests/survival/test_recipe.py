@@ -1,0 +1,101 @@
+"""The survival recipe: its loss against lifelines' partial likelihood, its C-index against
+lifelines, its data reading and refusals; one slow ``fedsplit simulate`` run with it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from fedsplit.cli.app import app
+from fedsplit.client.models import build_model
+from fedsplit.client.recipes import ModelInputs, load_recipe
+from fedsplit.client.survival.cox import efron_parts
+from fedsplit.client.survival.recipe import Cox
+from fedsplit.client.survival.tcga import load_tcga_brca
+from lifelines.utils import concordance_index
+from typer.testing import CliRunner
+
+REF = "fedsplit.client.survival.recipe:Cox"
+
+
+def model_for(recipe, p):
+    return build_model(recipe.model_spec(ModelInputs("survival", (p,), 1)))
+
+
+def test_loss_is_the_partial_likelihood_per_event_with_efron_ties():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 3))
+    t = rng.integers(1, 8, 60).astype(float)  # heavy ties
+    e = rng.random(60) < 0.6
+    beta = np.array([0.4, -0.3, 0.2])
+    recipe = load_recipe(REF)
+    model = model_for(recipe, 3)
+    risk = torch.tensor(x @ beta, dtype=torch.float64)
+    loss = recipe.loss(model, risk, torch.tensor(np.c_[t, e], dtype=torch.float64))
+    ref = efron_parts(x, t, e, beta).loglik  # equal to lifelines' (test_cox_math)
+    assert float(loss) == pytest.approx(-ref / e.sum(), rel=1e-6)  # torchsurv computes in float32
+    none = recipe.loss(model, risk.requires_grad_(), torch.tensor(np.c_[t, 0 * e], dtype=torch.float64))
+    assert float(none) == 0.0
+    none.backward()  # a batch without an event: defined, and no gradient
+    assert float(risk.grad.abs().sum()) == 0.0
+
+
+def test_c_index_is_lifelines_and_reading_follows_the_params(tmp_path):
+    train, _ = load_tcga_brca()["south"]
+    path = tmp_path / "south.csv"
+    train.to_csv(path, index=False)
+    recipe = load_recipe(REF, {"time": "T", "event": "E", "id_column": "pid"})
+    data = recipe.read_data(path)
+    assert data.x.shape == (156, 39) and data.y.shape == (156, 2) and data.task == "survival"
+    assert data.feature_names == sorted(data.feature_names)
+    model = model_for(recipe, 39)
+    metrics = recipe.metrics(model, data.x, data.y, torch.device("cpu"))
+    risk = recipe.predict(model, data.x)["risk"]
+    assert metrics["c_index"] == pytest.approx(
+        concordance_index(data.y[:, 0], -risk, data.y[:, 1]), abs=1e-12)
+    assert recipe.metric_names("survival") == ("loss", "c_index")
+    assert recipe.selection_metric("survival") == "c_index" and not Cox.per_sample_loss
+    # a table with text among the covariates is refused with the fix
+    bad = train.copy()
+    bad["stage"] = "II"
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(Exception, match=r"holds text.*One-hot encode it"):
+        recipe.read_data(tmp_path / "bad.csv")
+    with pytest.raises(Exception, match="refuses its parameters"):
+        Cox({"time": "T", "unknown": 1})
+    linear = model_for(recipe, 39)
+    assert sum(isinstance(m, torch.nn.Linear) for m in linear.modules()) == 1
+    mlp = model_for(load_recipe(REF, {"hidden": [16]}), 39)
+    assert sum(isinstance(m, torch.nn.Linear) for m in mlp.modules()) == 2
+
+
+@pytest.mark.slow
+def test_simulate_with_the_survival_recipe_on_three_tcga_regions(tmp_path):
+    data = load_tcga_brca()
+    sites = []
+    for region in ("northeast", "south", "west"):
+        train, test = data[region]
+        train.to_csv(tmp_path / f"{region}_train.csv", index=False)
+        test.to_csv(tmp_path / f"{region}_test.csv", index=False)
+        sites += ["--site", f"{region}={tmp_path / f'{region}_train.csv'}:"
+                            f"{tmp_path / f'{region}_test.csv'}"]
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "simulate", *sites, "--recipe", "fedsplit.client.survival.recipe:Cox",
+        "--recipe-params", json.dumps({"time": "T", "event": "E", "id_column": "pid"}),
+        "--rounds", "3", "--out", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "c_index" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    fed = summary["federated"]
+    assert set(fed["per_site"]) == {"northeast", "south", "west"}
+    assert 0.6 < fed["mean_per_site"]["c_index"] <= 1.0
+    assert all(0.0 <= s["c_index"] <= 1.0 for s in fed["per_site"].values())
+    assert (out / "rounds.png").stat().st_size > 5000
+    result = CliRunner().invoke(app, [
+        "simulate", *sites, "--recipe", "fedsplit.client.survival.recipe:Cox",
+        "--recipe-params", json.dumps({"time": "T", "event": "E", "id_column": "pid"}),
+        "--dp", "epsilon=5", "--out", str(tmp_path / "dp")])
+    assert result.exit_code != 0 and "per patient" in result.output + str(result.exception)
