@@ -26,8 +26,10 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
     allowed_hosts: Annotated[
         list[str] | None,
-        typer.Option("--allowed-hosts", help="Host header value to answer (repeat; '*.example.org' "
-                     "for subdomains, '*' for any). Default: the bound address and localhost."),
+        typer.Option("--allowed-hosts", envvar="FEDSPLIT_ALLOWED_HOSTS",
+                     help="Host header value to answer (repeat; '*.example.org' for subdomains, '*' "
+                     "for any; FEDSPLIT_ALLOWED_HOSTS: space-separated). Localhost is always "
+                     "answered. Default: the bound address and localhost."),
     ] = None,
     min_model_sites: Annotated[
         int, typer.Option(help="Fewest hospitals an aggregate needs before a hospital may download it.")
@@ -41,7 +43,7 @@ def serve(
     from fedsplit.protocol.errors import ConfigError
     from fedsplit.server.admin.app import create_app
     from fedsplit.server.admin.config import AdminSettings
-    from fedsplit.server.admin.limits import MAX_HEADER_BYTES, default_allowed_hosts
+    from fedsplit.server.admin.limits import LOCAL_HOSTS, MAX_HEADER_BYTES, default_allowed_hosts
     from fedsplit.server.admin.ui import check_runs_dirs, view_url
 
     if (tls_cert is None) != (tls_key is None):
@@ -55,7 +57,9 @@ def serve(
                 f"{option} must be a readable PEM file (e.g. from `fedsplit certs`). Received: {path}"
             )
     https = tls_cert is not None
-    hosts = tuple(allowed_hosts) if allowed_hosts else default_allowed_hosts(host)
+    # loopback names are always answered (health checks; a rebinding page never sends them)
+    hosts = (tuple(dict.fromkeys([*allowed_hosts, *LOCAL_HOSTS])) if allowed_hosts
+             else default_allowed_hosts(host))
     settings = AdminSettings.from_env(
         data_dir=data_dir, max_upload_mb=max_upload_mb, database_url=database_url,
         runs=tuple(check_runs_dirs(runs or [], warn=typer.echo)), allowed_hosts=hosts,

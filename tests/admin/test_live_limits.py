@@ -147,3 +147,22 @@ def test_50_mb_header_is_refused(live):
     assert sent < 50 * MIB
     assert reply == b"" or reply.startswith((b"HTTP/1.1 400", b"HTTP/1.1 431"))
     assert meter.memory < LIMIT
+
+
+def test_served_hosts_default_and_setting(tmp_path):
+    """`admin serve --host 127.0.0.1` answers 127.0.0.1 and localhost only (DNS rebinding);
+    FEDSPLIT_ALLOWED_HOSTS (or --allowed-hosts) adds names, loopback is always answered."""
+    plain = LiveServer(tmp_path / "a")
+    named = LiveServer(tmp_path / "b", env={"FEDSPLIT_ALLOWED_HOSTS": "fl.hospital.example"})
+    plain.start()
+    named.start()
+    try:
+        for server, host, status in ((plain, "localhost", 200), (plain, "rebind.attacker.example", 400),
+                                     (plain, "fl.hospital.example", 400),
+                                     (named, "fl.hospital.example:8443", 200), (named, "localhost", 200),
+                                     (named, "rebind.attacker.example", 400)):
+            response = httpx.get(f"{server.url}/healthz", headers={"Host": host}, timeout=10)
+            assert response.status_code == status, (server.url, host)
+    finally:
+        plain.stop()
+        named.stop()
