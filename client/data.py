@@ -177,8 +177,10 @@ def load_site_file(path: str | Path, *, target: str, task: str | None = None,
         return _finish(x, y, task or "classification", "cnn",
                        [f"pixel_{i}" for i in range(int(np.prod(x.shape[1:])))], path)
     if suffix not in TABLE_SUFFIXES:
+        folder = (" A folder (e.g. of images) is read by a recipe with a data reader: give "
+                  "--recipe (docs/recipes.md).") if path.is_dir() else ""
         raise ConfigError(
-            f"Site data must be .csv, .parquet or .npz. Received: {path.name}"
+            f"Site data must be .csv, .parquet or .npz.{folder} Received: {path.name}"
         )
     return dataset_from_frame(read_table(path), target=target, task=task, source=path,
                               settings=settings)

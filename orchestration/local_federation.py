@@ -75,10 +75,13 @@ def admin_available() -> bool:
 
 @dataclass
 class Site:
-    """One simulated hospital: its name and the folder holding only its rows."""
+    """One simulated hospital: its name and the folder holding only its rows (and, optionally,
+    the hospital's own recipe: ``fedsplit site run --recipe``)."""
 
     name: str
     data: Path
+    recipe: str = ""
+    recipe_params: str = "{}"
 
 
 @dataclass
@@ -169,6 +172,8 @@ class LocalFederation:
         cmd = [*fedsplit_command(), "site", "run", "--superlink", self.address,
                "--data", str(site.data), "--name", site.name, "--port", str(free_port()),
                "--flwr-home", str(self.homes / site.name)]
+        if site.recipe:
+            cmd += ["--recipe", site.recipe, "--recipe-params", site.recipe_params]
         if self.certs is not None:
             cmd += ["--root-cert", str(self.certs.ca), "--key", str(self.certs.supernode_keys[site.name])]
         else:

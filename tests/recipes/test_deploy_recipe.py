@@ -60,3 +60,53 @@ def test_up_runs_a_recipe(recipe_dir: Path, tmp_path: Path) -> None:
     last = history["rounds"][-1]["evaluate"]["metrics"]
     assert {"accuracy", "macro-f1"} <= set(last) and last["accuracy"] > 0.5, last
     assert read_weights(work / "out" / "global.h5").model == history["model_id"]
+
+
+@pytest.mark.slow
+def test_hospital_on_another_recipe_version_is_refused_before_round_1(
+        recipe_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three `fedsplit site run` agents, south with --recipe png_cnn_v2:PngCNNv2 (version 1.1):
+    the coordinator refuses the run before round 1, naming south and the versions."""
+    from fedsplit.orchestration.experiment import prepare_partitions
+    from fedsplit.orchestration.flower_runtime import FlowerRunError
+    from fedsplit.orchestration.local_federation import LocalFederation, Site
+    from fedsplit.protocol.config import RunConfig
+
+    monkeypatch.setenv("PYTHONPATH", str(recipe_dir))  # every agent process imports the recipes
+    files = prepare_partitions(tmp_path / "sites", "digits", 3)
+    recipes = {"hospital-1": "png_cnn:PngCNN", "hospital-2": "png_cnn_v2:PngCNNv2",
+               "hospital-3": "png_cnn:PngCNN"}
+    sites = [Site(name, path.parent, recipe=recipes[name]) for name, path in files.items()]
+    cfg = RunConfig(num_server_rounds=2, min_nodes=3, round_timeout=120,
+                    out_dir=str(tmp_path / "out"))
+    with LocalFederation(tmp_path / "work", sites, admin_port=None, say=lambda _m: None) as fed:
+        fed.start()
+        with pytest.raises(FlowerRunError, match=r"hospital hospital-2 runs png-cnn version 1\.1 "
+                                                 r"\(version '1\.1' vs '1\.0'\)"):
+            fed.run(cfg, timeout=600)
+    history = json.loads((tmp_path / "out" / "history.json").read_text())
+    assert history["status"] == "failed" and not history["rounds"]
+
+
+@pytest.mark.slow
+def test_site_agents_read_their_png_folders(recipe_dir: Path, png_hospitals: dict[str, Path],
+                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three `fedsplit site run --data FOLDER --recipe png_cnn:PngCNN` agents, each reading its
+    own PNG folder with the recipe's reader: two rounds, the recipe's metrics per hospital."""
+    from fedsplit.orchestration.local_federation import LocalFederation, Site
+    from fedsplit.protocol.config import RunConfig
+
+    monkeypatch.setenv("PYTHONPATH", str(recipe_dir))
+    sites = [Site(name, png_hospitals[name], recipe="png_cnn:PngCNN")
+             for name in ("north", "south", "east")]
+    cfg = RunConfig(num_server_rounds=2, min_nodes=3, round_timeout=300,
+                    out_dir=str(tmp_path / "out"))
+    with LocalFederation(tmp_path / "work", sites, admin_port=None, say=lambda _m: None) as fed:
+        fed.start()
+        record = fed.run(cfg, timeout=800)
+    assert record.status == "finished"
+    history = json.loads((tmp_path / "out" / "history.json").read_text())
+    assert RecipeModelId.from_id(history["model_id"]).recipe.label() == "png-cnn version 1.0"
+    evaluated = history["rounds"][-1]["evaluate"]
+    assert {s["site"] for s in evaluated["sites"]} == {"north", "south", "east"}
+    assert evaluated["metrics"]["accuracy"] > 0.6 and "macro-f1" in evaluated["metrics"]

@@ -239,3 +239,11 @@ def test_in_site_parallelism_refuses_a_recipe_model(on_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"Use parallel=none\. Received: recipe focal-mlp version 1\.0"):
         fit_parallel(model, x, (x[:, 0] > 0).astype(np.int64), epochs=1, lr=0.01, batch_size=8,
                      seed=0, parallel="data:replicas=2")
+
+
+def test_a_folder_without_a_reader_points_to_recipes(png_hospitals: dict[str, Path]) -> None:
+    """A hospital folder and no recipe that reads it: the error names --recipe."""
+    from fedsplit.client.data import load_site_file
+
+    with pytest.raises(ConfigError, match=r"give --recipe \(docs/recipes\.md\)"):
+        load_site_file(png_hospitals["north"], target="y")
