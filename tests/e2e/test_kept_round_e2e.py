@@ -88,3 +88,40 @@ def test_vertical_diabetes_case_with_flower(tmp_path: Path) -> None:
     assert fed["metrics"]["r2"] >= central["metrics"]["r2"] - 0.03
     assert (out / "federation" / "head" / "head.npz").is_file()
     assert (out / "federation" / "last" / "head" / "head.npz").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_its_best_round_and_resumed_keeps_the_choice(tmp_path: Path) -> None:
+    """`fedsplit simulate` twice in one --out: the first run's record cut right after its best
+    round (as if the coordinator died there), the second resumes and trains on."""
+    out = tmp_path / "run"
+    args = ["simulate", "--dataset", "breast-cancer", "--sites", "2", "--local-steps", "3",
+            "--out", str(out)]
+    assert run_guarded(app, [*args, "--rounds", "3"]) == 0
+    record = out / "federation" / "history.json"
+    first = json.loads(record.read_text())
+    best = first["selection"]["rounds_kept"]
+    kept_scores = [s for s in first["selection"]["val_metric"] if s["round"] <= best]
+    # the coordinator dies right after the best round's evaluation
+    first["rounds"] = [r for r in first["rounds"] if r["round"] <= best]
+    first["status"] = "running"
+    first.pop("finished_at", None)
+    record.write_text(json.dumps(first))
+    # Execute: resume and train to round 5
+    assert run_guarded(app, [*args, "--rounds", "5"]) == 0
+    # Assert: the recorded rounds and scores survive; the choice is the rule over all rounds
+    history = json.loads(record.read_text())
+    assert history["resumed"][-1]["after_round"] == best
+    chosen = history["selection"]
+    assert [s for s in chosen["val_metric"] if s["round"] <= best] == kept_scores
+    scores = {s["round"]: s["score"] for s in chosen["val_metric"]}
+    assert sorted(scores) == [1, 2, 3, 4, 5]
+    top = max(scores.values())
+    assert chosen["rounds_kept"] == max(r for r, v in scores.items() if v >= top - 1e-9)
+    if all(v < scores[best] for r, v in scores.items() if r > best):
+        assert chosen["rounds_kept"] == best  # still reports the round found before the restart
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["federated"]["rounds_kept"] == chosen["rounds_kept"]
+    assert same_weights(out / "federation" / "global.h5",
+                        out / "federation" / "models" / f"round-{chosen['rounds_kept']:03d}.h5")
+    assert same_weights(out / "federation" / "last.h5", out / "federation" / "models" / "round-005.h5")
