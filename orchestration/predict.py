@@ -73,13 +73,13 @@ def predict_inputs(model_path: Path, source: Path, recipe: Recipe) -> Any:
     images, ...): one row per input, its id in column ``input``."""
     import pandas as pd
 
-    read = recipe.read_inputs(Path(source))
+    model = load_model(model_path, recipe=recipe)
+    read = recipe_of(model).read_inputs(Path(source))  # with the parameters the file records
     if read is None:
         raise ConfigError(f"Recipe {recipe.name} has no reader for {source} (and it is not a CSV "
                           f"or Parquet table). Give the inputs as the recipe reads them. "
                           f"Received: {source}")
     x, ids = read
-    model = load_model(model_path, recipe=recipe)
     if tuple(x.shape[1:]) != tuple(model.spec.input_shape):
         raise ConfigError(f"{source}: the inputs have shape {tuple(x.shape[1:])} but the model "
                           f"reads {tuple(model.spec.input_shape)}. Received: {len(x)} inputs")
@@ -100,7 +100,8 @@ def predict_file(model_path: Path, table: Path, output: Path, *, recipe: str = "
         raise ConfigError(f"{model_path} was trained with recipe {made.label()}; pass --recipe "
                           f"with that recipe (installed here) to rebuild and score it. Received: "
                           f"no --recipe")
-    if impl is not None and table.suffix.lower() not in TABLE_SUFFIXES:
+    if impl is not None and (table.suffix.lower() not in TABLE_SUFFIXES
+                             or read_schema(Path(model_path)) is None):  # the recipe read its tables
         result = predict_inputs(Path(model_path), table, impl)
     else:
         frame = read_table(table)

@@ -95,6 +95,20 @@ class Cox(Recipe):
         return Dataset(x.astype(np.float32), np.c_[t, e].astype(np.float32), SURVIVAL, "mlp",
                        names)
 
+    def read_inputs(self, path: Path) -> tuple[np.ndarray, list[str]] | None:
+        """Covariates of patients to score (time and event may be absent), ids from the ID column."""
+        path = Path(path)
+        if path.suffix.lower() not in (".csv", ".parquet", ".pq"):
+            return None
+        p: CoxParams = self.params  # type: ignore[assignment]
+        frame = read_table(path)
+        skip = {p.time, p.event, p.id_column, *p.ignore} - {""}
+        names = sorted(str(c) for c in frame.columns if str(c) not in skip)
+        x = np.column_stack([_numbers(frame[n].tolist(), n, path) for n in names])
+        ids = ([str(v) for v in frame[p.id_column]] if p.id_column in frame.columns
+               else [str(i) for i in range(len(frame))])
+        return x.astype(np.float32), ids
+
     # --- model ------------------------------------------------------------------------------
     def build_model(self, inputs: ModelInputs) -> nn.Module:
         """Standardisation, then Linear(p, 1) or an MLP with one output (log relative hazard)."""

@@ -71,6 +71,20 @@ def test_c_index_is_lifelines_and_reading_follows_the_params(tmp_path):
     assert sum(isinstance(m, torch.nn.Linear) for m in mlp.modules()) == 2
 
 
+def test_patient_level_dp_is_refused_with_the_reason():
+    from fedsplit.client.privacy.agent import patient_dp, train_private
+    from fedsplit.protocol.config import RunConfig
+
+    recipe = load_recipe(REF)
+    model = model_for(recipe, 3)
+    cfg = RunConfig(dp="epsilon=5,delta=1e-3", recipe=REF)
+    x = np.zeros((40, 3), np.float32)
+    y = np.c_[np.arange(1, 41), np.ones(40)].astype(np.float32)
+    with pytest.raises(Exception, match=r"must be a sum over patients.*per_sample_loss = False"):
+        train_private(model, x, y, patient_dp(cfg), cfg, steps=10, server_round=1, site="a",
+                      seed=0, proximal_mu=0.0, device=torch.device("cpu"))
+
+
 @pytest.mark.slow
 def test_simulate_with_the_survival_recipe_on_three_tcga_regions(tmp_path):
     data = load_tcga_brca()
@@ -94,8 +108,11 @@ def test_simulate_with_the_survival_recipe_on_three_tcga_regions(tmp_path):
     assert 0.6 < fed["mean_per_site"]["c_index"] <= 1.0
     assert all(0.0 <= s["c_index"] <= 1.0 for s in fed["per_site"].values())
     assert (out / "rounds.png").stat().st_size > 5000
+    # predict: one log relative hazard per patient, ids from the ID column
+    test = tmp_path / "northeast_test.csv"
+    pred = tmp_path / "pred.csv"
     result = CliRunner().invoke(app, [
-        "simulate", *sites, "--recipe", "fedsplit.client.survival.recipe:Cox",
-        "--recipe-params", json.dumps({"time": "T", "event": "E", "id_column": "pid"}),
-        "--dp", "epsilon=5", "--out", str(tmp_path / "dp")])
-    assert result.exit_code != 0 and "per patient" in result.output + str(result.exception)
+        "predict", str(test), "--model", str(out / "federation" / "global.h5"), "-o", str(pred),
+        "--recipe", REF])
+    assert result.exit_code == 0, result.output
+    assert "risk" in pred.read_text().splitlines()[0]
