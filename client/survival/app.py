@@ -10,8 +10,9 @@ Handlers:
   stratum at the broadcast (standardized) coefficients (`client.survival.cox.efron_parts`);
   ``concordance`` [concordant, tied, comparable] pair counts at those coefficients;
   ``km-times`` the hospital's distinct event times (the grid; no counts);
-  ``km-counts`` [number at risk, number of events] at each grid time. The hospital's own
-  Kaplan-Meier curve is written beside its data file (``km-own.json``), never sent.
+  ``km-counts`` [rows, then number at risk and number of events at each grid time]. The
+  hospital's own Kaplan-Meier curve is written beside its data file (``km-own.json``), never
+  sent.
 - ``query.secagg``: secure aggregation's setup, share-keys and unmask stages
   (`client.secure.agent`). A ``query.survival`` instruction carrying a ``secagg`` record is the
   collect stage: the vector is encoded in fixed point (`protocol.survival.encode_fixed`),
@@ -131,7 +132,7 @@ def _vector(stage: str, record: dict[str, Any], run: sv.SurvivalRun, path: str, 
         grid = np.asarray(record["grid"], dtype=np.float64)
         at_risk, events = km_counts(t, e, grid)
         _own_curve(Path(path).parent, t, e)
-        return np.concatenate([at_risk, events]).astype(np.float64)
+        return np.concatenate([[len(t)], at_risk, events]).astype(np.float64)
     x = _covariates(path, name, run, str(record["schema"]))
     if stage == "moments":
         return np.concatenate([[len(t), int(e.sum())], x.sum(axis=0), (x**2).sum(axis=0)])

@@ -187,9 +187,10 @@ def fit_km(coord: Coordinator, run: sv.SurvivalRun) -> dict[str, Any]:
         raise FederationError("No hospital has an event: there is no curve to estimate. "
                               "Received: 0 event times")
     counts = coord.total("km-counts", {"grid": [float(g) for g in grid]})
+    rows, counts = round(counts[0]), counts[1:]
     at_risk, events = np.rint(counts[:len(grid)]), np.rint(counts[len(grid):])
     curve = kmm.apply_min_count(grid, at_risk, events, run.min_count)
-    return {"hospitals": coord.sites, "rows": int(at_risk[0]), "events": int(events.sum()),
+    return {"hospitals": coord.sites, "rows": rows, "events": int(events.sum()),
             "min_count": run.min_count, "curve": curve.to_dict(),
             "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",
             "shared": "per hospital: its distinct event times (the grid, in the clear), then the "

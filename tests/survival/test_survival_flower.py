@@ -132,6 +132,7 @@ def test_secure_km_on_site_tables_equals_lifelines(tmp_path):
     band = ref.confidence_interval_.loc[times]
     np.testing.assert_allclose(curve["lower_95"], band.iloc[:, 0], rtol=1e-10)
     np.testing.assert_allclose(curve["upper_95"], band.iloc[:, 1], rtol=1e-10)
+    assert doc["rows"] == len(pooled) and doc["events"] == int(pooled["E"].sum())
     assert (tmp_path / "out" / "km.png").stat().st_size > 5000
     # each hospital's own curve stays beside its own rows
     for i, frame in enumerate(frames.values()):
