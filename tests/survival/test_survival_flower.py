@@ -139,3 +139,16 @@ def test_secure_km_on_site_tables_equals_lifelines(tmp_path):
         own = json.loads((tmp_path / "out" / "sites" / f"site-{i}" / "km-own.json").read_text())
         mine = KaplanMeierFitter().fit(frame["days"], frame["died"] == "TRUE")
         np.testing.assert_allclose(own["survival"], mine.survival_function_.iloc[:, 0])
+
+
+def test_km_and_cox_commands_check_their_arguments(tmp_path):
+    paths, _ = write_sites(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, ["km", "--site", paths[0], "--site", paths[1]])
+    assert result.exit_code != 0 and "--time COLUMN and --event COLUMN" in str(result.exception)
+    result = runner.invoke(app, ["km", "--dataset", "tcga-brca", "--event", "died"])
+    assert result.exit_code != 0 and "leave --event unset" in str(result.exception)
+    result = runner.invoke(app, ["cox", "--site", paths[0], "--time", "days", "--event", "died"])
+    assert result.exit_code != 0 and "at least 2 hospitals" in str(result.exception)
+    result = runner.invoke(app, ["km", "--dataset", "tcga-brca", "--min-count", "0"])
+    assert result.exit_code != 0
