@@ -8,7 +8,6 @@ an entry point of the ``fedsplit.recipes`` group. The built-in MLP and CNN are r
 from fedsplit.client.recipes.base import (
     CLASSIFICATION,
     REGRESSION,
-    ModelInputs,
     NoParams,
     Recipe,
     Standardize,
@@ -16,6 +15,7 @@ from fedsplit.client.recipes.base import (
 )
 from fedsplit.client.recipes.builtin import BUILTINS, CNN, MLP, builtin_recipe
 from fedsplit.client.recipes.registry import load_recipe, recipe_class, recipe_for, remember
+from fedsplit.client.recipes.spec import ModelInputs, ModelSpec
 
 __all__ = [
     "BUILTINS",
@@ -24,6 +24,7 @@ __all__ = [
     "MLP",
     "REGRESSION",
     "ModelInputs",
+    "ModelSpec",
     "NoParams",
     "Recipe",
     "Standardize",

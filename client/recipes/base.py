@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
+from fedsplit.client.recipes.spec import ModelInputs, ModelSpec
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.recipe import RecipeIdentity
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -61,25 +61,6 @@ class NoParams(BaseModel):
     """A recipe without parameters."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-@dataclass(frozen=True)
-class ModelInputs:
-    """What the federation agreed about a model's inputs and outputs before round 1.
-
-    Parameters
-    ----------
-    task : str
-        The task (``classification``, ``regression``, or one a recipe defines).
-    input_shape : tuple[int, ...]
-        One row's shape: ``(features,)`` for a table, ``(channels, height, width)`` for images.
-    num_outputs : int
-        Classes for classification, else what the task needs (1 for regression).
-    """
-
-    task: str
-    input_shape: tuple[int, ...]
-    num_outputs: int
 
 
 class Standardize(nn.Module):
@@ -134,10 +115,8 @@ class Recipe:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.identity.to_json()})"
 
-    def model_spec(self, inputs: ModelInputs) -> Any:
-        """The `client.models.ModelSpec` (and so the model id) of this recipe's model."""
-        from fedsplit.client.models import ModelSpec
-
+    def model_spec(self, inputs: ModelInputs) -> ModelSpec:
+        """The `ModelSpec` (and so the model id) of this recipe's model."""
         self.check_task(inputs.task)
         return ModelSpec(kind="recipe", task=inputs.task, input_shape=tuple(inputs.input_shape),
                          num_outputs=int(inputs.num_outputs), recipe=self.identity,

@@ -12,12 +12,57 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from fedsplit.client.recipes.base import ModelInputs, Recipe
+import torch
+from fedsplit.client.recipes.base import Recipe, Standardize
+from fedsplit.client.recipes.spec import BUILTIN_VERSION, ModelInputs, ModelSpec
 from fedsplit.protocol.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-BUILTIN_VERSION = "1"
+
+class SiteModel(nn.Module):
+    """Standardisation, a body (MLP or CNN), and for regression an output rescaling."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.norm = Standardize(spec.input_shape if spec.kind == "mlp" else (1,))
+        if spec.kind == "mlp":
+            layers: list[nn.Module] = []
+            width = spec.input_shape[0]
+            for h in spec.hidden:
+                layers.append(nn.Linear(width, h))
+                if spec.norm == "batch":
+                    layers.append(nn.BatchNorm1d(h))
+                layers.append(nn.ReLU())
+                width = h
+            layers.append(nn.Linear(width, spec.num_outputs))
+            self.body = nn.Sequential(*layers)
+        else:
+            channels, height, width = spec.input_shape
+            flat = 32 * (height // 2) * (width // 2)
+            self.body = nn.Sequential(
+                nn.Conv2d(channels, 32, kernel_size=3, padding=1),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Flatten(),
+                nn.Linear(flat, 128),
+                nn.ReLU(),
+                nn.Linear(128, spec.num_outputs),
+            )
+        self.register_buffer("target_mean", torch.zeros(1))
+        self.register_buffer("target_std", torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return class logits, or the standardised regression output."""
+        return self.body(self.norm(x))
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Return class indices, or regression values in target units."""
+        out = self.forward(x)
+        if self.spec.task == "classification":
+            return out.argmax(dim=1)
+        return out.squeeze(1) * self.target_std + self.target_mean
 
 
 class MLPParams(BaseModel):
@@ -54,10 +99,8 @@ class MLP(Recipe):
     version: ClassVar[str] = BUILTIN_VERSION
     Params: ClassVar[type[BaseModel]] = MLPParams
 
-    def model_spec(self, inputs: ModelInputs) -> Any:
+    def model_spec(self, inputs: ModelInputs) -> ModelSpec:
         """The short-form spec ``mlp/task/features/outputs/hidden[/norm]``."""
-        from fedsplit.client.models import ModelSpec
-
         self.check_task(inputs.task)
         return ModelSpec(kind="mlp", task=inputs.task, input_shape=tuple(inputs.input_shape),
                          num_outputs=int(inputs.num_outputs), hidden=tuple(self.params.hidden),
@@ -65,8 +108,6 @@ class MLP(Recipe):
 
     def build_model(self, inputs: ModelInputs) -> nn.Module:
         """The `SiteModel` MLP."""
-        from fedsplit.client.models import SiteModel
-
         return SiteModel(self.model_spec(inputs))
 
 
@@ -76,18 +117,14 @@ class CNN(Recipe):
     name: ClassVar[str] = "cnn"
     version: ClassVar[str] = BUILTIN_VERSION
 
-    def model_spec(self, inputs: ModelInputs) -> Any:
+    def model_spec(self, inputs: ModelInputs) -> ModelSpec:
         """The short-form spec ``cnn/task/CxHxW/outputs/-``."""
-        from fedsplit.client.models import ModelSpec
-
         self.check_task(inputs.task)
         return ModelSpec(kind="cnn", task=inputs.task, input_shape=tuple(inputs.input_shape),
                          num_outputs=int(inputs.num_outputs))
 
     def build_model(self, inputs: ModelInputs) -> nn.Module:
         """The `SiteModel` CNN."""
-        from fedsplit.client.models import SiteModel
-
         return SiteModel(self.model_spec(inputs))
 
 
