@@ -76,7 +76,7 @@ class ValueWatch:
 
     `aggregation.run` hands the rule updates wrapped in `Watched` instead of scanning every
     value first; each `BlockReader` over them checks what it reads, and the self-checking
-    passes (`building_blocks.weighted_mean`, `building_blocks.distances_to`) check their
+    passes (`backend.weighted_sum`, `backend.squared_distances`) check their
     output. A flagged watch makes `aggregation.run` redo the round with the full input scan.
     """
 

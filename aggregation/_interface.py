@@ -16,7 +16,7 @@ from fedsplit.aggregation._threads import worker_count
 from fedsplit.protocol.arrays import ArraySpec
 from fedsplit.protocol.update import UpdateSource
 
-#: The operations whose compiled kernels are numba's (a start-up to pay: `COMPILED_FROM`).
+#: The operations whose compiled kernels are numba's (a start-up to pay: `backend.COMPILED_FROM`).
 STACKED = ("trimmed_mean", "weighted_median", "weighted_trimmed_mean", "gram")
 #: The operations whose compiled kernels are C (cffi; loaded in about a millisecond).
 STREAMED = ("weighted_sum", "squared_distances")

@@ -1,4 +1,5 @@
-"""Worker threads for the blocked aggregation passes (numpy releases the GIL in its loops)."""
+"""Worker threads for the blocked aggregation passes (numpy's loops and every compiled kernel
+release the GIL), shared by every backend."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ class AggregationStrategy(ABC):
     summary: ClassVar[str]
     Params: ClassVar[type[StrategyParams]] = StrategyParams
     #: True when `aggregate` reads every value of every update through the block passes
-    #: (`aggregation._blocks.BlockReader`, `building_blocks.weighted_mean`/`distances_to`) and
+    #: (`aggregation._blocks.BlockReader`, the `aggregation.backend` operations) and
     #: has no side effects: `aggregation.run` then leaves the finite-value check to those
     #: passes (one read of the inputs instead of two) and redoes the round with the full input
     #: scan when they meet a non-finite value. Leave False for rules that read values any
