@@ -82,7 +82,8 @@ def federated_runs(args: argparse.Namespace, data: dict, out: Path) -> dict[str,
         test.to_csv(folder / f"{region}_test.csv", index=False)
         sources.append(SiteSource(region, folder / f"{region}_train.csv",
                                   folder / f"{region}_test.csv"))
-    params = f'{{"time": "{TIME}", "event": "{EVENT}", "id_column": "{ID}", "hidden": []}}'
+    params = (f'{{"time": "{TIME}", "event": "{EVENT}", "id_column": "{ID}", "hidden": [], '
+              f'"penalizer": {args.recipe_penalizer}}}')
     runs: dict[str, list[dict]] = {}
     for strategy in [s for s in args.strategies.split(",") if s]:
         if strategy not in SERVER_OPT:
@@ -118,6 +119,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--lr", type=float, default=0.01, help="local Adam learning rate")
     parser.add_argument("--server-lr", type=float, default=0.03, help="FedAdam/FedYogi server lr")
+    parser.add_argument("--recipe-penalizer", type=float, default=0.0,
+                        help="the recipe's ridge penalty (lifelines' convention)")
     args = parser.parse_args()
     data = load_tcga_brca()
     out = args.out or Path(tempfile.mkdtemp(prefix="flamby-tcga-"))

@@ -14,7 +14,9 @@
 - **Loss**: torchsurv's negative Cox partial log-likelihood (Efron ties), divided by the batch's
   number of events. A mini-batch's risk sets hold only the batch's patients, so the mini-batch loss is an
   approximation of the full partial likelihood (docs/survival.md); a batch without an event adds
-  nothing. It is not a sum over patients, so DP-SGD is refused (``per_sample_loss`` False).
+  nothing. ``penalizer`` P adds lifelines' ridge ``n P ||w||^2 / 2`` (n: the batch's rows) on
+  the weights, per event like the likelihood term. It is not a sum over patients, so DP-SGD is
+  refused (``per_sample_loss`` False).
 - **Metrics**: ``loss`` and Harrell's ``c_index`` (lifelines' ``concordance_index(T, -risk, E)``,
   FLamby's metric), which picks the round.
 - **predict**: the log relative hazard per patient (``risk``).
@@ -50,6 +52,8 @@ class CoxParams(BaseModel):
     ignore: list[str] = Field(default_factory=list, description="Columns left out.")
     hidden: list[int] = Field(default_factory=list,
                               description="Hidden widths ([]: the linear Cox model).")
+    penalizer: float = Field(0.0, ge=0.0, description="Ridge penalty in lifelines' convention "
+                             "(n * P * ||w||^2 / 2 on the standardized inputs' weights).")
 
     @field_validator("hidden", mode="before")
     @classmethod
@@ -142,7 +146,13 @@ class Cox(Recipe):
             warnings.simplefilter("ignore", UserWarning)
             total = neg_partial_log_likelihood(log_hz, event, target[:, 0], ties_method="efron",
                                                reduction="sum")
-        return total / event.sum()
+        loss = total / event.sum()
+        p: CoxParams = self.params  # type: ignore[assignment]
+        if p.penalizer > 0:  # lifelines' n * P * ||w||^2 / 2, per event as the likelihood term
+            squares = sum((m.weight ** 2).sum() for m in model.modules()
+                          if isinstance(m, nn.Linear))
+            loss = loss + p.penalizer * len(log_hz) / event.sum() * 0.5 * squares
+        return loss
 
     def metric_names(self, task: str) -> tuple[str, ...]:
         """``loss`` and ``c_index``."""

@@ -36,6 +36,12 @@ def test_loss_is_the_partial_likelihood_per_event_with_efron_ties():
     loss = recipe.loss(model, risk, torch.tensor(np.c_[t, e], dtype=torch.float64))
     ref = efron_parts(x, t, e, beta).loglik  # equal to lifelines' (test_cox_math)
     assert float(loss) == pytest.approx(-ref / e.sum(), rel=1e-6)  # torchsurv computes in float32
+    ridge = load_recipe(REF, {"penalizer": 0.1})
+    model = model_for(ridge, 3)
+    weight = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Linear))
+    penalized = ridge.loss(model, risk, torch.tensor(np.c_[t, e], dtype=torch.float64))
+    extra = 0.1 * 60 / e.sum() * 0.5 * float((weight ** 2).sum())
+    assert float(penalized) == pytest.approx(-ref / e.sum() + extra, rel=1e-6)
     none = recipe.loss(model, risk.requires_grad_(), torch.tensor(np.c_[t, 0 * e], dtype=torch.float64))
     assert float(none) == 0.0
     none.backward()  # a batch without an event: defined, and no gradient
