@@ -24,6 +24,9 @@ are FLamby's), the last round's model scored as FLamby scores. FedAdam and FedYo
 with a server optimizer on the pseudo-gradient (server lr ``--server-lr``).
 
     .venv/bin/python bench/flamby_tcga.py --strategies fedavg,fedadam --seeds 5 --rounds 10
+
+The recipe's ridge penalty is the exact fit's (``--penalizer``, lifelines' convention) unless
+``--recipe-penalizer`` says otherwise (0: FLamby's unpenalized model).
 """
 
 from __future__ import annotations
@@ -119,9 +122,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--lr", type=float, default=0.01, help="local Adam learning rate")
     parser.add_argument("--server-lr", type=float, default=0.03, help="FedAdam/FedYogi server lr")
-    parser.add_argument("--recipe-penalizer", type=float, default=0.0,
-                        help="the recipe's ridge penalty (lifelines' convention)")
+    parser.add_argument("--recipe-penalizer", type=float, default=None,
+                        help="the recipe's ridge penalty (lifelines' convention; default: "
+                             "--penalizer, the exact fit's)")
     args = parser.parse_args()
+    if args.recipe_penalizer is None:
+        args.recipe_penalizer = args.penalizer
     data = load_tcga_brca()
     out = args.out or Path(tempfile.mkdtemp(prefix="flamby-tcga-"))
     run = SurvivalRun(mode="cox", time=TIME, event=EVENT, out_dir="", id_column=ID,
