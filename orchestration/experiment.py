@@ -59,6 +59,7 @@ from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.history import HISTORY_FILE, RunRecord
+from fedsplit.protocol.privacy import DPSpec
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
 from fedsplit.protocol.weights import read_schema
@@ -171,7 +172,14 @@ class Experiment:
         check_attack(cfg.attack, cfg.attackers, joined)
         resolve_scope(parse_budget(self.personalize) or 1, self.personalize_scope)
         if cfg.recipe:  # a recipe that cannot be imported or refuses its params fails here
-            effective_recipe({}, cfg, "mlp")
+            recipe = effective_recipe({}, cfg, "mlp")
+            dp = DPSpec.parse(cfg.dp) if cfg.dp else None
+            if dp is not None and dp.level == "patient" and not recipe.per_sample_loss:
+                raise ConfigError(  # the hospitals refuse it too; say so before Flower starts
+                    f"Patient-level DP (DP-SGD) clips each patient's gradient, so the loss must be "
+                    f"a sum over patients; recipe {recipe.name}'s loss is not (per_sample_loss = "
+                    f"False: e.g. a Cox partial likelihood couples the patients of a risk set). "
+                    f"Use --dp ...,level=hospital, or train without --dp. Received: --dp {cfg.dp}")
 
 
 def _concat(parts: Sequence[Dataset]) -> Dataset:

@@ -122,3 +122,18 @@ def test_simulate_with_the_survival_recipe_on_three_tcga_regions(tmp_path):
         "--recipe", REF])
     assert result.exit_code == 0, result.output
     assert "risk" in pred.read_text().splitlines()[0]
+
+
+def test_simulate_refuses_patient_dp_with_the_cox_recipe_before_flower_starts(tmp_path):
+    """Experiment (what `fedsplit simulate` builds first) refuses it: no process is started and
+    no run folder written; hospital-level DP stays allowed (it noises the aggregate)."""
+    from fedsplit.orchestration.experiment import Experiment
+    from fedsplit.protocol.config import RunConfig
+    from fedsplit.protocol.errors import ConfigError
+
+    cfg = RunConfig(dp="epsilon=5,delta=1e-3", recipe=REF)
+    with pytest.raises(ConfigError, match=r"sum over patients.*level=hospital"):
+        Experiment(cfg=cfg, out=tmp_path / "run", dataset="breast-cancer", num_sites=2)
+    assert not (tmp_path / "run").exists()
+    hospital = RunConfig(dp="epsilon=5,delta=1e-3,level=hospital", recipe=REF)
+    Experiment(cfg=hospital, out=tmp_path / "run2", dataset="breast-cancer", num_sites=2)
