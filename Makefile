@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps "openmined-psi==2.0.6"
 	# the streamed aggregation kernels (C, cffi): built now rather than by the first aggregation;
 	# without a C compiler this says why and the passes stay in numpy
-	-$(BIN)/python -m fedsplit.aggregation._ckernels
+	-$(BIN)/python -c 'from fedsplit.aggregation._ckernels import main; raise SystemExit(main())'
 	touch $(STAMP)
 
 demo: setup

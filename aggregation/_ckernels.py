@@ -428,7 +428,9 @@ def _build_in_subprocess() -> Path | None:
     import subprocess
 
     done = subprocess.run(
-        [sys.executable, "-m", "fedsplit.aggregation._ckernels", "--quiet"],
+        # -c, not -m: the package imports this module first, which -m would warn about
+        [sys.executable, "-c", "from fedsplit.aggregation._ckernels import main; "
+         "raise SystemExit(main(['--quiet']))"],
         cwd=Path(__file__).resolve().parents[1],
         capture_output=True, text=True, check=False,
     )
