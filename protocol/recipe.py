@@ -99,11 +99,14 @@ def _canonical(value: Any) -> str:
 
 def check_same_recipe(sites: Mapping[str, RecipeIdentity]) -> RecipeIdentity:
     """The one recipe every hospital runs; a hospital that differs raises `ConfigError` naming
-    it and the difference (compared with the first hospital)."""
+    it and the difference, compared with the recipe most hospitals run (on a tie, the first
+    hospital's), so the odd hospital is named whatever order the replies arrived in."""
     if not sites:
         raise ConfigError("No hospital reported its recipe. Received: 0 hospitals")
     names = list(sites)
-    ref_name, ref = names[0], sites[names[0]]
+    keys = [sites[n].to_json() for n in names]
+    ref_name = names[max(range(len(names)), key=lambda i: (keys.count(keys[i]), -i))]
+    ref = sites[ref_name]
     problems = [f"hospital {name} runs {other.label()} ({'; '.join(other.differences(ref))})"
                 for name, other in sites.items() if other.differences(ref)]
     if problems:
