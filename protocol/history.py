@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.errors import ConfigError
@@ -198,7 +198,38 @@ class Selection(_Part):
     val_metric: list[ValScore] = Field(default_factory=list)
 
 
-class RunRecord(_Part):
+class _JsonFile(_Part):
+    """A whole JSON file of the run: read and checked (`from_json`, `load`), written atomically
+    (`save`); `ConfigError` names what is wrong."""
+
+    _file: ClassVar[str]  # the file's usual name
+    _kind: ClassVar[str]  # what it is, in error messages
+    _fix: ClassVar[str] = ""  # advice after a malformed record
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: str | None = None) -> Self:
+        """Check and read the file's content (as parsed JSON)."""
+        source = source or cls._file
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source} must hold a JSON object (a fedsplit {cls._kind}). "
+                              f"Received: {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(f"{source} is not a fedsplit {cls._kind}: {_first_error(e)}."
+                              f"{cls._fix} Received: {source}") from e
+
+    @classmethod
+    def load(cls, path: str | Path) -> Self:
+        """Read ``path``; `ConfigError` when unreadable or malformed."""
+        return cls.from_json(_read(Path(path)), source=str(path))
+
+    def save(self, path: str | Path) -> None:
+        """Write to ``path`` atomically."""
+        write_json_atomic(path, self.to_json())
+
+
+class RunRecord(_JsonFile):
     """``history.json``: one horizontal Flower run, written by the coordinator after every phase.
 
     ``status``: running, finished or failed (with ``error``); ``config``: the Flower run
@@ -206,6 +237,10 @@ class RunRecord(_Part):
     (`protocol.schema.Schema` as JSON) and ``schema_warnings``; ``selection``: the kept
     round; ``resumed``: each restart of the coordinator; times are Unix seconds.
     """
+
+    _file: ClassVar[str] = "history.json"
+    _kind: ClassVar[str] = "run record"
+    _fix: ClassVar[str] = " Move it away or rewrite it with fedsplit."
 
     status: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
@@ -218,28 +253,6 @@ class RunRecord(_Part):
     resumed: list[Resume] = Field(default_factory=list)
     selection: Selection | None = None
     rounds: list[RoundEntry] = Field(default_factory=list)
-
-    # -- reading --------------------------------------------------------------------------
-    @classmethod
-    def from_json(cls, data: Any, *, source: str = "history.json") -> RunRecord:
-        """Check and read a run record (as parsed JSON); `ConfigError` names what is wrong."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source} must hold a JSON object (a fedsplit run record). "
-                              f"Received: {type(data).__name__}")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise ConfigError(f"{source} is not a fedsplit run record: {_first_error(e)}. Move it "
-                              f"away or rewrite it with fedsplit. Received: {source}") from e
-
-    @classmethod
-    def load(cls, path: str | Path) -> RunRecord:
-        """Read ``path`` (a ``history.json``); `ConfigError` when unreadable or malformed."""
-        return cls.from_json(_read(Path(path)), source=str(path))
-
-    def save(self, path: str | Path) -> None:
-        """Write the record to ``path`` atomically."""
-        write_json_atomic(path, self.to_json())
 
     def round(self, number: int) -> RoundEntry | None:
         """Round ``number``, if recorded."""
@@ -406,11 +419,14 @@ class SchemaSummary(_Part):
     warnings: list[str] = Field(default_factory=list)
 
 
-class RunSummary(_Part):
+class RunSummary(_JsonFile):
     """``summary.json`` of ``fedsplit simulate``: baselines and the federated model's scores.
 
     ``selection_metric``: the metric models are kept and compared by; ``test_examples`` and
     ``test_examples_per_site``: the held-out test rows, pooled and per hospital."""
+
+    _file: ClassVar[str] = "summary.json"
+    _kind: ClassVar[str] = "run summary"
 
     task: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
@@ -429,26 +445,6 @@ class RunSummary(_Part):
     rounds: list[SummaryRound] = Field(default_factory=list)
     privacy: SummaryPrivacy | None = None
 
-    @classmethod
-    def from_json(cls, data: Any, *, source: str = "summary.json") -> RunSummary:
-        """Check and read a summary (as parsed JSON); `ConfigError` names what is wrong."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source} must hold a JSON object (a fedsplit run summary). "
-                              f"Received: {type(data).__name__}")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise ConfigError(f"{source} is not a fedsplit run summary: {_first_error(e)}. "
-                              f"Received: {source}") from e
-
-    @classmethod
-    def load(cls, path: str | Path) -> RunSummary:
-        """Read ``path`` (a ``summary.json``); `ConfigError` when unreadable or malformed."""
-        return cls.from_json(_read(Path(path)), source=str(path))
-
-    def save(self, path: str | Path) -> None:
-        """Write the summary to ``path`` atomically."""
-        write_json_atomic(path, self.to_json())
 
     def round_metric(self, key: str) -> list[float]:
         """Metric ``key`` of the federated model on the pooled test rows, round by round."""
