@@ -23,11 +23,26 @@ def predict(
                                              "(package.module:Attribute or entry point), "
                                              "installed here; its parameters come from the "
                                              "weight file.")] = "",
+    times: Annotated[str, typer.Option(help="Survival models: also the survival probability at "
+                                            "these times (comma-separated, the training data's "
+                                            "time unit), e.g. 365,730: columns survival_at_365, "
+                                            "...; needs the baseline the run wrote beside the "
+                                            "model.")] = "",
+    baseline: Annotated[Path | None, typer.Option(help="With --times: the model's baseline file "
+                                                       "(default: global.baseline.json beside "
+                                                       "the model).")] = None,
 ) -> None:
-    """One row per input row: probability per class and the predicted class (or value)."""
+    """One row per input row: probability per class and the predicted class (or value); for a
+    survival model its risk score (log relative hazard), and with --times the survival
+    probability at each time."""
     import torch
     from fedsplit.orchestration.predict import predict_file
+    from fedsplit.protocol.errors import ConfigError
+    from fedsplit.protocol.survival_summary import parse_times
 
+    if baseline is not None and not times:
+        raise ConfigError(f"--baseline is read only with --times. Received: --baseline {baseline}")
     torch.set_num_threads(1)
-    result = predict_file(model, table, output, recipe=recipe)
+    result = predict_file(model, table, output, recipe=recipe,
+                          times=parse_times(times) if times else (), baseline=baseline)
     console.print(f"wrote {len(result)} predictions to {output}")

@@ -12,6 +12,8 @@ Handlers (Flower message types):
   (``local-steps``, or ``local-epochs`` epochs but at least 10 steps), reply with the weights,
   ``num-examples`` and scalar metrics.
 - ``evaluate``: score the global model on the site's held-out rows.
+- ``query.survival``: after a survival run, the summary's sums (Kaplan-Meier counts, Breslow
+  baseline sums of the kept model; `client.survival.summary`).
 
 Rows, labels and IDs never leave: every reply holds arrays named like the model's parameters,
 numbers, and the site's name. Every instruction and reply is read and built by
@@ -137,6 +139,14 @@ def _hostile(context: Context, cfg: RunConfig) -> Attack | None:
     sites = int(context.node_config["num-partitions"])
     hostile = hostile_sites(sites, cfg.attackers)
     return attack if int(context.node_config["partition-id"]) in hostile else None
+
+
+@app.query("survival")
+def survival_summary(msg: Message, context: Context) -> Message:
+    """After a survival run: one stage of the curve and baseline sums (`client.survival.summary`)."""
+    from fedsplit.client.survival.summary import answer
+
+    return answer(msg, context)
 
 
 @app.train()

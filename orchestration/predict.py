@@ -14,16 +14,27 @@ the parameters come from the file). The recipe's `Recipe.predict` gives the outp
 its reader (`Recipe.read_inputs`) reads inputs that are not tables: ``fedsplit predict --model
 global.h5 --recipe my_recipes:XRay FOLDER -o predictions.csv`` writes one row per image, named
 by its file (column ``input``).
+
+A survival model (the Cox recipe, ``fedsplit simulate --task survival``; the bundled recipe is
+found without ``--recipe``) gives ``risk``, the log relative hazard. With ``times`` (``--times
+365,730``) also ``survival_at_<t>`` per time: ``S(t | x) = exp(-H0(t) exp(risk))``, ``H0`` the
+pooled Breslow cumulative hazard the run wrote beside the model (``global.baseline.json``,
+`protocol.survival_summary.Baseline`; 0 before its first published time). Refused with the
+reason: ``times`` for a model that is not a survival model, a missing baseline file or one
+computed for another model file (sha256), a time that is not a positive number, and a time past
+the baseline's last published time (nothing is known there: too few patients remain at risk).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedsplit.client.data import TABLE_SUFFIXES, read_table
 from fedsplit.client.models import load_model, recipe_of
 from fedsplit.client.recipes import Recipe, load_recipe
+from fedsplit.protocol import survival_summary as ss
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
 from fedsplit.protocol.schema import Schema, encode_frame
@@ -87,14 +98,58 @@ def predict_inputs(model_path: Path, source: Path, recipe: Recipe) -> Any:
     return pd.DataFrame({"input": ids, **columns})
 
 
-def predict_file(model_path: Path, table: Path, output: Path, *, recipe: str = "") -> Any:
+#: the bundled survival recipe, found without --recipe (`client.survival.recipe`)
+COX_RECIPE = "fedsplit.client.survival.recipe:Cox"
+SURVIVAL = "survival"
+
+
+def survival_baseline(model_path: Path, model_id: str, times: Sequence[float],
+                      baseline: Path | None = None) -> ss.Baseline:
+    """The baseline that turns ``model_path``'s risk into survival at ``times``; refused for a
+    model that is not a survival model, a missing or mismatched baseline, or times past it."""
+    task = RecipeModelId.from_id(model_id).task if is_recipe_id(model_id) else ""
+    if task != SURVIVAL:
+        raise ConfigError(f"--times gives survival probabilities of a survival model (fedsplit "
+                          f"simulate --task survival); {model_path} is a {task or 'built-in'} "
+                          f"model. Leave --times out. Received: model {model_id[:80]!r}")
+    path = Path(baseline) if baseline is not None else ss.baseline_path(Path(model_path))
+    if not path.exists():
+        raise ConfigError(f"--times needs the model's baseline hazard, {path.name} beside the "
+                          f"model (written by the survival run after its last round), or "
+                          f"--baseline PATH. Received: no file {path}")
+    found = ss.Baseline.load(path)
+    found.check_model(Path(model_path), str(path))
+    found.hazard_at(times)  # refuses a time past the baseline before anything is scored
+    return found
+
+
+def add_survival(result: Any, found: ss.Baseline, times: Sequence[float]) -> Any:
+    """``survival_at_<t>`` columns from the predictions' ``risk``."""
+    if "risk" not in result.columns:
+        raise ConfigError(f"The model's predictions have no 'risk' column, which --times needs. "
+                          f"Received: columns {list(result.columns)}")
+    probs = found.survival(result["risk"].to_numpy(dtype=float), times)
+    for j, t in enumerate(times):
+        result[ss.survival_column(t)] = probs[:, j]
+    return result
+
+
+def predict_file(model_path: Path, table: Path, output: Path, *, recipe: str = "",
+                 times: Sequence[float] = (), baseline: Path | None = None) -> Any:
     """Score ``table`` (or, with a recipe that reads them, other inputs such as a folder of
-    images) with the model in ``model_path``; write and return the predictions."""
+    images) with the model in ``model_path``; write and return the predictions. ``times``:
+    survival probabilities too (module docstring), from ``baseline`` (default: beside the
+    model)."""
     if output.suffix.lower() not in (".csv", ".parquet"):
         raise ConfigError(f"-o must end in .csv or .parquet. Received: {output.name}")
     impl = load_recipe(recipe) if recipe else None
     table = Path(table)
     model_id = read_weights(Path(model_path)).model or ""
+    found = survival_baseline(Path(model_path), model_id, times, baseline) if times else None
+    if impl is None and is_recipe_id(model_id):
+        rid = RecipeModelId.from_id(model_id)
+        if rid.task == SURVIVAL and rid.recipe.name == "cox":  # the bundled Cox recipe
+            impl = load_recipe(COX_RECIPE)
     if impl is None and is_recipe_id(model_id):
         made = RecipeModelId.from_id(model_id).recipe
         raise ConfigError(f"{model_path} was trained with recipe {made.label()}; pass --recipe "
@@ -106,6 +161,8 @@ def predict_file(model_path: Path, table: Path, output: Path, *, recipe: str = "
     else:
         frame = read_table(table)
         result = predict_frame(Path(model_path), frame, where=str(table), recipe=impl)
+    if found is not None:
+        result = add_survival(result, found, times)
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.suffix.lower() == ".csv":
         result.to_csv(output, index=False)

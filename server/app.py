@@ -123,6 +123,10 @@ def main(grid: Grid, context: Context) -> None:
                 train_config=wire.train_config(setup.model_id, cfg.proximal_mu, setup.schema),
                 evaluate_config=wire.evaluate_config(setup.model_id, setup.schema),
             )
+        if cfg.task == "survival":  # the pooled curve and the kept model's baseline
+            from fedsplit.server.survival.summary import run_summary
+
+            run_summary(grid, cfg, context.run_config)
     except FedsplitError as e:
         history.finish("failed", error=f"{type(e).__name__}: {e}")
         raise

@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from fedsplit.protocol import horizontal_wire as wire
@@ -37,7 +38,7 @@ from fedsplit.server.secure.secagg import SecureSum
 from fedsplit.server.setup import wait_for_nodes
 from fedsplit.server.survival import km as kmm
 from fedsplit.server.survival import newton as nt
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,25 @@ log = logging.getLogger(__name__)
 app = ServerApp()
 
 
-class Coordinator:
-    """Sends one stage to every hospital and returns the summed vector (plain or secure)."""
+class SumSettings(Protocol):
+    """What the coordinator reads of a run config: `protocol.survival.SurvivalRun`, or the
+    horizontal `protocol.config.RunConfig` (the survival summary after training)."""
 
-    def __init__(self, grid: Grid, nodes: list[int], run: sv.SurvivalRun) -> None:
+    @property
+    def secure_aggregation(self) -> str: ...
+
+    @property
+    def round_timeout(self) -> float: ...
+
+
+class Coordinator:
+    """Sends one stage to every hospital and returns the summed vector (plain or secure).
+
+    ``arrays`` (of `gather` and `total`): array records sent with the stage's config record
+    (the survival summary sends the kept model so); ``bits``: the fixed-point fraction bits of
+    a secure sum, by default the stage's (`protocol.survival.STAGE_BITS`)."""
+
+    def __init__(self, grid: Grid, nodes: list[int], run: SumSettings) -> None:
         self.grid, self.nodes, self.run = grid, nodes, run
         self.secure = SecureSpec.parse(run.secure_aggregation)
         self.sums = 0
@@ -78,29 +94,33 @@ class Coordinator:
         merged = merge_reports(reports, sv.table_settings(self.run), task="regression")
         return merged.schema, list(merged.warnings)
 
-    def gather(self, stage: str, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    def gather(self, stage: str, inputs: dict[str, Any],
+               arrays: Mapping[str, ArrayRecord] | None = None) -> dict[str, np.ndarray]:
         """Each hospital's vector in the clear (the km-times grid; every stage when not secure)."""
         record = {"stage": stage, **inputs}
-        msgs = [Message(RecordDict({sv.RECORD: ConfigRecord(record)}), dst_node_id=n,
-                        message_type=sv.QUERY) for n in self.nodes]
+        msgs = [Message(RecordDict({sv.RECORD: ConfigRecord(record), **(arrays or {})}),
+                        dst_node_id=n, message_type=sv.QUERY) for n in self.nodes]
         out = {}
         for reply in self._send(msgs, f"{sv.QUERY} {stage}"):
             name = str(reply.content.config_records[sv.SITE]["name"])
             out[name] = reply.content.array_records[sv.SUMS]["vector"].numpy().astype(np.float64)
         return out
 
-    def total(self, stage: str, inputs: dict[str, Any]) -> np.ndarray:
+    def total(self, stage: str, inputs: dict[str, Any],
+              arrays: Mapping[str, ArrayRecord] | None = None, bits: int | None = None
+              ) -> np.ndarray:
         """The sum over hospitals of one stage's vectors."""
         self.sums += 1
         if self.secure is None:
-            vectors = self.gather(stage, inputs)
+            vectors = self.gather(stage, inputs, arrays)
             self.per_site = vectors
             sizes = {len(v) for v in vectors.values()}
             if len(sizes) != 1:
                 raise FederationError(f"Hospitals sent vectors of different lengths for {stage}. "
                                       f"Received: {sorted(sizes)}")
             return np.sum(list(vectors.values()), axis=0)
-        return sv.decode_fixed(self._secure_total(stage, inputs), sv.STAGE_BITS[stage])
+        return sv.decode_fixed(self._secure_total(stage, inputs, arrays),
+                               sv.STAGE_BITS[stage] if bits is None else bits)
 
     def _ask(self, instructions: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         msgs = [Message(RecordDict({pv.SECAGG: ConfigRecord(cfg)}), dst_node_id=node,
@@ -108,7 +128,8 @@ class Coordinator:
         return {r.metadata.src_node_id: dict(r.content.config_records[pv.SECAGG])
                 for r in self._send(msgs, pv.SECAGG_QUERY)}
 
-    def _secure_total(self, stage: str, inputs: dict[str, Any]) -> np.ndarray:
+    def _secure_total(self, stage: str, inputs: dict[str, Any],
+                      arrays: Mapping[str, ArrayRecord] | None = None) -> np.ndarray:
         """One SecAgg+ sum: setup, share-keys, collect (the survival stage), unmask."""
         assert self.secure is not None
         run = SecureSum(self.secure, list(self.nodes), round=self.sums)
@@ -119,7 +140,7 @@ class Coordinator:
                                             for n, r in shared.items()})
         record = {"stage": stage, **inputs}
         msgs = [Message(RecordDict({sv.RECORD: ConfigRecord(record),
-                                    pv.SECAGG: ConfigRecord(collect[n])}),
+                                    pv.SECAGG: ConfigRecord(collect[n]), **(arrays or {})}),
                         dst_node_id=n, message_type=sv.QUERY) for n in collect]
         masked = {r.metadata.src_node_id: r.content.array_records[pv.MASKED]["vector"].numpy()
                   for r in self._send(msgs, f"{sv.QUERY} {stage} (secure)")}
@@ -180,22 +201,41 @@ def upper_to_full(values: np.ndarray, p: int) -> np.ndarray:
 
 def fit_km(coord: Coordinator, run: sv.SurvivalRun) -> dict[str, Any]:
     """The pooled Kaplan-Meier curve (module docstring); the km.json document."""
-    times = coord.gather("km-times", {})
+    return pooled_km(coord, run.min_count).document
+
+
+@dataclass(frozen=True)
+class PooledCounts:
+    """The km exchanges' result: the grid, the pooled counts on it, and the km.json document."""
+
+    grid: np.ndarray
+    at_risk: np.ndarray
+    events: np.ndarray
+    rows: int
+    document: dict[str, Any]
+
+
+def pooled_km(coord: Coordinator, min_count: int, inputs: Mapping[str, Any] | None = None
+              ) -> PooledCounts:
+    """The km-times and km-counts exchanges (``inputs`` added to both instructions) and the
+    pooled curve after the minimum-count rule."""
+    times = coord.gather("km-times", dict(inputs or {}))
     coord.sites = sorted(times)
     grid = np.unique(np.concatenate([v for v in times.values()] or [np.zeros(0)]))
     if not len(grid):
         raise FederationError("No hospital has an event: there is no curve to estimate. "
                               "Received: 0 event times")
-    counts = coord.total("km-counts", {"grid": [float(g) for g in grid]})
+    counts = coord.total("km-counts", {**(inputs or {}), "grid": [float(g) for g in grid]})
     rows, counts = round(counts[0]), counts[1:]
     at_risk, events = np.rint(counts[:len(grid)]), np.rint(counts[len(grid):])
-    curve = kmm.apply_min_count(grid, at_risk, events, run.min_count)
-    return {"hospitals": coord.sites, "rows": rows, "events": int(events.sum()),
-            "min_count": run.min_count, "curve": curve.to_dict(),
-            "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",
-            "shared": "per hospital: its distinct event times (the grid, in the clear), then the "
-                      "number at risk and number of events at each grid time (summed; secure "
-                      "when on); its own curve stays beside its data (km-own.json)"}
+    curve = kmm.apply_min_count(grid, at_risk, events, min_count)
+    doc = {"hospitals": coord.sites, "rows": rows, "events": int(events.sum()),
+           "min_count": min_count, "curve": curve.to_dict(),
+           "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",
+           "shared": "per hospital: its distinct event times (the grid, in the clear), then the "
+                     "number at risk and number of events at each grid time (summed; secure "
+                     "when on); its own curve stays beside its data (km-own.json)"}
+    return PooledCounts(grid, at_risk, events, rows, doc)
 
 
 @app.main()

@@ -61,28 +61,39 @@ def km_curve(times: np.ndarray, at_risk: np.ndarray, events: np.ndarray) -> KMCu
                    np.nan_to_num(upper, nan=1.0))
 
 
-def apply_min_count(times: np.ndarray, at_risk: np.ndarray, events: np.ndarray,
-                    min_count: int) -> KMCurve:
-    """The pooled curve as published under the minimum-count rule (module docstring)."""
+def min_count_groups(at_risk: np.ndarray, events: np.ndarray, min_count: int
+                     ) -> tuple[np.ndarray, list[list[int]]]:
+    """The minimum-count rule's grouping (module docstring): (the grid positions of the event
+    times before the first one with fewer than ``min_count`` at risk; the groups, as lists of
+    positions into that array, each holding at least ``min_count`` events)."""
     if min_count < 1:
         raise ConfigError(f"--min-count is at least 1 (1: every event time). Received: {min_count}")
-    times, at_risk, events = (np.asarray(a) for a in (times, at_risk, events))
+    at_risk, events = np.asarray(at_risk), np.asarray(events)
     keep = np.flatnonzero(events > 0)
-    times, at_risk, events = times[keep], at_risk[keep], events[keep]
-    enough = at_risk >= min_count
-    stop = int(np.argmin(enough)) if not enough.all() else len(times)
-    exact = km_curve(times[:stop], at_risk[:stop], events[:stop])
-    if min_count == 1:
-        return exact
+    enough = at_risk[keep] >= min_count
+    stop = int(np.argmin(enough)) if not enough.all() else len(keep)
+    keep = keep[:stop]
     groups: list[list[int]] = []
     current: list[int] = []
-    for i in range(stop):
+    for i in range(len(keep)):
         current.append(i)
-        if int(events[current].sum()) >= min_count:
+        if int(events[keep[current]].sum()) >= min_count:
             groups.append(current)
             current = []
     if current and groups:
         groups[-1].extend(current)
+    return keep, groups
+
+
+def apply_min_count(times: np.ndarray, at_risk: np.ndarray, events: np.ndarray,
+                    min_count: int) -> KMCurve:
+    """The pooled curve as published under the minimum-count rule (module docstring)."""
+    times, at_risk, events = (np.asarray(a) for a in (times, at_risk, events))
+    keep, groups = min_count_groups(at_risk, events, min_count)
+    times, at_risk, events = times[keep], at_risk[keep], events[keep]
+    exact = km_curve(times, at_risk, events)
+    if min_count == 1:
+        return exact
     last = np.array([g[-1] for g in groups], dtype=np.int64)
     return KMCurve(exact.times[last], np.array([at_risk[g[0]] for g in groups], np.float64),
                    np.array([events[g].sum() for g in groups], np.float64),

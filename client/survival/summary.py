@@ -1,0 +1,136 @@
+"""The hospital's side of the survival summary after training (`server.survival.summary`):
+sums of its own training rows, never a row.
+
+The horizontal agent (`client/app.py`, ``query.survival``) hands every summary instruction to
+`answer`. The hospital reads its rows as for training (`client.site.load_site`, encoded with the
+schema the instruction carries: the same training rows, the same held-out cut), then per stage
+(`protocol.survival_summary.STAGES`):
+
+- ``km-times``: its distinct event times;
+- ``km-counts``: ``[rows, at risk per grid time, events per grid time]`` (`km_vector`);
+- ``baseline``: it rebuilds the kept model from the instruction's arrays and model id with its
+  own recipe (`client.models.build_model`, strict: the federation's recipe), scores its
+  training rows (``risk``: the recipe's log relative hazard) and sends ``[events per grid time,
+  sum of exp(risk) over its patients at risk per grid time]`` (`baseline_vector`).
+
+Under secure aggregation (an instruction carrying a ``secagg`` record) the vector is encoded in
+fixed point (`protocol.survival.encode_fixed`) and masked; only the masked vector leaves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fedsplit.client.models import ModelSpec, build_model, recipe_of
+from fedsplit.client.secure import secagg
+from fedsplit.client.secure.agent import take_secure_record
+from fedsplit.client.site import effective_recipe, load_site
+from fedsplit.client.survival.cox import km_counts
+from fedsplit.protocol import privacy as pv
+from fedsplit.protocol import survival as sv
+from fedsplit.protocol import survival_summary as ss
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.update import arrays_to_state_dict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+
+def survival_rows(y: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(time float64, event bool) of a survival dataset's N x 2 targets."""
+    y = np.asarray(y, np.float64)
+    if y.ndim != 2 or y.shape[1] != 2:
+        raise ConfigError(f"{where}: the survival summary needs (time, event) targets, N x 2. "
+                          f"Received: shape {y.shape}")
+    return y[:, 0], y[:, 1] > 0.5
+
+
+def km_vector(time: np.ndarray, event: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """``[rows, at risk per grid time, events per grid time]`` (the ``km-counts`` reply)."""
+    at_risk, events = km_counts(time, event, grid)
+    return np.concatenate([[len(time)], at_risk, events]).astype(np.float64)
+
+
+def baseline_vector(time: np.ndarray, event: np.ndarray, risk: np.ndarray, grid: np.ndarray
+                    ) -> np.ndarray:
+    """``[events per grid time, sum of exp(risk) over the patients with time >= t per grid time]``
+    (the ``baseline`` reply; Breslow's sums)."""
+    time = np.asarray(time, np.float64)
+    weight = np.exp(np.asarray(risk, np.float64))
+    if weight.shape != time.shape or not np.all(np.isfinite(weight)):
+        raise ConfigError(f"The model's risk must be one finite number per patient. Received: "
+                          f"{weight.shape} values for {time.shape} patients, "
+                          f"{int(np.sum(~np.isfinite(weight)))} not finite")
+    order = np.argsort(time, kind="stable")
+    tail = np.concatenate([np.cumsum(weight[order][::-1])[::-1], [0.0]])
+    start = np.searchsorted(time[order], np.asarray(grid, np.float64), side="left")
+    _, events = km_counts(time, event, grid)
+    return np.concatenate([events.astype(np.float64), tail[start]])
+
+
+def _model(record: dict[str, Any], arrays: ArrayRecord, context: Context, cfg: RunConfig,
+           data_kind: str) -> Any:
+    """The kept model, rebuilt with this hospital's recipe (it must be the federation's)."""
+    spec = ModelSpec.from_id(str(record["model-id"]))
+    recipe = effective_recipe(context.node_config, cfg, data_kind)
+    model = build_model(spec, recipe=recipe, strict=True)
+    model.load_state_dict(arrays_to_state_dict({k: a.numpy() for k, a in arrays.items()},
+                                               like=model.state_dict()))
+    return model
+
+
+def stage_vector(stage: str, record: dict[str, Any], arrays: ArrayRecord | None,
+                 context: Context, cfg: RunConfig) -> tuple[str, np.ndarray]:
+    """(this hospital's name, its vector for ``stage``)."""
+    site = load_site(context.node_config, context.node_id, cfg, str(record["schema"]))
+    time, event = survival_rows(site.train.y, f"Hospital {site.name}")
+    if stage == "km-times":
+        return site.name, np.unique(time[event])
+    grid = np.asarray(record["grid"], np.float64)
+    if stage == "km-counts":
+        return site.name, km_vector(time, event, grid)
+    if arrays is None:
+        raise ConfigError(f"A baseline instruction carries the model (array record "
+                          f"{ss.MODEL!r}). Received: none")
+    model = _model(record, arrays, context, cfg, site.train.kind)
+    risk = recipe_of(model).predict(model, site.train.x).get("risk")
+    if risk is None:
+        raise ConfigError(f"The baseline needs a survival model, whose predict gives 'risk' (the "
+                          f"log relative hazard). Received: model {str(record['model-id'])[:120]}")
+    return site.name, baseline_vector(time, event, np.asarray(risk).reshape(-1), grid)
+
+
+def answer(msg: Message, context: Context) -> Message:
+    """One summary stage's reply: the vector in the clear, or masked under secure aggregation."""
+    content = msg.content
+    collect = take_secure_record(content) if pv.SECAGG in content.config_records else None
+    keys = set(content.keys())
+    if sv.RECORD not in content.config_records or not keys <= {sv.RECORD, ss.MODEL}:
+        raise ConfigError(f"A survival summary instruction holds the config record {sv.RECORD!r} "
+                          f"(the baseline also the array record {ss.MODEL!r}, and {pv.SECAGG!r} "
+                          f"under secure aggregation). Received: {sorted(keys)}")
+    record = dict(content.config_records[sv.RECORD])
+    stage = ss.check_instruction(record)
+    arrays = content.array_records.get(ss.MODEL)
+    if (arrays is not None) != (stage == "baseline"):
+        raise ConfigError(f"Only the baseline stage carries the model. Received: stage {stage} "
+                          f"{'with' if arrays is not None else 'without'} it")
+    cfg = RunConfig.from_flower(context.run_config)
+    name, vector = stage_vector(stage, record, arrays, context, cfg)
+    site = ConfigRecord({"name": name})
+    if collect is None:
+        return Message(RecordDict({sv.SUMS: ArrayRecord({"vector": Array(vector)}), sv.SITE: site}),
+                       reply_to=msg)
+    if stage not in ss.STAGE_BITS:
+        raise ConfigError(f"Stage {stage} is not a secure sum (its times are shared in the clear). "
+                          f"Received: {stage}")
+    parties = max(len(cfg.names), cfg.min_nodes)
+    try:
+        encoded = sv.encode_fixed(vector, parties, ss.STAGE_BITS[stage])
+    except ConfigError as e:
+        raise ConfigError(f"Hospital {name}: its {stage} sums do not fit the secure sum's "
+                          f"fixed-point range (a patient with an extreme risk score makes "
+                          f"exp(risk) huge). {e}") from e
+    masked = secagg.masked_vector(context, collect, encoded)
+    return Message(RecordDict({pv.MASKED: ArrayRecord({"vector": Array(masked)}), sv.SITE: site}),
+                   reply_to=msg)
