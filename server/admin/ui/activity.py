@@ -106,9 +106,14 @@ def run_events(runs: list[FlowerRun], principal: Principal) -> list[Event]:
     events: list[Event] = []
     admin = principal.role == ADMIN
     for run in runs:
-        if not admin and principal.site_name not in run.sites:
+        if not admin and principal.site_name not in run.participants:
             continue
         href = f"/ui/runs/{run.run_id}"
+        if run.analysis_label is not None:
+            level = "error" if run.status == "failed" else "info"
+            events.append(Event(_ts(run.mtime), f"{run.analysis_label} {run.name}: {run.status}",
+                                href, level))
+            continue
         events.append(Event(_ts(run.started_at), f"run {run.name} started ({run.strategy}, "
                                                  f"{run.total_rounds or '?'} rounds)", href))
         for resume in run.resumed:

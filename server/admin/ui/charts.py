@@ -1,4 +1,5 @@
-"""Line charts as inline SVG, rendered on the server (no JavaScript, no chart library).
+"""Line charts and the Kaplan-Meier step curve as inline SVG, rendered on the server (no
+JavaScript, no chart library).
 
 Why server-side SVG: hospital networks are often offline and locked down, so the page may load
 nothing from elsewhere and should not need a JS bundle; a few polylines per chart are cheap to
@@ -119,4 +120,66 @@ def line_chart(title: str, series: list[Series], *, x_label: str = "round",
                              f"<title>{escape(line.label)}: {x_label} {escape(_fmt(rx))}, "
                              f"{escape(_fmt(ry))}</title></circle>")
     parts.append("</svg>")
+    return Chart(title=title, svg=Markup("".join(parts)), legend=legend)
+
+
+def _steps(times: list[float], values: list[float], start: float) -> list[tuple[float, float]]:
+    """A right-continuous step path from (0, start) through (times[i], values[i])."""
+    path = [(0.0, start)]
+    level = start
+    for t, v in zip(times, values, strict=True):
+        path += [(t, level), (t, v)]
+        level = v
+    return path
+
+
+def survival_chart(title: str, times: list[float], survival: list[float], lower: list[float],
+                   upper: list[float], *, label: str, counts: list[str] | None = None,
+                   x_label: str = "time") -> Chart | None:
+    """A Kaplan-Meier curve: a step line from S(0) = 1 with its 95% band (a shaded step area),
+    survival 0..1 against time; ``counts`` (one text per point) go into each point's tooltip.
+    None when there is no point."""
+    if not times:
+        return None
+    x_hi = max(times) or 1.0
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def px(x: float) -> float:
+        return LEFT + x / x_hi * plot_w
+
+    def py(y: float) -> float:
+        return TOP + (1 - y) * plot_h
+
+    def coords(path: list[tuple[float, float]]) -> str:
+        return " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in path)
+
+    parts = [
+        f'<svg class="chart km" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{escape(title)}</title>",
+        f'<rect class="plot" x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}"/>',
+    ]
+    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
+        y = py(tick)
+        parts.append(f'<line class="grid" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        parts.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">'
+                     f"{escape(_fmt(tick))}</text>")
+    for tick in _ticks(0.0, x_hi, 7):
+        parts.append(f'<text class="tick" x="{px(tick):.1f}" y="{TOP + plot_h + 16}" '
+                     f'text-anchor="middle">{escape(_fmt(tick))}</text>')
+    parts.append(f'<text class="axis" x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 3}" '
+                 f'text-anchor="middle">{escape(x_label)}</text>')
+    band = _steps(times, upper, 1.0) + list(reversed(_steps(times, lower, 1.0)))
+    parts.append(f'<polygon class="band s0" points="{coords(band)}"><title>95% confidence band'
+                 "</title></polygon>")
+    parts.append(f'<polyline class="line s0" points="{coords(_steps(times, survival, 1.0))}">'
+                 f"<title>{escape(label)}</title></polyline>")
+    for i, (t, s) in enumerate(zip(times, survival, strict=True)):
+        extra = f", {counts[i]}" if counts else ""
+        parts.append(f'<circle class="dot s0" cx="{px(t):.1f}" cy="{py(s):.1f}" r="2.5">'
+                     f"<title>{escape(x_label)} {escape(_fmt(t))}: survival {escape(_fmt(s))} "
+                     f"(95% {escape(_fmt(lower[i]))} to {escape(_fmt(upper[i]))}){escape(extra)}"
+                     "</title></circle>")
+    parts.append("</svg>")
+    legend = [(label, "s0", False), ("95% confidence band", "s0 band", False)]
     return Chart(title=title, svg=Markup("".join(parts)), legend=legend)

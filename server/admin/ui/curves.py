@@ -15,10 +15,11 @@ from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.history import SummaryPrivacy
 from fedsplit.protocol.horizontal_wire import TRAIN_LOSS
 from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
-from fedsplit.server.admin.ui.charts import Chart, Series, line_chart
+from fedsplit.server.admin.ui.baselines import metric_label
+from fedsplit.server.admin.ui.charts import Chart, Series, line_chart, survival_chart
 from fedsplit.server.admin.ui.runs import FlowerRun
 
-PREFERRED = ("accuracy", "r2", "auc", "rmse", "loss")
+PREFERRED = ("accuracy", "r2", "c_index", "auc", "rmse", "loss")
 
 
 def primary_metric(run: FlowerRun) -> str | None:
@@ -105,7 +106,7 @@ def run_charts(run: FlowerRun, visible: set[str] | None = None) -> list[Chart]:
             if (value := local.metrics.get(metric)) is not None:
                 baselines.append(Series(f"{local.site} alone", [(first, value), (last, value)],
                                         dashed=True))
-        chart = line_chart(f"Global {metric} per round", series, baselines=baselines)
+        chart = line_chart(f"Global {metric_label(metric)} per round", series, baselines=baselines)
         if chart is not None:
             charts.append(chart)
     sites = [s for s in run.sites if visible is None or s in visible]
@@ -113,7 +114,7 @@ def run_charts(run: FlowerRun, visible: set[str] | None = None) -> list[Chart]:
         per_site = [Series(site, [(r.number, row.eval_metrics[metric]) for r in run.rounds
                                   for row in r.rows if row.site == site and metric in row.eval_metrics])
                     for site in sites]
-        chart = line_chart(f"Each hospital's {metric} on its own held-out rows", per_site)
+        chart = line_chart(f"Each hospital's {metric_label(metric)} on its own held-out rows", per_site)
         if chart is not None:
             charts.append(chart)
     losses = [Series(site, [(r.number, row.metrics[TRAIN_LOSS]) for r in run.rounds
@@ -133,3 +134,21 @@ def run_charts(run: FlowerRun, visible: set[str] | None = None) -> list[Chart]:
         if chart is not None:
             charts.append(chart)
     return charts
+
+
+def km_chart(run: FlowerRun) -> Chart | None:
+    """The pooled Kaplan-Meier curve of the run's ``km.json`` (None: none, or not readable)."""
+    if run.km is None or run.km.doc is None:
+        return None
+    doc = run.km.doc
+    curve = doc.curve
+    if doc.min_count > 1:
+        counts = [f"{d} events since the previous point, {n} at risk at the first of them"
+                  for n, d in zip(curve.at_risk, curve.events, strict=True)]
+    else:
+        counts = [f"{n} at risk, {d} events" for n, d in zip(curve.at_risk, curve.events, strict=True)]
+    return survival_chart(
+        f"Kaplan-Meier: pooled survival of {doc.rows:,} patients ({doc.events:,} events)",
+        curve.time, curve.survival, curve.lower_95, curve.upper_95,
+        label="survival, every hospital's patients pooled", counts=counts,
+        x_label="time (the unit of the time column)")

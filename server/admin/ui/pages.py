@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from fedsplit.server.admin.auth import ADMIN, Principal, live_principal
+from fedsplit.server.admin.ui.baselines import metric_label
 from fedsplit.server.admin.ui.sessions import COOKIE, SessionStore
 
 HERE = Path(__file__).parent
@@ -86,7 +87,7 @@ def make_templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=str(TEMPLATES))
     env = templates.env
     env.autoescape = True
-    env.filters.update(when=when, number=number, size=size)
+    env.filters.update(when=when, number=number, size=size, metric=metric_label)
     return templates
 
 

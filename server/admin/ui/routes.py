@@ -22,7 +22,8 @@ from fedsplit.server.admin.security import hash_token
 from fedsplit.server.admin.services import downloads, isolation
 from fedsplit.server.admin.services.rounds import get_round as get_round_row
 from fedsplit.server.admin.ui import activity, rest
-from fedsplit.server.admin.ui.curves import primary_metric, privacy_of, run_charts
+from fedsplit.server.admin.ui.baselines import baseline_table
+from fedsplit.server.admin.ui.curves import km_chart, primary_metric, privacy_of, run_charts
 from fedsplit.server.admin.ui.pages import (
     SECURITY_HEADERS,
     STATIC,
@@ -57,12 +58,12 @@ def _runs(request: Request, principal: Principal) -> list[FlowerRun]:
     runs = request.app.state.ui.catalog.runs()
     if principal.role == ADMIN:
         return runs
-    return [r for r in runs if principal.site_name in r.sites]
+    return [r for r in runs if principal.site_name in r.participants]
 
 
 def _run(request: Request, principal: Principal, run_id: str) -> FlowerRun:
     run = request.app.state.ui.catalog.get(run_id)
-    if run is None or (principal.role != ADMIN and principal.site_name not in run.sites):
+    if run is None or (principal.role != ADMIN and principal.site_name not in run.participants):
         raise UIError(404, f"No Flower run has the id {run_id!r} in the --runs folders "
                            "(it may have been moved).")
     return run
@@ -199,12 +200,15 @@ async def read_rest_model(request: Request, principal: PrincipalDep, round_id: R
 
 @router.get("/runs/{run_id}")
 def read_run(request: Request, principal: PrincipalDep, run_id: RunId) -> Response:
-    """A Flower run: its configuration, curves, privacy spent and every round."""
+    """A Flower run: its configuration, curves, baselines per hospital, privacy spent, the
+    Kaplan-Meier curve (km.json beside it) and every round; or a survival analysis's curve."""
     run = _run(request, principal, run_id)
     visible = _visible(principal)
+    metric = primary_metric(run)
     return render(request, "run.html", {
         **_base(principal, f"Run {run.name}"), "run": run, "charts": run_charts(run, visible),
-        "privacy": privacy_of(run, visible), "metric": primary_metric(run),
+        "privacy": privacy_of(run, visible), "metric": metric,
+        "baselines": baseline_table(run.summary, metric, visible), "km_chart": km_chart(run),
     })
 
 

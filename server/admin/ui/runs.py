@@ -8,6 +8,12 @@ the search goes `MAX_DEPTH` levels down, skips hidden folders and the bulky ones
 (``flower``, ``sites``, ``models``) and stops after `MAX_RUNS` runs. Runs are named by their
 path below DIR and addressed by a 12-hex-digit digest of their absolute path, so a URL never
 carries a path. Files are re-read when their modification time changes.
+
+Survival: ``km.json`` (the pooled Kaplan-Meier curve, `ui.km`) beside ``history.json`` is read
+with the run. ``fedsplit km`` and ``fedsplit cox`` write a status file ``history.json``
+(``{"status": ..., "mode": "km" | "cox"}``, no rounds) beside their output: such a folder is
+listed as a survival analysis (``analysis`` is its mode), its participants being the
+hospitals its ``km.json`` names.
 """
 
 from __future__ import annotations
@@ -32,12 +38,15 @@ from fedsplit.protocol.history import (
     RunSummary,
     scalars,
 )
+from fedsplit.server.admin.ui.km import KM_FILE, KMView, read_km
 from fedsplit.server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
 
 HISTORY = HISTORY_FILE
 SUMMARY = SUMMARY_FILE
 MAX_DEPTH = 4
 MAX_RUNS = 200
+#: ``mode`` of the status files ``fedsplit km`` / ``fedsplit cox`` write as history.json.
+ANALYSES = {"km": "Kaplan-Meier curve (fedsplit km)", "cox": "Cox model (fedsplit cox)"}
 SKIP_DIRS = frozenset({"flower", "sites", "models", "flwr-home", "__pycache__", "node_modules"})
 #: History or summary files larger than this are not parsed (a run's history is kilobytes).
 MAX_JSON_BYTES = 64 * 1024 * 1024
@@ -80,11 +89,26 @@ class FlowerRun:
     summary: RunSummary | None
     resumed: list[Resume] = field(default_factory=list)
     mtime: float = 0.0
+    km: KMView | None = None
+    analysis: str | None = None
 
     @property
     def sites(self) -> list[str]:
         """Every hospital named in any round."""
         return sorted({row.site for rnd in self.rounds for row in rnd.rows})
+
+    @property
+    def participants(self) -> list[str]:
+        """The hospitals that took part: those of its rounds; for a survival analysis (no
+        rounds), those its ``km.json`` names."""
+        if self.analysis is not None and self.km is not None and self.km.doc is not None:
+            return sorted(set(self.km.doc.hospitals))
+        return self.sites
+
+    @property
+    def analysis_label(self) -> str | None:
+        """What a survival analysis is, in words (None for a Flower run)."""
+        return ANALYSES.get(self.analysis) if self.analysis else None
 
     def round(self, number: int) -> FlowerRound | None:
         """Round ``number``, if recorded."""
@@ -185,7 +209,9 @@ def load_run(name: str, path: Path) -> FlowerRun | None:
         history = RunRecord.from_json(data, source=str(path / HISTORY))
     except ConfigError:
         return None
-    summary = _read_summary(path)
+    mode = data.get("mode")
+    analysis = mode if isinstance(mode, str) and mode in ANALYSES and not history.rounds else None
+    summary = _read_summary(path) if analysis is None else None
     config = history.config
     test_by_round = {r.round: dict(r.metrics) for r in summary.rounds} if summary else {}
     rounds: list[FlowerRound] = []
@@ -216,18 +242,19 @@ def load_run(name: str, path: Path) -> FlowerRun | None:
         error=history.error or None,
         rounds=rounds, config=config, summary=summary, resumed=list(history.resumed),
         mtime=(path / HISTORY).stat().st_mtime,
+        km=read_km(path), analysis=analysis,
     )
 
 
 def _stamp(path: Path) -> float | None:
-    """Newest modification time of the run's history and summary (None: no history)."""
+    """Newest modification time of the run's history, summary and km.json (None: no history)."""
     try:
         stamp = (path / HISTORY).stat().st_mtime
     except OSError:
         return None
-    for summary in (path / SUMMARY, path.parent / SUMMARY):
+    for other in (path / SUMMARY, path.parent / SUMMARY, path / KM_FILE):
         with contextlib.suppress(OSError):
-            stamp = max(stamp, summary.stat().st_mtime)
+            stamp = max(stamp, other.stat().st_mtime)
     return stamp
 
 
