@@ -166,7 +166,8 @@ def test_run_page_and_overview_show_the_c_index(ui_app: Callable[..., TestClient
                  "south (40)", "pooled test rows (145)"):
         assert text in page, text
     assert "c_index" not in page.replace(COX_ID.replace('"', "&#34;"), "")
-    assert "Kaplan-Meier" not in page  # no km.json beside it
+    assert "Kaplan-Meier" not in page  # no km.json beside it, but its live region is there:
+    assert '<div id="run-results" data-live>' in page  # a km.json written later appears
     round_page = client.get(f"/ui/runs/{run_id}/rounds/2").text
     assert "C-index (held-out test split)" in round_page and "C-index (own rows)" in round_page
 
@@ -305,10 +306,14 @@ def test_hospital_sees_its_row_and_the_pooled_curve_only(ui_app: Callable[..., T
     assert len(ids) == 2 and len(admin_ids) == 4  # the run and the km analysis it took part in
     for other in ("northeast", "west"):
         assert not re.search(rf"\b{other}\b", overview), other
+    doc = km_document()
     for run_id in ids:
         page = client.get(f"/ui/runs/{run_id}").text
         assert 'class="chart km"' in page and "Minimum-count rule, K = 5" in page
-        assert "400 patients at 3 hospitals" in page
+        # the curve and band, never a pooled count (two hospitals: total less own = the other's)
+        assert "shown to the coordinator only" in page and "At risk" not in page
+        assert "400 patients" not in page and f"{doc['events']} events" not in page
+        assert f"{doc['curve']['at_risk'][0]} at risk" not in page
         for other in ("northeast", "west", "centralized", "mean per hospital", "pooled test rows"):
             assert not re.search(rf"\b{other}\b", page), other
     for run_id in set(admin_ids) - set(ids):  # another federation's curve, the Cox folder

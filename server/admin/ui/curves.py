@@ -136,19 +136,25 @@ def run_charts(run: FlowerRun, visible: set[str] | None = None) -> list[Chart]:
     return charts
 
 
-def km_chart(run: FlowerRun) -> Chart | None:
-    """The pooled Kaplan-Meier curve of the run's ``km.json`` (None: none, or not readable)."""
+def km_chart(run: FlowerRun, visible: set[str] | None = None) -> Chart | None:
+    """The pooled Kaplan-Meier curve of the run's ``km.json`` (None: none, or not readable).
+
+    ``visible`` set (a hospital's token): no pooled count (patients, events, numbers at risk)
+    in the title or the tooltips, as the view shows hospitals no aggregate count (with two
+    hospitals, the pooled count less its own is the other's); the curve and its band stay."""
     if run.km is None or run.km.doc is None:
         return None
     doc = run.km.doc
     curve = doc.curve
-    if doc.min_count > 1:
-        counts = [f"{d} events since the previous point, {n} at risk at the first of them"
-                  for n, d in zip(curve.at_risk, curve.events, strict=True)]
+    pairs = zip(curve.at_risk, curve.events, strict=True)
+    if visible is not None:
+        counts = None
+        title = "Kaplan-Meier: pooled survival of every hospital's patients"
     else:
-        counts = [f"{n} at risk, {d} events" for n, d in zip(curve.at_risk, curve.events, strict=True)]
-    return survival_chart(
-        f"Kaplan-Meier: pooled survival of {doc.rows:,} patients ({doc.events:,} events)",
-        curve.time, curve.survival, curve.lower_95, curve.upper_95,
-        label="survival, every hospital's patients pooled", counts=counts,
-        x_label="time (the unit of the time column)")
+        title = f"Kaplan-Meier: pooled survival of {doc.rows:,} patients ({doc.events:,} events)"
+        counts = ([f"{d} events since the previous point, {n} at risk at the first of them"
+                   for n, d in pairs] if doc.min_count > 1
+                  else [f"{n} at risk, {d} events" for n, d in pairs])
+    return survival_chart(title, curve.time, curve.survival, curve.lower_95, curve.upper_95,
+                          label="survival, every hospital's patients pooled", counts=counts,
+                          x_label="time (the unit of the time column)")

@@ -208,7 +208,7 @@ def read_run(request: Request, principal: PrincipalDep, run_id: RunId) -> Respon
     return render(request, "run.html", {
         **_base(principal, f"Run {run.name}"), "run": run, "charts": run_charts(run, visible),
         "privacy": privacy_of(run, visible), "metric": metric,
-        "baselines": baseline_table(run.summary, metric, visible), "km_chart": km_chart(run),
+        "baselines": baseline_table(run.summary, metric, visible), "km_chart": km_chart(run, visible),
     })
 
 
