@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from fedsplit.client.data import DATASETS
+from fedsplit.orchestration.datasets import SIMULATE_DATASETS, table_keys
 from fedsplit.orchestration.tables import summary_tables
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.history import RunRecord, RunSummary, scalars
@@ -55,7 +55,8 @@ def print_summary(summary: RunSummary | dict[str, Any]) -> None:
 def simulate(
     out: Annotated[Path, typer.Option(help="Output directory (summary.json, rounds.png, models).")],
     dataset: Annotated[
-        str | None, typer.Option(help=f"Bundled dataset: {', '.join(DATASETS)}.")
+        str | None, typer.Option(help=f"Bundled dataset: {', '.join(SIMULATE_DATASETS)} "
+                                      "(FLamby's 6 regions, a survival task).")
     ] = None,
     site: Annotated[
         list[str] | None,
@@ -63,6 +64,12 @@ def simulate(
                                     "NAME=TRAIN:TEST (repeat per site; name: the file stem)."),
     ] = None,
     target: Annotated[str, typer.Option(help="Target column in --site tables.")] = "target",
+    time: Annotated[str, typer.Option(help="Survival: the follow-up time column of --site tables "
+                                          "(positive; the target). Needs --event.")] = "",
+    event: Annotated[str, typer.Option(help="Survival: the event column (1/0, TRUE/FALSE, yes/no; "
+                                           "1 = event observed, 0 = censored).")] = "",
+    penalizer: Annotated[float, typer.Option(min=0.0, help="Survival: the Cox model's ridge "
+                                                          "penalty (lifelines' convention).")] = 0.0,
     id_column: Annotated[str, typer.Option(help="Patient ID column of --site tables (never a "
                                                 "feature).")] = "",
     ignore_column: Annotated[
@@ -106,12 +113,16 @@ def simulate(
     server_tau: Annotated[float, typer.Option(min=1e-12, help="Server adaptivity tau.")] = 1e-3,
     server_momentum: Annotated[float, typer.Option(min=0.0, max=0.9999,
                                                    help="avgm's server momentum.")] = 0.9,
-    hidden: Annotated[str, typer.Option(help="MLP hidden widths (64-32), or none (logistic "
-                                             "regression).")] = "64-32",
+    hidden: Annotated[
+        str | None, typer.Option(help="MLP hidden widths, e.g. 64-32 (the default), or none "
+                                      "(logistic or linear regression; for survival the linear "
+                                      "Cox model, its default).")
+    ] = None,
     lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate.")] = 0.01,
     batch_size: Annotated[int, typer.Option(min=1, help="Local batch size.")] = 32,
     proximal_mu: Annotated[float, typer.Option(min=0.0, help="FedProx mu (0 = off).")] = 0.0,
-    task: Annotated[str, typer.Option(help="auto, classification or regression.")] = "auto",
+    task: Annotated[str, typer.Option(help="auto, classification, regression or survival "
+                                          "(with --time and --event; docs/survival.md).")] = "auto",
     test_fraction: Annotated[
         float, typer.Option(min=0.05, max=0.9, help="Share of rows held out for scoring only.")
     ] = 0.2,
@@ -190,11 +201,13 @@ def simulate(
         num_server_rounds=rounds, strategy=strategy,
         strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
-        task=task, target=target, seed=seed, parallel=parallel, attack=attack, attackers=attackers,
+        **table_keys(dataset, target=target, time=time, event=event, id_column=id_column,
+                     task=task, hidden=hidden),
+        penalizer=penalizer, seed=seed, parallel=parallel, attack=attack, attackers=attackers,
         norm=norm, resume=resume, keep=keep, local_steps=local_steps, server_opt=server_opt,
         server_lr=server_lr, server_beta1=server_beta1, server_beta2=server_beta2,
-        server_tau=server_tau, server_momentum=server_momentum, hidden=hidden,
-        id_column=id_column, ignore_columns=",".join(ignore_column or []), na_values=na_values,
+        server_tau=server_tau, server_momentum=server_momentum,
+        ignore_columns=",".join(ignore_column or []), na_values=na_values,
         min_category_count=min_category_count, dp=dp, secure_aggregation=secure_aggregation,
         recipe=recipe, recipe_params=recipe_params,
     ))

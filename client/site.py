@@ -13,6 +13,7 @@ of images, NPZ, Parquet arrays); anything its reader declines is read as a table
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,6 +34,9 @@ from fedsplit.client.recipes import Recipe, builtin_recipe, load_recipe
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import Schema, SiteColumns, column_report
+from fedsplit.protocol.survival import SURVIVAL
+
+COX_RECIPE = "fedsplit.client.survival.recipe:Cox"  # the survival task's recipe
 
 DATA_SUFFIXES = TABLE_SUFFIXES + IMAGE_SUFFIXES
 
@@ -48,12 +52,17 @@ class SiteData:
 
 def site_recipe(node_config: dict[str, Any], cfg: RunConfig) -> Recipe | None:
     """This hospital's recipe: node config ``recipe`` (with ``recipe-params``), else the run
-    config's ``recipe`` (with ``recipe-params``); None: the built-in model by the data."""
+    config's ``recipe`` (with ``recipe-params``), else for task survival the Cox recipe
+    (`client.survival.recipe`, with ``hidden`` and ``penalizer``); None: the built-in model by
+    the data."""
     ref = str(node_config.get("recipe", "") or "")
     if ref:
         return _recipe(ref, str(node_config.get("recipe-params", "") or "{}"))
     if cfg.recipe:
         return _recipe(cfg.recipe, cfg.recipe_params)
+    if cfg.task == SURVIVAL:  # the Cox recipe, with --hidden and --penalizer as its parameters
+        return _recipe(COX_RECIPE, json.dumps({"hidden": list(cfg.hidden_widths),
+                                               "penalizer": cfg.penalizer}, sort_keys=True))
     return None
 
 
@@ -63,9 +72,9 @@ def _recipe(ref: str, params: str) -> Recipe:
 
 
 def effective_recipe(node_config: dict[str, Any], cfg: RunConfig, data_kind: str) -> Recipe:
-    """The recipe this hospital trains with: its own (`site_recipe`), else the built-in one for
-    its data (run config ``model``, or ``mlp`` for tables and ``cnn`` for images, with the run
-    config's ``hidden`` and ``norm``)."""
+    """The recipe this hospital trains with: its own or the survival task's (`site_recipe`),
+    else the built-in one for its data (run config ``model``, or ``mlp`` for tables and ``cnn`` for
+    images, with the run config's ``hidden`` and ``norm``)."""
     recipe = site_recipe(node_config, cfg)
     if recipe is not None:
         return recipe

@@ -48,8 +48,10 @@ from fedsplit.client.data import (
 from fedsplit.client.models import SiteModel, build_model, load_model, recipe_of
 from fedsplit.client.recipes import ModelInputs
 from fedsplit.client.site import effective_recipe, site_recipe, split_site
+from fedsplit.client.survival import tcga
 from fedsplit.client.train import fit_steps, local_steps_per_round, score, set_statistics
 from fedsplit.orchestration.certs import site_names
+from fedsplit.orchestration.datasets import table_keys
 from fedsplit.orchestration.fingerprint import data_fingerprint
 from fedsplit.orchestration.flower_runtime import simulation
 from fedsplit.orchestration.personalize import ALONE, PRIOR, parse_budget, personalize, resolve_scope
@@ -146,7 +148,14 @@ class Experiment:
 
     def __post_init__(self) -> None:
         """Cross-field checks (each a `ConfigError` that says how to fix it); fills ``num_sites``."""
-        if self.dataset == HEART:
+        if self.dataset == tcga.DATASET:
+            if self.num_sites not in (None, len(tcga.REGIONS)) or self.partition != "iid":
+                raise ConfigError(
+                    f"--dataset {tcga.DATASET} is split by FLamby's {len(tcga.REGIONS)} regions "
+                    f"with FLamby's train/test split; drop --sites and --partition. Received: "
+                    f"sites={self.num_sites}, partition={self.partition!r}")
+            self.num_sites = len(tcga.REGIONS)
+        elif self.dataset == HEART:
             if (self.num_sites not in (None, len(HEART_HOSPITALS))
                     or self.partition != "iid"):
                 raise ConfigError(
@@ -171,7 +180,8 @@ class Experiment:
             set(self.leave_out))
         check_attack(cfg.attack, cfg.attackers, joined)
         resolve_scope(parse_budget(self.personalize) or 1, self.personalize_scope)
-        if cfg.recipe:  # a recipe that cannot be imported or refuses its params fails here
+        if cfg.recipe or cfg.task == "survival":  # a recipe that cannot be imported or refuses
+            # its params fails here
             recipe = effective_recipe({}, cfg, "mlp")
             dp = DPSpec.parse(cfg.dp) if cfg.dp else None
             if dp is not None and dp.level == "patient" and not recipe.per_sample_loss:
@@ -227,6 +237,16 @@ def prepare_tables(exp: Experiment) -> list[SiteTable]:
         hospitals = load_heart_disease()
         return [SiteTable(name, *_cut(rows, exp.test_fraction, cfg.seed + i))
                 for i, (name, rows) in enumerate(hospitals.items())]
+    if exp.dataset == tcga.DATASET:  # FLamby's regions and split: its test patients are FLamby's
+        given = {"target": cfg.target, "event": cfg.event, "id_column": cfg.id_column,
+                 "task": cfg.task}
+        if {k: v for k, v in table_keys(tcga.DATASET, **given).items() if k in given} != given:
+            raise ConfigError(f"--dataset {tcga.DATASET} needs the run config's target {tcga.TIME!r}, "
+                              f"event {tcga.EVENT!r}, id-column {tcga.ID!r} and task survival "
+                              f"(`table_keys`). Received: target={cfg.target!r}, "
+                              f"event={cfg.event!r}, id-column={cfg.id_column!r}, task={cfg.task!r}")
+        return [SiteTable(name, train, test)
+                for name, (train, test) in tcga.load_tcga_brca().items()]
     if exp.dataset:
         data = load_bundled(exp.dataset)
         parts = partition(data.y, exp.num_sites, exp.partition, cfg.seed)
@@ -276,6 +296,11 @@ def check_schema(tables: Sequence[SiteTable], cfg: RunConfig) -> tuple[Schema, l
     if not tables or not tables[0].is_table:
         return None
     task = cfg.task
+    if cfg.event:  # every hospital's time and event columns, all problems in one refusal
+        from fedsplit.protocol.survival import check_hospitals
+
+        check_hospitals({t.name: t.train for t in tables}, cfg.target, cfg.event,
+                        cfg.table_settings.na_values)
     reports = []
     for t in tables:
         keep, _ = split_indices(len(t.train), cfg.val_fraction, cfg.seed)

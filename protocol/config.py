@@ -46,8 +46,13 @@ class RunConfig(BaseModel):
     norm: Literal["none", "batch"] = Field(
         "none", description="Normalisation after each MLP hidden layer: none, or batch (BatchNorm1d; "
                             "part of the model id; MLP only; needs batch-size >= 2 and parallel=none).")
-    task: Literal["auto", "classification", "regression"] = Field(
-        "auto", description="Learning task; auto infers it from the target.")
+    task: Literal["auto", "classification", "regression", "survival"] = Field(
+        "auto", description="Learning task; auto infers it from the target (survival when "
+                            "'event' is set).")
+    event: str = Field("", description="Survival: the event column (1/0, TRUE/FALSE, yes/no); "
+                                       "'target' is then the follow-up time column.")
+    penalizer: float = Field(0.0, ge=0, description="Survival: the Cox model's ridge penalty in "
+                             "lifelines' convention (n * P * ||w||^2 / 2).")
     recipe: str = Field("", description="The hospitals' recipe (docs/recipes.md): package.module:Attribute "
                         "or an entry point of the fedsplit.recipes group; '' = the built-in "
                         "MLP or CNN by the data (model, hidden, norm). A hospital's node "
@@ -223,6 +228,30 @@ class RunConfig(BaseModel):
             raise ValueError("must be positive widths joined by '-', e.g. '64-32', or 'none'")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _event_means_survival(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("event") and data.get("task", "auto") == "auto":
+            return {**data, "task": "survival"}
+        return data
+
+    @model_validator(mode="after")
+    def _survival_fits(self) -> RunConfig:
+        if self.task == "survival" and not self.event:
+            raise ValueError("task=survival needs the event column: --time COLUMN --event COLUMN "
+                             f"(target is the time column). Received: event={self.event!r}")
+        if self.event and self.task != "survival":
+            raise ValueError(f"an event column makes the task survival; drop --event or use "
+                             f"--task survival. Received: task={self.task!r}, "
+                             f"event={self.event!r}")
+        if self.event and self.event == self.target:
+            raise ValueError(f"the time and event columns must differ. Received: both "
+                             f"{self.event!r}")
+        if self.penalizer and self.task != "survival":
+            raise ValueError(f"penalizer is the Cox model's ridge penalty (task=survival). "
+                             f"Received: penalizer={self.penalizer}, task={self.task!r}")
+        return self
+
     @model_validator(mode="after")
     def _norm_fits(self) -> RunConfig:
         if self.norm == "batch" and self.parallel.split(":", 1)[0].strip() != "none":
@@ -277,7 +306,7 @@ class RunConfig(BaseModel):
             target=self.target, id_column=self.id_column,
             ignore_columns=tuple(c.strip() for c in self.ignore_columns.split(",") if c.strip()),
             na_values=tuple(v.strip() for v in self.na_values.split(",") if v.strip()),
-            min_category_count=self.min_category_count,
+            min_category_count=self.min_category_count, event=self.event,
         )
 
     @classmethod

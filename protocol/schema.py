@@ -9,7 +9,11 @@ written in several ways, columns in their own order. Three steps turn them into 
    categories with their counts. A category seen fewer than ``min_category_count`` times
    (default `MIN_CATEGORY_COUNT` = 5) at a site is **withheld**: only the number of withheld
    categories is reported, never their names or counts. For the target: its kind and, when it
-   holds class labels, each label with its count.
+   holds class labels, each label with its count. For a survival task (``event`` set), the
+   target is the time column and the event column is the second target: the site checks that
+   every row's time is a positive number and its event reads as 1/0, TRUE/FALSE or yes/no
+   (`protocol.survival.read_survival`, refused with counts per problem and the fix) and reports
+   the target kind ``survival`` only, never a time or an event count.
 2. **Merged, versioned schema** (`merge_reports`, run by the coordinator): the columns in the
    order of the first hospital by name, the union vocabulary of each text column in sorted
    order, a missing-indicator for every column with gaps at any site, the class labels in
@@ -21,7 +25,8 @@ written in several ways, columns in their own order. Three steps turn them into 
      pooled mean);
    - boolean: 1.0 / 0.0 (``true/false``, ``yes/no``, ``t/f``, ``y/n``, ``1/0``, any case);
    - categorical: one column per vocabulary entry (``name=value``), 1.0 for the row's value;
-   - ``name:missing``: 1.0 where the value is missing, for columns with gaps somewhere.
+   - ``name:missing``: 1.0 where the value is missing, for columns with gaps somewhere;
+   - the target: a class index, a number, or for survival the pair (time, event 1/0).
 
    **Fallback**: a category outside the vocabulary (unseen, or withheld everywhere) encodes as
    all-zero one-hot and sets the column's missing indicator when it has one, i.e. it is treated
@@ -52,6 +57,7 @@ from typing import Any
 
 import numpy as np
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.survival import SURVIVAL, read_survival
 
 SCHEMA_FORMAT = "fedsplit.schema"
 SCHEMA_VERSION = 1
@@ -145,13 +151,15 @@ def read_column(name: str, values: Sequence[Any], missing: frozenset[str]) -> Ra
 
 @dataclass(frozen=True)
 class TableSettings:
-    """How a site reads its table (run config: target, id-column, ignore-columns, na-values)."""
+    """How a site reads its table (run config: target, id-column, ignore-columns, na-values;
+    for survival, the target is the time column and ``event`` the event column)."""
 
     target: str
     id_column: str = ""
     ignore_columns: tuple[str, ...] = ()
     na_values: tuple[str, ...] = ()
     min_category_count: int = MIN_CATEGORY_COUNT
+    event: str = ""
 
 
 def split_columns(columns: Sequence[str], settings: TableSettings, *, where: str,
@@ -167,10 +175,15 @@ def split_columns(columns: Sequence[str], settings: TableSettings, *, where: str
             f"{where} has no target column {settings.target!r}; pass the right one with --target. "
             f"Columns: {', '.join(names)}. Received: {settings.target!r}"
         )
+    if need_target and settings.event and settings.event not in names:
+        raise ConfigError(
+            f"{where} has no event column {settings.event!r}; pass the right one with --event. "
+            f"Columns: {', '.join(names)}. Received: {settings.event!r}"
+        )
     if settings.id_column and settings.id_column not in names:
         raise ConfigError(f"{where} has no ID column {settings.id_column!r} (--id-column). "
                           f"Columns: {', '.join(names)}. Received: {settings.id_column!r}")
-    skip = {settings.target, settings.id_column, *settings.ignore_columns} - {""}
+    skip = {settings.target, settings.event, settings.id_column, *settings.ignore_columns} - {""}
     return [c for c in names if c not in skip]
 
 
@@ -244,10 +257,10 @@ class SiteColumns:
                               f"(protocol/schema.py): {e}. Received: {text[:200]!r}") from e
 
 
-def _keys(obj: Any, allowed: set[str], what: str) -> None:
+def _keys(obj: Any, allowed: set[str], what: str, optional: frozenset[str] = frozenset()) -> None:
     if not isinstance(obj, dict):
         raise ValueError(f"{what} must be an object")
-    if extra := sorted(set(obj) - allowed):
+    if extra := sorted(set(obj) - allowed - optional):
         raise ValueError(f"{what} holds undocumented fields {extra}")
     if missing := sorted(allowed - set(obj)):
         raise ValueError(f"{what} lacks {missing}")
@@ -300,6 +313,10 @@ def column_report(site: str, frame: Any, settings: TableSettings) -> SiteColumns
             binary = bool(np.all((values == 0) | (values == 1)))
         reports.append(ColumnReport(name, col.kind, len(present), len(col.cells) - len(present),
                                     binary, cats, withheld))
+    if settings.event:  # survival: every row's time and event must read (refused with counts)
+        read_survival(f"Hospital {site}", frame, settings.target, settings.event,
+                      settings.na_values)
+        return SiteColumns(site, len(frame), True, tuple(reports), TargetReport(SURVIVAL, None))
     target = read_column(settings.target, frame[settings.target].tolist(),
                          na_set(settings.na_values, settings.target))
     gaps = sum(c is None for c in target.cells)
@@ -341,6 +358,7 @@ class Schema:
     na_values: tuple[str, ...] = ()
     min_category_count: int = MIN_CATEGORY_COUNT
     version: int = SCHEMA_VERSION
+    event: str = ""  # survival: the event column (``target`` is the time column)
 
     @property
     def feature_names(self) -> list[str]:
@@ -351,11 +369,12 @@ class Schema:
     def settings(self) -> TableSettings:
         """How to read a table for this schema."""
         return TableSettings(self.target, self.id_column, self.ignore_columns, self.na_values,
-                             self.min_category_count)
+                             self.min_category_count, self.event)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (``format``, ``version``, columns, target, labels, reading settings)."""
-        return {
+        """The JSON form (``format``, ``version``, columns, target, labels, reading settings;
+        ``event`` only for survival, so other schemas read and hash as before)."""
+        out = {
             "format": SCHEMA_FORMAT, "version": self.version, "target": self.target,
             "task": self.task, "labels": list(self.labels), "id_column": self.id_column,
             "ignore_columns": list(self.ignore_columns), "na_values": list(self.na_values),
@@ -363,6 +382,9 @@ class Schema:
             "columns": [{"name": c.name, "kind": c.kind, "categories": list(c.categories),
                          "missing_indicator": c.missing_indicator} for c in self.columns],
         }
+        if self.event:
+            out["event"] = self.event
+        return out
 
     def to_json(self) -> str:
         """Compact, key-sorted JSON (stable: the same schema gives the same text)."""
@@ -378,14 +400,19 @@ class Schema:
         try:
             raw = json.loads(text) if isinstance(text, str) else dict(text)
             _keys(raw, {"format", "version", "target", "task", "labels", "id_column",
-                        "ignore_columns", "na_values", "min_category_count", "columns"}, "schema")
+                        "ignore_columns", "na_values", "min_category_count", "columns"},
+                  "schema", optional=frozenset({"event"}))
             if raw["format"] != SCHEMA_FORMAT:
                 raise ValueError(f"format must be {SCHEMA_FORMAT!r}, not {raw['format']!r}")
             if raw["version"] != SCHEMA_VERSION:
                 raise ValueError(f"version {raw['version']!r}; this fedsplit reads version "
                                  f"{SCHEMA_VERSION} (upgrade fedsplit)")
-            if raw["task"] not in ("classification", "regression"):
+            if raw["task"] not in ("classification", "regression", SURVIVAL):
                 raise ValueError(f"task {raw['task']!r}")
+            event = str(raw.get("event", ""))
+            if (raw["task"] == SURVIVAL) != bool(event):
+                raise ValueError(f"task {raw['task']!r} with event column {event!r} (a survival "
+                                 f"schema names its event column; no other does)")
             columns = []
             for c in raw["columns"]:
                 _keys(c, {"name", "kind", "categories", "missing_indicator"}, "schema column")
@@ -397,7 +424,8 @@ class Schema:
             return cls(tuple(columns), str(raw["target"]), raw["task"],
                        tuple(str(v) for v in raw["labels"]), str(raw["id_column"]),
                        tuple(str(v) for v in raw["ignore_columns"]),
-                       tuple(str(v) for v in raw["na_values"]), int(raw["min_category_count"]))
+                       tuple(str(v) for v in raw["na_values"]), int(raw["min_category_count"]),
+                       event=event)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConfigError(f"Not a fedsplit table schema (protocol/schema.py): {e}. "
                               f"Received: {str(text)[:200]!r}") from e
@@ -483,10 +511,10 @@ def merge_reports(reports: Sequence[SiteColumns], settings: TableSettings, *,
     if not columns:
         raise ConfigError("No feature column holds any value at any hospital. Received: "
                           f"columns {[c.name for c in ref.columns]}")
-    task, labels = _merge_target(ordered, settings.target, task)
+    task, labels = _merge_target(ordered, settings, task)
     schema = Schema(tuple(columns), settings.target, task, labels, settings.id_column,
                     tuple(settings.ignore_columns), tuple(settings.na_values),
-                    settings.min_category_count)
+                    settings.min_category_count, event=settings.event)
     return MergedSchema(schema, warnings)
 
 
@@ -518,9 +546,22 @@ def _merge_kind(name: str, kinds: Mapping[str, str], per_site: Mapping[str, Colu
     )
 
 
-def _merge_target(reports: Sequence[SiteColumns], target: str,
+def _merge_target(reports: Sequence[SiteColumns], settings: TableSettings,
                   task: str) -> tuple[str, tuple[str, ...]]:
+    target = settings.target
     kinds = {r.site: r.target.kind for r in reports if r.target is not None}
+    if settings.event or task == SURVIVAL or SURVIVAL in kinds.values():
+        if not settings.event or task not in ("auto", SURVIVAL):
+            raise ConfigError(
+                f"A survival task needs its time and event columns: --task survival --time COLUMN "
+                f"--event COLUMN. Received: task={task!r}, time={target!r}, "
+                f"event={settings.event!r}")
+        odd = sorted(s for s, k in kinds.items() if k != SURVIVAL)
+        if odd:
+            raise ConfigError(f"Hospital(s) {', '.join(odd)} reported a {kinds[odd[0]]!r} target, "
+                              f"not survival columns: every hospital must run the same task. "
+                              f"Received: kinds {kinds}")
+        return SURVIVAL, ()
     text_sites = [s for s, k in kinds.items() if k == "categorical"]
     if len(set(kinds.values())) > 1:
         first = sorted(kinds)[0]
@@ -567,6 +608,8 @@ def moment_warnings(schema: Schema, sites: Mapping[str, tuple[np.ndarray, np.nda
     A numeric column constant at a site (every row the same value, while other sites vary:
     e.g. a cholesterol of 0 recorded for every patient), or whose typical magnitude (root mean
     square) differs from the other sites' by a factor of `RANGE_FACTOR` or more (a unit mismatch).
+    A 0/1 indicator column (at every site its sum equals its sum of squares: an exported one-hot
+    column) is not judged: a rare category absent at a small hospital is no placeholder.
     """
     names = schema.feature_names
     out: list[str] = []
@@ -575,6 +618,9 @@ def moment_warnings(schema: Schema, sites: Mapping[str, tuple[np.ndarray, np.nda
             continue
         k = names.index(col.name)
         stats = {s: (float(m[0][k]), float(m[1][k]), float(m[2][k])) for s, m in sites.items()}
+        if all(abs(total - sq) <= 1e-9 * max(1.0, n) and 0 <= total <= n
+               for n, total, sq in stats.values()):
+            continue
         for site, (n, total, sq) in stats.items():
             if n < 2:
                 continue
@@ -610,7 +656,8 @@ def encode_frame(schema: Schema, frame: Any, *, where: str, need_target: bool = 
     label outside the schema, and with ``refuse_unknown`` any column the schema does not know.
     """
     settings = schema.settings
-    has_target = schema.target in [str(c) for c in frame.columns]
+    names = [str(c) for c in frame.columns]
+    has_target = schema.target in names and (not schema.event or schema.event in names)
     present = split_columns(list(frame.columns), settings, where=where,
                             need_target=need_target)
     known = {c.name for c in schema.columns}
@@ -662,6 +709,10 @@ def encode_frame(schema: Schema, frame: Any, *, where: str, need_target: bool = 
     x = np.concatenate(parts, axis=1).astype(np.float32) if parts else np.zeros((n, 0), np.float32)
     if not has_target:
         return x, None
+    if schema.event:  # survival: y = (time, event), every row read by the survival rules
+        t, e = read_survival(where, frame, schema.target, schema.event, schema.na_values,
+                             whole=False)
+        return x, np.column_stack([t, e]).astype(np.float32)
     return x, encode_target(schema, frame[schema.target].tolist(), where=where)
 
 

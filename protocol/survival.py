@@ -33,6 +33,10 @@ from fedsplit.protocol.errors import ConfigError
 
 EVENT_TRUE = frozenset({"1", "1.0", "true", "yes", "t", "y"})
 EVENT_FALSE = frozenset({"0", "0.0", "false", "no", "f", "n"})
+#: the task name of time-to-event models (`protocol.schema`: the time column is the target and
+#: the schema names the event column too)
+SURVIVAL = "survival"
+
 #: cells read as missing in the time and event columns (besides --na-values)
 MISSING = frozenset({"", "na", "n/a", "nan", "null", "none", "?"})
 
@@ -164,12 +168,19 @@ def inspect_survival(site: str, times: Sequence[Any], events: Sequence[Any], *,
     return t, e, problems
 
 
-def read_survival(site: str, frame: Any, time: str, event: str, na_values: Sequence[str] = ()
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """One hospital's (time, event) from its table (a DataFrame); `SurvivalDataError` if unusable."""
+def read_survival(site: str, frame: Any, time: str, event: str, na_values: Sequence[str] = (),
+                  *, whole: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """One hospital's (time, event) from its table (a DataFrame); `SurvivalDataError` if unusable.
+
+    ``whole``: the table is the hospital's training table, so a table without any event, or
+    whose times are all equal, is refused too; False (test or held-out rows, patients to score)
+    judges each row only.
+    """
     check_columns(site, [str(c) for c in frame.columns], time, event)
     t, e, problems = inspect_survival(site, frame[time].tolist(), frame[event].tolist(),
                                       time=time, event=event, na_values=na_values)
+    if not whole:
+        problems.no_events = problems.equal_times = False
     if not problems.ok:
         raise SurvivalDataError(_message([problems], time, event))
     return t, e

@@ -4,6 +4,7 @@ lifelines, its data reading and refusals; one slow ``fedsplit simulate`` run wit
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from fedsplit.client.recipes import ModelInputs, load_recipe
 from fedsplit.client.survival.cox import efron_parts
 from fedsplit.client.survival.recipe import Cox
 from fedsplit.client.survival.tcga import load_tcga_brca
+from fedsplit.protocol.schema import TableSettings, column_report, encode_frame, merge_reports
 from lifelines.utils import concordance_index
 from typer.testing import CliRunner
 
@@ -48,29 +50,23 @@ def test_loss_is_the_partial_likelihood_per_event_with_efron_ties():
     assert float(risk.grad.abs().sum()) == 0.0
 
 
-def test_c_index_is_lifelines_and_reading_follows_the_params(tmp_path):
+def test_c_index_is_lifelines_on_rows_the_schema_encodes():
     train, _ = load_tcga_brca()["south"]
-    path = tmp_path / "south.csv"
-    train.to_csv(path, index=False)
-    recipe = load_recipe(REF, {"time": "T", "event": "E", "id_column": "pid"})
-    data = recipe.read_data(path)
-    assert data.x.shape == (156, 39) and data.y.shape == (156, 2) and data.task == "survival"
-    assert data.feature_names == sorted(data.feature_names)
+    settings = TableSettings(target="T", id_column="pid", event="E")
+    schema = merge_reports([column_report("south", train, settings)], settings).schema
+    x, y = encode_frame(schema, train, where="south")
+    assert x.shape == (156, 39) and y.shape == (156, 2) and schema.task == "survival"
+    recipe = load_recipe(REF)
+    assert recipe.read_data(Path("south.csv")) is None  # tables: the schema path reads them
     model = model_for(recipe, 39)
-    metrics = recipe.metrics(model, data.x, data.y, torch.device("cpu"))
-    risk = recipe.predict(model, data.x)["risk"]
+    metrics = recipe.metrics(model, x, y, torch.device("cpu"))
+    risk = recipe.predict(model, x)["risk"]
     assert metrics["c_index"] == pytest.approx(
-        concordance_index(data.y[:, 0], -risk, data.y[:, 1]), abs=1e-12)
+        concordance_index(y[:, 0], -risk, y[:, 1]), abs=1e-12)
     assert recipe.metric_names("survival") == ("loss", "c_index")
     assert recipe.selection_metric("survival") == "c_index" and not Cox.per_sample_loss
-    # a table with text among the covariates is refused with the fix
-    bad = train.copy()
-    bad["stage"] = "II"
-    bad.to_csv(tmp_path / "bad.csv", index=False)
-    with pytest.raises(Exception, match=r"holds text.*One-hot encode it"):
-        recipe.read_data(tmp_path / "bad.csv")
     with pytest.raises(Exception, match="refuses its parameters"):
-        Cox({"time": "T", "unknown": 1})
+        Cox({"hidden": [4], "unknown": 1})
     linear = model_for(recipe, 39)
     assert sum(isinstance(m, torch.nn.Linear) for m in linear.modules()) == 1
     mlp = model_for(load_recipe(REF, {"hidden": [16]}), 39)
@@ -92,36 +88,48 @@ def test_patient_level_dp_is_refused_with_the_reason():
 
 
 @pytest.mark.slow
-def test_simulate_with_the_survival_recipe_on_three_tcga_regions(tmp_path):
+def test_simulate_survival_task_on_three_hospitals_tables_as_they_come(tmp_path):
+    """``--task survival --time --event`` on NAME=TRAIN:TEST tables with their own quirks: a text
+    covariate (one-hot by the agreed schema), one hospital writing its events as yes/no and
+    another as TRUE/FALSE, columns in another order; then ``predict`` scores new patients."""
     data = load_tcga_brca()
     sites = []
-    for region in ("northeast", "south", "west"):
-        train, test = data[region]
-        train.to_csv(tmp_path / f"{region}_train.csv", index=False)
-        test.to_csv(tmp_path / f"{region}_test.csv", index=False)
+    words = {"northeast": ("1", "0"), "south": ("yes", "no"), "west": ("TRUE", "FALSE")}
+    for k, (region, (one, zero)) in enumerate(words.items()):
+        for part, rows in zip(("train", "test"), data[region], strict=True):
+            rows = rows.rename(columns={"T": "days", "E": "died"}).copy()
+            rows["died"] = np.where(rows["died"].astype(float) > 0, one, zero)
+            rows["clinic"] = np.where(np.arange(len(rows)) % 3 == 0, "surgery", "oncology")
+            rows = rows[list(reversed(rows.columns))] if k == 1 else rows
+            rows.to_csv(tmp_path / f"{region}_{part}.csv", index=False)
         sites += ["--site", f"{region}={tmp_path / f'{region}_train.csv'}:"
                             f"{tmp_path / f'{region}_test.csv'}"]
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [
-        "simulate", *sites, "--recipe", "fedsplit.client.survival.recipe:Cox",
-        "--recipe-params", json.dumps({"time": "T", "event": "E", "id_column": "pid"}),
-        "--rounds", "3", "--out", str(out)], env={"COLUMNS": "200"})
+        "simulate", *sites, "--task", "survival", "--time", "days", "--event", "died",
+        "--id-column", "pid", "--penalizer", "0.01", "--rounds", "3", "--out", str(out)],
+        env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "c_index" in result.output
+    assert "Test c_index on each hospital's own test patients" in result.output
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "survival" and summary["selection_metric"] == "c_index"
+    for model in ("centralized", "local_only", "federated"):
+        assert summary[model] is not None, model
     fed = summary["federated"]
     assert set(fed["per_site"]) == {"northeast", "south", "west"}
     assert 0.6 < fed["mean_per_site"]["c_index"] <= 1.0
     assert all(0.0 <= s["c_index"] <= 1.0 for s in fed["per_site"].values())
     assert (out / "rounds.png").stat().st_size > 5000
-    # predict: one log relative hazard per patient, ids from the ID column
-    test = tmp_path / "northeast_test.csv"
+    schema = json.loads(json.dumps(summary["schema"]))
+    assert schema["features"] == 39 + 2  # clinic=oncology, clinic=surgery
+    # predict: one log relative hazard per patient, ids from the ID column, no --recipe needed
+    test = tmp_path / "west_test.csv"
     pred = tmp_path / "pred.csv"
     result = CliRunner().invoke(app, [
-        "predict", str(test), "--model", str(out / "federation" / "global.h5"), "-o", str(pred),
-        "--recipe", REF])
+        "predict", str(test), "--model", str(out / "federation" / "global.h5"), "-o", str(pred)])
     assert result.exit_code == 0, result.output
-    assert "risk" in pred.read_text().splitlines()[0]
+    lines = pred.read_text().splitlines()
+    assert "risk" in lines[0] and len(lines) == 1 + len(data["west"][1])
 
 
 def test_simulate_refuses_patient_dp_with_the_cox_recipe_before_flower_starts(tmp_path):

@@ -1,0 +1,45 @@
+"""Which bundled datasets ``fedsplit simulate`` takes, and the table keys its options make.
+
+Light on purpose (no torch, no Flower): the CLI reads it to build its help and run config.
+"""
+
+from __future__ import annotations
+
+from fedsplit.client.data import DATASETS
+from fedsplit.client.survival import tcga
+from fedsplit.protocol.errors import ConfigError
+
+#: every bundled dataset `fedsplit simulate` takes (FLamby's Fed-TCGA-BRCA: a survival task)
+SIMULATE_DATASETS = (*DATASETS, tcga.DATASET)
+
+
+def table_keys(dataset: str | None, *, target: str = "target", time: str = "", event: str = "",
+               id_column: str = "", task: str = "auto", hidden: str | None = None
+               ) -> dict[str, str]:
+    """The run config's table keys (target, event, id-column, task, hidden) from ``simulate``'s
+    options.
+
+    ``--time COL --event COL`` make a survival task (the time column is the target);
+    ``--dataset tcga-brca`` brings its own columns (time ``T``, event ``E``, ID ``pid``) and task.
+    A conflicting option is refused with the fix. ``hidden`` unset: the linear Cox model
+    (``none``) for survival, else the MLP's ``64-32``.
+    """
+    if time and target not in ("target", time):
+        raise ConfigError(f"--time is the target of a survival task; give --time or --target, "
+                          f"not both. Received: --time {time!r}, --target {target!r}")
+    keys = {"target": time or target, "event": event, "id_column": id_column, "task": task}
+    if dataset != tcga.DATASET:
+        if time and not event:
+            raise ConfigError(f"--time needs --event (the 1/0 event column) for a survival task. "
+                              f"Received: --time {time!r}")
+        survival = task == "survival" or (bool(event) and task == "auto")
+        return {**keys, "hidden": hidden or ("none" if survival else "64-32")}
+    own = {"target": (tcga.TIME, "target", "--time"), "event": (tcga.EVENT, "", "--event"),
+           "id_column": (tcga.ID, "", "--id-column"), "task": ("survival", "auto", "--task")}
+    for key, (value, default, flag) in own.items():
+        if keys[key] not in (default, value):
+            raise ConfigError(f"--dataset {tcga.DATASET} has time column {tcga.TIME!r}, event "
+                              f"column {tcga.EVENT!r} and ID column {tcga.ID!r} (task survival); "
+                              f"leave {flag} unset. Received: {keys[key]!r}")
+        keys[key] = value
+    return {**keys, "hidden": hidden or "none"}
