@@ -17,11 +17,11 @@ penalizer=P)``) is printed beside it (the two must agree), and FLamby's publishe
 The fit is deterministic: FLamby's 5 seeds change nothing here (they seed its SGD training).
 
 ``--strategies fedavg,fedadam,fedyogi`` also trains FLamby's linear Cox model by
-``fedsplit simulate`` with the survival recipe (``client/survival/recipe.py``: torchsurv's Cox
-loss on mini-batches, Adam locally), one run per strategy and seed (``--seeds``, FLamby: 5),
-each region's training rows as its hospital's ``--site TRAIN:TEST`` file (so its test patients
-are FLamby's), the last round's model scored as FLamby scores. FedAdam and FedYogi are FedAvg
-with a server optimizer on the pseudo-gradient (server lr ``--server-lr``).
+``fedsplit simulate --dataset tcga-brca --hidden none`` (task survival: the Cox recipe,
+``client/survival/recipe.py``: torchsurv's Cox loss on mini-batches, Adam locally), one run per
+strategy and seed (``--seeds``, FLamby: 5), each region a hospital with FLamby's test patients,
+the last round's model (``--keep last``, FLamby's protocol) scored as FLamby scores. FedAdam
+and FedYogi are FedAvg with a server optimizer on the pseudo-gradient (``--server-lr``).
 
     .venv/bin/python bench/flamby_tcga.py --strategies fedavg,fedadam --seeds 5 --rounds 10
 
@@ -42,8 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from fedsplit.client.survival.tcga import EVENT, ID, REGIONS, TIME, load_tcga_brca  # noqa: E402
-from fedsplit.orchestration.experiment import Experiment, SiteSource, run_experiment  # noqa: E402
+from fedsplit.client.survival.tcga import DATASET, EVENT, ID, REGIONS, TIME, load_tcga_brca  # noqa: E402
+from fedsplit.orchestration.datasets import table_keys  # noqa: E402
+from fedsplit.orchestration.experiment import Experiment, run_experiment  # noqa: E402
 from fedsplit.orchestration.survival.run import run_survival  # noqa: E402
 from fedsplit.protocol.config import RunConfig  # noqa: E402
 from fedsplit.protocol.history import RunSummary  # noqa: E402
@@ -71,34 +72,25 @@ def scores(coef: pd.Series, data: dict) -> tuple[dict[str, float], float]:
     return per_region, concordance_index(t, -risk, e)
 
 
-RECIPE = "fedsplit.client.survival.recipe:Cox"
 SERVER_OPT = {"fedavg": "none", "fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad"}
 
 
-def federated_runs(args: argparse.Namespace, data: dict, out: Path) -> dict[str, list[dict]]:
-    """The survival recipe trained by ``fedsplit simulate``'s experiment, per strategy and seed."""
-    folder = out / "regions"
-    folder.mkdir(parents=True, exist_ok=True)
-    sources = []
-    for region, (train, test) in data.items():
-        train.to_csv(folder / f"{region}_train.csv", index=False)
-        test.to_csv(folder / f"{region}_test.csv", index=False)
-        sources.append(SiteSource(region, folder / f"{region}_train.csv",
-                                  folder / f"{region}_test.csv"))
-    params = (f'{{"time": "{TIME}", "event": "{EVENT}", "id_column": "{ID}", "hidden": [], '
-              f'"penalizer": {args.recipe_penalizer}}}')
+def federated_runs(args: argparse.Namespace, out: Path) -> dict[str, list[dict]]:
+    """The linear Cox model trained by ``fedsplit simulate --dataset tcga-brca``'s experiment
+    (task survival: the Cox recipe), per strategy and seed."""
     runs: dict[str, list[dict]] = {}
     for strategy in [s for s in args.strategies.split(",") if s]:
         if strategy not in SERVER_OPT:
             raise SystemExit(f"--strategies: one of {sorted(SERVER_OPT)}. Received: {strategy!r}")
         for seed in range(args.seeds):
-            cfg = RunConfig(recipe=RECIPE, recipe_params=params, seed=seed, resume=False,
+            cfg = RunConfig(**table_keys(DATASET, hidden="none"),
+                            penalizer=args.recipe_penalizer, seed=seed, resume=False,
                             num_server_rounds=args.rounds, lr=args.lr, keep="last",
                             server_opt=SERVER_OPT[strategy],
                             server_lr=args.server_lr if strategy != "fedavg" else 0.0)
             began = time.monotonic()
             summary = RunSummary.from_json(run_experiment(Experiment(
-                cfg=cfg, out=out / strategy / f"seed-{seed}", site_files=sources)))
+                cfg=cfg, out=out / strategy / f"seed-{seed}", dataset=DATASET)))
             fed = summary.federated
             assert fed is not None
             runs.setdefault(strategy, []).append({
@@ -148,7 +140,7 @@ def main() -> None:
         fit_options={"precision": 1e-12, "r_precision": 1e-14})
     se = pd.Series([doc["covariates"][n]["se"] for n in names], index=names)
 
-    fed_runs = federated_runs(args, data, out) if args.strategies else {}
+    fed_runs = federated_runs(args, out) if args.strategies else {}
     fed_regions, fed_pooled = scores(fed, data)
     ref_regions, ref_pooled = scores(ref.params_[names], data)
     print(f"Fed-TCGA-BRCA, FLamby's split: {doc['rows']} training patients ({doc['events']} "
