@@ -18,6 +18,7 @@ from fedsplit.cli.errors import run_guarded
 from fedsplit.protocol import read_weights
 
 ROUNDS = 6
+VERTICAL_ROUNDS = 10
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -71,19 +72,21 @@ def test_keep_last_keeps_the_last_round(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_vertical_diabetes_case_with_flower(tmp_path: Path) -> None:
-    """The issue's vertical case through `fedsplit vertical simulate`: 20 rounds over-train the
-    fused model; kept by validation it is within 0.03 of centralized (or above)."""
+    """The issue's vertical case through `fedsplit vertical simulate`: 10 rounds over-train the
+    fused model (its validation score peaks at round 4 and falls after round 8; 20 rounds took
+    twice as long for the same check); kept by validation it is within 0.03 of centralized (or
+    above)."""
     from tests.vertical.test_fused_selection import diabetes_case
 
     sites, labels = diabetes_case(tmp_path / "data")
     out = tmp_path / "run"
     code = run_guarded(app, ["vertical", "simulate", "--site", str(sites[0]), "--site", str(sites[1]),
-                             "--labels", str(labels), "--task", "regression", "--rounds", "20",
-                             "--out", str(out)])
+                             "--labels", str(labels), "--task", "regression",
+                             "--rounds", str(VERTICAL_ROUNDS), "--out", str(out)])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     fed, central = summary["federated"], summary["centralized"]
-    assert fed["rounds_kept"] < 20
+    assert fed["rounds_kept"] < VERTICAL_ROUNDS
     assert fed["metrics"] == summary["rounds"][fed["rounds_kept"] - 1]["metrics"]
     assert fed["metrics"]["r2"] >= central["metrics"]["r2"] - 0.03
     assert (out / "federation" / "head" / "head.npz").is_file()
