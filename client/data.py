@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fedsplit.protocol.cells import NA_MARKERS
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import (
-    NA_MARKERS,
     Schema,
     TableSettings,
     column_report,

@@ -51,21 +51,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from fedsplit.protocol.cells import FALSE_WORDS, TRUE_WORDS, na_set
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.survival import SURVIVAL, read_survival
+from fedsplit.protocol.survival_rows import SURVIVAL, read_survival
 
 SCHEMA_FORMAT = "fedsplit.schema"
 SCHEMA_VERSION = 1
 MIN_CATEGORY_COUNT = 5
-#: Cells that mean "missing" (compared stripped and lower-cased), before ``na-values``.
-NA_MARKERS = ("", "na", "n/a", "nan", "null", "none", "?")
-TRUE_WORDS = frozenset({"true", "yes", "t", "y", "1", "1.0"})
-FALSE_WORDS = frozenset({"false", "no", "f", "n", "0", "0.0"})
 KINDS = ("numeric", "boolean", "categorical", "empty")
 #: Most distinct values a numeric target may hold to count as class labels.
 MAX_CLASSES = 20
@@ -90,24 +87,6 @@ def _cell(value: Any) -> str | None:
     if isinstance(value, int | np.integer):
         return str(int(value))
     return str(value).strip()
-
-
-def na_set(extra: Iterable[str] = (), column: str | None = None) -> frozenset[str]:
-    """The lower-cased cells read as missing in ``column``: `NA_MARKERS` plus ``extra``.
-
-    An ``extra`` entry ``COLUMN=VALUE`` applies to that column only (``chol=0``: a cholesterol
-    of 0 is a placeholder); any other entry applies to every column. A numeric marker also
-    matches the same number written otherwise (``0`` matches ``0.0``).
-    """
-    out = set(NA_MARKERS)
-    for entry in extra:
-        text = str(entry).strip()
-        name, sep, value = text.partition("=")
-        if not sep:
-            out.add(text.lower())
-        elif column is not None and name.strip() == column:
-            out.add(value.strip().lower())
-    return frozenset(out)
 
 
 def _number(text: str) -> float | None:
