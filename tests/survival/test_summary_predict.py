@@ -106,9 +106,10 @@ def test_predict_times_gives_survival_and_refuses_bad_requests(tmp_path) -> None
 
 @pytest.mark.slow
 def test_simulate_tcga_writes_curve_and_baseline_and_predict_times(tmp_path) -> None:
-    """`fedsplit simulate --dataset tcga-brca` writes km.json, km.png and the baseline (equal to
-    Breslow recomputed from the staged hospitals' training rows and the kept model), and
-    `fedsplit predict --times` gives survival probabilities in (0, 1], falling with time."""
+    """`fedsplit simulate --dataset tcga-brca --secure-aggregation on` writes km.json (as the
+    plain sums give it), km.png and the baseline (equal to Breslow recomputed from the staged
+    hospitals' training rows and the kept model, to the fixed point's precision), and `fedsplit
+    predict --times` gives survival probabilities in (0, 1], falling with time."""
     from fedsplit.client.data import encode_table, read_table, split_indices
     from fedsplit.client.models import load_model, recipe_of
     from fedsplit.client.survival.summary import baseline_vector
@@ -116,15 +117,18 @@ def test_simulate_tcga_writes_curve_and_baseline_and_predict_times(tmp_path) -> 
     from fedsplit.orchestration.survival.summary import write_plots
     from fedsplit.protocol.schema import Schema
     from fedsplit.protocol.weights import read_schema
+    from fedsplit.server.survival import km as kmm
     from fedsplit.server.survival.summary import publish_baseline
 
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["simulate", "--dataset", "tcga-brca", "--rounds", "2",
-                                      "--out", str(out)], env={"COLUMNS": "200"})
+                                      "--secure-aggregation", "on", "--out", str(out)],
+                                env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     fed = out / "federation"
     km = json.loads((fed / "km.json").read_text())
     assert km["min_count"] == 5 and km["rows"] == 692 and len(km["hospitals"]) == 6
+    assert km["secure_aggregation"].startswith("bound=")
     drawn = write_plots(fed)  # what orchestration calls after the run (idempotent)
     assert drawn["km_plot"] == fed / "km.png" and (fed / "km.png").stat().st_size > 5000
     base = ss.Baseline.load(fed / "global.baseline.json")
@@ -144,10 +148,11 @@ def test_simulate_tcga_writes_curve_and_baseline_and_predict_times(tmp_path) -> 
     grid = np.unique(t[e])
     sums = baseline_vector(t, e, recipe_of(model).predict(model, x)["risk"], grid)
     at_risk = np.array([(t >= g).sum() for g in grid])
+    assert km["curve"] == kmm.apply_min_count(grid, at_risk, sums[:len(grid)], 5).to_dict()
     n = len(grid)
     times, hazard = publish_baseline(grid, at_risk, sums[:n], sums[:n], sums[n:], 5)
     np.testing.assert_allclose(base.times, times)
-    np.testing.assert_allclose(base.cumulative_hazard, hazard, rtol=1e-9)
+    np.testing.assert_allclose(base.cumulative_hazard, hazard, rtol=1e-8)
     # predict --times on a region's test patients
     test_rows = tmp_path / "test.csv"
     load_tcga_brca()["northeast"][1].to_csv(test_rows, index=False)
