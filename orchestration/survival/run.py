@@ -23,6 +23,7 @@ from fedsplit.client.data import read_table
 from fedsplit.client.survival.tcga import DATASET, EVENT, ID, TIME, load_tcga_brca
 from fedsplit.orchestration.experiment import parse_site
 from fedsplit.orchestration.flower_runtime import simulation
+from fedsplit.orchestration.survival_summary import km_plot
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
@@ -137,35 +138,6 @@ def forest_plot(doc: dict[str, Any], path: Path) -> None:
                      f"{doc['rows']} patients, penalizer {doc['penalizer']:g}"
                      + (f", C = {c:.3f})" if c is not None and math.isfinite(c) else ")"),
                      fontsize=9)
-        fig.tight_layout()
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=120, format="png")
-    finally:
-        plt.close(fig)
-
-
-def km_plot(doc: dict[str, Any], path: Path) -> None:
-    """The pooled Kaplan-Meier curve with its 95% band (steps)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    c = doc["curve"]
-    times = [0.0, *c["time"]]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    try:
-        ax.step(times, [1.0, *c["survival"]], where="post", color="tab:blue",
-                label=f"pooled ({doc['rows']} patients, {doc['events']} events)")
-        ax.fill_between(times, [1.0, *c["lower_95"]], [1.0, *c["upper_95"]], step="post",
-                        alpha=0.25, color="tab:blue", label="95% band (exponential Greenwood)")
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("time")
-        ax.set_ylabel("survival")
-        ax.set_title(f"Federated Kaplan-Meier, {len(doc['hospitals'])} hospitals "
-                     f"(min-count {doc['min_count']})", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
         fig.tight_layout()
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=120, format="png")

@@ -114,7 +114,7 @@ def test_simulate_tcga_writes_curve_and_baseline_and_predict_times(tmp_path) -> 
     from fedsplit.client.models import load_model, recipe_of
     from fedsplit.client.survival.summary import baseline_vector
     from fedsplit.client.survival.tcga import load_tcga_brca
-    from fedsplit.orchestration.survival.summary import write_plots
+    from fedsplit.orchestration.survival_summary import write_plots
     from fedsplit.protocol.schema import Schema
     from fedsplit.protocol.weights import read_schema
     from fedsplit.server.survival import km as kmm
