@@ -70,6 +70,9 @@ def simulate(
                                            "1 = event observed, 0 = censored).")] = "",
     penalizer: Annotated[float, typer.Option(min=0.0, help="Survival: the Cox model's ridge "
                                                           "penalty (lifelines' convention).")] = 0.0,
+    min_count: Annotated[int, typer.Option(min=1, help="Survival: the pooled Kaplan-Meier curve "
+                                                      "and Breslow baseline publish no cell of "
+                                                      "fewer events (docs/survival.md).")] = 5,
     id_column: Annotated[str, typer.Option(help="Patient ID column of --site tables (never a "
                                                 "feature).")] = "",
     ignore_column: Annotated[
@@ -203,7 +206,8 @@ def simulate(
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
         **table_keys(dataset, target=target, time=time, event=event, id_column=id_column,
                      task=task, hidden=hidden),
-        penalizer=penalizer, seed=seed, parallel=parallel, attack=attack, attackers=attackers,
+        penalizer=penalizer, min_count=min_count, seed=seed, parallel=parallel, attack=attack,
+        attackers=attackers,
         norm=norm, resume=resume, keep=keep, local_steps=local_steps, server_opt=server_opt,
         server_lr=server_lr, server_beta1=server_beta1, server_beta2=server_beta2,
         server_tau=server_tau, server_momentum=server_momentum,
@@ -244,3 +248,7 @@ def simulate(
                           f"[{head['ci95'][0]:.3f}, {head['ci95'][1]:.3f}]")
     console.print(f"wrote {out / 'summary.json'}, {out / 'rounds.png'}, global model "
                   f"{record.federated.model if record.federated else '-'}")
+    if survival := summary.get("survival"):
+        console.print(f"survival: pooled Kaplan-Meier curve {survival['km_plot']} (and .json), "
+                      f"the kept model's Breslow baseline {survival['baseline']} (for "
+                      f"`fedsplit predict --times`)")

@@ -528,6 +528,12 @@ def run_experiment(
                           f"{fed_dir / 'history.json'}. Received: 0 models")
     final = load_model(fed_dir / "global.h5")
     num_outputs = final.spec.num_outputs
+    survival = None
+    if cfg.task == "survival":  # the coordinator's summary after the last round: the pooled
+        # Kaplan-Meier curve and the kept model's Breslow baseline, from the hospitals' sums
+        from fedsplit.orchestration.survival_summary import write_plots
+
+        survival = {key: str(path) for key, path in write_plots(fed_dir).items()}
 
     stage("baselines: centralized and each hospital alone (same model, same optimizer steps)")
     # the rows each agent trains on: its file minus its own held-out evaluation rows
@@ -594,6 +600,7 @@ def run_experiment(
         "federated": {**evaluate(final, tests), "num_examples": fed_examples,
                       "model": str(fed_dir / "global.h5"), **kept_round(history, fed_dir)},
         "personalized": personalized,
+        "survival": survival,
         "rounds": rounds,
         **exp.summary_extra,
     }

@@ -53,6 +53,9 @@ class RunConfig(BaseModel):
                                        "'target' is then the follow-up time column.")
     penalizer: float = Field(0.0, ge=0, description="Survival: the Cox model's ridge penalty in "
                              "lifelines' convention (n * P * ||w||^2 / 2).")
+    min_count: int = Field(5, ge=1, alias="min-count",
+                           description="Survival: the Kaplan-Meier curve and the Breslow baseline "
+                                       "publish no cell resting on fewer events (docs/survival.md).")
     recipe: str = Field("", description="The hospitals' recipe (docs/recipes.md): package.module:Attribute "
                         "or an entry point of the fedsplit.recipes group; '' = the built-in "
                         "MLP or CNN by the data (model, hidden, norm). A hospital's node "

@@ -353,6 +353,9 @@ class RegistryStrategy(FedAvg):
         replies = list(replies)
         senders, missing = self._missing("train", server_round, replies)
         valid, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
+        # in a fixed order (by site name, then node), not the order replies arrived in: the
+        # float sums, and so the run, are then the same every time
+        valid = sorted(valid, key=lambda m: (reply_site(m), m.metadata.src_node_id))
         parsed: list[wire.TrainReply] = []
         contents: list[RecordDict] = []
         excluded: list[SiteReport] = []
