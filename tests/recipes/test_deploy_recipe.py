@@ -1,5 +1,7 @@
 """A recipe in the deployment runtime: `fedsplit up --recipe` end to end (SuperLink, coordinator,
-three `fedsplit site run` agents), and `fedsplit site run --recipe`'s node config."""
+three `fedsplit site run` agents); one deployment of `fedsplit site run --recipe` agents on PNG
+folders that runs the recipe and then refuses a hospital on another recipe version; and
+`fedsplit site run --recipe`'s node config."""
 
 from __future__ import annotations
 
@@ -7,10 +9,13 @@ import json
 import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fedsplit.orchestration.flower_runtime import node_config
+from fedsplit.orchestration.flower_runtime import FlowerRunError, node_config
 from fedsplit.protocol import read_weights
 from fedsplit.protocol.recipe import RecipeModelId
 from flwr.common.config import parse_config_args
@@ -19,7 +24,8 @@ FEDSPLIT = [sys.executable, "-c", "import sys; from fedsplit.cli.app import main
 
 
 def fedsplit(args: list[str], recipe_dir: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(recipe_dir)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(recipe_dir), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([*FEDSPLIT, *args], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=recipe_dir)
 
@@ -47,14 +53,15 @@ def test_site_run_refuses_bad_recipe_params_before_starting(recipe_dir: Path,
 @pytest.mark.slow
 def test_up_runs_a_recipe(recipe_dir: Path, tmp_path: Path) -> None:
     """`fedsplit up --recipe`: every local hospital trains the recipe's model; the coordinator
-    records it (model id, history) without importing it; hospitals report its metrics."""
+    records it (model id, history) without importing it; hospitals report its metrics.
+    One round: the digits partitions are IID, and one round already scores ~0.75."""
     work = tmp_path / "up"
-    done = fedsplit(["up", "--dataset", "digits", "--sites", "3", "--rounds", "2",
+    done = fedsplit(["up", "--dataset", "digits", "--sites", "3", "--rounds", "1",
                      "--recipe", "png_cnn:PngCNN", "--recipe-params", '{"channels": 8}',
                      "--no-admin", "--work", str(work), "--timeout", "800"], recipe_dir)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     history = json.loads((work / "out" / "history.json").read_text())
-    assert history["status"] == "finished"
+    assert history["status"] == "finished" and len(history["rounds"]) == 1
     made = RecipeModelId.from_id(history["model_id"])
     assert (made.recipe.name, made.recipe.params["channels"]) == ("png-cnn", 8)
     last = history["rounds"][-1]["evaluate"]["metrics"]
@@ -62,51 +69,88 @@ def test_up_runs_a_recipe(recipe_dir: Path, tmp_path: Path) -> None:
     assert read_weights(work / "out" / "global.h5").model == history["model_id"]
 
 
-@pytest.mark.slow
-def test_hospital_on_another_recipe_version_is_refused_before_round_1(
-        recipe_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three `fedsplit site run` agents, south with --recipe png_cnn_v2:PngCNNv2 (version 1.1):
-    the coordinator refuses the run before round 1, naming south and the versions."""
-    from fedsplit.orchestration.experiment import prepare_partitions
-    from fedsplit.orchestration.flower_runtime import FlowerRunError
+# --- one deployment of `fedsplit site run --recipe` agents on PNG folders, two runs ---------
+
+
+@dataclass
+class DeploymentRuns:
+    """What the two runs of the shared PNG deployment left: the recipe run's record and
+    history, then the refused run's error message and history."""
+
+    record_status: str
+    history: dict[str, Any]
+    global_model: Path
+    refusal: str
+    refused_history: dict[str, Any]
+    seconds: dict[str, float]
+
+
+@pytest.fixture(scope="module")
+def png_deployment(recipe_dir: Path, png_hospitals: dict[str, Path],
+                   tmp_path_factory: pytest.TempPathFactory) -> DeploymentRuns:
+    """One SuperLink + coordinator with three `fedsplit site run --data FOLDER --recipe
+    png_cnn:PngCNN` agents (north, south, east), each reading its own PNG folder with the
+    recipe's reader: first a two-round run; then a fourth agent, west, joins with
+    --recipe png_cnn_v2:PngCNNv2 (version 1.1) and a run that needs all four is refused before
+    round 1. (Started once: the two runs used to be two deployments.)"""
     from fedsplit.orchestration.local_federation import LocalFederation, Site
     from fedsplit.protocol.config import RunConfig
 
-    monkeypatch.setenv("PYTHONPATH", str(recipe_dir))  # every agent process imports the recipes
-    files = prepare_partitions(tmp_path / "sites", "digits", 3)
-    recipes = {"hospital-1": "png_cnn:PngCNN", "hospital-2": "png_cnn_v2:PngCNNv2",
-               "hospital-3": "png_cnn:PngCNN"}
-    sites = [Site(name, path.parent, recipe=recipes[name]) for name, path in files.items()]
-    cfg = RunConfig(num_server_rounds=2, min_nodes=3, round_timeout=120,
-                    out_dir=str(tmp_path / "out"))
-    with LocalFederation(tmp_path / "work", sites, admin_port=None, say=lambda _m: None) as fed:
-        fed.start()
-        with pytest.raises(FlowerRunError, match=r"hospital hospital-2 runs png-cnn version 1\.1 "
-                                                 r"\(version '1\.1' vs '1\.0'\)"):
-            fed.run(cfg, timeout=600)
-    history = json.loads((tmp_path / "out" / "history.json").read_text())
-    assert history["status"] == "failed" and not history["rounds"]
-
-
-@pytest.mark.slow
-def test_site_agents_read_their_png_folders(recipe_dir: Path, png_hospitals: dict[str, Path],
-                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three `fedsplit site run --data FOLDER --recipe png_cnn:PngCNN` agents, each reading its
-    own PNG folder with the recipe's reader: two rounds, the recipe's metrics per hospital."""
-    from fedsplit.orchestration.local_federation import LocalFederation, Site
-    from fedsplit.protocol.config import RunConfig
-
-    monkeypatch.setenv("PYTHONPATH", str(recipe_dir))
+    root = tmp_path_factory.mktemp("png-deployment")
     sites = [Site(name, png_hospitals[name], recipe="png_cnn:PngCNN")
              for name in ("north", "south", "east")]
-    cfg = RunConfig(num_server_rounds=2, min_nodes=3, round_timeout=300,
-                    out_dir=str(tmp_path / "out"))
-    with LocalFederation(tmp_path / "work", sites, admin_port=None, say=lambda _m: None) as fed:
-        fed.start()
-        record = fed.run(cfg, timeout=800)
-    assert record.status == "finished"
-    history = json.loads((tmp_path / "out" / "history.json").read_text())
+    seconds: dict[str, float] = {}
+    with pytest.MonkeyPatch.context() as patch:
+        # every agent process imports the recipes
+        patch.setenv("PYTHONPATH", str(recipe_dir), prepend=os.pathsep)
+        with LocalFederation(root / "work", sites, admin_port=None, say=lambda _m: None) as fed:
+            t0 = time.monotonic()
+            fed.start()
+            cfg = RunConfig(num_server_rounds=2, min_nodes=3, round_timeout=300,
+                            out_dir=str(root / "out"))
+            record = fed.run(cfg, timeout=800)
+            seconds["recipe run"] = time.monotonic() - t0
+            # west: the same recipe one version later (any data: the run stops before round 1)
+            west = Site("west", png_hospitals["north"], recipe="png_cnn_v2:PngCNNv2")
+            fed.sites.append(west)
+            fed.start_site(west)
+            t1 = time.monotonic()
+            refused = RunConfig(num_server_rounds=2, min_nodes=4, round_timeout=120,
+                                out_dir=str(root / "refused"))
+            with pytest.raises(FlowerRunError) as caught:
+                fed.run(refused, timeout=600)
+            seconds["refused run"] = time.monotonic() - t1
+    return DeploymentRuns(
+        record_status=record.status,
+        history=json.loads((root / "out" / "history.json").read_text()),
+        global_model=root / "out" / "global.h5",
+        refusal=str(caught.value),
+        refused_history=json.loads((root / "refused" / "history.json").read_text()),
+        seconds=seconds,
+    )
+
+
+@pytest.mark.slow
+def test_site_agents_read_their_png_folders(png_deployment: DeploymentRuns) -> None:
+    """Three `fedsplit site run --data FOLDER --recipe png_cnn:PngCNN` agents, each reading its
+    own PNG folder with the recipe's reader: two rounds, the recipe's metrics per hospital."""
+    assert png_deployment.record_status == "finished"
+    history = png_deployment.history
     assert RecipeModelId.from_id(history["model_id"]).recipe.label() == "png-cnn version 1.0"
     evaluated = history["rounds"][-1]["evaluate"]
     assert {s["site"] for s in evaluated["sites"]} == {"north", "south", "east"}
     assert evaluated["metrics"]["accuracy"] > 0.6 and "macro-f1" in evaluated["metrics"]
+    assert read_weights(png_deployment.global_model).model == history["model_id"]
+    print(f"PNG deployment: {png_deployment.seconds}")
+
+
+@pytest.mark.slow
+def test_hospital_on_another_recipe_version_is_refused_before_round_1(
+        png_deployment: DeploymentRuns) -> None:
+    """A fourth agent, west, with --recipe png_cnn_v2:PngCNNv2 (version 1.1) beside three on
+    png_cnn:PngCNN (1.0): the coordinator refuses the run before round 1, naming west and the
+    versions."""
+    refusal = png_deployment.refusal
+    assert "hospital west runs png-cnn version 1.1 (version '1.1' vs '1.0')" in refusal, refusal
+    history = png_deployment.refused_history
+    assert history["status"] == "failed" and not history["rounds"]
