@@ -1,12 +1,17 @@
-"""`fedsplit up --tls` end to end on 127.0.0.1, with the faults of issue 6 injected into one run
-(one Flower run keeps this under a few minutes on 2 cores):
+"""`fedsplit up --tls --recipe` end to end on 127.0.0.1, with the faults of issue 6 injected into
+one run (one Flower run keeps this under a few minutes on 2 cores):
 
 - an unregistered hospital (a key the SuperLink never saw) is refused;
 - hospital-3 is SIGKILLed while its ClientApp trains round 2: the round goes on with the other two
   (quorum 2, deadline round-timeout), the miss is recorded, and the restarted agent rejoins round 3;
 - the coordinator is SIGKILLed after round 2's training is recorded: the restarted one resumes after
   round 2 from the saved global model and history instead of starting over;
-- `up` exits 0 and no process it started is left.
+- `up` exits 0 and no process it started is left;
+- the hospitals train a recipe that lives outside fedsplit (tests/recipes/examples/png_cnn.py,
+  importable only through PYTHONPATH) on the digits partitions, given to `up` with --recipe and
+  --recipe-params: the coordinator records it (model id, history, global.h5) without importing it,
+  resumes it after its restart, and the hospitals report the recipe's metrics. (This was a second
+  `fedsplit up` deployment in tests/recipes/test_deploy_recipe.py, ~117 s of its own.)
 
 Every wait is bounded; every process started here is killed (by process group) even on failure.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -27,13 +33,18 @@ import pytest
 from fedsplit.orchestration.certs import write_supernode_key
 from fedsplit.orchestration.flower_runtime import flower_env, free_port, health_url, tls_context, wait_http
 from fedsplit.orchestration.local_federation import fedsplit_command
+from fedsplit.protocol import read_weights
 from fedsplit.protocol.errors import SiteAgentError
+from fedsplit.protocol.recipe import RecipeModelId
 
 # Seen in a CI-like run: after the coordinator restart, one hospital's first train reply of the
 # resumed run took 60 s (a fresh clientapp process next to the dead run's stale messages), so a
 # 60 s round-timeout marked a live hospital late. 120 s leaves room; only round 2 (the killed
-# hospital) waits it out.
+# hospital) waits it out, or less when the SuperLink declares hospital-3's node unavailable first
+# (its restarted agent is refused activation until the old session's heartbeats lapse; seen:
+# round 2's training ended after 47 s with "Node Unavailable").
 ROUND_TIMEOUT = 120
+RECIPE_EXAMPLES = Path(__file__).parents[1] / "recipes" / "examples"
 
 
 def processes_under(root: Path) -> dict[int, str]:
@@ -79,7 +90,11 @@ def killpg(pid: int) -> None:
 def test_up_tls_refuses_intruder_survives_hospital_and_coordinator_kills(tmp_path: Path) -> None:
     work, homes, out = tmp_path / "up", tmp_path / "up" / "homes", tmp_path / "up" / "out"
     port = free_port()
+    recipes = tmp_path / "user-recipes"  # outside the package: only PYTHONPATH reaches it
+    recipes.mkdir()
+    shutil.copy2(RECIPE_EXAMPLES / "png_cnn.py", recipes / "png_cnn.py")
     env = flower_env(tmp_path / "flwr-home")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(recipes), env.get("PYTHONPATH")]))
     up_log = tmp_path / "up.log"
     started: list[subprocess.Popen[bytes]] = []
 
@@ -92,8 +107,9 @@ def test_up_tls_refuses_intruder_survives_hospital_and_coordinator_kills(tmp_pat
 
     t0 = time.monotonic()
     up = start([*fedsplit_command(), "up", "--sites", "3", "--rounds", "3", "--tls", "--quorum", "2",
-                "--round-timeout", str(ROUND_TIMEOUT), "--work", str(work), "--port", str(port),
-                "--timeout", "540"], up_log, tmp_path / "up-home")
+                "--dataset", "digits", "--recipe", "png_cnn:PngCNN", "--recipe-params",
+                '{"channels": 8}', "--round-timeout", str(ROUND_TIMEOUT), "--work", str(work),
+                "--port", str(port), "--timeout", "540"], up_log, tmp_path / "up-home")
     try:
         # The SuperLink is up with TLS: a hospital whose key was never registered tries to join.
         ca = work / "certs" / "ca.crt"
@@ -166,10 +182,16 @@ def test_up_tls_refuses_intruder_survives_hospital_and_coordinator_kills(tmp_pat
     assert "hospital-3: agent exited with code" in printed
     for n in (1, 2, 3):
         assert (out / "models" / f"round-{n:03d}.h5").exists()
-    assert round_entry(history, 3)["evaluate"]["metrics"]["accuracy"] > 0.85
+    # The recipe: recorded by the coordinator, kept through the resume, its metrics reported
+    # (digits: ten classes, chance 0.1; two rounds of all three hospitals scored ~0.81).
+    made = RecipeModelId.from_id(history["model_id"])
+    assert (made.recipe.name, made.recipe.params["channels"]) == ("png-cnn", 8)
+    last = round_entry(history, 3)["evaluate"]["metrics"]
+    assert {"accuracy", "macro-f1"} <= set(last) and last["accuracy"] > 0.7, last
+    assert read_weights(out / "global.h5").model == history["model_id"]
 
     # The intruder was refused, and nothing is left running.
     assert "refused" in (tmp_path / "intruder.log").read_text()
     assert not leftovers, leftovers
-    print(f"fedsplit up --tls, 3 hospitals, 3 rounds with faults: {elapsed:.0f} s "
+    print(f"fedsplit up --tls --recipe, 3 hospitals, 3 rounds with faults: {elapsed:.0f} s "
           f"(hospital-3 killed {killed_at - t0:.0f} s in)")

@@ -1,7 +1,10 @@
-"""A recipe in the deployment runtime: `fedsplit up --recipe` end to end (SuperLink, coordinator,
-three `fedsplit site run` agents); one deployment of `fedsplit site run --recipe` agents on PNG
-folders that runs the recipe and then refuses a hospital on another recipe version; and
-`fedsplit site run --recipe`'s node config."""
+"""A recipe in the deployment runtime: one deployment (SuperLink, coordinator, `fedsplit site run
+--recipe` agents on PNG folders) that runs the recipe and then refuses a hospital on another
+recipe version; and `fedsplit site run --recipe`'s node config.
+
+`fedsplit up --recipe` (the recipe in the run config, the local hospitals on the digits
+partitions) runs end to end in tests/deploy/test_deploy_up_e2e.py, in the same `fedsplit up
+--tls` deployment as the fault injection there."""
 
 from __future__ import annotations
 
@@ -48,25 +51,6 @@ def test_site_run_refuses_bad_recipe_params_before_starting(recipe_dir: Path,
                      "--recipe-params", '{"channels": 0}'], recipe_dir, timeout=120)
     assert done.returncode != 0
     assert "png-cnn version 1.0 refuses its parameters" in done.stdout + done.stderr
-
-
-@pytest.mark.slow
-def test_up_runs_a_recipe(recipe_dir: Path, tmp_path: Path) -> None:
-    """`fedsplit up --recipe`: every local hospital trains the recipe's model; the coordinator
-    records it (model id, history) without importing it; hospitals report its metrics.
-    One round: the digits partitions are IID, and one round already scores ~0.75."""
-    work = tmp_path / "up"
-    done = fedsplit(["up", "--dataset", "digits", "--sites", "3", "--rounds", "1",
-                     "--recipe", "png_cnn:PngCNN", "--recipe-params", '{"channels": 8}',
-                     "--no-admin", "--work", str(work), "--timeout", "800"], recipe_dir)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    history = json.loads((work / "out" / "history.json").read_text())
-    assert history["status"] == "finished" and len(history["rounds"]) == 1
-    made = RecipeModelId.from_id(history["model_id"])
-    assert (made.recipe.name, made.recipe.params["channels"]) == ("png-cnn", 8)
-    last = history["rounds"][-1]["evaluate"]["metrics"]
-    assert {"accuracy", "macro-f1"} <= set(last) and last["accuracy"] > 0.5, last
-    assert read_weights(work / "out" / "global.h5").model == history["model_id"]
 
 
 # --- one deployment of `fedsplit site run --recipe` agents on PNG folders, two runs ---------
