@@ -83,8 +83,8 @@ def federated_runs(args: argparse.Namespace, out: Path) -> dict[str, list[dict]]
         if strategy not in SERVER_OPT:
             raise SystemExit(f"--strategies: one of {sorted(SERVER_OPT)}. Received: {strategy!r}")
         for seed in range(args.seeds):
-            cfg = RunConfig(**table_keys(DATASET, hidden="none"),
-                            penalizer=args.recipe_penalizer, seed=seed, resume=False,
+            cfg = RunConfig(**table_keys(DATASET, hidden="none", penalizer=args.recipe_penalizer),
+                            seed=seed, resume=False,
                             num_server_rounds=args.rounds, lr=args.lr, keep="last",
                             server_opt=SERVER_OPT[strategy],
                             server_lr=args.server_lr if strategy != "fedavg" else 0.0)

@@ -68,8 +68,11 @@ def simulate(
                                           "(positive; the target). Needs --event.")] = "",
     event: Annotated[str, typer.Option(help="Survival: the event column (1/0, TRUE/FALSE, yes/no; "
                                            "1 = event observed, 0 = censored).")] = "",
-    penalizer: Annotated[float, typer.Option(min=0.0, help="Survival: the Cox model's ridge "
-                                                          "penalty (lifelines' convention).")] = 0.0,
+    penalizer: Annotated[
+        float | None, typer.Option(min=0.0, help="Survival: the Cox model's ridge penalty "
+                                                 "(lifelines' convention; default 0, tcga-brca "
+                                                 "0.01).")
+    ] = None,
     min_count: Annotated[int, typer.Option(min=1, help="Survival: the pooled Kaplan-Meier curve "
                                                       "and Breslow baseline publish no cell of "
                                                       "fewer events (docs/survival.md).")] = 5,
@@ -205,8 +208,8 @@ def simulate(
         strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),
         local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
         **table_keys(dataset, target=target, time=time, event=event, id_column=id_column,
-                     task=task, hidden=hidden),
-        penalizer=penalizer, min_count=min_count, seed=seed, parallel=parallel, attack=attack,
+                     task=task, hidden=hidden, penalizer=penalizer),
+        min_count=min_count, seed=seed, parallel=parallel, attack=attack,
         attackers=attackers,
         norm=norm, resume=resume, keep=keep, local_steps=local_steps, server_opt=server_opt,
         server_lr=server_lr, server_beta1=server_beta1, server_beta2=server_beta2,

@@ -132,10 +132,12 @@ def test_run_config_keys_agree():
 def test_simulate_options_make_the_table_keys():
     assert "tcga-brca" in SIMULATE_DATASETS
     assert table_keys("tcga-brca") == {"target": "T", "event": "E", "id_column": "pid",
-                                       "task": "survival", "hidden": "none"}
+                                       "task": "survival", "hidden": "none", "penalizer": 0.01}
+    assert table_keys("tcga-brca", penalizer=0.0)["penalizer"] == 0.0
     assert table_keys("tcga-brca", hidden="16")["hidden"] == "16"
     assert table_keys(None, time="days", event="died") == {
-        "target": "days", "event": "died", "id_column": "", "task": "auto", "hidden": "none"}
+        "target": "days", "event": "died", "id_column": "", "task": "auto", "hidden": "none",
+        "penalizer": 0.0}
     assert table_keys(None)["hidden"] == "64-32"
     with pytest.raises(ConfigError, match="leave --event unset"):
         table_keys("tcga-brca", event="vital")
