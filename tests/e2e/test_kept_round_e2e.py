@@ -16,6 +16,7 @@ import pytest
 from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.protocol import read_weights
+from fedsplit.protocol.selection import BestRound
 
 ROUNDS = 6
 VERTICAL_ROUNDS = 10
@@ -59,18 +60,6 @@ def test_heart_disease_demo_keeps_its_best_validation_round(
 
 
 @pytest.mark.slow
-def test_keep_last_keeps_the_last_round(tmp_path: Path) -> None:
-    out = tmp_path / "last"
-    code = run_guarded(app, ["simulate", "--dataset", "breast-cancer", "--sites", "2",
-                             "--rounds", "3", "--local-steps", "3", "--keep", "last",
-                             "--out", str(out)])
-    assert code == 0
-    fed = json.loads((out / "summary.json").read_text())["federated"]
-    assert fed["keep"] == "last" and fed["rounds_kept"] == 3
-    assert same_weights(out / "federation" / "global.h5", out / "federation" / "last.h5")
-
-
-@pytest.mark.slow
 def test_vertical_diabetes_case_with_flower(tmp_path: Path) -> None:
     """The issue's vertical case through `fedsplit vertical simulate`: 10 rounds over-train the
     fused model (its validation score peaks at round 4 and falls after round 8; 20 rounds took
@@ -94,23 +83,32 @@ def test_vertical_diabetes_case_with_flower(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_run_killed_after_its_best_round_and_resumed_keeps_the_choice(tmp_path: Path) -> None:
-    """`fedsplit simulate` twice in one --out: the first run's record cut right after its best
-    round (as if the coordinator died there), the second resumes and trains on."""
+def test_keep_last_then_a_run_killed_after_its_best_round_resumes_and_keeps_the_choice(
+        tmp_path: Path) -> None:
+    """`fedsplit simulate` twice in one --out. The first run, --keep last, keeps its last round
+    (global.h5 is last.h5). Its record is then cut right after its best validation round (as if
+    the coordinator died there); the second run resumes with the default --keep best-val (keep
+    may change on a resume) and trains on: the recorded scores survive and the choice is the
+    best-val rule over all rounds. (One simulate run fewer: --keep last had a run of its own.)"""
     out = tmp_path / "run"
     args = ["simulate", "--dataset", "breast-cancer", "--sites", "2", "--local-steps", "3",
             "--out", str(out)]
-    assert run_guarded(app, [*args, "--rounds", "3"]) == 0
+    assert run_guarded(app, [*args, "--rounds", "3", "--keep", "last"]) == 0
+    fed = json.loads((out / "summary.json").read_text())["federated"]
+    assert fed["keep"] == "last" and fed["rounds_kept"] == 3
+    assert same_weights(out / "federation" / "global.h5", out / "federation" / "last.h5")
     record = out / "federation" / "history.json"
     first = json.loads(record.read_text())
-    best = first["selection"]["rounds_kept"]
+    assert first["selection"]["rounds_kept"] == 3
+    # the round best-val keeps (the rule's own replay of the recorded scores)
+    best = BestRound.replay((s["round"], s["score"]) for s in first["selection"]["val_metric"]).round
     kept_scores = [s for s in first["selection"]["val_metric"] if s["round"] <= best]
     # the coordinator dies right after the best round's evaluation
     first["rounds"] = [r for r in first["rounds"] if r["round"] <= best]
     first["status"] = "running"
     first.pop("finished_at", None)
     record.write_text(json.dumps(first))
-    # Execute: resume and train to round 5
+    # Execute: resume with the default --keep best-val and train to round 5
     assert run_guarded(app, [*args, "--rounds", "5"]) == 0
     # Assert: the recorded rounds and scores survive; the choice is the rule over all rounds
     history = json.loads(record.read_text())
