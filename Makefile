@@ -28,8 +28,12 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# Two worker processes (pytest-xdist); TEST_WORKERS=0 runs in this process. --dist loadgroup keeps
+# the tests of a module with a module-scoped fixture on one worker (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
 
 # The compose federation in real containers (also part of `make test`; needs a Docker engine).
 test-containers: setup

@@ -21,3 +21,19 @@ torch.set_num_threads(1)
 def rng() -> np.random.Generator:
     """A seeded random generator."""
     return np.random.default_rng(0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test-fast`: ``-n 2 --dist loadgroup``), keep every test of a
+    module that uses a module-scoped fixture on one worker, so that fixture (a wheel build,
+    Flower's ``--help`` pages, a federation started once) is made once rather than per worker.
+    Tests that already name an ``xdist_group`` keep theirs."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = getattr(info, "name2fixturedefs", {})
+        if any(d.scope in ("module", "package") for chain in defs.values() for d in chain):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
