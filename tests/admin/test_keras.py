@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,17 @@ import pytest
 from tests.admin.conftest import ADMIN, bearer, create_round, post_file
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
-keras = pytest.importorskip("keras", reason="keras 3 is a test-only dependency (pip install keras)")
+if importlib.util.find_spec("keras") is None:
+    pytest.skip("keras 3 is a test-only dependency (pip install keras)", allow_module_level=True)
+# keras itself is imported by the tests that use it, not when the tests are collected: with its
+# torch backend it imports torch's compiler stack, ml_dtypes, pandas and matplotlib (seconds of
+# CPU), which every pytest-xdist worker would otherwise pay.
 
 
 def build_model(seed: int) -> Any:
     """A small Dense/BatchNorm/Dropout model with deterministic weights."""
+    import keras
+
     keras.utils.set_random_seed(seed)
     return keras.Sequential(
         [
@@ -31,6 +38,8 @@ def build_model(seed: int) -> Any:
 
 def weights_of(model: Any) -> list[np.ndarray]:
     """The model's variables as numpy arrays."""
+    import keras
+
     return [keras.ops.convert_to_numpy(v) for v in model.weights]
 
 
