@@ -296,11 +296,13 @@ def check_schema(tables: Sequence[SiteTable], cfg: RunConfig) -> tuple[Schema, l
     if not tables or not tables[0].is_table:
         return None
     task = cfg.task
-    if cfg.event:  # every hospital's time and event columns, all problems in one refusal
+    if cfg.event:  # every hospital's time and event columns (its whole file: training and
+        # test rows), all problems in one refusal
+        import pandas as pd
         from fedsplit.protocol.survival import check_hospitals
 
-        check_hospitals({t.name: t.train for t in tables}, cfg.target, cfg.event,
-                        cfg.table_settings.na_values)
+        check_hospitals({t.name: pd.concat([t.train, t.test], ignore_index=True)
+                         for t in tables}, cfg.target, cfg.event, cfg.table_settings.na_values)
     reports = []
     for t in tables:
         keep, _ = split_indices(len(t.train), cfg.val_fraction, cfg.seed)

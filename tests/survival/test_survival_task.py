@@ -97,7 +97,7 @@ def test_unusable_rows_are_refused_with_counts_and_the_fix():
     none_died = table(30, 2)
     none_died["died"] = "0"
     cfg = RunConfig(task="survival", target="days", event="died", id_column="pid")
-    tables = [type("T", (), {"name": n, "train": f, "test": f, "is_table": True})()
+    tables = [type("T", (), {"name": n, "train": f, "test": f.iloc[:0], "is_table": True})()
               for n, f in (("north", table(30, 0)), ("south", bad_time), ("west", none_died))]
     with pytest.raises(ConfigError) as err:
         check_schema(tables, cfg)
@@ -186,3 +186,34 @@ def test_one_hot_indicators_absent_at_a_small_hospital_are_no_placeholder():
     chol = {"big": rng.normal(200, 30, (50, 1)), "small": np.zeros((8, 1))}
     assert "constant at small" in moment_warnings(
         schema, {k: moments(v) for k, v in chol.items()})[0]
+
+
+def test_simulate_refuses_unusable_survival_tables_before_flower_starts(tmp_path, capsys):
+    """Bad input named per hospital with the fix, exit code 2, nothing started or written."""
+    from fedsplit.cli.app import app
+    from fedsplit.cli.errors import run_guarded
+
+    frames = {"north": table(40, 0), "south": table(40, 1), "west": table(40, 2),
+              "east": table(40, 3)}
+    frames["south"]["died"] = "0"  # no event at all
+    frames["west"]["days"] = "30"  # every time equal
+    frames["east"].loc[[0, 1, 2], "died"] = "alive"  # another word
+    frames["north"].loc[[4, 5], "days"] = "unknown"  # text in the time column
+    args = []
+    for name, frame in frames.items():
+        frame.to_csv(tmp_path / f"{name}.csv", index=False)
+        args += ["--site", f"{name}={tmp_path / f'{name}.csv'}"]
+    out = tmp_path / "run"
+    code = run_guarded(app, ["simulate", *args, "--time", "days", "--event", "died",
+                             "--id-column", "pid", "--out", str(out)])
+    assert code == 2
+    text = " ".join(capsys.readouterr().err.split())
+    assert text.startswith("SurvivalDataError: Survival data refused"), text
+    assert "south: no patient has an event" in text
+    assert "west: every time in 'days' is the same" in text
+    assert "east: event column 'died' holds ['alive'] in 3 row(s)" in text
+    assert "north: time column 'days' holds text in 2 row(s)" in text
+    assert "no row was dropped" in text
+    assert not (out / "flower").exists()
+    for name, frame in frames.items():  # the hospitals' files are untouched
+        assert (tmp_path / f"{name}.csv").read_text() == frame.to_csv(index=False)
