@@ -118,8 +118,8 @@ class Cox(Recipe):
         return loss
 
     def metric_names(self, task: str) -> tuple[str, ...]:
-        """``loss`` and ``c_index``."""
-        return ("loss", "c_index")
+        """``loss``, ``c_index`` and ``auc`` (the integrated time-dependent AUC)."""
+        return ("loss", "c_index", "auc")
 
     def selection_metric(self, task: str) -> str:
         """Harrell's C-index picks the round."""
@@ -128,7 +128,10 @@ class Cox(Recipe):
     @torch.no_grad()
     def metrics(self, model: nn.Module, x: np.ndarray, y: np.ndarray,
                 device: torch.device) -> dict[str, float]:
-        """``loss`` and Harrell's ``c_index`` (lifelines, FLamby's convention)."""
+        """``loss``, Harrell's ``c_index`` (lifelines, FLamby's convention) and ``auc``: torchsurv's
+        cumulative/dynamic time-dependent AUC at each event time, weighted by the inverse
+        probability of censoring estimated on the same patients, integrated over time. Both
+        are 0.5 (no information) where the patients allow no comparison (e.g. no event)."""
         from lifelines.utils import concordance_index
 
         out = self.forward_all(model, x, device)
@@ -140,7 +143,7 @@ class Cox(Recipe):
             c = float(concordance_index(t, -risk, e))
         except ZeroDivisionError:  # no comparable pair (e.g. no event among these patients)
             c = 0.5
-        return {"loss": loss, "c_index": c}
+        return {"loss": loss, "c_index": c, "auc": _time_auc(risk, t, e)}
 
     @torch.no_grad()
     def predict(self, model: nn.Module, x: np.ndarray) -> dict[str, np.ndarray]:
@@ -148,3 +151,24 @@ class Cox(Recipe):
         model.eval()
         out = self.forward_all(model, x, torch.device("cpu"))
         return {"risk": out.reshape(-1).numpy().astype(np.float64)}
+
+
+def _time_auc(risk: np.ndarray, t: np.ndarray, e: np.ndarray) -> float:
+    """torchsurv's integrated cumulative/dynamic AUC with IPCW weights (0.5 when undefined)."""
+    from torchsurv.metrics.auc import Auc
+    from torchsurv.stats.ipcw import get_ipcw
+
+    event = torch.as_tensor(e > 0.5)
+    time = torch.as_tensor(t, dtype=torch.float64)
+    if int(event.sum()) < 1 or len(np.unique(t[e > 0.5])) < 2 or len(t) < 3:
+        return 0.5
+    with warnings.catch_warnings():  # torchsurv warns about ties and small samples
+        warnings.simplefilter("ignore")
+        try:
+            auc = Auc()
+            auc(torch.as_tensor(risk, dtype=torch.float64), event, time,
+                weight=get_ipcw(event, time))
+            value = float(auc.integral())
+        except (ValueError, RuntimeError, IndexError, AssertionError):  # too few to compare
+            return 0.5
+    return value if np.isfinite(value) else 0.5

@@ -63,7 +63,21 @@ def test_c_index_is_lifelines_on_rows_the_schema_encodes():
     risk = recipe.predict(model, x)["risk"]
     assert metrics["c_index"] == pytest.approx(
         concordance_index(y[:, 0], -risk, y[:, 1]), abs=1e-12)
-    assert recipe.metric_names("survival") == ("loss", "c_index")
+    assert recipe.metric_names("survival") == ("loss", "c_index", "auc")
+    from torchsurv.metrics.auc import Auc
+    from torchsurv.stats.ipcw import get_ipcw
+
+    event, time = torch.as_tensor(y[:, 1] > 0.5), torch.as_tensor(y[:, 0], dtype=torch.float64)
+    auc = Auc()
+    auc(torch.as_tensor(risk, dtype=torch.float64), event, time, weight=get_ipcw(event, time))
+    assert metrics["auc"] == pytest.approx(float(auc.integral()), abs=1e-9)
+    # a risk that orders every event before the later times scores 1; no event: undefined, 0.5
+    from fedsplit.client.survival.recipe import _time_auc
+
+    t = np.arange(1.0, 41.0)
+    e = (np.arange(40) % 2 == 0).astype(float)
+    assert _time_auc(-t, t, e) == pytest.approx(1.0)
+    assert _time_auc(-t, t, 0 * e) == 0.5
     assert recipe.selection_metric("survival") == "c_index" and not Cox.per_sample_loss
     with pytest.raises(Exception, match="refuses its parameters"):
         Cox({"hidden": [4], "unknown": 1})
