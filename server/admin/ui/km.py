@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from fedsplit.protocol.survival_summary import KM_FILE
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-KM_FILE = "km.json"
+__all__ = ["KM_FILE", "KMView", "read_km"]
+
 #: A published curve has one point per group of at least ``min_count`` events: a few hundred.
 MAX_POINTS = 20_000
 MAX_KM_BYTES = 8 * 1024 * 1024
