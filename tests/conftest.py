@@ -12,9 +12,16 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 import pytest
-import torch
 
-torch.set_num_threads(1)
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread in every process that runs tests. The pytest-xdist controller runs none
+    and skips importing torch (seconds of CPU, taken from the workers starting beside it)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
