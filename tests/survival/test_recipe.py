@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from fedsplit.cli.app import app
@@ -105,7 +106,20 @@ def test_patient_level_dp_is_refused_with_the_reason():
 def test_simulate_survival_task_on_three_hospitals_tables_as_they_come(tmp_path):
     """``--task survival --time --event`` on NAME=TRAIN:TEST tables with their own quirks: a text
     covariate (one-hot by the agreed schema), one hospital writing its events as yes/no and
-    another as TRUE/FALSE, columns in another order; then ``predict`` scores new patients."""
+    another as TRUE/FALSE, columns in another order; under secure aggregation. Then the
+    coordinator's summary: km.json as the plain sums give it, km.png, the Breslow baseline equal
+    to one recomputed from what each hospital holds (its rows less validation) and the kept model
+    (to the fixed point's precision); ``predict`` scores new patients, with ``--times`` survival
+    probabilities in (0, 1] falling with time, no ``--recipe`` needed."""
+    from fedsplit.client.data import encode_table, read_table, split_indices
+    from fedsplit.client.models import load_model, recipe_of
+    from fedsplit.client.survival.summary import baseline_vector
+    from fedsplit.protocol import survival_summary as ss
+    from fedsplit.protocol.schema import Schema
+    from fedsplit.protocol.weights import read_schema
+    from fedsplit.server.survival import km as kmm
+    from fedsplit.server.survival.summary import publish_baseline
+
     data = load_tcga_brca()
     sites = []
     words = {"northeast": ("1", "0"), "south": ("yes", "no"), "west": ("TRUE", "FALSE")}
@@ -121,8 +135,8 @@ def test_simulate_survival_task_on_three_hospitals_tables_as_they_come(tmp_path)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [
         "simulate", *sites, "--task", "survival", "--time", "days", "--event", "died",
-        "--id-column", "pid", "--penalizer", "0.01", "--rounds", "3", "--out", str(out)],
-        env={"COLUMNS": "200"})
+        "--id-column", "pid", "--penalizer", "0.01", "--rounds", "2",
+        "--secure-aggregation", "on", "--out", str(out)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "Test c_index on each hospital's own test patients" in result.output
     summary = json.loads((out / "summary.json").read_text())
@@ -132,18 +146,53 @@ def test_simulate_survival_task_on_three_hospitals_tables_as_they_come(tmp_path)
     fed = summary["federated"]
     assert set(fed["per_site"]) == {"northeast", "south", "west"}
     assert 0.6 < fed["mean_per_site"]["c_index"] <= 1.0
-    assert all(0.0 <= s["c_index"] <= 1.0 for s in fed["per_site"].values())
+    assert all(0.0 <= s["c_index"] <= 1.0 and 0.0 <= s["auc"] <= 1.0
+               for s in fed["per_site"].values())
     assert (out / "rounds.png").stat().st_size > 5000
-    schema = json.loads(json.dumps(summary["schema"]))
-    assert schema["features"] == 39 + 2  # clinic=oncology, clinic=surgery
-    # predict: one log relative hazard per patient, ids from the ID column, no --recipe needed
+    assert summary["schema"]["features"] == 39 + 2  # clinic=oncology, clinic=surgery
+
+    # the summary after the last round, from secure sums
+    fdir = out / "federation"
+    assert summary["survival"]["km_plot"] == str(fdir / "km.png")
+    assert (fdir / "km.png").stat().st_size > 5000
+    km = json.loads((fdir / "km.json").read_text())
+    assert km["min_count"] == 5 and sorted(km["hospitals"]) == sorted(words)
+    assert km["secure_aggregation"].startswith("bound=")
+    base = ss.Baseline.load(fdir / "global.baseline.json")
+    base.check_model(fdir / "global.h5", "test")
+    assert list(base.times) == km["curve"]["time"]
+    schema = Schema.from_json(read_schema(fdir / "global.h5"))
+    model = load_model(fdir / "global.h5")
+    held = []
+    for folder in sorted((out / "sites").iterdir()):  # each hospital's rows, as it holds them
+        frame = read_table(next(folder.glob("*.csv")))
+        keep, _ = split_indices(len(frame), 0.2, 0)
+        held.append(encode_table(schema, frame.iloc[keep].reset_index(drop=True), source="t"))
+    x = np.concatenate([d.x for d in held])
+    y = np.concatenate([d.y for d in held]).astype(np.float64)
+    t, e = y[:, 0], y[:, 1] > 0.5
+    assert km["rows"] == len(t)
+    grid = np.unique(t[e])
+    sums = baseline_vector(t, e, recipe_of(model).predict(model, x)["risk"], grid)
+    at_risk = np.array([(t >= g).sum() for g in grid])
+    n = len(grid)
+    assert km["curve"] == kmm.apply_min_count(grid, at_risk, sums[:n], 5).to_dict()
+    times, hazard = publish_baseline(grid, at_risk, sums[:n], sums[:n], sums[n:], 5)
+    np.testing.assert_allclose(base.times, times)
+    np.testing.assert_allclose(base.cumulative_hazard, hazard, rtol=1e-8)
+
+    # predict: one log relative hazard per patient, ids from the ID column, survival at times
     test = tmp_path / "west_test.csv"
     pred = tmp_path / "pred.csv"
     result = CliRunner().invoke(app, [
-        "predict", str(test), "--model", str(out / "federation" / "global.h5"), "-o", str(pred)])
+        "predict", str(test), "--model", str(fdir / "global.h5"), "-o", str(pred),
+        "--times", "365,1000,3000"])
     assert result.exit_code == 0, result.output
-    lines = pred.read_text().splitlines()
-    assert "risk" in lines[0] and len(lines) == 1 + len(data["west"][1])
+    frame = pd.read_csv(pred)
+    assert "risk" in frame.columns and len(frame) == len(data["west"][1])
+    probs = frame[["survival_at_365", "survival_at_1000", "survival_at_3000"]].to_numpy()
+    assert np.all((probs > 0) & (probs <= 1)) and np.all(np.diff(probs, axis=1) <= 0)
+    assert probs[:, 2].min() < 0.99
 
 
 def test_simulate_refuses_patient_dp_with_the_cox_recipe_before_flower_starts(tmp_path):
