@@ -30,10 +30,13 @@ test: setup
 
 # Two worker processes (pytest-xdist); TEST_WORKERS=0 runs in this process. --dist loadgroup keeps
 # the tests of a module with a module-scoped fixture on one worker (tests/conftest.py).
+# Bytecode caching stays on even where PYTHONDONTWRITEBYTECODE is set: otherwise every worker,
+# and every fresh interpreter a test starts (servers, CLI probes), compiles fedsplit's modules
+# and pytest rewrites every test module again (__pycache__/ is git-ignored).
 TEST_WORKERS ?= 2
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
 
 # The compose federation in real containers (also part of `make test`; needs a Docker engine).
 test-containers: setup
