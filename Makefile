@@ -25,15 +25,18 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/fedsplit simulate --dataset heart-disease --rounds 10 --personalize prior --out runs/demo
 
-test: setup
-	$(BIN)/python -m pytest -q
-
 # Two worker processes (pytest-xdist); TEST_WORKERS=0 runs in this process. --dist loadgroup keeps
 # the tests of a module with a module-scoped fixture on one worker (tests/conftest.py).
 # Bytecode caching stays on even where PYTHONDONTWRITEBYTECODE is set: otherwise every worker,
 # and every fresh interpreter a test starts (servers, CLI probes), compiles fedsplit's modules
 # and pytest rewrites every test module again (__pycache__/ is git-ignored).
 TEST_WORKERS ?= 2
+
+# Everything CI runs: the fast tests on two workers, then the slow ones (Flower federations,
+# browser, containers) one at a time, as they start servers and processes of their own.
+test: setup
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -m slow
 
 test-fast: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
