@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedsplit.aggregation import _device, backend
+from fedsplit.aggregation import _compiled, _device, backend
 from fedsplit.aggregation._device import TorchDevice, using
 from fedsplit.aggregation.errors import AggregationError
 
@@ -89,6 +89,22 @@ def test_gpu_rules_of_select(monkeypatch) -> None:
         _device._CURRENT.reset(token)
     with using("cpu"), pytest.raises(AggregationError, match="asks for the CPU"):
         backend.select("gram", 1)
+
+
+def test_auto_leaves_the_gram_matrix_to_numpy_at_any_size(monkeypatch) -> None:
+    """Krum's Gram matrix is BLAS's tile product in either backend; under auto it stays in
+    numpy (numba's start-up is not won back), while the sorting passes take the kernels from
+    COMPILED_FROM values, and FEDSPLIT_AGG_BACKEND=compiled still compiles the Gram pass."""
+    monkeypatch.delenv("FEDSPLIT_AGG_KERNELS", raising=False)
+    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "auto")
+    big = backend.COMPILED_FROM * 300
+    with using("cpu"):
+        assert backend.select("gram", big).name == "numpy"
+        if _compiled.missing("trimmed_mean") is None:
+            assert backend.select("trimmed_mean", big).name == "compiled"
+        if _compiled.missing("gram") is None:
+            monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "compiled")
+            assert backend.select("gram", 1).name == "compiled"
 
 
 def test_gpu_backend_without_a_gpu_is_refused(monkeypatch, h) -> None:
