@@ -73,11 +73,14 @@ class Meter:
         return self.peak_disk - self.disk0
 
 
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[tuple[LiveServer, Path]]:
-    tmp = tmp_path / "tmp"
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Path]]:
+    """One server for the probes, as one long-running server meets them (each probe measures
+    its own request: memory and disk from just before it, and the server still answers)."""
+    root = tmp_path_factory.mktemp("live")
+    tmp = root / "tmp"
     tmp.mkdir()
-    server = LiveServer(tmp_path / "data", env={"TMPDIR": str(tmp)})
+    server = LiveServer(root / "data", env={"TMPDIR": str(tmp)})
     server.start()
     yield server, tmp
     server.stop()
