@@ -22,9 +22,9 @@ def metric_key(task: str) -> str:
 
 
 @contextlib.contextmanager
-def round_axes(path: Path, *, ylabel: str, title: str,
-               size: tuple[float, float] = (7, 4.2)) -> Iterator[Any]:
-    """Yield matplotlib axes to draw on; then label, lay out and save them to ``path`` atomically."""
+def figure(path: Path, *, size: tuple[float, float] = (7, 4.2), dpi: int = 110) -> Iterator[Any]:
+    """Yield matplotlib axes to draw on; then lay them out and save them to ``path`` atomically
+    (PNG). The figure is closed whatever happens; nothing is written when drawing fails."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,16 +33,24 @@ def round_axes(path: Path, *, ylabel: str, title: str,
     fig, ax = plt.subplots(figsize=size)
     try:
         yield ax
+        fig.tight_layout()
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format="png")
+    finally:
+        plt.close(fig)
+
+
+@contextlib.contextmanager
+def round_axes(path: Path, *, ylabel: str, title: str,
+               size: tuple[float, float] = (7, 4.2)) -> Iterator[Any]:
+    """A `figure` of per-round curves: labelled (x: round), gridded, with a legend."""
+    with figure(path, size=size) as ax:
+        yield ax
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
 
 
 def _summary(summary: RunSummary | Mapping[str, Any]) -> RunSummary:

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fedsplit.orchestration.plots import figure
 from fedsplit.protocol import survival_summary as ss
-from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import FederationError
 
 
@@ -35,15 +35,9 @@ def write_plots(out_dir: Path) -> dict[str, Path]:
 
 def km_plot(doc: dict[str, Any], path: Path) -> None:
     """The pooled Kaplan-Meier curve with its 95% band (steps)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     c = doc["curve"]
     times = [0.0, *c["time"]]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    try:
+    with figure(path, dpi=120) as ax:
         ax.step(times, [1.0, *c["survival"]], where="post", color="tab:blue",
                 label=f"pooled ({doc['rows']} patients, {doc['events']} events)")
         ax.fill_between(times, [1.0, *c["lower_95"]], [1.0, *c["upper_95"]], step="post",
@@ -55,8 +49,3 @@ def km_plot(doc: dict[str, Any], path: Path) -> None:
                      f"(min-count {doc['min_count']})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=120, format="png")
-    finally:
-        plt.close(fig)

@@ -85,15 +85,19 @@ STAGE_BITS = {"moments": 16, "newton": FRACTION_BITS, "concordance": 0, "km-coun
 MODES = ("cox", "km")
 
 
-def check_instruction(record: Mapping[str, Any]) -> str:
-    """The stage of a survival instruction; refuses unknown stages and keys."""
+def check_instruction(record: Mapping[str, Any],
+                      stages: Mapping[str, frozenset[str]] | None = None,
+                      what: str = "survival") -> str:
+    """The stage of an instruction's config record (``stages``: stage -> its keys besides
+    ``stage``; default the survival paths' `STAGES`); refuses unknown stages and keys."""
+    stages = STAGES if stages is None else stages
     stage = str(record.get("stage", ""))
-    if stage not in STAGES:
-        raise ConfigError(f"Unknown survival stage; expected one of {sorted(STAGES)}. "
+    if stage not in stages:
+        raise ConfigError(f"Unknown {what} stage; expected one of {sorted(stages)}. "
                           f"Received: {stage!r}")
     keys = set(record) - {"stage"}
-    if keys != STAGES[stage]:
-        raise ConfigError(f"A survival {stage} instruction holds exactly {sorted(STAGES[stage])}. "
+    if keys != stages[stage]:
+        raise ConfigError(f"A {what} {stage} instruction holds exactly {sorted(stages[stage])}. "
                           f"Received: {sorted(keys)}")
     return stage
 

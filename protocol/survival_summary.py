@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fedsplit.protocol import survival
 from fedsplit.protocol.errors import ConfigError
 
 #: stages -> the instruction keys each carries (besides "stage")
@@ -57,15 +58,7 @@ KM_FILE = "km.json"
 
 def check_instruction(record: Mapping[str, Any]) -> str:
     """The stage of a summary instruction's config record; unknown stages and keys are refused."""
-    stage = str(record.get("stage", ""))
-    if stage not in STAGES:
-        raise ConfigError(f"Unknown survival summary stage; expected one of {sorted(STAGES)}. "
-                          f"Received: {stage!r}")
-    keys = set(record) - {"stage"}
-    if keys != STAGES[stage]:
-        raise ConfigError(f"A survival summary {stage} instruction holds exactly "
-                          f"{sorted(STAGES[stage])}. Received: {sorted(keys)}")
-    return stage
+    return survival.check_instruction(record, STAGES, "survival summary")
 
 
 def read_min_count(run_config: Mapping[str, Any]) -> int:

@@ -23,9 +23,9 @@ from fedsplit.client.data import read_table
 from fedsplit.client.survival.tcga import DATASET, EVENT, ID, TIME, load_tcga_brca
 from fedsplit.orchestration.experiment import parse_site
 from fedsplit.orchestration.flower_runtime import simulation
+from fedsplit.orchestration.plots import figure
 from fedsplit.orchestration.survival_summary import km_plot
 from fedsplit.protocol import survival as sv
-from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import column_report, merge_reports
 
@@ -116,14 +116,8 @@ def run_survival(run: sv.SurvivalRun, *, dataset: str | None, site_files: Sequen
 
 def forest_plot(doc: dict[str, Any], path: Path) -> None:
     """Hazard ratios with their 95% intervals, one row per covariate (log scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = list(doc["covariates"].items())
-    fig, ax = plt.subplots(figsize=(7.5, 0.28 * len(rows) + 1.4))
-    try:
+    with figure(path, size=(7.5, 0.28 * len(rows) + 1.4), dpi=120) as ax:
         for i, (_, r) in enumerate(reversed(rows)):
             lo, hi = max(r["hr_lower_95"], 1e-6), min(r["hr_upper_95"], 1e6)
             colour = "tab:red" if r["p"] < 0.05 else "tab:blue"
@@ -138,8 +132,3 @@ def forest_plot(doc: dict[str, Any], path: Path) -> None:
                      f"{doc['rows']} patients, penalizer {doc['penalizer']:g}"
                      + (f", C = {c:.3f})" if c is not None and math.isfinite(c) else ")"),
                      fontsize=9)
-        fig.tight_layout()
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=120, format="png")
-    finally:
-        plt.close(fig)

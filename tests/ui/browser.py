@@ -74,3 +74,44 @@ def requested_urls(driver: Any) -> list[str]:
         if message.get("method") == "Network.requestWillBeSent":
             urls.append(message["params"]["request"]["url"])
     return urls
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn on a free loopback port in a thread; yield its base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the admin API did not start within 30 s"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def wait_for(driver: Any, condition: Any, what: str, timeout: float = 15.0) -> None:
+    """Wait (bounded) until ``condition(driver)`` holds, ignoring elements not there yet."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout, poll_frequency=0.2,
+                  ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+                  ).until(condition, message=f"waited for {what}")
+
+
+def page_text(driver: Any) -> str:
+    """The visible text of the page's body."""
+    return driver.find_element("tag name", "body").text

@@ -8,10 +8,8 @@ FEDSPLIT_SCREENSHOTS=DIR to save the screenshots docs/web-view.md shows.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +23,10 @@ from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.store import add_site
 
 from tests.admin.conftest import ADMIN_TOKEN, write_model
-from tests.ui.browser import browser_missing, chromium, requested_urls
+from tests.ui.browser import browser_missing, chromium, page_text, requested_urls, serve, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-WAIT_S = 15.0
 SHOTS = os.environ.get("FEDSPLIT_SCREENSHOTS")
 
 
@@ -56,24 +53,12 @@ def flower_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, flower_runs: Path) -> Iterator[dict[str, Any]]:
     """The admin API with its web view, live on 127.0.0.1; three registered hospitals."""
-    import uvicorn
-
     data = tmp_path_factory.mktemp("admin")
     app = create_app(AdminSettings(data_dir=data, admin_token=ADMIN_TOKEN, runs=(flower_runs,)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    live = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=live.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not live.started:
-        assert time.monotonic() < deadline, "the admin API did not start within 30 s"
-        time.sleep(0.05)
-    tokens = {name: add_site(data_dir=data, name=name) for name in ("hospital-a", "hospital-b", "hospital-c")}
-    yield {"base": f"http://127.0.0.1:{port}", "tokens": tokens}
-    live.should_exit = True
-    thread.join(15)
+    with serve(app) as base:
+        tokens = {name: add_site(data_dir=data, name=name)
+                  for name in ("hospital-a", "hospital-b", "hospital-c")}
+        yield {"base": base, "tokens": tokens}
 
 
 @pytest.fixture(scope="module")
@@ -97,27 +82,18 @@ def browser(seen_urls: list[str]) -> Iterator[Any]:
         seen_urls.extend(requested_urls(driver))
 
 
-def _wait(driver: Any, condition: Any, what: str) -> None:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    WebDriverWait(driver, WAIT_S, poll_frequency=0.2,
-                  ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
-                  ).until(condition, message=f"waited for {what}")
 
 
-def _text(driver: Any) -> str:
-    return driver.find_element("tag name", "body").text
 
 
 def _sign_in(driver: Any, base: str, token: str) -> None:
     driver.get(f"{base}/ui")
-    _wait(driver, lambda d: d.current_url.endswith("/ui/login"), "the sign-in page")
+    wait_for(driver, lambda d: d.current_url.endswith("/ui/login"), "the sign-in page")
     field = driver.find_element("css selector", "input[name='token']")
     assert field.get_attribute("type") == "password"
     field.send_keys(token)
     driver.find_element("css selector", "main form button[type='submit']").click()
-    _wait(driver, lambda d: "Signed in as" in _text(d), "the signed-in overview")
+    wait_for(driver, lambda d: "Signed in as" in page_text(d), "the signed-in overview")
 
 
 def _upload(api: httpx.Client, token: str, round_id: int, path: Path) -> None:
@@ -147,7 +123,7 @@ def test_sign_in_and_sign_out(browser: Any, server: dict[str, Any]) -> None:
     """The token goes in once; the browser keeps only an HttpOnly session cookie; sign-out ends it."""
     base = server["base"]
     _sign_in(browser, base, ADMIN_TOKEN)
-    assert "Signed in as admin" in _text(browser)
+    assert "Signed in as admin" in page_text(browser)
     (cookie,) = browser.get_cookies()
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["value"] != ADMIN_TOKEN
     assert ADMIN_TOKEN not in browser.page_source and ADMIN_TOKEN not in browser.current_url
@@ -155,9 +131,9 @@ def test_sign_in_and_sign_out(browser: Any, server: dict[str, Any]) -> None:
         "return [document.cookie, window.localStorage.length, window.sessionStorage.length]")
     assert storage == ["", 0, 0]
     browser.find_element("css selector", "header form button").click()
-    _wait(browser, lambda d: d.current_url.endswith("/ui/login"), "the sign-in page after sign-out")
+    wait_for(browser, lambda d: d.current_url.endswith("/ui/login"), "the sign-in page after sign-out")
     browser.get(f"{base}/ui")
-    assert browser.current_url.endswith("/ui/login") and "Signed in as" not in _text(browser)
+    assert browser.current_url.endswith("/ui/login") and "Signed in as" not in page_text(browser)
 
 
 def test_rest_round_live_updates_and_aggregation(
@@ -176,11 +152,11 @@ def test_rest_round_live_updates_and_aggregation(
     assert "hospital-a" in table and "hospital-b" in table and "hospital-c" not in table
     browser.execute_script("window.__noReload = 'still here';")
     _upload(api, tokens["hospital-c"], round_id, write_model(tmp_path / "c.h5", 3.0, num_examples=20))
-    _wait(browser, lambda d: "hospital-c" in d.find_element("id", "round-sites").text,
+    wait_for(browser, lambda d: "hospital-c" in d.find_element("id", "round-sites").text,
           "the third upload to appear on the open page")
     assert browser.execute_script("return window.__noReload") == "still here"
     assert api.post(f"/api/v1/rounds/{round_id}/aggregate", headers=admin).status_code == 200
-    _wait(browser, lambda d: d.find_element("css selector", "#round-head h1 .tag").text == "aggregated",
+    wait_for(browser, lambda d: d.find_element("css selector", "#round-head h1 .tag").text == "aggregated",
           "the round to show as aggregated")
     assert browser.execute_script("return window.__noReload") == "still here"
     sites = browser.find_element("id", "round-sites").text
@@ -188,8 +164,8 @@ def test_rest_round_live_updates_and_aggregation(
     browser.find_element("css selector", f"a[href='/ui/rounds/{round_id}/model']")
     _shot(browser, "web-view-round.png")
     browser.get(f"{base}/ui")
-    _wait(browser, lambda d: f"REST round {round_id} aggregated: 3 of 3 hospitals returned" in _text(d),
-          "the aggregation in the activity feed")
+    done = f"REST round {round_id} aggregated: 3 of 3 hospitals returned"
+    wait_for(browser, lambda d: done in page_text(d), "the aggregation in the activity feed")
     _shot(browser, "web-view-admin.png")
 
 
@@ -202,10 +178,10 @@ def test_hospital_sees_only_itself(browser: Any, server: dict[str, Any], api: ht
     for name in ("hospital-a", "hospital-b"):
         _upload(api, tokens[name], round_id, write_model(tmp_path / f"{name}.h5", 1.0, num_examples=10))
     _sign_in(browser, base, tokens["hospital-b"])
-    assert "Signed in as hospital hospital-b" in _text(browser)
+    assert "Signed in as hospital hospital-b" in page_text(browser)
     for path in ("/ui", f"/ui/rounds/{round_id}", "/ui/uploads"):
         browser.get(f"{base}{path}")
-        text = _text(browser)
+        text = page_text(browser)
         assert "hospital-b" in text and "hospital-a" not in text and "hospital-c" not in text, path
     browser.get(f"{base}/ui/rounds/{round_id}")
     _shot(browser, "web-view-hospital.png")
@@ -218,13 +194,13 @@ def test_flower_simulation_from_its_out_dir(browser: Any, server: dict[str, Any]
     runs = browser.find_element("id", "flower-runs")
     assert "sim/federation" in runs.text and "finished" in runs.text and "site-0, site-1" in runs.text
     runs.find_element("partial link text", "sim/federation").click()
-    _wait(browser, lambda d: "Curves" in _text(d), "the run page")
+    wait_for(browser, lambda d: "Curves" in page_text(d), "the run page")
     rounds = browser.find_element("id", "run-rounds").text
     assert "Round 1" in rounds and "Round 2" in rounds and "2 of 2" in rounds
     assert len(browser.find_elements("css selector", "#run-charts svg.chart")) >= 2
     _shot(browser, "web-view-run.png")
     browser.find_element("link text", "Round 2").click()
-    _wait(browser, lambda d: "round 2" in d.find_element("tag name", "h1").text, "the round page")
+    wait_for(browser, lambda d: "round 2" in d.find_element("tag name", "h1").text, "the round page")
     table = browser.find_element("css selector", "#run-round table").text
     assert "site-0" in table and "site-1" in table and "replied" in table
     href = browser.find_element("partial link text", "round-002.h5").get_attribute("href")

@@ -8,9 +8,6 @@ Chromium is missing)."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,12 +17,11 @@ from fedsplit.server.admin.app import create_app
 from fedsplit.server.admin.config import AdminSettings
 
 from tests.admin.conftest import ADMIN_TOKEN
-from tests.ui.browser import browser_missing, chromium, requested_urls
+from tests.ui.browser import browser_missing, chromium, page_text, requested_urls, serve, wait_for
 from tests.ui.test_survival import km_document, write_survival_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-WAIT_S = 15.0
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,63 +34,41 @@ def _need_browser() -> None:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The admin API on 127.0.0.1 with ``--runs`` holding one survival run (no km.json yet)."""
-    import uvicorn
-
     runs = tmp_path_factory.mktemp("runs")
     fed = write_survival_run(runs / "surv")
     app = create_app(AdminSettings(data_dir=tmp_path_factory.mktemp("admin"),
                                    admin_token=ADMIN_TOKEN, runs=(runs,)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the admin API did not start within 30 s"
-        time.sleep(0.05)
-    yield {"base": f"http://127.0.0.1:{port}", "federation": fed}
-    server.should_exit = True
-    thread.join(15)
+    with serve(app) as base:
+        yield {"base": base, "federation": fed}
 
 
-def _wait(driver: Any, condition: Any, what: str) -> None:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    WebDriverWait(driver, WAIT_S, poll_frequency=0.2,
-                  ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
-                  ).until(condition, message=f"waited for {what}")
 
 
-def _body(driver: Any) -> str:
-    return driver.find_element("tag name", "body").text
 
 
 def test_km_curve_appears_live_and_renders_offline(live: dict[str, Any]) -> None:
     base = live["base"]
     with chromium(390, 844) as driver:
         driver.get(f"{base}/ui")
-        _wait(driver, lambda d: d.current_url.endswith("/ui/login"), "the sign-in page")
+        wait_for(driver, lambda d: d.current_url.endswith("/ui/login"), "the sign-in page")
         driver.find_element("css selector", "input[name='token']").send_keys(ADMIN_TOKEN)
         driver.find_element("css selector", "main form button[type='submit']").click()
-        _wait(driver, lambda d: "Signed in as" in _body(d), "the signed-in overview")
+        wait_for(driver, lambda d: "Signed in as" in page_text(d), "the signed-in overview")
         assert "C-index" in driver.find_element("id", "flower-runs").text
         driver.find_element("partial link text", "surv/federation").click()
-        _wait(driver, lambda d: "Global C-index per round" in _body(d), "the run page")
-        assert "Baselines per hospital" in _body(driver)
+        wait_for(driver, lambda d: "Global C-index per round" in page_text(d), "the run page")
+        assert "Baselines per hospital" in page_text(driver)
         assert not driver.find_elements("css selector", "svg.chart.km")
 
         (live["federation"] / "km.json").write_text(json.dumps(km_document()))
-        _wait(driver, lambda d: d.find_elements("css selector", "#run-results svg.chart.km"),
+        wait_for(driver, lambda d: d.find_elements("css selector", "#run-results svg.chart.km"),
               "the Kaplan-Meier curve on the open page")
         svg = driver.find_element("css selector", "svg.chart.km")
         assert svg.get_attribute("role") == "img" and svg.size["height"] > 100
         band = driver.find_element("css selector", "svg.chart.km polygon.band")
         opacity = driver.execute_script("return getComputedStyle(arguments[0]).fillOpacity", band)
         assert float(opacity) == pytest.approx(0.18)  # the stylesheet applied (no inline style)
-        assert "Minimum-count rule, K = 5" in _body(driver)
+        assert "Minimum-count rule, K = 5" in page_text(driver)
         overflow = driver.execute_script(
             "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 1
