@@ -21,6 +21,10 @@ from pathlib import Path
 
 import pytest
 
+# Building the wheel, a fresh venv and a fresh interpreter importing torch take ~10 s: these run
+# with the slow tests (CI, `make test`), where the wheel is built once for all three.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 USER_FILES = {
     "server.py": "raise SystemExit('the user folder server.py was imported instead of fedsplit')\n",
@@ -94,7 +98,6 @@ def test_installed_wheel_imports_beside_user_server_client_cli(installed: dict[s
     assert "simulate" in help_out.stdout
 
 
-@pytest.mark.slow
 def test_installed_wheel_runs_simulate_beside_user_files(installed: dict[str, Path]) -> None:
     """`fedsplit simulate` from the installed wheel, in the user's folder: a real Flower run."""
     out = installed["user"] / "run"

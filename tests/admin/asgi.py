@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+_LOCAL = threading.local()
+
+
+def _runner() -> asyncio.Runner:
+    """One event loop per thread, kept between calls, as a server keeps its loop (and its worker
+    threads) between requests; a fresh loop per request cost more than the request itself."""
+    runner = getattr(_LOCAL, "runner", None)
+    if runner is None:
+        runner = _LOCAL.runner = asyncio.Runner()
+        atexit.register(runner.close)
+    return runner
 
 
 @dataclass
@@ -55,5 +69,5 @@ def call(app: Any, method: str, path: str, headers: dict[str, str],
         "root_path": "", "client": (client, 40000), "server": ("127.0.0.1", 8080),
         "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
     }
-    asyncio.run(app(scope, receive, send))
+    _runner().run(app(scope, receive, send))
     return answer

@@ -16,8 +16,10 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 if importlib.util.find_spec("keras") is None:
     pytest.skip("keras 3 is a test-only dependency (pip install keras)", allow_module_level=True)
 # keras itself is imported by the tests that use it, not when the tests are collected: with its
-# torch backend it imports torch's compiler stack, ml_dtypes, pandas and matplotlib (seconds of
-# CPU), which every pytest-xdist worker would otherwise pay.
+# torch backend it imports torch's compiler stack, ml_dtypes, pandas and matplotlib (7-10 s of
+# CPU on the 2-core machine). That import alone is why these run with the slow tests (CI, `make
+# test`); tests/protocol/test_weights.py reads both Keras layouts in the fast suite.
+pytestmark = pytest.mark.slow
 
 
 def build_model(seed: int) -> Any:
