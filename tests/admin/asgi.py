@@ -9,17 +9,46 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-_LOCAL = threading.local()
+
+class _ServerLoop:
+    """One event loop in a thread of its own, with one long-lived root task, as uvicorn keeps its
+    loop between requests: anyio then keeps its worker threads (it stops them with the root
+    task), where a fresh loop per request started and joined a thread for every request."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        async def serve() -> None:
+            self.stop = asyncio.Event()
+            started.set()
+            await self.stop.wait()
+
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(serve(),),
+                                       name="asgi-probe-loop", daemon=True)
+        self.thread.start()
+        started.wait(timeout=30)
+        atexit.register(self.close)
+
+    def run(self, coro: Any) -> Any:
+        """Run ``coro`` on the loop and wait for it (at most 5 minutes)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=300)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(timeout=10)
 
 
-def _runner() -> asyncio.Runner:
-    """One event loop per thread, kept between calls, as a server keeps its loop (and its worker
-    threads) between requests; a fresh loop per request cost more than the request itself."""
-    runner = getattr(_LOCAL, "runner", None)
-    if runner is None:
-        runner = _LOCAL.runner = asyncio.Runner()
-        atexit.register(runner.close)
-    return runner
+_LOOP: _ServerLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _server_loop() -> _ServerLoop:
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = _ServerLoop()
+        return _LOOP
 
 
 @dataclass
@@ -69,5 +98,5 @@ def call(app: Any, method: str, path: str, headers: dict[str, str],
         "root_path": "", "client": (client, 40000), "server": ("127.0.0.1", 8080),
         "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
     }
-    _runner().run(app(scope, receive, send))
+    _server_loop().run(app(scope, receive, send))
     return answer
