@@ -119,15 +119,18 @@ class SiteAgent:
         return Payload(config={"input-width": int(x_train.shape[1])})
 
     @staticmethod
-    def _new_branch(cfg: dict[str, Any]) -> Branch:
-        module = build_branch(cfg["in-dim"], cfg["embedding-dim"], cfg["branch-hidden"], cfg["seed"])
+    def _new_branch(cfg: dict[str, Any], *, initial: bool = True) -> Branch:
+        """The branch ``cfg`` describes: seeded initial weights, or (``initial=False``) a shell
+        whose parameters and Adam moments `_branch` loads from the message state."""
+        module = build_branch(cfg["in-dim"], cfg["embedding-dim"], cfg["branch-hidden"],
+                              cfg["seed"] if initial else None)
         return Branch(module, cfg["lr"])
 
     def _branch(self, state: SiteState) -> Branch:
         if "branch" not in state.config:
             raise ConfigError("The site has no branch yet (query.prepare must come first). "
                               "Received: no branch")
-        branch = self._new_branch(json.loads(state.config["branch"]))
+        branch = self._new_branch(json.loads(state.config["branch"]), initial=False)
         branch.load_state({k[len("branch."):]: v for k, v in state.arrays.items()
                            if k.startswith("branch.")})
         return branch

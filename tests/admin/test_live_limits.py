@@ -152,12 +152,12 @@ def test_50_mb_header_is_refused(live):
     assert meter.memory < LIMIT
 
 
-def test_served_hosts_default_and_setting(tmp_path):
+def test_served_hosts_default_and_setting(live, tmp_path):
     """`admin serve --host 127.0.0.1` answers 127.0.0.1 and localhost only (DNS rebinding);
-    FEDSPLIT_ALLOWED_HOSTS (or --allowed-hosts) adds names, loopback is always answered."""
-    plain = LiveServer(tmp_path / "a")
+    FEDSPLIT_ALLOWED_HOSTS (or --allowed-hosts) adds names, loopback is always answered.
+    The probes' server is started without the setting, so it is the plain case."""
+    plain, _ = live
     named = LiveServer(tmp_path / "b", env={"FEDSPLIT_ALLOWED_HOSTS": "fl.hospital.example"})
-    plain.start()
     named.start()
     try:
         for server, host, status in ((plain, "localhost", 200), (plain, "rebind.attacker.example", 400),
@@ -167,5 +167,4 @@ def test_served_hosts_default_and_setting(tmp_path):
             response = httpx.get(f"{server.url}/healthz", headers={"Host": host}, timeout=10)
             assert response.status_code == status, (server.url, host)
     finally:
-        plain.stop()
         named.stop()
