@@ -55,8 +55,11 @@ if TYPE_CHECKING:
     from flwr.app import ArrayRecord
 
 # Run-config keys that may change when a coordinator resumes an unfinished run in the same out-dir.
+#: Run-config keys a resumed run may change: none of them alters a trained round. ``min-count``
+#: acts only on the survival summary after the last round, so a run whose summary published too
+#: little ("Lower min-count") is rerun with a lower one and only the summary is redone.
 RESUMABLE_CHANGES = frozenset({"num-server-rounds", "round-timeout", "resume", "quorum", "min-nodes",
-                               "device", "keep"})
+                               "device", "keep", "min-count"})
 FINGERPRINT_KEY = "data-fingerprint"
 START_OVER = ("use a new out-dir (--out), or start over in this one with run config resume=false "
               "(`fedsplit simulate --no-resume`, `fedsplit up --no-resume`)")

@@ -92,6 +92,19 @@ def test_resume_point_rules(tmp_path: Path) -> None:
         find_resume_point(tmp_path / "cut", {**cfg, "strategy": "median"})
 
 
+def test_a_failed_survival_summary_resumes_with_another_min_count(tmp_path: Path) -> None:
+    """Every round trained, then the summary refused ("Lower min-count"): the rerun with a lower
+    min-count resumes after the last round (nothing retrains); another change is still refused."""
+    previous = _history(tmp_path / "run", "failed", 5)
+    previous["config"]["min-count"] = 400
+    (tmp_path / "run" / "history.json").write_text(json.dumps(previous))
+    cfg = {**previous["config"], "min-count": 5}
+    point = find_resume_point(tmp_path / "run", cfg)
+    assert point is not None and point.last_round == 5
+    with pytest.raises(ResumeMismatchError, match=r"\['penalizer'\]"):
+        find_resume_point(tmp_path / "run", {**cfg, "penalizer": 0.1})
+
+
 SITE = {"rows": 120, "columns": 31, "sha256": "a" * 64}
 
 
