@@ -25,12 +25,10 @@ import argparse
 import compileall
 import importlib.util
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -136,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     order.insert(r % 3, "flower")
                 for key in order:
                     cmd, cwd, env = commands[key]
-                    times[key].append(_run_in(cmd, cwd, env))
+                    times[key].append(process._run(cmd, env, cwd))
             for i, kind in enumerate(("wall", "cpu")):
                 med = {k: statistics.median(t[i] for t in v) for k, v in times.items()}
                 pairs = [b[i] / a[i] for b, a in zip(times["before"], times["after"], strict=True)]
@@ -147,19 +145,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"{min(pairs):.3f}..{max(pairs):.3f}", flush=True)
         print(f"load average at the end: {os.getloadavg()[0]:.1f}", flush=True)
     return 0
-
-
-def _run_in(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU seconds (user + system, all threads) of ``cmd`` run in ``cwd`` (the checkout
-    it imports fedsplit from)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise RuntimeError(f"{cmd[:4]} in {cwd} failed ({done.returncode}): {done.stderr[-1500:]}")
-    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 if __name__ == "__main__":

@@ -72,15 +72,17 @@ def _timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
     return _run(cmd, env)[0]
 
 
-def _run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (user + system, all threads) of the subprocess ``cmd``."""
+def _run(cmd: list[str], env: dict[str, str] | None = None,
+         cwd: Path = ROOT) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system, all threads) of the subprocess ``cmd``, run
+    in ``cwd`` (first on its ``sys.path``: the checkout whose fedsplit ``python -c`` imports)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
-        raise RuntimeError(f"{cmd[:4]} failed ({done.returncode}): {done.stderr[-1500:]}")
+        raise RuntimeError(f"{cmd[:4]} in {cwd} failed ({done.returncode}): {done.stderr[-1500:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return elapsed, cpu
 

@@ -54,8 +54,7 @@ from fedsplit.server.selection import select
 if TYPE_CHECKING:
     from flwr.app import ArrayRecord
 
-# Run-config keys that may change when a coordinator resumes an unfinished run in the same out-dir.
-#: Run-config keys a resumed run may change: none of them alters a trained round. ``min-count``
+#: Run-config keys a resumed run (same out-dir) may change: none of them alters a trained round. ``min-count``
 #: acts only on the survival summary after the last round, so a run whose summary published too
 #: little ("Lower min-count") is rerun with a lower one and only the summary is redone.
 RESUMABLE_CHANGES = frozenset({"num-server-rounds", "round-timeout", "resume", "quorum", "min-nodes",

@@ -18,8 +18,8 @@ def build_branch(in_dim: int, embedding_dim: int, hidden: int,
                  seed: int | None) -> torch.nn.Sequential:
     """``Linear -> ReLU`` (seed lecture: Dense relu) with an optional hidden layer first.
 
-    ``seed`` seeds torch's generator for the initial weights; ``None`` leaves it alone, for a
-    module whose parameters are loaded next (seeding costs ~3 ms, and every message rebuilds)."""
+    ``seed`` seeds torch's global generator for the initial weights; ``None`` leaves it alone,
+    for a module whose parameters are loaded next (a site rebuilds its branch for every message)."""
     if seed is not None:
         torch.manual_seed(seed)
     layers: list[torch.nn.Module] = []
