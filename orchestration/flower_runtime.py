@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import FlowerRunError
+from fedsplit.protocol.errors import FlowerRunError, error_from_record
 from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 from fedsplit.protocol.vertical.config import VerticalConfig
 
@@ -236,6 +236,9 @@ def run_app(
             time.sleep(0.5)
     finally:
         stop(proc, grace=15)
+    if history.get("status") == "failed" and (
+            recorded := error_from_record(history.get("error"))) is not None:
+        raise recorded  # the coordinator's own error, one line, with its exit code
     if history.get("status") != "finished":
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
         reason = history.get("error") or "the run ended without finishing its rounds"

@@ -29,7 +29,9 @@ Tree (catch at any level)::
     │   └── UploadRefusedError                HTTP 422
     ├── UploadFailedError                 10  `fedsplit upload`: refused by the server, or it is unreachable
     ├── SiteAgentError                    11  `fedsplit site run`: the agent cannot run
-    └── ParallelRunError                  12  a worker of a multi-process (--parallel) training run failed
+    ├── ParallelRunError                  12  a worker of a multi-process (--parallel) training run failed
+    ├── HospitalFailure                   13  a hospital's own data or code failed at one stage (named)
+    └── NoTrainingError                   14  the run trained no round (or fewer than its quorum)
 
 Exit code 130 means interrupted (Ctrl-C); click's own usage errors also exit 2. Every message
 says what was expected, what to do about it, and ends with ``Received: <value>``.
@@ -127,6 +129,63 @@ class ParallelRunError(FedsplitError, RuntimeError):
     """A worker process of a multi-process training run failed or did not finish in time."""
 
     exit_code = 12
+
+
+#: The stages at which a hospital's own data or code runs (`HospitalFailure.stage`).
+STAGES = ("reading its data", "building the model", "loading the global model", "training",
+          "scoring", "secure aggregation", "summary")
+
+
+class HospitalFailure(FedsplitError):
+    """A hospital's own data or code failed at one stage, named with the hospital and the cause.
+
+    The message is one line: ``hospital NAME, STAGE: CAUSE`` and, where there is one, the fix.
+    The hospital agent raises it at the source (`client.failures`); the coordinator records it
+    per hospital in the run record, never by Flower node id.
+    """
+
+    exit_code = 13
+    reason = "hospital"
+
+    def __init__(self, site: str, stage: str, cause: str, fix: str = "") -> None:
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}. Received: {stage!r}")
+        self.site, self.stage, self.cause, self.fix = site, stage, one_line(cause), one_line(fix)
+        text = f"hospital {site}, {stage}: {self.cause}"
+        super().__init__(f"{text}. {self.fix}" if self.fix else text)
+
+
+class NoTrainingError(FedsplitError):
+    """The run ended without training a round (or fewer than its quorum): no model to present."""
+
+    exit_code = 14
+    reason = "no_training"
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """``text`` on one line (whitespace runs and ANSI colour codes collapsed), at most ``limit``
+    characters."""
+    import re
+
+    flat = " ".join(re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(text)).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def error_from_record(text: str | None) -> FedsplitError | None:
+    """The fedsplit error a run record's ``error`` (``"ClassName: message"``, as the coordinator
+    writes it) names, rebuilt with its class (and so its exit code); None for any other text."""
+    name, sep, message = (text or "").partition(": ")
+    if not sep:
+        return None
+    todo: list[type[FedsplitError]] = [FedsplitError]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == name:
+            error = FedsplitError.__new__(cls)
+            FedsplitError.__init__(error, message)
+            return error
+        todo.extend(cls.__subclasses__())
+    return None
 
 
 def exit_codes() -> dict[int, str]:

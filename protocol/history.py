@@ -282,6 +282,37 @@ class RunRecord(_JsonFile):
         return next((r.aggregation.num_examples for r in reversed(self.rounds)
                      if r.aggregation is not None), None)
 
+    def site_failures(self) -> dict[str, str]:
+        """Each hospital's last recorded reason for being left out of training, by site name,
+        in name order (hospitals that never failed are absent)."""
+        reasons: dict[str, str] = {}
+        for entry in self.rounds:
+            for site in entry.train.sites if entry.train else []:
+                if site.excluded and site.site and site.reason:
+                    reasons[site.site] = site.reason
+        return dict(sorted(reasons.items()))
+
+    def failure(self, quorum: int = 1) -> str | None:
+        """Why this run has no model to present, in one line; None when it trained.
+
+        A run fails when its status is ``failed``, or when no round saved a global model
+        (every round left the model unchanged: each hospital's reason is named), or when it
+        saved fewer than ``quorum`` rounds' models."""
+        from fedsplit.protocol.errors import one_line
+
+        trained = len(self.model_rounds)
+        if self.status != "failed" and trained >= max(1, quorum):
+            return None
+        parts = [self.error] if self.status == "failed" and self.error else []
+        if trained < max(1, quorum):
+            sites = self.site_failures()
+            why = "; ".join(f"{name}: {reason}" for name, reason in sites.items())
+            errors = sorted({r.error for r in self.rounds if r.error})
+            parts.append(f"{trained} of {len(self.rounds)} round(s) trained a model"
+                         + (f"; hospitals left out: {why}" if why else "")
+                         + (f"; rounds: {'; '.join(errors)}" if errors and not why else ""))
+        return one_line(". ".join(parts), limit=2000)
+
     def spent_epsilon(self) -> dict[str, tuple[float, int]]:
         """Each hospital's last recorded epsilon and the round it was recorded in."""
         spent: dict[str, tuple[float, int]] = {}
