@@ -37,12 +37,26 @@ def serve(
     docs: Annotated[
         bool, typer.Option("--docs/--no-docs", help="Serve the API docs at /docs (from local files).")
     ] = True,
+    forwarded_allow_ips: Annotated[
+        list[str] | None,
+        typer.Option("--forwarded-allow-ips", envvar="FEDSPLIT_FORWARDED_ALLOW_IPS",
+                     help="Address of a proxy in front whose X-Forwarded-For is trusted (repeat, or "
+                     "comma-separated; FEDSPLIT_FORWARDED_ALLOW_IPS). Default: none, so the address "
+                     "rate limits and the audit log see is the connection's own."),
+    ] = None,
+    header_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds a connection has to send a request's headers.")
+    ] = 10.0,
+    idle_timeout: Annotated[
+        int, typer.Option(min=1, help="Seconds an idle keep-alive connection stays open.")
+    ] = 5,
 ) -> None:
     """Serve the admin API; the admin token comes from FEDSPLIT_ADMIN_TOKEN(_FILE)."""
     import uvicorn
     from fedsplit.protocol.errors import ConfigError
     from fedsplit.server.admin.app import create_app
     from fedsplit.server.admin.config import AdminSettings
+    from fedsplit.server.admin.connections import forwarded_settings, protocol_with
     from fedsplit.server.admin.limits import LOCAL_HOSTS, MAX_HEADER_BYTES, default_allowed_hosts
     from fedsplit.server.admin.ui import check_runs_dirs, view_url
 
@@ -70,9 +84,14 @@ def serve(
     typer.echo(f"fedsplit admin API on {scheme}://{host}:{port} (docs: /docs), data in {data_dir}")
     typer.echo(f"web view: {view_url(host, port, https=https)} (sign in with the admin or a site token)")
     typer.echo(f"answering Host: {', '.join(hosts)} (--allowed-hosts)")
+    forwarded = forwarded_settings(forwarded_allow_ips)
+    typer.echo("trusting X-Forwarded-For from: "
+               f"{', '.join(forwarded['forwarded_allow_ips']) or 'nobody'} (--forwarded-allow-ips)")
     # h11 with a bounded header buffer: a request whose headers exceed it is refused before
-    # they are held in memory (the app refuses the same limit with 431)
+    # they are held in memory (the app refuses the same limit with 431); headers must arrive
+    # within --header-timeout, idle connections close after --idle-timeout (server.admin.connections)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10,
-                http="h11", h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                http=protocol_with(header_timeout), h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                timeout_keep_alive=idle_timeout, **forwarded,
                 ssl_certfile=str(tls_cert) if tls_cert else None,
                 ssl_keyfile=str(tls_key) if tls_key else None)

@@ -11,8 +11,10 @@ In this order, each refusal answered without reading the request body:
 Then the body streams through a counter and is cut at the route's cap (413), whatever the
 headers said: sign-in and sign-out forms `FORM_BODY_MAX`, uploads and templates the upload limit
 plus multipart framing, every other request `JSON_BODY_MAX`. Every refusal here closes the
-connection (``Connection: close``), so the rest of the body is never read. Every response gets
-``X-Content-Type-Options: nosniff``.
+connection (``Connection: close``), so the rest of the body is never read; so does every other
+answer that starts before the request's body was read to its end (a 405, a 401 or 429 of a route,
+a 404): otherwise the server would go on reading and discarding a body nobody wants, for as long
+as the client sends it. Every response gets ``X-Content-Type-Options: nosniff``.
 """
 
 from __future__ import annotations
@@ -110,6 +112,16 @@ async def _respond(send: Send, answer: tuple[int, bytes, list[tuple[bytes, bytes
     await send({"type": "http.response.body", "body": body})
 
 
+def has_body(scope: Scope) -> bool:
+    """Whether the request announces a body (``Transfer-Encoding``, or a ``Content-Length`` other
+    than 0)."""
+    for key, value in scope.get("headers", []):
+        name = key.lower()
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
+
+
 def _bearer(headers: dict[str, str]) -> str | None:
     value = headers.get("authorization", "")
     if value[:7].lower() == "bearer " and value[7:].strip():
@@ -135,7 +147,7 @@ class RequestGuard:
             await _respond(send, answer)
             return
         cap = body_cap(scope.get("path", ""), scope.get("method", ""), ctx.settings.max_upload_bytes)
-        state = {"read": 0, "started": False, "refused": False}
+        state = {"read": 0, "started": False, "refused": False, "body_done": not has_body(scope)}
 
         async def capped_receive() -> Message:
             if state["refused"]:
@@ -148,6 +160,8 @@ class RequestGuard:
                 return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
+                if not message.get("more_body", False):
+                    state["body_done"] = True
                 body = message.get("body", b"")
                 before = state["read"]
                 state["read"] += len(body)
@@ -166,6 +180,9 @@ class RequestGuard:
                 headers = list(message.get("headers", []))
                 if not any(k.lower() == b"x-content-type-options" for k, _ in headers):
                     headers.append((b"x-content-type-options", b"nosniff"))
+                if not state["body_done"] and not any(k.lower() == b"connection" for k, _ in headers):
+                    # answered before the body was read: close, or the server would drain it
+                    headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -42,9 +42,10 @@ class LiveServer:
     """`fedsplit admin serve` in a subprocess; start, stop (graceful or SIGKILL), restart."""
 
     def __init__(self, data_dir: Path, tls: tuple[Path, Path] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
         self.env = env or {}
+        self.args = args
         self.port = free_port()
         self.tls = tls
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
@@ -68,6 +69,7 @@ class LiveServer:
                 "--max-upload-mb",
                 "2",
                 *(["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else []),
+                *self.args,
             ],
             env=env,
             cwd=REPO,
