@@ -34,6 +34,14 @@ def serve(
     min_model_sites: Annotated[
         int, typer.Option(help="Fewest hospitals an aggregate needs before a hospital may download it.")
     ] = 2,
+    max_site_share: Annotated[
+        float, typer.Option(min=0.01, max=1.0, help="Largest share of an aggregate's weight one other "
+                            "hospital may hold for a hospital to download it (dominance rule).")
+    ] = 0.6,
+    min_own_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Smallest own share, as a fraction of an equal "
+                            "share, a hospital needs to download an aggregate.")
+    ] = 0.1,
     docs: Annotated[
         bool, typer.Option("--docs/--no-docs", help="Serve the API docs at /docs (from local files).")
     ] = True,
@@ -77,7 +85,8 @@ def serve(
     settings = AdminSettings.from_env(
         data_dir=data_dir, max_upload_mb=max_upload_mb, database_url=database_url,
         runs=tuple(check_runs_dirs(runs or [], warn=typer.echo)), allowed_hosts=hosts,
-        min_model_sites=min_model_sites, docs=docs,
+        min_model_sites=min_model_sites, max_site_share=max_site_share, min_own_share=min_own_share,
+        docs=docs,
     )
     app = create_app(settings)
     scheme = "https" if https else "http"

@@ -48,6 +48,12 @@ class AdminSettings(BaseModel):
         A hospital may download an aggregate (or a start model that is one) only when at least
         this many hospitals' updates went into it; below it the model is one hospital's weights,
         or close to them. The admin may always download.
+    max_site_share : float (default: 0.6)
+        ... and only when no other single hospital holds more than this share of the aggregate's
+        weight (the (n, k) dominance rule of statistical disclosure control, n = 1).
+    min_own_share : float (default: 0.1)
+        ... and (``/model``) only when the hospital's own share is at least this fraction of an
+        equal share (1/N of N hospitals).
     docs : bool (default: True)
         Serve the API's interactive docs at ``/docs`` (from local files; ``--no-docs`` turns
         them off).
@@ -67,6 +73,8 @@ class AdminSettings(BaseModel):
     runs: tuple[Path, ...] = ()
     allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
     min_model_sites: int = Field(default=2, ge=1)
+    max_site_share: float = Field(default=0.6, gt=0, le=1)
+    min_own_share: float = Field(default=0.1, ge=0, le=1)
     docs: bool = True
 
     @field_validator("admin_token")

@@ -184,7 +184,7 @@ def test_minimum_is_a_setting(make_client, site_token, tmp_path):
     a, _, rnd, _ = _two_hospital_round(client, site_token, tmp_path)
     assert client.post(f"/api/v1/rounds/{rnd['id']}/aggregate", headers=ADMIN).status_code == 200
     refused = client.get(f"/api/v1/rounds/{rnd['id']}/model", headers=bearer(a))
-    assert refused.status_code == 403 and "minimum of 3" in refused.json()["detail"]
+    assert refused.status_code == 403 and "at least 3 hospitals" in refused.json()["detail"]
 
 
 # 4. Any hospital could sign the admin out -----------------------------------------------------

@@ -18,14 +18,13 @@ FORMATS = (FEDSPLIT_FORMAT, KERAS_FORMAT)
 
 
 def model_file(ctx: AdminContext, rnd: Round, fmt: str, principal: Principal) -> tuple[Path, str]:
-    """Return the aggregate's path and download name (a hospital: only above the minimum)."""
+    """Return the aggregate's path and download name (a hospital: under the release rule)."""
     if rnd.model_file is None:
         raise NotFoundError(
             f"Round {rnd.id} has no model yet: it is {rnd.status}. The admin aggregates it with POST "
             f"/api/v1/rounds/{rnd.id}/aggregate. Received: status {rnd.status!r}"
         )
-    check_model_download(principal, rnd.report, ctx.settings.min_model_sites,
-                         f"Round {rnd.id}'s aggregate")
+    check_model_download(principal, rnd.report, ctx.release_rule, f"Round {rnd.id}'s aggregate")
     return _in_format(ctx, rnd, ctx.files.absolute(rnd.model_file), fmt, f"round-{rnd.id}-model")
 
 
@@ -35,8 +34,9 @@ def start_model_file(ctx: AdminContext, rnd: Round, continued: Round | None, fmt
     if rnd.template_file is not None:
         source = ctx.files.absolute(rnd.template_file)
     elif continued is not None and continued.model_file is not None:
-        check_model_download(principal, continued.report, ctx.settings.min_model_sites,
-                             f"Round {rnd.id}'s start model (round {continued.id}'s aggregate)")
+        check_model_download(principal, continued.report, ctx.release_rule,
+                             f"Round {rnd.id}'s start model (round {continued.id}'s aggregate)",
+                             contributor=False)
         source = ctx.files.absolute(continued.model_file)
     else:
         raise NotFoundError(

@@ -1,8 +1,8 @@
 """REST rounds as the web view shows them, read from the admin database.
 
 A site principal sees what `services.isolation` allows, as through the API: its own uploads and
-refusals, its own line of each report, no total count, and a model link only for aggregates of
-at least ``min_model_sites`` hospitals.
+refusals, its own line of each report, no total count, and a model link only for aggregates the
+release rule lets it download (`isolation.ReleaseRule`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, selectinload
 #: Rounds listed on the overview (newest first); older ones stay reachable by id.
 MAX_ROUNDS_LISTED = 100
 MAX_UPLOADS_LISTED = 200
+_DEFAULT_RULE = isolation.ReleaseRule()
 
 
 @dataclass
@@ -94,7 +95,7 @@ def refusal_item(refusal: RefusedUpload) -> UploadItem:
 
 
 def rest_round(rnd: Round, principal: Principal, refusals: list[RefusedUpload],
-               min_sites: int = isolation.DEFAULT_MIN_MODEL_SITES) -> RestRound:
+               rule: isolation.ReleaseRule = _DEFAULT_RULE) -> RestRound:
     """The view of ``rnd`` for ``principal``."""
     admin = isolation.is_admin(principal)
     current = [u for u in rnd.uploads if u.current]
@@ -113,7 +114,7 @@ def rest_round(rnd: Round, principal: Principal, refusals: list[RefusedUpload],
         num_examples=rnd.num_examples if admin else None,
         aggregation_seconds=rnd.aggregation_seconds,
         has_model=rnd.model_file is not None
-        and isolation.may_download_model(principal, rnd.report, min_sites),
+        and isolation.may_download_model(principal, rnd.report, rule),
         has_keras=rnd.keras_layout is not None,
         rows=[r for r in rows if admin or r.site == principal.site_name],
         uploads=[i for i in items if _visible(principal, i)],
@@ -131,7 +132,7 @@ def _refusals(session: Session, principal: Principal, round_ids: list[int] | Non
 
 
 def list_rounds(session: Session, principal: Principal,
-                min_sites: int = isolation.DEFAULT_MIN_MODEL_SITES) -> list[RestRound]:
+                rule: isolation.ReleaseRule = _DEFAULT_RULE) -> list[RestRound]:
     """The newest `MAX_ROUNDS_LISTED` rounds, newest first."""
     rounds = list(session.scalars(
         select(Round).options(selectinload(Round.uploads).selectinload(Upload.site))
@@ -141,16 +142,16 @@ def list_rounds(session: Session, principal: Principal,
     by_round: dict[int | None, list[RefusedUpload]] = {}
     for refusal in refusals:
         by_round.setdefault(refusal.round_id, []).append(refusal)
-    return [rest_round(r, principal, by_round.get(r.id, []), min_sites) for r in rounds]
+    return [rest_round(r, principal, by_round.get(r.id, []), rule) for r in rounds]
 
 
 def get_round(session: Session, principal: Principal, round_id: int,
-              min_sites: int = isolation.DEFAULT_MIN_MODEL_SITES) -> RestRound | None:
+              rule: isolation.ReleaseRule = _DEFAULT_RULE) -> RestRound | None:
     """One round, or None."""
     rnd = session.get(Round, round_id)
     if rnd is None:
         return None
-    return rest_round(rnd, principal, _refusals(session, principal, [round_id]), min_sites)
+    return rest_round(rnd, principal, _refusals(session, principal, [round_id]), rule)
 
 
 def recent_uploads(session: Session, principal: Principal) -> list[UploadItem]:
