@@ -26,12 +26,20 @@ import numpy as np
 import torch
 from fedsplit.client.attacks import Attack, hostile_sites, parse_attack
 from fedsplit.client.data import feature_stats
+from fedsplit.client.failures import answered, hospital_stage
 from fedsplit.client.models import KINDS, RECIPE_KIND, ModelSpec, build_model, recipe_of
 from fedsplit.client.parallel import fit_parallel
-from fedsplit.client.privacy.agent import patient_dp, train_private
+from fedsplit.client.privacy.agent import check_dp_model, patient_dp, train_private
 from fedsplit.client.recipes import ModelInputs, builtin_recipe
 from fedsplit.client.secure.agent import handle_query, take_secure_record, train_reply
-from fedsplit.client.site import effective_recipe, load_site, site_columns, site_recipe
+from fedsplit.client.site import (
+    SiteData,
+    effective_recipe,
+    load_site,
+    site_columns,
+    site_name,
+    site_recipe,
+)
 from fedsplit.client.train import (
     batches_per_epoch,
     local_steps_per_round,
@@ -44,29 +52,46 @@ from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.update import Update, arrays_to_state_dict, state_dict_arrays
-from flwr.app import Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 torch.set_num_threads(1)  # one thread per hospital process: many small jobs share the cores
 
 app = ClientApp()
 
+LOCAL = "fedsplit-local"  # Context.state array record: this hospital's tensors that never travel
+
+
+def _name(context: Context) -> str:
+    """This hospital's name (node config site-name, else by partition, else its node id)."""
+    return site_name(context.node_config, context.node_id,
+                     RunConfig.from_flower(context.run_config))
+
+
+def _site(context: Context, cfg: RunConfig, schema: str | None = None) -> SiteData:
+    """This hospital's rows, read (and its failures named) as the stage "reading its data"."""
+    with hospital_stage(site_name(context.node_config, context.node_id, cfg), "reading its data"):
+        return load_site(context.node_config, context.node_id, cfg, schema)
+
 
 @app.query("schema")
+@answered("reading its data", _name)
 def schema(msg: Message, context: Context) -> Message:
     """Reply with the site's column report (no rows; rare categories withheld)."""
     wire.check_content(wire.SCHEMA_QUERY, msg.content, reply=False)
     cfg = RunConfig.from_flower(context.run_config)
-    report = site_columns(context.node_config, context.node_id, cfg)
+    with hospital_stage(_name(context), "reading its data"):
+        report = site_columns(context.node_config, context.node_id, cfg)
     return Message(wire.build_schema_reply(report), reply_to=msg)
 
 
 @app.query("stats")
+@answered("reading its data", _name)
 def stats(msg: Message, context: Context) -> Message:
     """Reply with aggregate feature (and target) statistics of the local training rows."""
     wire.check_content(wire.STATS, msg.content, reply=False)
     cfg = RunConfig.from_flower(context.run_config)
-    site = load_site(context.node_config, context.node_id, cfg, wire.instruction_schema(msg))
+    site = _site(context, cfg, wire.instruction_schema(msg))
     count, total, sumsq = feature_stats(site.train)
     y = site.train.y.astype(np.float64)
     reply = wire.build_stats_reply(wire.SiteStats(
@@ -82,34 +107,55 @@ def stats(msg: Message, context: Context) -> Message:
 
 
 @app.query("secagg")
+@answered("secure aggregation", _name)
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation's setup, share-keys and unmask stages (`client.secure`)."""
     return Message(handle_query(msg.content, msg.metadata.dst_node_id, context), reply_to=msg)
 
 
 @app.query("init")
+@answered("building the model", _name)
 def init(msg: Message, context: Context) -> Message:
-    """Reply with a freshly initialised model that carries the agreed statistics."""
+    """Reply with a freshly initialised model that carries the agreed statistics, the names of
+    the tensors that travel every round, and this hospital's name. Every hospital answers, so
+    the coordinator compares their models before round 1 (names, shapes, dtypes)."""
     cfg = RunConfig.from_flower(context.run_config)
     request = wire.parse_init_instruction(msg)
+    name = _name(context)
     if request.kind in KINDS:  # a built-in model, as the coordinator describes it
         recipe = builtin_recipe(request.kind, hidden=request.hidden, norm=request.norm)
     elif (recipe := site_recipe(context.node_config, cfg)) is None:
         raise ConfigError("The coordinator asks for the federation's recipe model, but this "
                           "hospital runs no recipe. Start it with --recipe (node config recipe). "
                           f"Received: kind={request.kind!r}")
-    spec: ModelSpec = recipe.model_spec(ModelInputs(request.task, request.input_shape,
-                                                    request.num_outputs))
-    model = build_model(spec, seed=cfg.seed, recipe=recipe)
-    set_statistics(model, request.mean, request.std, request.y_mean, request.y_std)
-    reply = wire.build_init_reply(state_dict_arrays(model.state_dict()), spec.to_id())
+    with hospital_stage(name, "building the model"):
+        spec: ModelSpec = recipe.model_spec(ModelInputs(request.task, request.input_shape,
+                                                        request.num_outputs))
+        model = build_model(spec, seed=cfg.seed, recipe=recipe)
+        set_statistics(model, request.mean, request.std, request.y_mean, request.y_std)
+        federated = _federated(model)
+        if (dp := patient_dp(cfg)) is not None:  # refused before round 1, with the fix
+            check_dp_model(model, dp, cfg)
+    reply = wire.build_init_reply(state_dict_arrays(model.state_dict()), spec.to_id(),
+                                  federated=federated, site=name)
     return Message(reply, reply_to=msg)
+
+
+def _federated(model: torch.nn.Module) -> list[str]:
+    """The tensors of ``model`` that travel every round (its recipe's `Recipe.federated`)."""
+    names = list(recipe_of(model).federated(model))
+    state = model.state_dict()
+    if not names or any(n not in state for n in names):
+        raise ConfigError(f"Recipe {recipe_of(model).name}'s federated(model) must name at least "
+                          f"one entry of the model's state_dict. Received: {names[:8]}")
+    return [n for n in state if n in set(names)]  # in state_dict order
 
 
 def _global_model(instruction: wire.ModelInstruction, context: Context,
                   cfg: RunConfig) -> torch.nn.Module:
-    """The coordinator's model; a recipe model must be this hospital's own recipe (same name,
-    version and parameters), else it is refused with the difference."""
+    """The coordinator's model with this hospital's own tensors that never travel (`LOCAL`:
+    e.g. FedBN's BatchNorm layers, counters) put back; a recipe model must be this hospital's
+    own recipe (same name, version and parameters), else it is refused with the difference."""
     spec = ModelSpec.from_id(instruction.model_id)
     recipe = None
     if spec.kind == RECIPE_KIND:
@@ -120,9 +166,29 @@ def _global_model(instruction: wire.ModelInstruction, context: Context,
                 f"hospital runs no recipe. Start it with --recipe (node config recipe). "
                 f"Received: {spec.identity.to_json()}"
             )
-    model = build_model(spec, recipe=recipe, strict=True)
-    model.load_state_dict(arrays_to_state_dict(instruction.arrays, like=model.state_dict()))
+    with hospital_stage(_name(context), "loading the global model"):
+        model = build_model(spec, recipe=recipe, strict=True)
+        arrays = dict(instruction.arrays)
+        if LOCAL in context.state.array_records:
+            own = context.state.array_records[LOCAL]
+            arrays.update({k: a.numpy() for k, a in own.items()
+                           if k in arrays and tuple(a.shape) == tuple(arrays[k].shape)})
+        model.load_state_dict(arrays_to_state_dict(arrays, like=model.state_dict()))
     return model
+
+
+def _keep_local(context: Context, start: dict[str, np.ndarray], update: Update,
+                federated: list[str]) -> Update:
+    """Keep this hospital's trained tensors that never travel in its `LOCAL` state; return the
+    update with only the tensors that travel."""
+    shared = set(federated)
+    own = {k: a for k, a in update.arrays.items()
+           if k not in shared and (k not in start or not np.array_equal(a, start[k]))}
+    if own:
+        context.state.array_records[LOCAL] = ArrayRecord(
+            {k: Array(np.ascontiguousarray(a)) for k, a in own.items()})
+    return Update({k: a for k, a in update.arrays.items() if k in shared},
+                  num_examples=update.num_examples)
 
 
 def _hostile(context: Context, cfg: RunConfig) -> Attack | None:
@@ -150,68 +216,76 @@ def survival_summary(msg: Message, context: Context) -> Message:
 
 
 @app.train()
+@answered("training", _name)
 def train(msg: Message, context: Context) -> Message:
-    """Train the global model on local rows; reply with weights, count and metrics."""
+    """Train the global model on local rows; reply with the tensors that travel, the count and
+    metrics (the others stay in this hospital's state)."""
     cfg = RunConfig.from_flower(context.run_config)
     secure = take_secure_record(msg.content)  # secure aggregation's collect stage, or None
     instruction = wire.parse_model_instruction(msg, wire.TRAIN)
-    site = load_site(context.node_config, context.node_id, cfg, instruction.schema)
+    site = _site(context, cfg, instruction.schema)
     model = _global_model(instruction, context, cfg)
+    federated = _federated(model)
+    start = {k: np.asarray(instruction.arrays[k]) for k in instruction.arrays}
+    sent = {k: start[k] for k in federated if k in start}
     device = pick_device(cfg.device)
     server_round = instruction.server_round
     attack = _hostile(context, cfg)
     y = site.train.y
     if attack is not None:  # a simulated hostile hospital (attack/attackers in the run config)
         y = attack.poison_labels(y, model.spec.num_outputs)
-        start = state_dict_arrays(model.state_dict())
     mu = instruction.proximal_mu
     seed = cfg.seed * 100_003 + server_round
     x = site.train.x
     steps = local_steps_per_round(len(x), local_steps=cfg.local_steps,
                                   local_epochs=cfg.local_epochs, batch_size=cfg.batch_size)
-    if (dp := patient_dp(cfg)) is not None:  # DP-SGD within the hospital's budget (client/privacy)
-        loss, epsilon = train_private(model, x, y, dp, cfg, steps=steps, server_round=server_round,
-                                      site=site.name, seed=seed, device=device,
-                                      proximal_mu=cfg.proximal_mu if mu is None else mu)
-        update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
-        metrics = {wire.TRAIN_LOSS: loss, wire.ON_GPU: int(device.type == "cuda"), wire.DP_EPSILON: epsilon}
-        site_info = {"name": site.name, "device": str(device)}
-        return Message(train_reply(secure, context, instruction.arrays, update, metrics, site_info),
-                       reply_to=msg)
-    rows = step_rows(len(x), steps, cfg.batch_size, seed)
-    if rows is not None:  # exactly `steps` mini-batches: one pass over reshuffled repeats
-        x, y = x[rows], y[rows]
-    result = fit_parallel(
-        model, x, y,
-        epochs=1 if rows is not None else steps // batches_per_epoch(len(x), cfg.batch_size),
-        lr=cfg.lr, batch_size=min(cfg.batch_size, len(site.train)),
-        seed=seed, device=device,
-        proximal_mu=cfg.proximal_mu if mu is None else mu, parallel=cfg.parallel,
-    )
-    update = Update.from_state_dict(model.state_dict(), num_examples=len(site.train))
-    info = result.metrics()
-    metrics = {wire.TRAIN_LOSS: result.loss, wire.ON_GPU: int(device.type == "cuda"),
+    with hospital_stage(site.name, "training"):
+        if (dp := patient_dp(cfg)) is not None:  # DP-SGD within the hospital's budget
+            loss, epsilon = train_private(model, x, y, dp, cfg, steps=steps,
+                                          server_round=server_round, site=site.name, seed=seed,
+                                          device=device,
+                                          proximal_mu=cfg.proximal_mu if mu is None else mu)
+            info: dict[str, object] = {wire.DP_EPSILON: epsilon}
+        else:
+            rows = step_rows(len(x), steps, cfg.batch_size, seed)
+            if rows is not None:  # exactly `steps` mini-batches: one pass over reshuffled repeats
+                x, y = x[rows], y[rows]
+            result = fit_parallel(
+                model, x, y,
+                epochs=1 if rows is not None else steps // batches_per_epoch(len(x), cfg.batch_size),
+                lr=cfg.lr, batch_size=min(cfg.batch_size, len(site.train)),
+                seed=seed, device=device,
+                proximal_mu=cfg.proximal_mu if mu is None else mu, parallel=cfg.parallel,
+            )
+            loss, info = result.loss, result.metrics()
+        update = _keep_local(context, start, Update.from_state_dict(
+            model.state_dict(), num_examples=len(site.train)), federated)
+    metrics = {wire.TRAIN_LOSS: loss, wire.ON_GPU: int(device.type == "cuda"),
                **{k: v for k, v in info.items() if isinstance(v, int | float)}}
     site_info = {"name": site.name, "device": str(device),
                  **{k: v for k, v in info.items() if isinstance(v, str)}}
     if attack is not None:  # poisoned weights skip the sender's own checks: the coordinator's guard
-        poisoned = attack.poison_update(update.arrays, start, seed=cfg.seed * 7919 + server_round)
+        poisoned = attack.poison_update(update.arrays, sent, seed=cfg.seed * 7919 + server_round)
         reply = wire.build_train_reply(poisoned, {wire.NUM_EXAMPLES: update.num_examples, **metrics},
                                        site_info)
     else:
-        reply = train_reply(secure, context, instruction.arrays, update, metrics, site_info)
+        with hospital_stage(site.name, "secure aggregation"):
+            reply = train_reply(secure, context, sent, update, metrics, site_info)
     return Message(reply, reply_to=msg)
 
 
 @app.evaluate()
+@answered("scoring", _name)
 def evaluate(msg: Message, context: Context) -> Message:
-    """Score the global model on the site's held-out rows."""
+    """Score the global model (with this hospital's own tensors that never travel) on the
+    site's held-out rows."""
     cfg = RunConfig.from_flower(context.run_config)
     instruction = wire.parse_model_instruction(msg, wire.EVALUATE)
-    site = load_site(context.node_config, context.node_id, cfg, instruction.schema)
+    site = _site(context, cfg, instruction.schema)
     model = _global_model(instruction, context, cfg)
-    result = score(model, site.val.x, site.val.y, pick_device(cfg.device))
-    names = recipe_of(model).metric_names(model.spec.task)
+    with hospital_stage(site.name, "scoring"):
+        result = score(model, site.val.x, site.val.y, pick_device(cfg.device))
+        names = recipe_of(model).metric_names(model.spec.task)
     reply = wire.build_evaluate_reply({wire.NUM_EXAMPLES: len(site.val), **result},
                                       {wire.SITE_NAME: site.name},
                                       metrics_allowed=names)

@@ -159,6 +159,8 @@ def load_site_file(path: str | Path, *, target: str, task: str | None = None,
     if suffix in IMAGE_SUFFIXES:
         if not path.is_file():
             raise ConfigError(f"Data file {path} does not exist. Received: {path}")
+        if (staged := read_staged(path)) is not None:
+            return staged
         try:
             with np.load(path, allow_pickle=False) as npz:
                 x, y = npz["x"].astype(np.float32), npz["y"]
@@ -184,6 +186,51 @@ def load_site_file(path: str | Path, *, target: str, task: str | None = None,
         )
     return dataset_from_frame(read_table(path), target=target, task=task, source=path,
                               settings=settings)
+
+
+STAGED_KEYS = ("x", "y", "fedsplit-task", "fedsplit-kind", "fedsplit-features")
+
+
+def write_staged(data: Dataset, path: Path) -> Path:
+    """Write a `Dataset` as NPZ that `read_staged` (and so every hospital agent) reads back as
+    exactly the same arrays, task, kind and feature names: no reshaping, whatever the shape (a
+    recipe reader's N x C x L signals stay N x C x L). `fedsplit simulate` stages each
+    simulated hospital's training rows this way."""
+    np.savez(path, **{"x": data.x, "y": data.y, "fedsplit-task": np.array(data.task),
+                      "fedsplit-kind": np.array(data.kind),
+                      "fedsplit-features": np.array(list(data.feature_names), dtype=str)})
+    return path
+
+
+def is_staged(path: Path) -> bool:
+    """Whether ``path`` is a `write_staged` file, or a folder holding one as ``data.npz`` (and
+    nothing else fedsplit reads)."""
+    path = Path(path)
+    if path.is_dir():
+        files = [p for p in path.iterdir() if p.suffix.lower() in TABLE_SUFFIXES + IMAGE_SUFFIXES]
+        if len(files) != 1:
+            return False
+        path = files[0]
+    if path.suffix.lower() != ".npz" or not path.is_file():
+        return False
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return set(npz.files) == set(STAGED_KEYS)
+    except (ValueError, OSError):
+        return False
+
+
+def read_staged(path: Path) -> Dataset | None:
+    """A `Dataset` written by `write_staged`, exactly as written; None for any other NPZ."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if set(npz.files) != set(STAGED_KEYS):
+                return None
+            return Dataset(np.asarray(npz["x"], dtype=np.float32), np.asarray(npz["y"]),
+                           str(npz["fedsplit-task"]), str(npz["fedsplit-kind"]),
+                           [str(f) for f in npz["fedsplit-features"]])
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{path} is not a readable NPZ file ({e}). Received: {path.name}") from e
 
 
 def local_schema(frame: Any, settings: TableSettings, *, task: str | None = None,

@@ -44,6 +44,7 @@ from fedsplit.client.data import (
     read_table,
     read_with_recipe,
     split_indices,
+    write_staged,
 )
 from fedsplit.client.models import SiteModel, build_model, load_model, recipe_of
 from fedsplit.client.recipes import ModelInputs
@@ -57,6 +58,7 @@ from fedsplit.orchestration.flower_runtime import simulation
 from fedsplit.orchestration.personalize import ALONE, PRIOR, parse_budget, personalize, resolve_scope
 from fedsplit.orchestration.plots import plot_rounds
 from fedsplit.orchestration.selection import BestRound
+from fedsplit.orchestration.survival_baselines import exact_baseline, fitted_exactly
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
@@ -337,10 +339,9 @@ def write_site(site: Dataset | Any, folder: Path, target: str) -> Path:
     for stale in folder.glob("data.*"):  # a previous run's file of the other kind: one file per site
         stale.unlink()
     if isinstance(site, Dataset) and (site.kind != "mlp" or np.ndim(site.y) > 1):  # images, arrays,
-        # and targets of several columns (survival: time and event)
-        path = folder / "data.npz"
-        np.savez(path, x=site.x, y=site.y)
-        return path
+        # and targets of several columns (survival: time and event): exactly the arrays the
+        # coordinator's scoring and baselines use (`client.data.write_staged`)
+        return write_staged(site, folder / "data.npz")
     if isinstance(site, Dataset):
         frame = pd.DataFrame(site.x, columns=site.feature_names)
         frame[target] = site.y
@@ -543,8 +544,14 @@ def run_experiment(
     trains = {name: train for name, (train, _) in splits.items()}
     vals = {name: val for name, (_, val) in splits.items()}
     central_steps, site_steps = baseline_steps([len(t) for t in trains.values()], cfg)
+    exact = fitted_exactly(history) and schema is not None  # the exact Cox fit's baselines
+
     def baseline(train: Dataset, val: Dataset, steps: int) -> dict[str, Any]:
-        model, chosen = train_baseline(train, val, num_outputs, cfg, steps)
+        def trained() -> tuple[SiteModel, BestRound]:
+            return train_baseline(train, val, num_outputs, cfg, steps)
+
+        model, chosen = (exact_baseline(_fresh_model(train, num_outputs, cfg), train, val,
+                                        schema.to_json(), trained) if exact else trained())
         return {"num_examples": len(train), "steps": steps, "rounds_kept": chosen.round,
                 "val_metric": chosen.scores, "val_examples": len(val), **evaluate(model, tests)}
 

@@ -6,8 +6,9 @@ and user-defined links (and hard-link aliases, which make cycles and repeated pa
 committed datatypes, trees deeper than the limit, more objects than the limit, virtual
 datasets, external raw storage, filters other than gzip/shuffle/fletcher32 (anything else
 needs a plugin library: code loaded at read time), compound/string/object/reference/enum
-dtypes, null dataspaces and datasets whose declared size is over the limit. Only `h5py`
-metadata calls are made; no data is read.
+dtypes, null dataspaces, datasets whose declared size is over the limit, chunks smaller than
+`MIN_CHUNK_BYTES` and more than `MAX_CHUNKS` chunks in a file. Only `h5py` metadata calls are
+made; no data is read.
 
 The walk is h5py's low-level API, each property asked once (about 30 us a dataset, most of it
 HDF5 opening and closing it): a group's links and their object addresses in one pass (an
@@ -39,6 +40,12 @@ from h5py import h5d, h5g, h5l, h5o, h5s, h5t
 ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32"}
 #: Objects (groups + datasets) one file may hold.
 MAX_OBJECTS = 100_000
+#: Chunks all of a file's chunked datasets may declare together. HDF5 keeps an index entry per
+#: chunk and reading pays for each: a 7 KB file declaring 10^6 one-value chunks made its reader
+#: peak at 3.75 GiB; a real model's chunks are tens of KiB (h5py's own chunking: 8 KiB to 1 MiB).
+MAX_CHUNKS = 32_768
+#: Smallest chunk, in bytes, of a dataset larger than that (a smaller dataset: one chunk).
+MIN_CHUNK_BYTES = 1024
 
 
 @dataclass
@@ -125,7 +132,7 @@ class _Walk:
     """One structure walk: its limits, what it found, the object addresses it has seen, and the
     plain type the last dataset had (the next dataset's type is compared with it first)."""
 
-    __slots__ = ("last_type", "max_depth", "max_elements", "seen", "tree", "where")
+    __slots__ = ("chunks", "last_type", "max_depth", "max_elements", "seen", "tree", "where")
 
     def __init__(self, where: str, max_depth: int, max_elements: int) -> None:
         self.where = where
@@ -134,6 +141,18 @@ class _Walk:
         self.tree = Tree()
         self.seen: set[int] = set()
         self.last_type: tuple[h5t.TypeID, np.dtype, np.dtype] | None = None
+        self.chunks = 0  # chunks declared so far, every dataset together
+
+    def count_chunks(self, count: int, path: str) -> None:
+        """Add a dataset's chunks to the file's total; refuse past `MAX_CHUNKS`."""
+        self.chunks += count
+        if self.chunks > MAX_CHUNKS:
+            raise WeightFileError(
+                f"{self.where} declares more than {MAX_CHUNKS} HDF5 chunks (at /{path} the total "
+                f"reached {self.chunks}); each chunk costs the reader memory and time. Save the "
+                f"weights unchunked, or with h5py's default chunking. Received: > {MAX_CHUNKS} chunks",
+                reason="chunks",
+            )
 
     def group(self, gid: h5g.GroupID, prefix: str, depth: int) -> None:
         """Check group ``gid`` (at ``/prefix``) and everything under it."""
@@ -181,7 +200,10 @@ class _Walk:
             if after_dataset:
                 info = self.dataset(obj, path)
                 if info is None:  # something the fast check does not accept: the full check decides
-                    info = check_dataset(h5py.Dataset(obj), f"/{path}", self.max_elements, where)
+                    dataset = h5py.Dataset(obj)
+                    info = check_dataset(dataset, f"/{path}", self.max_elements, where)
+                    if dataset.chunks is not None:
+                        self.count_chunks(chunk_count(info.shape, dataset.chunks), path)
                 self.tree.datasets.append(info)
             elif isinstance(obj, h5g.GroupID):
                 self.tree.groups.append(path)
@@ -202,9 +224,12 @@ class _Walk:
         integer type (`_PLAIN_TYPES`). Each property is asked of HDF5 once.
         """
         offset = _plain_contiguous(dsid)  # the values' offset when stored as plain bytes
+        chunk: tuple[int, ...] | None = None
         if offset is None:  # anything else: the creation property list tells
             plist = dsid.get_create_plist()
             layout = plist.get_layout()
+            if layout == h5d.CHUNKED:
+                chunk = tuple(int(c) for c in plist.get_chunk())
             if layout == h5d.VIRTUAL or plist.get_external_count() > 0:
                 return None
             nfilters = plist.get_nfilters()
@@ -228,9 +253,34 @@ class _Walk:
                 return None
             self.last_type = plain
         _std, dtype, native = plain
+        if chunk is not None:
+            check_chunks(shape, chunk, dtype.itemsize, f"/{path}", self.where)
+            self.count_chunks(chunk_count(shape, chunk), path)
         if offset is not None and (not dtype.isnative or offset % dtype.itemsize):
             offset = None  # mapped as it lies only in this machine's byte order, aligned
         return DatasetInfo(path, shape, native, offset)
+
+
+def chunk_count(shape: tuple[int, ...], chunk: tuple[int, ...]) -> int:
+    """How many chunks a dataset of ``shape`` stored in chunks of ``chunk`` declares."""
+    return math.prod(-(-int(n) // max(1, int(c))) for n, c in zip(shape, chunk, strict=False))
+
+
+def check_chunks(shape: tuple[int, ...], chunk: tuple[int, ...], itemsize: int, path: str,
+                 where: str) -> None:
+    """Refuse (``chunks``) chunks smaller than `MIN_CHUNK_BYTES` in a dataset larger than that,
+    and a dataset declaring more than `MAX_CHUNKS` chunks, from the metadata alone."""
+    count = chunk_count(shape, chunk)
+    chunk_bytes = math.prod(chunk) * itemsize
+    data_bytes = math.prod(shape) * itemsize
+    if count > MAX_CHUNKS or (count > 1 and chunk_bytes < min(MIN_CHUNK_BYTES, data_bytes)):
+        raise WeightFileError(
+            f"{where}: {path} is stored in {count} chunks of {chunk_bytes} bytes (shape {shape}, "
+            f"chunks {chunk}); at most {MAX_CHUNKS} chunks of at least {MIN_CHUNK_BYTES} bytes are "
+            f"accepted, each costing the reader memory and time. Save the weights unchunked, or "
+            f"with h5py's default chunking. Received: chunks {chunk}",
+            reason="chunks",
+        )
 
 
 def _refuse_link(group: h5py.Group, name: str, path: str, where: str) -> None:
@@ -379,6 +429,8 @@ def check_dataset(ds: h5py.Dataset, path: str, max_elements: int, where: str) ->
             reason="dtype",
         )
     size = int(np.prod(ds.shape, dtype=np.int64)) if ds.shape else 1
+    if ds.chunks is not None:
+        check_chunks(tuple(ds.shape), tuple(ds.chunks), dtype.itemsize, path, where)
     if size > max_elements:
         raise WeightFileError(
             f"{where}: {path} declares shape {ds.shape} ({size} values), more than the "

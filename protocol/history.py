@@ -245,6 +245,9 @@ class RunRecord(_JsonFile):
     status: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     model_id: str | None = None
+    #: the state_dict entries that travel every round (None: every tensor; the rest stays at
+    #: each hospital: `client.recipes.Recipe.federated`)
+    federated: list[str] | None = None
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None

@@ -46,6 +46,7 @@ Arrays are float16/32/64 everywhere; integer buffers travel as float64 (see
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fedsplit.protocol.arrays import check_arrays, check_num_examples
-from fedsplit.protocol.errors import ConfigError, FedsplitError, ReplyError
+from fedsplit.protocol.errors import ConfigError, FedsplitError, ReplyError, one_line
 from fedsplit.protocol.schema import SiteColumns
 from fedsplit.protocol.update import Update, to_array_record
 
@@ -81,6 +82,7 @@ COLUMNS = "columns"
 # --- keys -----------------------------------------------------------------------------------
 NUM_EXAMPLES = "num-examples"  # the default weight key (Flower's weighted_by_key)
 MODEL_ID = "model-id"
+FEDERATED = "federated"  # query.init reply: the state_dict names that travel (the rest stay home)
 SERVER_ROUND = "server-round"  # Flower's FedAvg adds it to every train/evaluate config
 PROXIMAL_MU = "proximal-mu"
 SITE_NAME = "name"
@@ -131,7 +133,8 @@ CONTRACT: dict[str, tuple[dict[str, RecordRule], dict[str, RecordRule]]] = {
     STATS: ({CONFIG: _rule("config", (SCHEMA_KEY,), ())},
             {STATS_RECORD: _rule("metrics", STATS_KEYS), SCHEMA: _rule("config", SCHEMA_KEYS)}),
     INIT: ({CONFIG: _rule("config", INIT_KEYS)},
-           {ARRAYS: _rule("arrays"), MODEL: _rule("config", (MODEL_ID,))}),
+           {ARRAYS: _rule("arrays"), MODEL: _rule("config", (MODEL_ID, FEDERATED), (MODEL_ID,)),
+            SITE: _rule("config", (SITE_NAME,), (), optional=True)}),
     TRAIN: ({ARRAYS: _rule("arrays"),
              CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND, PROXIMAL_MU, SCHEMA_KEY), (MODEL_ID,))},
             {ARRAYS: _rule("arrays"), METRICS: _rule("metrics"),
@@ -222,6 +225,27 @@ def reply_site(msg: Message) -> str:
         if record is not None and SITE_NAME in record:
             return str(record[SITE_NAME])
     return f"node-{msg.metadata.src_node_id}"
+
+
+_FAILURE_SITE = re.compile(r"^hospital ([A-Za-z0-9][A-Za-z0-9_.-]{0,63}), ")
+
+
+def failure_site(reason: str | None) -> str | None:
+    """The hospital a failed reply's one-line reason names (``hospital NAME, STAGE: ...``, as
+    the agent writes it: `protocol.errors.HospitalFailure`), else None."""
+    match = _FAILURE_SITE.match(reason or "")
+    return match.group(1) if match else None
+
+
+def failure_reason(reason: str | None) -> str:
+    """A failed reply's reason in one line: the agent's own line as it is; anything else
+    (Flower's or Ray's traceback) cut to its final message, prefixed "the ClientApp failed"."""
+    if failure_site(reason) is not None:
+        return one_line(str(reason))
+    text = one_line(str(reason or "no reason given"), limit=100_000)
+    if "Message: " in text:  # Ray's ClientAppException: "... occurred. Message: <cause>'>"
+        text = text.rsplit("Message: ", 1)[1].rstrip("'>").strip()
+    return one_line(f"the ClientApp failed: {text}")
 
 
 def _site_info(msg: Message) -> dict[str, str]:
@@ -406,22 +430,38 @@ def parse_init_instruction(msg: Message) -> ModelRequest:
 
 @dataclass(frozen=True)
 class InitialModel:
-    """The shared starting model: its parameters and architecture id."""
+    """A hospital's initial model: its parameters, architecture id, the names of the tensors
+    that travel every round (`client.recipes.Recipe.federated`; None: every tensor) and the
+    hospital that built it."""
 
     arrays: ArrayRecord
     model_id: str
+    federated: tuple[str, ...] | None = None
+    site: str | None = None
 
 
-def build_init_reply(arrays: Mapping[str, np.ndarray], model_id: str) -> RecordDict:
-    """A site's ``query.init`` reply: the initial model in wire form (see `state_dict_arrays`)."""
-    content = _record_dict({ARRAYS: to_array_record(check_arrays(arrays, where="initial model")),
-                            MODEL: _config_record({MODEL_ID: model_id})})
+def build_init_reply(arrays: Mapping[str, np.ndarray], model_id: str,
+                     federated: Sequence[str] | None = None, site: str | None = None) -> RecordDict:
+    """A site's ``query.init`` reply: the initial model in wire form (see `state_dict_arrays`),
+    the names of the tensors that travel (a subset of the arrays, in their order) and the site."""
+    checked = check_arrays(arrays, where="initial model")
+    model: dict[str, Any] = {MODEL_ID: model_id}
+    if federated is not None:
+        if unknown := [n for n in federated if n not in checked]:
+            raise ConfigError(f"The tensors that travel must be entries of the model's state_dict. "
+                              f"Received: {unknown[:8]}")
+        model[FEDERATED] = list(federated)
+    records: dict[str, Any] = {ARRAYS: to_array_record(checked), MODEL: _config_record(model)}
+    if site is not None:
+        records[SITE] = _config_record({SITE_NAME: site})
+    content = _record_dict(records)
     check_content(INIT, content, reply=True)
     return content
 
 
 def parse_init_reply(msg: Message) -> InitialModel:
-    """Check and read a ``query.init`` reply; its arrays must be finite floats."""
+    """Check and read a ``query.init`` reply; its arrays must be finite floats, and the tensors
+    that travel a non-empty subset of them."""
     check_content(INIT, msg.content, reply=True)
     record = msg.content.array_records[ARRAYS]
     try:
@@ -429,7 +469,16 @@ def parse_init_reply(msg: Message) -> InitialModel:
     except FedsplitError as e:
         raise ReplyError(f"The initial model breaks the wire contract (float arrays only; integer "
                          f"buffers travel as float64): {e}") from e
-    return InitialModel(record, str(msg.content.config_records[MODEL][MODEL_ID]))
+    model = msg.content.config_records[MODEL]
+    federated = None
+    if FEDERATED in model:
+        federated = tuple(str(n) for n in model[FEDERATED])
+        if not federated or any(n not in record for n in federated):
+            raise ReplyError(f"The initial model's travelling tensors must be a non-empty subset "
+                             f"of its arrays. Received: {list(federated)[:8]}")
+    site = (str(msg.content.config_records[SITE][SITE_NAME])
+            if SITE in msg.content.config_records else None)
+    return InitialModel(record, str(model[MODEL_ID]), federated, site)
 
 
 # --- train and evaluate ---------------------------------------------------------------------

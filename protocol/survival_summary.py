@@ -12,6 +12,20 @@ stage and its inputs, as `fedsplit km`):
   ``[events per grid time, sum of exp(risk) over the patients at risk per grid time]``
   (summed), ``risk`` the model's log relative hazard of each of its training rows.
 
+Each names the ``rows`` it sums (`SUMMARY_ROWS`): the rows the model was trained on.
+
+When the linear Cox model is fitted exactly (`protocol.survival_exact`), the coordinator first
+runs, on the same grid and in place of training rounds, the stages of `fedsplit cox` on all of
+each hospital's rows (no round is picked, so none are held out for validation; covariates:
+`protocol.survival.cox_columns` of the schema; a missing value counts as the column's mean, as
+the model's ``Standardize`` layer does):
+
+- ``moments``: ``[rows, events, per covariate: count of values, sum, sum of squares]``;
+- ``newton``: at the broadcast standardized coefficients, ``[log partial likelihood, gradient,
+  Hessian's upper triangle]`` of the hospital's stratum (Efron ties);
+- ``concordance``: ``[concordant, tied, comparable, rows]``: patient pairs at the coefficients,
+  and the number of rows.
+
 Every stage carries the agreed ``schema`` (JSON) with which the hospital encodes its rows, as in
 training. Under secure aggregation the summed stages travel as SecAgg+ sums in fixed point
 (`STAGE_BITS` fraction bits; `protocol.survival.encode_fixed`).
@@ -39,12 +53,19 @@ from fedsplit.protocol.errors import ConfigError
 
 #: stages -> the instruction keys each carries (besides "stage")
 STAGES: dict[str, frozenset[str]] = {
-    "km-times": frozenset({"schema"}),
-    "km-counts": frozenset({"schema", "grid"}),
-    "baseline": frozenset({"schema", "grid", "model-id"}),
+    "km-times": frozenset({"schema", "rows"}),
+    "km-counts": frozenset({"schema", "grid", "rows"}),
+    "baseline": frozenset({"schema", "grid", "model-id", "rows"}),
+    # the exact linear Cox fit (`protocol.survival_exact`), on all of a hospital's rows
+    "moments": frozenset({"schema"}),
+    "newton": frozenset({"schema", "mean", "std", "beta"}),
+    "concordance": frozenset({"schema", "mean", "std", "beta"}),
 }
 #: fixed-point fraction bits of each summed stage under secure aggregation (0: integer counts)
-STAGE_BITS = {"km-counts": 0, "baseline": 32}
+STAGE_BITS = {"km-counts": 0, "baseline": 32, "moments": 16, "newton": 32, "concordance": 0}
+#: the rows the summary's stages use (``rows``): the model's training rows, which are the
+#: hospital's rows less its validation rows ("train"), or all of them after an exact fit ("all")
+SUMMARY_ROWS = ("train", "all")
 #: the array record of a ``baseline`` instruction: the kept model's arrays
 MODEL = "model"
 #: Flower run-config key of the minimum-count rule (as `fedsplit km --min-count`), and its default

@@ -16,7 +16,7 @@ from fedsplit.aggregation.base import AggregationStrategy
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError, FedsplitError
+from fedsplit.protocol.errors import ConfigError, FedsplitError, NoTrainingError
 from fedsplit.server.compose import compose_aggregator, compose_strategy
 from fedsplit.server.history import RunHistory, find_resume_point
 from fedsplit.server.setup import ModelSetup, prepare_model, wait_for_nodes
@@ -87,7 +87,9 @@ def main(grid: Grid, context: Context) -> None:
                 wait_for_nodes(grid, quorum, cfg.round_timeout)
             check_strategy_fits(aggregator, max(cfg.min_nodes, len(list(grid.get_node_ids()))),
                                 cfg)
-            setup = ModelSetup(resume.arrays(), resume.model_id, resume.schema)
+            setup = ModelSetup(resume.arrays(), resume.model_id, resume.schema,
+                               federated=(tuple(resume.history.federated)
+                                          if resume.history.federated is not None else None))
             done = resume.last_round
             if optimizer is not None:
                 resume.restore_optimizer(optimizer)
@@ -95,7 +97,7 @@ def main(grid: Grid, context: Context) -> None:
             nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
             check_strategy_fits(aggregator, max(cfg.min_nodes, len(nodes)), cfg)
             setup = prepare_model(grid, nodes, cfg)
-            history.set_model(setup.model_id)
+            history.set_model(setup.model_id, setup.federated)
             history.set_schema(setup.schema, setup.warnings)
             done = 0
         strategy = compose_strategy(  # the loop, wrapped for secure aggregation and dp
@@ -113,8 +115,14 @@ def main(grid: Grid, context: Context) -> None:
             min_evaluate_nodes=quorum,
             min_available_nodes=quorum,
             server_optimizer=optimizer,
+            federated=setup.federated,
+            site_names=setup.site_names,
         )
-        if done < cfg.num_server_rounds:
+        from fedsplit.server.survival.exact import fit_exact, uses_newton
+
+        if uses_newton(cfg, setup.model_id):  # the linear Cox model: the exact fit, no rounds
+            fit_exact(grid, cfg, setup, history)
+        elif done < cfg.num_server_rounds:
             strategy.start(
                 grid=grid,
                 initial_arrays=setup.arrays,
@@ -123,6 +131,10 @@ def main(grid: Grid, context: Context) -> None:
                 train_config=wire.train_config(setup.model_id, cfg.proximal_mu, setup.schema),
                 evaluate_config=wire.evaluate_config(setup.model_id, setup.schema),
             )
+        if (why := history.record.failure()) is not None:  # nothing to present: say why
+            raise NoTrainingError(
+                f"The federation trained no model: {why}. Fix what each hospital's line says "
+                f"(its data, its recipe) and run again. Received: history {history.path}")
         if cfg.task == "survival":  # the pooled curve and the kept model's baseline
             from fedsplit.server.survival.summary import run_summary
 

@@ -115,9 +115,10 @@ class RunHistory:
         """Persist the history (atomically)."""
         self.record.save(self.path)
 
-    def set_model(self, model_id: str) -> None:
-        """Record the architecture every site trains."""
+    def set_model(self, model_id: str, federated: Sequence[str] | None = None) -> None:
+        """Record the architecture every site trains and the tensors that travel (None: all)."""
         self.record.model_id = model_id
+        self.record.federated = list(federated) if federated is not None else None
         self.save()
 
     def record_train(
@@ -134,7 +135,8 @@ class RunHistory:
         """Record a round's training replies, aggregation report and saved model.
 
         ``arrays``: the new global model when it is not the rule's aggregate (a server
-        optimizer stepped it); ``server_opt``: that optimizer, whose state is saved first.
+        optimizer stepped it, or the aggregate covers only the tensors that travel and the
+        rest was kept); ``server_opt``: that optimizer, whose state is saved first.
         """
         entry = self.record.round_entry(server_round)
         entry.train = Phase(sites=_entries(sites), metrics=metrics)
@@ -149,7 +151,7 @@ class RunHistory:
                                      site="coordinator"), optimizer_state_path(model_path))
                 moved = {k: float(np.linalg.norm(arrays[k].astype(np.float64)
                                                  - result.arrays[k].astype(np.float64)))
-                         for k in arrays} if arrays is not None else {}
+                         for k in result.arrays} if arrays is not None else {}
                 entry.server_opt = ServerOptStep(
                     name=server_opt.name, lr=server_opt.lr, step=server_opt.step_count,
                     distance_from_aggregate=float(np.sqrt(sum(v * v for v in moved.values()))))

@@ -37,7 +37,7 @@ class PrivateStrategy(StrategyWrapper):
                         grid: Grid) -> Iterable[Message]:
         """Hospital-level DP clips against the global model sent this round."""
         if isinstance(self.aggregator, HospitalDPFedAvg):
-            self.aggregator.set_reference({k: a.numpy() for k, a in arrays.items()})
+            self.aggregator.set_reference(self.loop.travelling({k: a.numpy() for k, a in arrays.items()}))
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]

@@ -12,8 +12,14 @@
    Each stats reply also names the recipe the hospital runs (name, version, validated
    parameters: `protocol.recipe`); hospitals that differ are refused here, before round 1,
    with the hospital and the difference named.
-3. ``query.init`` to one hospital: build the model with those statistics; its weights become
-   the shared starting point every site trains from (sites must share an initialisation for
+3. ``query.init`` to every hospital: each builds the model with those statistics and replies
+   with it, the names of the tensors that travel every round (`Recipe.federated`) and its
+   name. The coordinator compares the models' states (names, shapes, dtypes, and which
+   tensors travel) before round 1: the majority's defines the federation's model, and a
+   hospital whose model differs (another layer width under the same recipe name, version and
+   parameters) is refused by name with the difference, whatever order the replies came in; no
+   majority (a tie) refuses the run naming the groups. The first hospital by name among the
+   majority gives the shared starting weights (sites must share an initialisation for
    averaging to work). A recipe's model id must carry the recipe the hospitals agreed on.
 
 The coordinator never imports model code: it only routes statistics and arrays. Both
@@ -30,7 +36,12 @@ from typing import Any
 import numpy as np
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError, FederationError, FedsplitError
+from fedsplit.protocol.errors import (
+    ConfigError,
+    FederationError,
+    FedsplitError,
+    error_from_record,
+)
 from fedsplit.protocol.recipe import RecipeIdentity, RecipeModelId, check_same_recipe, is_recipe_id
 from fedsplit.protocol.schema import Schema, merge_reports, moment_warnings
 from fedsplit.protocol.stats import combine_moments
@@ -46,13 +57,15 @@ RECIPE_KIND = "recipe"  # query.init kind: build the model with the hospitals' o
 
 @dataclass
 class ModelSetup:
-    """The shared starting model, the table schema it reads (JSON; None for images) and the
-    schema warnings."""
+    """The shared starting model, the table schema it reads (JSON; None for images), the schema
+    warnings, the tensors that travel every round (None: all) and each node's hospital name."""
 
     arrays: ArrayRecord
     model_id: str
     schema: str | None = None
     warnings: list[str] = field(default_factory=list)
+    federated: tuple[str, ...] | None = None
+    site_names: dict[int, str] = field(default_factory=dict)
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
@@ -71,19 +84,40 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
 
 
 def _ask(grid: Grid, nodes: list[int], message_type: str, content: RecordDict,
-         timeout: float) -> list[Message]:
+         timeout: float, names: dict[int, str] | None = None) -> list[Message]:
+    """Send one setup instruction to every node; every hospital must answer without failing.
+
+    A failure is named as the hospital wrote it (`protocol.errors.HospitalFailure`: hospital,
+    stage, cause), else by the name ``names`` knows for its node: one hospital's failure is
+    raised as its own `HospitalFailure` line, several as one `FederationError` listing each."""
     msgs = [Message(content, dst_node_id=n, message_type=message_type) for n in nodes]
     replies = list(grid.send_and_receive(msgs, timeout=timeout))
     errors = [r for r in replies if r.has_error()]
     if errors:
-        reasons = "; ".join(f"node {r.metadata.src_node_id}: {r.error.reason}" for r in errors)
-        raise FederationError(f"Hospital agent(s) failed during {message_type}: {reasons}")
+        known = names or {}
+        lines = sorted(_failure_line(r, known) for r in errors)
+        if len(lines) == 1:
+            raise error_from_record(f"HospitalFailure: {lines[0]}") or FederationError(lines[0])
+        raise FederationError(f"{len(errors)} of {len(nodes)} hospitals failed before round 1 "
+                              f"({message_type}): {'; '.join(lines)}")
     if len(replies) < len(nodes):
+        answered = {r.metadata.src_node_id for r in replies}
+        silent = sorted((names or {}).get(n, f"node-{n}") for n in nodes if n not in answered)
         raise FederationError(
             f"Only {len(replies)} of {len(nodes)} hospitals answered {message_type} within "
-            f"{timeout:.0f} s. Check the SuperNode logs. Received: {len(replies)} replies"
+            f"{timeout:.0f} s; no answer from {', '.join(silent)}. Check their agents' logs. "
+            f"Received: {len(replies)} replies"
         )
     return replies
+
+
+def _failure_line(reply: Message, names: dict[int, str]) -> str:
+    """A failed setup reply as one line that names the hospital."""
+    reason = wire.failure_reason(reply.error.reason)
+    if wire.failure_site(reason) is not None:
+        return reason
+    node = reply.metadata.src_node_id
+    return f"hospital {names[node]}: {reason}" if node in names else f"node {node}: {reason}"
 
 
 def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
@@ -99,10 +133,15 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
         return ModelSetup(update.to_array_record(), update.model,
                           read_schema(cfg.initial_weights))
 
-    agreed, warnings = agree_schema(grid, nodes, cfg)
+    names: dict[int, str] = {}  # node id -> hospital name, as the hospitals report them
+    agreed, warnings = agree_schema(grid, nodes, cfg, names)
     schema = agreed.to_json() if agreed is not None else None
-    replies = _ask(grid, nodes, wire.STATS, wire.build_stats_instruction(schema), cfg.round_timeout)
-    stats = [_parse(wire.parse_stats_reply, r, wire.STATS) for r in replies]
+    replies = _ask(grid, nodes, wire.STATS, wire.build_stats_instruction(schema), cfg.round_timeout,
+                   names)
+    parsed = sorted(((r.metadata.src_node_id, _parse(wire.parse_stats_reply, r, wire.STATS))
+                     for r in replies), key=lambda pair: pair[1].name)
+    names.update({node: stat.name for node, stat in parsed})
+    stats = [stat for _, stat in parsed]  # in name order: the same run whatever the arrival
     if agreed is not None:
         warnings += moment_warnings(agreed, {s.name: (s.count, s.sum, s.sumsq) for s in stats})
     for line in warnings:
@@ -154,19 +193,80 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
     )
     log.info("Model setup: %s (recipe %s), %s, %d rows over %d hospitals", kind, recipe.label(),
              task, n, len(nodes))
-    reply = _ask(grid, nodes[:1], wire.INIT, wire.build_init_instruction(request),
-                 cfg.round_timeout)[0]
-    initial = _parse(wire.parse_init_reply, reply, wire.INIT)
+    initial = agree_model(_ask(grid, nodes, wire.INIT, wire.build_init_instruction(request),
+                               cfg.round_timeout, names), names)
     if not builtin:
         made = (RecipeModelId.from_id(initial.model_id).recipe
                 if is_recipe_id(initial.model_id) else None)
         if made is None or made.differences(recipe):
             raise FederationError(
-                f"Hospital {wire.reply_site(reply)} built the initial model with another recipe "
+                f"Hospital {initial.site} built the initial model with another recipe "
                 f"than the one every hospital reported ({recipe.to_json()}). Received: "
                 f"{initial.model_id[:200]}"
             )
-    return ModelSetup(initial.arrays, initial.model_id, schema, warnings)
+    return ModelSetup(initial.arrays, initial.model_id, schema, warnings, initial.federated,
+                      names)
+
+
+def _signature(model: wire.InitialModel) -> tuple[Any, ...]:
+    """What two hospitals' models must share: every tensor's name, shape and dtype, in order,
+    and which tensors travel."""
+    return (tuple((name, tuple(int(d) for d in a.shape), str(a.dtype))
+                  for name, a in model.arrays.items()), model.federated)
+
+
+def _difference(mine: wire.InitialModel, theirs: wire.InitialModel) -> str:
+    """The first differences between two hospitals' model states, for a message."""
+    a = {k: (tuple(int(d) for d in v.shape), str(v.dtype)) for k, v in mine.arrays.items()}
+    b = {k: (tuple(int(d) for d in v.shape), str(v.dtype)) for k, v in theirs.arrays.items()}
+    out = [f"{k} {a[k][0]} {a[k][1]} vs {b[k][0]} {b[k][1]}"
+           for k in a if k in b and a[k] != b[k]]
+    out += [f"{k} only in {mine.site}'s" for k in a if k not in b]
+    out += [f"{k} only in {theirs.site}'s" for k in b if k not in a]
+    if not out and list(a) != list(b):
+        out.append("the same tensors in another order")
+    if not out and mine.federated != theirs.federated:
+        other = sorted(set(mine.federated or a) ^ set(theirs.federated or b))
+        out.append(f"other tensors travel: {other[:6]}")
+    return "; ".join(out[:4]) + (f" (and {len(out) - 4} more)" if len(out) > 4 else "")
+
+
+def agree_model(replies: list[Message], names: dict[int, str]) -> wire.InitialModel:
+    """Every hospital's initial model compared before round 1: the majority's state (names,
+    shapes, dtypes, travelling tensors) is the federation's; a hospital whose model differs is
+    refused with the difference (`ConfigError`), decided by the majority, never by arrival.
+    The first hospital by name among the majority gives the starting weights."""
+    models = []
+    for reply in replies:
+        model = _parse(wire.parse_init_reply, reply, wire.INIT)
+        site = model.site or names.get(reply.metadata.src_node_id,
+                                       f"node-{reply.metadata.src_node_id}")
+        models.append(wire.InitialModel(model.arrays, model.model_id, model.federated, site))
+    models.sort(key=lambda m: str(m.site))
+    groups: dict[tuple[Any, ...], list[wire.InitialModel]] = {}
+    for model in models:
+        groups.setdefault(_signature(model), []).append(model)
+    if len(groups) == 1:
+        return models[0]
+    ranked = sorted(groups.values(), key=lambda g: (-len(g), str(g[0].site)))
+    if len(ranked[0]) == len(ranked[1]):  # no majority: nobody can say which model is right
+        listing = "; ".join(f"{', '.join(str(m.site) for m in g)}" for g in ranked)
+        raise ConfigError(
+            f"The hospitals build different models from the same recipe and inputs, and no "
+            f"majority agrees on one ({listing}): {ranked[0][0].site} vs {ranked[1][0].site}: "
+            f"{_difference(ranked[0][0], ranked[1][0])}. Install the same recipe code at every "
+            f"hospital (same name and version must mean the same code). Received: "
+            f"{len(groups)} different models")
+    reference = ranked[0][0]
+    odd = [m for g in ranked[1:] for m in g]
+    lines = "; ".join(f"hospital {m.site}: {_difference(m, reference)}" for m in odd)
+    who = (f"Hospital {odd[0].site} builds" if len(odd) == 1
+           else f"Hospitals {', '.join(str(m.site) for m in odd)} build")
+    raise ConfigError(
+        f"{who} another model than the majority ({', '.join(str(m.site) for m in ranked[0])}) from "
+        f"the same recipe and inputs: {lines}. Install the same recipe code at every hospital "
+        f"(same name and version must mean the same code). Received: {len(odd)} of "
+        f"{len(models)} hospitals differ")
 
 
 def agree_recipe(stats: list[wire.SiteStats]) -> RecipeIdentity:
@@ -176,15 +276,20 @@ def agree_recipe(stats: list[wire.SiteStats]) -> RecipeIdentity:
         s.recipe, where=f"hospital {s.name}'s recipe") for s in stats})
 
 
-def agree_schema(grid: Grid, nodes: list[int], cfg: RunConfig) -> tuple[Schema | None, list[str]]:
+def agree_schema(grid: Grid, nodes: list[int], cfg: RunConfig,
+                 names: dict[int, str] | None = None) -> tuple[Schema | None, list[str]]:
     """``query.schema`` to every hospital; merge their column reports into one schema.
 
     Returns (None, []) when the hospitals hold images (NPZ), which need no schema; a mix of
-    tables and images is refused.
+    tables and images is refused. ``names`` (node id -> hospital name) is filled in.
     """
     replies = _ask(grid, nodes, wire.SCHEMA_QUERY, wire.build_schema_instruction(),
                    cfg.round_timeout)
-    reports = [_parse(wire.parse_schema_reply, r, wire.SCHEMA_QUERY) for r in replies]
+    pairs = sorted(((r.metadata.src_node_id, _parse(wire.parse_schema_reply, r, wire.SCHEMA_QUERY))
+                    for r in replies), key=lambda pair: pair[1].site)
+    if names is not None:
+        names.update({node: report.site for node, report in pairs})
+    reports = [report for _, report in pairs]
     tables = [r for r in reports if r.table]
     if not tables:
         return None, []

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -208,6 +208,14 @@ class RegistryStrategy(FedAvg):
     server_optimizer : ServerOptimizer | None (default: None)
         A server optimizer stepping on the pseudo-gradient of the rule's aggregate (restore
         its state first when resuming: `server.history.ResumePoint.restore_optimizer`).
+    federated : Sequence[str] | None (default: None)
+        The tensors that travel back from the hospitals (`client.recipes.Recipe.federated`,
+        agreed before round 1); None: every tensor. Hospitals get the whole global model; their
+        replies, the rule and the server optimizer cover only these, and the new global model
+        keeps every other tensor as it was sent.
+    site_names : Mapping[int, str] | None (default: None)
+        Node id -> hospital name, as the setup exchange learnt them, so a hospital whose
+        ClientApp failed is named, never numbered.
     **unsupported
         Any other argument (e.g. FedAvgM's ``server_momentum``) is refused with `ConfigError`.
     """
@@ -222,6 +230,8 @@ class RegistryStrategy(FedAvg):
                  train_metrics_aggr_fn: MetricsAggrFn | None = None,
                  evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
                  server_optimizer: ServerOptimizer | None = None,
+                 federated: Sequence[str] | None = None,
+                 site_names: Mapping[int, str] | None = None,
                  **unsupported: Any) -> None:
         if unsupported:
             raise ConfigError(
@@ -265,7 +275,9 @@ class RegistryStrategy(FedAvg):
         self.quorum = max(1, quorum)
         self.deadline = deadline
         self.round_offset = round_offset
-        self.site_names: dict[int, str] = {}
+        self.site_names: dict[int, str] = dict(site_names or {})
+        self.federated = tuple(federated) if federated is not None else None
+        self._full: dict[int, dict[str, np.ndarray]] = {}
         self.server_optimizer = server_optimizer
         self._current: dict[int, dict[str, np.ndarray]] = {}
         self._sent: dict[tuple[str, int], list[Message]] = {}
@@ -295,18 +307,33 @@ class RegistryStrategy(FedAvg):
         self._sent[(phase, server_round)] = msgs  # Flower sets their message ids when it pushes them
         return msgs
 
+    def travelling(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The tensors of a model that travel back from the hospitals (``federated``)."""
+        if self.federated is None:
+            return dict(arrays)
+        return {name: arrays[name] for name in self.federated}
+
+    def completed(self, server_round: int, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The new global model: the model sent out in ``server_round`` (after the resume offset)
+        with its travelling tensors replaced by ``arrays``."""
+        full = self._full.pop(server_round, None)
+        if full is None or self.federated is None:
+            return arrays
+        return {**full, **arrays}
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:
         """Flower's sampling, once a quorum is connected; rounds continue after a resume."""
-        # Every reply must match the model sent out this round (names, shapes, dtypes).
-        self._expected[server_round + self.round_offset] = [
-            ArraySpec(name, tuple(int(d) for d in a.shape), np.dtype(a.dtype))
-            for name, a in arrays.items()
-        ]
+        r = server_round + self.round_offset
+        self._full[r] = {name: a.numpy() for name, a in arrays.items()}
+        shared = self.travelling(self._full[r])
+        # Every reply must match the travelling part of the model sent out this round (names,
+        # shapes, dtypes).
+        self._expected[r] = [ArraySpec(name, tuple(int(d) for d in a.shape), np.dtype(a.dtype))
+                             for name, a in shared.items()]
         if self.server_optimizer is not None:  # the pseudo-gradient is taken against this model
-            self._current[server_round + self.round_offset] = {
-                name: a.numpy() for name, a in arrays.items()}
-        return self._configure("train", server_round + self.round_offset, arrays, config, grid)
+            self._current[r] = shared
+        return self._configure("train", r, arrays, config, grid)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> list[Message]:
@@ -314,10 +341,14 @@ class RegistryStrategy(FedAvg):
         return self._configure("evaluate", server_round + self.round_offset, arrays, config, grid)
 
     def _site(self, msg: Message, senders: dict[str, int]) -> str:
-        """Site name of a reply, also for errors the SuperLink wrote on a hospital's behalf."""
+        """Site name of a reply, also for errors: the name the hospital gave (in its reply or
+        its error's one line), else the one the setup exchange learnt; never a node id where
+        a name is known."""
         node = senders.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
         if msg.has_content() and wire.SITE in msg.content.config_records:
             self.site_names[node] = reply_site(msg)
+        elif msg.has_error() and (named := wire.failure_site(msg.error.reason)) is not None:
+            self.site_names.setdefault(node, named)
         return self.site_names.get(node, f"node-{node}")
 
     def _missing(self, phase: str, server_round: int,
@@ -340,6 +371,7 @@ class RegistryStrategy(FedAvg):
 
     def _short(self, server_round: int, sites: list[dict[str, Any]], error: str,
                ) -> tuple[None, None]:
+        self._full.pop(server_round, None)
         log.warning("Round %s: %s", server_round, error)
         self.history.record_train(server_round, None, sites, {}, error=error)
         return None, None
@@ -360,9 +392,8 @@ class RegistryStrategy(FedAvg):
         contents: list[RecordDict] = []
         excluded: list[SiteReport] = []
         for msg in failed:
-            reason = f"the site's ClientApp failed: {msg.error.reason}"
             excluded.append(SiteReport(site=self._site(msg, senders), num_examples=0, weight=0.0,
-                                       excluded=True, reason=reason))
+                                       excluded=True, reason=wire.failure_reason(msg.error.reason)))
         for msg in valid:
             self._site(msg, senders)
             try:
@@ -383,6 +414,7 @@ class RegistryStrategy(FedAvg):
             sites.append({"site": rep.site, "excluded": True, "reason": rep.reason})
         sites.extend(missing)
         if (skipped := self._skipped.pop(("train", server_round), None)) is not None:
+            self._full.pop(server_round, None)
             self.history.record_train(server_round, None, sites, {}, error=skipped)
             return None, None
         if not parsed:
@@ -399,9 +431,7 @@ class RegistryStrategy(FedAvg):
                 cohort_caps=self.cohort_caps, cap_policy=self.cap_policy,
             )
         except FedsplitError as e:
-            log.error("Round %s: aggregation failed: %s", server_round, e)
-            self.history.record_train(server_round, None, sites, {}, error=str(e))
-            return None, None
+            return self._short(server_round, sites, str(e))
         # The report holds one entry per update, in input order: updates the input checks
         # excluded (wrong layout, refused count, NaN) leave the quorum and the metrics too.
         usable = []
@@ -424,8 +454,10 @@ class RegistryStrategy(FedAvg):
         arrays = result.arrays
         if self.server_optimizer is not None and start is not None:
             arrays = self.server_optimizer.step(start, result.arrays)
+        stepped = self.server_optimizer is not None or self.federated is not None
+        arrays = self.completed(server_round, arrays)
         self.history.record_train(server_round, result, sites, metrics,
-                                  arrays=arrays if self.server_optimizer is not None else None,
+                                  arrays=arrays if stepped else None,
                                   server_opt=self.server_optimizer)
         update = Update(arrays=arrays, num_examples=result.num_examples)
         return update.to_array_record(), MetricRecord(metrics)
@@ -462,7 +494,7 @@ class RegistryStrategy(FedAvg):
                           "metrics": parsed.metrics})
         for msg in failed:
             sites.append({"site": self._site(msg, senders), "excluded": True,
-                          "reason": msg.error.reason})
+                          "reason": wire.failure_reason(msg.error.reason)})
         sites.extend(missing)
         if (skipped := self._skipped.pop(("evaluate", server_round), None)) is not None:
             sites.append({"excluded": True, "reason": skipped})

@@ -19,19 +19,16 @@ def patient_dp(cfg: RunConfig) -> DPSpec | None:
     return spec if spec is not None and spec.level == "patient" else None
 
 
-def train_private(model: SiteModel, x: np.ndarray, y: np.ndarray, spec: DPSpec, cfg: RunConfig, *,
-                  steps: int, server_round: int, site: str, seed: int, proximal_mu: float,
-                  device: torch.device) -> tuple[float, float]:
-    """DP-SGD for one round within the hospital's budget: (last epoch's loss, epsilon spent).
-
-    Raises `PrivacyBudgetError` (and trains nothing) when this round would exceed the budget.
-    """
+def check_dp_model(model: SiteModel, spec: DPSpec, cfg: RunConfig, proximal_mu: float | None = None
+                   ) -> None:
+    """Refuse, before any training, a model or run that patient-level DP-SGD cannot serve: in-site
+    parallelism, layers Opacus cannot compute per-patient gradients for (BatchNorm: use
+    GroupNorm), the FedProx term, and a recipe whose loss is not a sum over patients. The
+    hospitals run it when they build the initial model, so the run stops before round 1."""
     if cfg.parallel.split(":", 1)[0].strip() != "none":
         raise ConfigError(f"Patient-level DP trains with Opacus on one device; use parallel=none. "
                           f"Received: parallel={cfg.parallel!r}")
-    check_private_model(model, proximal_mu)
-    plan = plan_noise(spec, len(x), cfg.batch_size, steps)
-    epsilon = check_budget(plan, server_round, site)
+    check_private_model(model, cfg.proximal_mu if proximal_mu is None else proximal_mu)
     recipe = recipe_of(model)
     if not recipe.per_sample_loss:
         raise ConfigError(
@@ -40,6 +37,19 @@ def train_private(model: SiteModel, x: np.ndarray, y: np.ndarray, spec: DPSpec, 
             f"Cox partial likelihood couples the patients of a risk set). Use dp level=hospital, "
             f"or train without --dp. Received: recipe {recipe.identity.label()}"
         )
+
+
+def train_private(model: SiteModel, x: np.ndarray, y: np.ndarray, spec: DPSpec, cfg: RunConfig, *,
+                  steps: int, server_round: int, site: str, seed: int, proximal_mu: float,
+                  device: torch.device) -> tuple[float, float]:
+    """DP-SGD for one round within the hospital's budget: (last epoch's loss, epsilon spent).
+
+    Raises `PrivacyBudgetError` (and trains nothing) when this round would exceed the budget.
+    """
+    check_dp_model(model, spec, cfg, proximal_mu)
+    plan = plan_noise(spec, len(x), cfg.batch_size, steps)
+    epsilon = check_budget(plan, server_round, site)
+    recipe = recipe_of(model)
     targets = recipe.targets(model, y)
 
     def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,11 @@ selection by accuracy; ``regression``: mean squared error on standardised target
                              optimizers); must add ``penalty()`` (FedProx) to what it minimises
 ``per_sample_loss``          False when the loss is not a sum over rows (a Cox partial
                              likelihood): DP-SGD is then refused with that reason
+``federated(model)``         the state_dict entries that travel every round (default: trained
+                             parameters and BatchNorm running statistics; never integer counters
+                             or frozen parameters); the rest stays at each hospital
+``local_batch_norm``         True: FedBN, every BatchNorm layer (weights and statistics) stays
+                             at each hospital
 ===========================  ====================================================================
 
 `Standardize` (federated feature standardisation as buffers that travel with the weights) is for
@@ -93,6 +98,9 @@ class Recipe:
     Params: ClassVar[type[BaseModel]] = NoParams
     tasks: ClassVar[tuple[str, ...]] = (CLASSIFICATION, REGRESSION)
     per_sample_loss: ClassVar[bool] = True
+    #: FedBN (Li et al., 2021): every BatchNorm layer's weights and running statistics stay at
+    #: each hospital and never travel (see `federated`)
+    local_batch_norm: ClassVar[bool] = False
 
     def __init__(self, params: BaseModel | dict[str, Any] | None = None) -> None:
         if isinstance(params, BaseModel):
@@ -149,6 +157,29 @@ class Recipe:
             if "target_mean" in buffers and "target_std" in buffers:
                 buffers["target_mean"].fill_(float(target_mean))
                 buffers["target_std"].fill_(float(target_std) if target_std > 1e-6 else 1.0)
+
+    def federated(self, model: nn.Module) -> list[str]:
+        """The ``state_dict`` entries that travel every round, in ``state_dict`` order.
+
+        Default: every parameter that trains (``requires_grad``) and the running mean and
+        variance of every BatchNorm layer. Integer buffers (``num_batches_tracked``), frozen
+        parameters and other buffers (`Standardize`'s statistics) never travel: every hospital
+        keeps them as the federation's initial model set them (counters count locally). With
+        `local_batch_norm`, BatchNorm layers stay home entirely (FedBN). Override to name other
+        tensors (e.g. only a head: ``[n for n in model.state_dict() if n.startswith("head.")]``).
+        """
+        norms = {name for name, m in model.named_modules()
+                 if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+        trained = {name for name, p in model.named_parameters(remove_duplicate=False)
+                   if p.requires_grad}
+        out = []
+        for name in model.state_dict():
+            owner, _, leaf = name.rpartition(".")
+            if owner in norms and self.local_batch_norm:
+                continue
+            if name in trained or (owner in norms and leaf in ("running_mean", "running_var")):
+                out.append(name)
+        return out
 
     # --- targets, loss, metrics -------------------------------------------------------------
     def targets(self, model: nn.Module, y: np.ndarray) -> torch.Tensor:

@@ -98,7 +98,8 @@ def secure_train_reply(record: Mapping[str, Any], context: Any, start: Mapping[s
     if set(start) != set(trained):
         raise UpdateError(f"The trained model's arrays differ from the global model's. "
                           f"Received: {sorted(set(start) ^ set(trained))}")
-    delta = {k: np.asarray(trained[k], np.float64) - np.asarray(start[k], np.float64)
+    # np.subtract of two 0-d arrays is a numpy scalar: keep every change an array (0-d stays 0-d)
+    delta = {k: np.asarray(np.asarray(trained[k], np.float64) - np.asarray(start[k], np.float64))
              for k in start}
     vector = sv.encode(delta, int(num_examples), float(state["bound"]), int(state["levels"]))
     masked = secagg.masked_vector(context, record, vector)

@@ -35,6 +35,7 @@ import torch
 from fedsplit.client.recipes.base import ModelInputs, Recipe, Standardize
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.survival import SURVIVAL
+from fedsplit.protocol.survival_exact import SOLVERS
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
@@ -48,6 +49,10 @@ class CoxParams(BaseModel):
                               description="Hidden widths ([]: the linear Cox model).")
     penalizer: float = Field(0.0, ge=0.0, description="Ridge penalty in lifelines' convention "
                              "(n * P * ||w||^2 / 2 on the standardized inputs' weights).")
+    solver: str = Field(
+        "auto", description="How the federation fits the model (protocol.survival_exact): newton "
+        "(the linear model's exact Cox fit, as fedsplit cox), sgd (rounds of local steps), auto "
+        "(newton for the linear model under plain FedAvg, else sgd).")
 
     @model_validator(mode="before")
     @classmethod
@@ -58,6 +63,13 @@ class CoxParams(BaseModel):
                              f"--id-column and --ignore-column (the schema the hospitals agree "
                              f"on carries them). Received: recipe params {moved}")
         return data
+
+    @field_validator("solver")
+    @classmethod
+    def _solver(cls, value: str) -> str:
+        if value not in SOLVERS:
+            raise ValueError(f"solver is one of {', '.join(SOLVERS)}. Received: {value!r}")
+        return value
 
     @field_validator("hidden", mode="before")
     @classmethod

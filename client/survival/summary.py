@@ -3,11 +3,15 @@ sums of its own training rows, never a row.
 
 The horizontal agent (`client/app.py`, ``query.survival``) hands every summary instruction to
 `answer`. The hospital reads its rows as for training (`client.site.load_site`, encoded with the
-schema the instruction carries: the same training rows, the same held-out cut), then per stage
+schema the instruction carries: the same training rows, the same held-out cut; ``rows``
+``all`` adds the held-out rows, after an exact fit that used them), then per stage
 (`protocol.survival_summary.STAGES`):
 
 - ``km-times``: its distinct event times;
 - ``km-counts``: ``[rows, at risk per grid time, events per grid time]`` (`km_vector`);
+- ``moments``, ``newton``, ``concordance``: the exact linear Cox fit's sums on all its rows, as
+  `fedsplit cox`'s hospital (`exact_vector`; the fit runs instead of training rounds:
+  `protocol.survival_exact`);
 - ``baseline``: it rebuilds the kept model from the instruction's arrays and model id with its
   own recipe (`client.models.build_model`, strict: the federation's recipe), scores its
   training rows (``risk``: the recipe's log relative hazard) and sends ``[events per grid time,
@@ -26,12 +30,13 @@ from fedsplit.client.models import ModelSpec, build_model, recipe_of
 from fedsplit.client.secure import secagg
 from fedsplit.client.secure.agent import take_secure_record
 from fedsplit.client.site import effective_recipe, load_site
-from fedsplit.client.survival.cox import km_counts
+from fedsplit.client.survival.cox import concordance_counts, efron_parts, km_counts, triangle
 from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol import survival_summary as ss
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.schema import Schema
 from fedsplit.protocol.update import arrays_to_state_dict
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
@@ -79,11 +84,67 @@ def _model(record: dict[str, Any], arrays: ArrayRecord, context: Context, cfg: R
     return model
 
 
+def cox_covariates(x: np.ndarray, schema_json: str) -> np.ndarray:
+    """The Cox model's covariates of encoded rows (`protocol.survival.cox_columns`: a text
+    column's reference category left out), float64; missing values stay NaN."""
+    _, keep, _ = sv.cox_columns(Schema.from_json(schema_json))
+    return np.asarray(x, np.float64).reshape(len(x), -1)[:, keep]
+
+
+def moments_vector(x: np.ndarray, event: np.ndarray) -> np.ndarray:
+    """``[rows, events, per covariate: count of values, sum, sum of squares]`` (NaN skipped)."""
+    seen = ~np.isnan(x)
+    filled = np.where(seen, x, 0.0)
+    return np.concatenate([[len(x), int(np.sum(event))], seen.sum(axis=0), filled.sum(axis=0),
+                           (filled**2).sum(axis=0)])
+
+
+def standardized(x: np.ndarray, record: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(standardized covariates with a missing value at 0, as the model's ``Standardize``
+    layer; the broadcast coefficients)."""
+    mean, std = np.asarray(record["mean"], np.float64), np.asarray(record["std"], np.float64)
+    beta = np.asarray(record["beta"], np.float64)
+    if not len(beta) == len(mean) == len(std) == x.shape[1]:
+        raise ConfigError(f"The exact Cox fit broadcast {len(beta)} coefficients; this hospital "
+                          f"has {x.shape[1]} covariates under the agreed schema. Received: "
+                          f"{len(beta)}/{len(mean)}/{len(std)}")
+    return np.nan_to_num((x - mean) / std, nan=0.0), beta
+
+
+def site_rows(site: Any, rows: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of a hospital's training rows (``train``: less its validation rows; ``all``)."""
+    if rows not in ss.SUMMARY_ROWS:
+        raise ConfigError(f"A survival summary instruction names its rows, one of "
+                          f"{ss.SUMMARY_ROWS}. Received: {rows!r}")
+    if rows == "train":
+        return site.train.x, site.train.y
+    return (np.concatenate([site.train.x, site.val.x]),
+            np.concatenate([site.train.y, site.val.y]))
+
+
+def exact_vector(stage: str, record: dict[str, Any], site: Any) -> np.ndarray:
+    """The exact Cox fit's stages (`protocol.survival_summary`) on all of the hospital's rows:
+    moments, Newton parts, pair counts."""
+    x, y = site_rows(site, "all")
+    time, event = survival_rows(y, f"Hospital {site.name}")
+    x = cox_covariates(x, str(record["schema"]))
+    if stage == "moments":
+        return moments_vector(x, event)
+    z, beta = standardized(x, record)
+    if stage == "newton":
+        parts = efron_parts(z, time, event, beta)
+        return np.concatenate([[parts.loglik], parts.gradient, triangle(parts.hessian)])
+    return np.asarray([*concordance_counts(time, event, z @ beta), len(time)], dtype=np.float64)
+
+
 def stage_vector(stage: str, record: dict[str, Any], arrays: ArrayRecord | None,
                  context: Context, cfg: RunConfig) -> tuple[str, np.ndarray]:
     """(this hospital's name, its vector for ``stage``)."""
     site = load_site(context.node_config, context.node_id, cfg, str(record["schema"]))
-    time, event = survival_rows(site.train.y, f"Hospital {site.name}")
+    if stage in ("moments", "newton", "concordance"):
+        return site.name, exact_vector(stage, record, site)
+    x, y = site_rows(site, str(record["rows"]))
+    time, event = survival_rows(y, f"Hospital {site.name}")
     if stage == "km-times":
         return site.name, np.unique(time[event])
     grid = np.asarray(record["grid"], np.float64)
@@ -93,7 +154,7 @@ def stage_vector(stage: str, record: dict[str, Any], arrays: ArrayRecord | None,
         raise ConfigError(f"A baseline instruction carries the model (array record "
                           f"{ss.MODEL!r}). Received: none")
     model = _model(record, arrays, context, cfg, site.train.kind)
-    risk = recipe_of(model).predict(model, site.train.x).get("risk")
+    risk = recipe_of(model).predict(model, x).get("risk")
     if risk is None:
         raise ConfigError(f"The baseline needs a survival model, whose predict gives 'risk' (the "
                           f"log relative hazard). Received: model {str(record['model-id'])[:120]}")

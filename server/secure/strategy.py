@@ -38,6 +38,7 @@ from fedsplit.aggregation.base import (
     SiteReport,
 )
 from fedsplit.aggregation.geometric_median import WeiszfeldStop
+from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import secure_vector as sv
 from fedsplit.protocol.errors import ConfigError, FedsplitError
@@ -133,7 +134,8 @@ class SecureStrategy(StrategyWrapper):
         kept = [self._with_record(m, ConfigRecord(collect[m.metadata.dst_node_id]))
                 for m in msgs if m.metadata.dst_node_id in collect]
         loop._sent[("train", r)] = kept  # the wrapped loop waits for (and names) these
-        self._runs[r] = (run, {k: a.numpy() for k, a in arrays.items()})
+        # the masked sum covers the tensors that travel (the rest of the model stays as sent)
+        self._runs[r] = (run, loop.travelling({k: a.numpy() for k, a in arrays.items()}))
         return kept
 
     def _iterate(self, r: int, nodes: list[int], start: dict[str, np.ndarray],
@@ -212,7 +214,8 @@ class SecureStrategy(StrategyWrapper):
             if not msg.has_content() or pv.MASKED not in msg.content.array_records:
                 reason = msg.error.reason if msg.has_error() else "no masked vector"
                 sites.append({"site": site, "excluded": True,
-                              "reason": f"dropped out of secure aggregation: {reason}"})
+                              "reason": wire.failure_reason(reason) if msg.has_error()
+                              else f"dropped out of secure aggregation: {reason}"})
                 continue
             metrics = {k: float(v) for k, v in msg.content.metric_records["metrics"].items()
                        if not isinstance(v, list)}
@@ -224,8 +227,7 @@ class SecureStrategy(StrategyWrapper):
                           "secure": True})
         sites.extend(missing)
         if (skipped := loop._skipped.pop(("train", r), None)) is not None:
-            self.history.record_train(r, None, sites, {}, error=skipped)
-            return None, None
+            return loop._short(r, sites, skipped)
         run, start = self._runs.pop(r)
         t0 = time.monotonic()
         try:
@@ -262,7 +264,6 @@ class SecureStrategy(StrategyWrapper):
         optimizer = loop.server_optimizer
         if optimizer is not None:  # the secure mean is the pseudo-gradient's target, as in plain runs
             arrays = optimizer.step(start, result.arrays)
-            self.history.record_train(r, result, sites, metrics, arrays=arrays, server_opt=optimizer)
-        else:
-            self.history.record_train(r, result, sites, metrics)
+        arrays = loop.completed(r, arrays)  # with the tensors that do not travel, as sent
+        self.history.record_train(r, result, sites, metrics, arrays=arrays, server_opt=optimizer)
         return Update(arrays=arrays, num_examples=count).to_array_record(), MetricRecord(metrics)

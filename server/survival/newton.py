@@ -51,12 +51,14 @@ class Standardization:
     std: np.ndarray
 
 
-def standardization(names: Sequence[str], count: float, total: np.ndarray,
+def standardization(names: Sequence[str], count: float | np.ndarray, total: np.ndarray,
                     sumsq: np.ndarray) -> Standardization:
-    """Pooled mean and sample standard deviation from summed moments; constant columns refused."""
-    n = round(float(count))
-    if n < 2:
-        raise ConfigError(f"A Cox model needs at least 2 rows in all. Received: {n}")
+    """Pooled mean and sample standard deviation from summed moments; constant columns refused.
+    ``count``: the rows, or per covariate its number of values (missing ones not counted)."""
+    n = np.rint(np.asarray(count, np.float64))
+    if np.any(n < 2):
+        raise ConfigError(f"A Cox model needs at least 2 values of every covariate in all. "
+                          f"Received: {int(n.min())}")
     mean = np.asarray(total, np.float64) / n
     var = (np.asarray(sumsq, np.float64) - n * mean**2) / (n - 1)
     scale = np.maximum(np.abs(mean), 1.0) ** 2
@@ -66,7 +68,7 @@ def standardization(names: Sequence[str], count: float, total: np.ndarray,
             f"Covariate(s) {', '.join(repr(c) for c in constant)} take one value in every row at "
             f"every hospital: a Cox model cannot estimate their effect (no penalty helps). Leave "
             f"them out with --ignore-column. Received: {len(constant)} constant column(s)")
-    return Standardization(n, mean, np.sqrt(np.maximum(var, 0.0)))
+    return Standardization(int(n.max()), mean, np.sqrt(np.maximum(var, 0.0)))
 
 
 @dataclass

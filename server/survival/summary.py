@@ -16,7 +16,9 @@ through the survival paths' `Coordinator` (plain, or one SecAgg+ sum each under
    prediction). Published at the same points as the curve: ``OUT/global.baseline.json``, with
    the sha256 of ``global.h5`` (`protocol.survival_summary.Baseline`).
 
-The minimum-count rule's K is the run config's ``min-count`` (default 5).
+The minimum-count rule's K is the run config's ``min-count`` (default 5). Both exchanges use the
+rows the kept model was fitted on (``rows``): each hospital's training rows less its validation
+rows, or all of them after the exact Cox fit (`server.survival.exact`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from fedsplit.protocol.weights import read_schema, read_weights
 from fedsplit.server.setup import wait_for_nodes
 from fedsplit.server.survival import km as kmm
 from fedsplit.server.survival.app import Coordinator, pooled_km
+from fedsplit.server.survival.exact import uses_newton
 from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
@@ -80,11 +83,14 @@ def run_summary(grid: Grid, cfg: RunConfig, run_config: Mapping[str, Any]) -> di
     if not update.model or not schema:
         raise FederationError(f"{model_path} lacks its model id or schema, so hospitals cannot "
                               f"rebuild it. Received: model={update.model!r}")
+    # the rows the model was fitted on: all of each hospital's after the exact Cox fit
+    rows = "all" if uses_newton(cfg, update.model) else "train"
     nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
     coord = Coordinator(grid, nodes, cfg)
-    km = pooled_km(coord, min_count, {"schema": schema})
+    km = pooled_km(coord, min_count, {"schema": schema, "rows": rows})
     write_json_atomic(out / ss.KM_FILE, km.document)
-    inputs = {"schema": schema, "grid": [float(g) for g in km.grid], "model-id": update.model}
+    inputs = {"schema": schema, "grid": [float(g) for g in km.grid], "model-id": update.model,
+              "rows": rows}
     vector = coord.total("baseline", inputs, arrays={ss.MODEL: update.to_array_record()},
                          bits=ss.STAGE_BITS["baseline"])
     n = len(km.grid)

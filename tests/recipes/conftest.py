@@ -81,3 +81,43 @@ def png_hospitals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         lines.append(f"digit-{i}.png,{int(digits.target[i])}")
     (root / "labels.csv").write_text("\n".join(lines) + "\n")
     return {**folders, "unlabelled": flat, "labels": root / "labels.csv"}
+
+
+SIGNAL_HOSPITALS = {"north": 420, "south": 250, "east": 150}
+
+
+def write_signals(path: Path, x: np.ndarray, y: np.ndarray | None) -> Path:
+    """One hospital's HDF5 file: ``signals`` (N x 2 x L) and, when given, ``label``."""
+    import h5py
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        f["signals"] = x.astype(np.float32)
+        if y is not None:
+            f["label"] = y.astype(np.int64)
+    return path
+
+
+@pytest.fixture(scope="session")
+def signal_hospitals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three hospitals' 2-lead signals (one HDF5 file each: 420, 250 and 150 rows) for the
+    signal recipe (``tests/recipes/examples/signal_bn.py``), and ``unlabelled``: a file with
+    signals but no labels. Each signal is one of scikit-learn's 8x8 digits 0-4 read as two
+    leads of 32 samples, with a hospital-specific gain and offset (another device per site)."""
+    from sklearn.datasets import load_digits
+
+    root = tmp_path_factory.mktemp("signal-hospitals")
+    digits = load_digits()
+    keep = np.flatnonzero(digits.target < 5)
+    rng = np.random.default_rng(1)
+    order = rng.permutation(keep)
+    x = (digits.images[order] / 16.0).reshape(len(order), 2, 32)
+    y = digits.target[order]
+    files, start = {}, 0
+    for k, (name, rows) in enumerate(SIGNAL_HOSPITALS.items()):
+        part = slice(start, start + rows)
+        gain, offset = 1.0 + 0.5 * k, 0.2 * k
+        files[name] = write_signals(root / f"{name}.h5", x[part] * gain + offset, y[part])
+        start += rows
+    files["unlabelled"] = write_signals(root / "unlabelled.h5", x[start:start + 40], None)
+    return files
