@@ -1,0 +1,130 @@
+"""The exact path of `fedsplit simulate --task survival` for the linear Cox model: federated
+Newton-Raphson on the run's own Flower grid, in place of training rounds.
+
+Called by the horizontal ServerApp (`server.app`) after the model setup when
+`protocol.survival_exact.newton_solver` says so (the linear model under plain FedAvg, or the
+recipe's ``solver=newton``). The fit is `fedsplit cox`'s (`server.survival.newton`: pooled
+standardization, Newton steps on the hospitals' summed log partial likelihoods, gradients and
+Hessians, each hospital its own stratum, lifelines' ridge), on all of each hospital's training
+rows (no round is picked, so no validation rows are held out: the fit equals `fedsplit cox` on
+the same files), through the survival sum exchanges of `protocol.survival_summary` (plain, or
+SecAgg+ sums under ``secure-aggregation``).
+
+Each gradient/Hessian evaluation is recorded as one round of ``history.json`` with its model
+(``models/round-NNN.h5``: the linear recipe model holding that iterate) and a federated
+evaluation: Harrell's C on the rows fitted (in-sample), from the hospitals' summed concordant,
+tied and comparable pair counts. The kept model (``global.h5``) is the optimum, the last round
+(``keep`` is ``last`` on this path: the fit is the model, not a round picked on scores).
+``OUT/cox.json`` holds the coefficient table as `fedsplit cox` writes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from fedsplit.aggregation.base import AggregateResult, AggregationReport, SiteReport
+from fedsplit.protocol import survival as sv
+from fedsplit.protocol import survival_exact as se
+from fedsplit.protocol import survival_summary as ss
+from fedsplit.protocol.atomic import write_json_atomic
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import FederationError
+from fedsplit.protocol.schema import Schema
+from fedsplit.server.history import RunHistory
+from fedsplit.server.setup import ModelSetup, wait_for_nodes
+from fedsplit.server.survival import newton as nt
+from fedsplit.server.survival.app import Coordinator, upper_to_full
+from flwr.serverapp import Grid
+
+log = logging.getLogger(__name__)
+
+COX_FILE = "cox.json"
+
+
+def uses_newton(cfg: RunConfig, model_id: str | None) -> bool:
+    """Whether this run's model is fitted here (`protocol.survival_exact.newton_solver`)."""
+    return cfg.task == sv.SURVIVAL and se.newton_solver(
+        model_id, strategy=cfg.strategy, server_opt=cfg.server_opt, dp=cfg.dp,
+        attack=cfg.attack, attackers=cfg.attackers)
+
+
+def _sites(coord: Coordinator, counts: dict[str, float], metrics: dict[str, dict[str, float]]
+           ) -> list[dict[str, Any]]:
+    """History entries per hospital (none under secure aggregation: only sums are known)."""
+    return [{"site": name, "num_examples": int(counts[name]), "metrics": metrics.get(name, {})}
+            for name in sorted(counts)] if coord.secure is None else []
+
+
+def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory) -> dict[str, Any]:
+    """Fit the linear Cox model exactly (module docstring); returns the cox.json document."""
+    started = time.monotonic()
+    if not setup.schema:
+        raise FederationError("The exact Cox fit needs the hospitals' table schema; this run has "
+                              "none (image data?). Received: no schema")
+    params = se.cox_params(setup.model_id) or {}
+    penalizer = float(params.get("penalizer", 0.0))
+    nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
+    coord = Coordinator(grid, nodes, cfg)
+    schema = setup.schema
+    names, keep, references = sv.cox_columns(Schema.from_json(schema))
+    if not names:
+        raise FederationError("No covariate is left for the Cox model (every column is the time, "
+                              "the event, the ID or ignored). Received: 0 covariates")
+    p = len(names)
+    moments = coord.total("moments", {"schema": schema}, bits=ss.STAGE_BITS["moments"])
+    rows, events = round(moments[0]), round(moments[1])
+    train_rows = {k: float(v[0]) for k, v in coord.per_site.items()}
+    std = nt.standardization(names, moments[2:2 + p], moments[2 + p:2 + 2 * p],
+                             moments[2 + 2 * p:])
+    base = {"schema": schema, "mean": std.mean.tolist(), "std": std.std.tolist()}
+    template = {k: v.numpy() for k, v in setup.arrays.items()}
+    history.keep = "last"  # the optimum is the model, not a round picked on validation rows
+    rounds = itertools.count(1)  # a resumed run refits from round 1 (the same rounds again)
+    last: dict[str, float | None] = {}
+
+    def evaluate(beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """One round: the summed Newton parts at ``beta``, recorded with its model and C."""
+        number = next(rounds)
+        inputs = {**base, "beta": [float(b) for b in beta]}
+        vec = coord.total("newton", inputs, bits=ss.STAGE_BITS["newton"])
+        arrays = se.linear_cox_arrays(template, keep, std.mean, std.std, beta)
+        report = AggregationReport(
+            strategy=se.NEWTON_STRATEGY, params={"penalizer": penalizer}, num_examples=rows,
+            sites=[SiteReport(site=n, num_examples=int(c), weight=c / rows)
+                   for n, c in sorted(train_rows.items())],
+            details={"log_likelihood": float(vec[0]), "gradient_norm": float(np.linalg.norm(
+                vec[1:1 + p] - rows * penalizer * beta))})
+        history.record_train(number, AggregateResult(arrays, rows, report),
+                             _sites(coord, train_rows, {}),
+                             {"log_likelihood": float(vec[0])})
+        pairs = coord.total("concordance", inputs, bits=ss.STAGE_BITS["concordance"])
+        per_site = {k: {"c_index": nt.concordance(*v[:3]) or 0.5}
+                    for k, v in coord.per_site.items()}
+        fit_rows = {k: float(v[3]) for k, v in coord.per_site.items()}
+        c = last["c_index"] = nt.concordance(*pairs[:3])
+        history.record_evaluate(number, _sites(coord, fit_rows, per_site),
+                                {"c_index": 0.5 if c is None else c,
+                                 "comparable_pairs": float(pairs[2])})
+        return float(vec[0]), vec[1:1 + p], upper_to_full(vec[1 + p:], p)
+
+    result = nt.newton(evaluate, names, rows, penalizer)
+    table = nt.original_scale(result, names, std.std)
+    sites = sorted(train_rows) if coord.secure is None else list(cfg.names)
+    doc = nt.summary(
+        table, result, rows=rows, events=events, penalizer=penalizer, hospitals=sites,
+        c_index=last.get("c_index"),
+        extra={"concordance_note": "Harrell's C over pairs within each hospital (stratified), on "
+                                   "the rows fitted, at the fitted coefficients",
+               "rows_used": "all of each hospital's training rows (no round is picked, so none "
+                            "are held out for validation)",
+               "reference_categories": references,
+               "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",
+               "secure_sums": coord.sums, "seconds": time.monotonic() - started})
+    write_json_atomic(history.out_dir / COX_FILE, doc)
+    log.info("exact Cox fit: %d Newton rounds, %d sums, %.1f s", result.rounds, coord.sums,
+             time.monotonic() - started)
+    return doc
