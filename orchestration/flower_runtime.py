@@ -14,12 +14,14 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from typing import Any
 
 import httpx
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import FlowerRunError, error_from_record
+from fedsplit.protocol.errors import ConfigError, FlowerRunError, error_from_record
 from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 from fedsplit.protocol.vertical.config import VerticalConfig
 
@@ -40,8 +42,28 @@ HORIZONTAL_COMPONENTS = ("fedsplit.server.app:app", "fedsplit.client.app:app")
 VERTICAL_COMPONENTS = ("fedsplit.server.vertical.app:app", "fedsplit.client.vertical.app:app")
 
 
+def script_dirs() -> list[Path]:
+    """Where this installation's console scripts (``fedsplit``, ``flwr``, ``flower-superlink``,
+    ``flwr-serverapp``, ``flwr-clientapp``, ...) live, existing ones first-found first: beside
+    this Python (a venv's ``bin``), the interpreter's scripts directory, and the folder of the
+    running ``fedsplit`` console script. None of them needs to be on the caller's PATH."""
+    candidates = [Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))]
+    if Path(sys.argv[0]).name == "fedsplit":
+        candidates.append(Path(sys.argv[0]).absolute().parent)
+    found: list[Path] = []
+    for folder in candidates:
+        if folder.is_dir() and folder not in found:
+            found.append(folder)
+    return found
+
+
 def flower_env(flwr_home: Path) -> dict[str, str]:
-    """Environment for Flower processes: isolated FLWR_HOME, nothing phones home or installs."""
+    """Environment for Flower processes: isolated FLWR_HOME, nothing phones home or installs.
+
+    PATH starts with `script_dirs`: Flower starts its own executables by name (the SuperExec
+    runs ``flwr-serverapp``, a SuperNode ``flwr-clientapp``), so they are found even when the
+    caller's PATH lacks the venv's ``bin`` (else: ``FileNotFoundError: 'flwr-serverapp'``).
+    """
     env = os.environ.copy()
     env.update({
         "FLWR_HOME": str(flwr_home),
@@ -53,15 +75,19 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "RAY_DEDUP_LOGS": "0",
     })
-    # The venv's console scripts, even when the caller's PATH lacks them.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    first = [str(folder) for folder in script_dirs()]
+    rest = [entry for entry in env.get("PATH", "").split(os.pathsep) if entry and entry not in first]
+    env["PATH"] = os.pathsep.join(first + rest)
     return env
 
 
 def tool(name: str) -> str:
-    """Path of a console script installed beside this Python."""
-    candidate = Path(sys.executable).parent / name
-    return str(candidate) if candidate.exists() else name
+    """Path of a console script of this installation (`script_dirs`), else of the one PATH finds,
+    else ``name`` itself (`spawn` then says it is missing)."""
+    for folder in script_dirs():
+        if (folder / name).is_file():
+            return str(folder / name)
+    return shutil.which(name) or name
 
 
 def free_port() -> int:
@@ -175,8 +201,14 @@ def spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Pop
     """Start ``cmd`` in its own session with output appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except FileNotFoundError as e:
+            raise FlowerRunError(
+                f"Cannot start {cmd[0]!r}: no such executable beside this Python "
+                f"({Path(sys.executable).parent}) or on PATH. Install fedsplit (with flwr) into "
+                f"this environment, or put its bin folder on PATH. Received: {cmd[0]}") from e
 
 
 @contextlib.contextmanager
@@ -197,6 +229,19 @@ def simulation_superlink(work: Path, env: dict[str, str]) -> Iterator[str]:
         stop(proc)
 
 
+def log_tail(path: Path, lines: int = 6, limit: int = 600) -> str:
+    """The last ``lines`` non-empty lines of a log on one line (`` | `` between them; rich's box
+    drawing and colour codes dropped), at most ``limit`` characters."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+    rows = [" ".join(row.strip(" │╭╮╰╯─┃━┏┓┗┛").split()) for row in text.splitlines()]
+    flat = " | ".join([row for row in rows if row][-lines:])
+    return flat if len(flat) <= limit else "..." + flat[-(limit - 3):]
+
+
 def run_app(
     app_dir: Path,
     env: dict[str, str],
@@ -206,8 +251,12 @@ def run_app(
     federation_config: str | None = None,
     timeout: float = 3600,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_silence: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
     """``flwr run`` the app on the ``fedsplit`` connection; poll its history until it ends.
+
+    ``on_silence`` gets the seconds since submitting, every `SILENCE_NOTE_S`, while this run has
+    written no history yet (no coordinator has started its ServerApp).
 
     Any app's history qualifies (horizontal, vertical, survival): only ``status`` and ``error``
     are read here, and the parsed JSON is returned for the caller to read through its own model
@@ -219,6 +268,8 @@ def run_app(
     deadline = time.monotonic() + timeout
     submitted = time.time() - 1.0
     history: dict[str, Any] = {}
+    started = time.monotonic()
+    next_note = started + SILENCE_NOTE_S
     try:
         while True:
             done = proc.poll() is not None
@@ -230,6 +281,9 @@ def run_app(
                         on_progress(history)
             if history.get("status") in ("finished", "failed") or done:
                 break
+            if on_silence is not None and not history and time.monotonic() >= next_note:
+                on_silence(time.monotonic() - started)
+                next_note += SILENCE_NOTE_S
             if time.monotonic() > deadline:
                 raise FlowerRunError(f"The Flower run did not finish within {timeout:.0f} s. "
                                      f"See {log_path}. Received: timeout")
@@ -240,9 +294,10 @@ def run_app(
             recorded := error_from_record(history.get("error"))) is not None:
         raise recorded  # the coordinator's own error, one line, with its exit code
     if history.get("status") != "finished":
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
         reason = history.get("error") or "the run ended without finishing its rounds"
-        raise FlowerRunError(f"Flower run failed: {reason}. Log {log_path} ends with:\n{tail}")
+        raise FlowerRunError(f"Flower run failed: {reason}. Its log {log_path} ends: "
+                             f"{log_tail(log_path)}. Received: status "
+                             f"{history.get('status') or 'none (no history written)'}")
     return history
 
 
@@ -272,18 +327,92 @@ def simulation(
         )
 
 
+#: How long `fedsplit up --superlink` waits for the SuperLink's port to accept a connection.
+CONNECT_TIMEOUT_S = 30.0
+#: How often a submitted run that no coordinator has started yet is reported (`run_app`).
+SILENCE_NOTE_S = 30.0
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); anything else is a `ConfigError`."""
+    host, sep, port = address.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--superlink is the SuperLink's HOST:PORT, e.g. 127.0.0.1:9092 or "
+                          f"superlink.example.org:8000. Received: {address!r}")
+    return host, int(port)
+
+
+def probe(address: str, timeout: float = 2.0) -> str | None:
+    """None when a TCP connection to ``address`` (HOST:PORT) opens within ``timeout`` seconds,
+    else why not, in a few words (``connection refused``, ``no answer within 2 s``, ...)."""
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except ConnectionRefusedError:
+        return "connection refused"
+    except socket.gaierror as e:
+        return f"host name {host!r} does not resolve: {e.strerror or e}"
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+def wait_for_superlink(address: str, timeout: float = CONNECT_TIMEOUT_S, *,
+                       say: Callable[[str], None] = lambda _msg: None,
+                       every: float = 1.0) -> float:
+    """Wait (bounded by ``timeout`` seconds) until the SuperLink's port at ``address`` accepts a
+    connection; return the seconds waited. While it does not, ``say`` gets one line (and one
+    when it comes up); after ``timeout`` a `FlowerRunError` names the address, the cause and the
+    fix. ``flwr run`` itself would retry silently for minutes."""
+    started = time.monotonic()
+    deadline = started + timeout
+    why = probe(address, timeout=min(2.0, timeout))
+    if why is None:
+        return 0.0
+    say(f"waiting for the SuperLink at {address} ({why}); retrying for {timeout:.0f} s")
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(every, left))
+        why = probe(address, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+        if why is None:
+            waited = time.monotonic() - started
+            say(f"the SuperLink at {address} answers (after {waited:.0f} s)")
+            return waited
+    raise FlowerRunError(
+        f"The SuperLink at {address} is not reachable ({why}) after {timeout:.0f} s of retrying. "
+        f"Start it first (flower-superlink, docs/deployment.md \"Hospitals on their own files\") or "
+        f"fix --superlink: the host and port where it listens, reachable from this machine. "
+        f"Received: --superlink {address}")
+
+
 def attach(cfg: RunConfig, superlink: str, work: Path, *, root_cert: Path | None = None,
-           on_progress: Callable[[RunRecord], None] | None = None) -> RunRecord:
+           on_progress: Callable[[RunRecord], None] | None = None, timeout: float = 3600,
+           connect_timeout: float = CONNECT_TIMEOUT_S,
+           say: Callable[[str], None] = lambda _msg: None) -> RunRecord:
     """Submit ``cfg`` to a running SuperLink and follow its run record (compose's federation
-    job); ``on_progress`` gets the record each time the coordinator rewrites it."""
+    job); ``on_progress`` gets the record each time the coordinator rewrites it.
+
+    The SuperLink must accept a connection within ``connect_timeout`` seconds (`wait_for_superlink`,
+    which tells ``say`` while it waits); the run must end within ``timeout`` seconds."""
+    wait_for_superlink(superlink, connect_timeout, say=say)
     home = work / "flwr-home"
     write_connection(home, superlink, root_cert=root_cert.resolve() if root_cert else None)
     app_dir = stage_app(work / "app", cfg)
     path = Path(cfg.out_dir) / HISTORY_FILE
     progress = None if on_progress is None else (
         lambda raw: on_progress(RunRecord.from_json(raw, source=str(path))))
+
+    def silence(seconds: float) -> None:
+        say(f"the run is submitted to {superlink}, but no coordinator has started it after "
+            f"{seconds:.0f} s (no {path}): a flower-superexec must run the ServerApp for this "
+            f"SuperLink, with this environment's bin on its PATH (docs/deployment.md); its log says "
+            f"why not. Waiting up to {timeout:.0f} s (--timeout)")
+
     return RunRecord.from_json(run_app(app_dir, flower_env(home), work / "flwr-run.log", path,
-                                       on_progress=progress), source=str(path))
+                                       on_progress=progress, timeout=timeout,
+                                       on_silence=silence), source=str(path))
 
 
 # --- deployment runtime: SuperLink + SuperExec + SuperNodes (fedsplit up, site run, compose) ---
