@@ -2,7 +2,9 @@
 
 ``fedsplit site run`` is the hospital agent: a Flower SuperNode whose ClientApp is fedsplit's
 (``client/app.py``; Flower ships the code to it, the data never leaves), supervised by
-`orchestration.site_agent`. Training uses the GPU when torch sees one (run config ``device=auto``).
+`orchestration.site_agent`, after reading the hospital's data once as the ClientApp will
+(`site_agent.read_site_data`: a missing, unlabelled or unreadable file is one line).
+Training uses the GPU when torch sees one (run config ``device=auto``).
 
 ``fedsplit site prepare`` cuts a bundled dataset into one folder per simulated hospital, which is
 how ``fedsplit up`` and the compose init service give every hospital only its own rows.
@@ -16,7 +18,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message, in logs too
 app = typer.Typer(help="Run a hospital agent, or prepare simulated hospitals' data.",
                   no_args_is_help=True)
 
@@ -24,8 +26,11 @@ app = typer.Typer(help="Run a hospital agent, or prepare simulated hospitals' da
 @app.command("run")
 def run(
     superlink: Annotated[str, typer.Option(help="The coordinator's SuperLink, HOST:PORT.")],
-    data: Annotated[Path, typer.Option(help="This hospital's data: a CSV/Parquet/NPZ file, or a "
-                                            "folder holding exactly one.")],
+    data: Annotated[Path, typer.Option(help="This hospital's data: a CSV/Parquet/NPZ file, a "
+                                            "folder holding exactly one, or what --recipe's "
+                                            "reader reads (e.g. an .h5 file). Read once before "
+                                            "the SuperNode starts: an unreadable file is refused "
+                                            "(HospitalFailure, exit 13).")],
     root_cert: Annotated[Path | None, typer.Option(help="CA certificate that signed the "
                                                         "SuperLink's certificate (TLS).")] = None,
     key: Annotated[Path | None, typer.Option(help="This hospital's NIST-EC OpenSSH private key, "

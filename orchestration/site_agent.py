@@ -18,7 +18,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from fedsplit.protocol.errors import ConfigError, SiteAgentError
+from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError, HospitalFailure, SiteAgentError
 from rich.console import Console
 
 _console = Console(stderr=True, highlight=False)
@@ -150,6 +151,72 @@ def supervise(cmd: list[str], env: dict[str, str], *, max_restarts: int, name: s
             signal.signal(sig, handler)
 
 
+READING = "reading its data"
+
+
+def read_site_data(data: Path, site: str, *, recipe: str = "", recipe_params: str = "{}",
+                   cfg: RunConfig | None = None) -> tuple[int, Path]:
+    """Read hospital ``site``'s data at ``data`` exactly as its ClientApp will, before its
+    SuperNode starts; return its rows and the file its node config names (``data`` itself when
+    the recipe's reader reads it, else the table or NPZ file in it). Any failure (a missing
+    file, a file without labels, a suffix no reader reads, a recipe reader that raises) is one
+    `HospitalFailure` line naming the hospital, the stage (``reading its data``) and the cause.
+
+    ``recipe``: the node's own recipe (``site run --recipe``), read by its reader when it has
+    one (`client.site.load_site`). ``cfg``: the run config, when known (``fedsplit up``): the
+    whole load is checked, a table's target column included. Without it (``site run``: the
+    coordinator's run config names the target), a table is read and counted, its columns
+    checked by the federation's schema exchange before round 1.
+    """
+    from fedsplit.client.data import TABLE_SUFFIXES, read_table
+    from fedsplit.client.failures import hospital_stage
+    from fedsplit.client.site import DATA_SUFFIXES, _recipe_read, load_site, resolve_data_path
+
+    node: dict[str, str] = {"data-path": str(data), "site-name": site}
+    if recipe:
+        node.update({"recipe": recipe, "recipe-params": recipe_params or "{}"})
+    run_cfg = cfg if cfg is not None else RunConfig()
+    try:
+        with hospital_stage(site, READING):
+            if not data.exists():
+                raise ConfigError(f"data file {data} does not exist; give the hospital's own file "
+                                  f"(site run --data, up --site NAME=FILE). Received: {data}")
+            if _recipe_read(node, run_cfg) is not None:
+                loaded = load_site(node, 0, run_cfg)  # the same read (cached) and split
+                return len(loaded.train) + len(loaded.val), data
+            path = resolve_data_path(node, run_cfg)
+            if path.suffix.lower() not in DATA_SUFFIXES:
+                reader = recipe or run_cfg.recipe
+                raise ConfigError(
+                    f"{path.name} is not a .csv, .parquet or .npz file, and "
+                    + (f"recipe {reader}'s read_data does not read it (it returned None): give a "
+                       f"file it reads" if reader else "no recipe reads it: give the recipe whose "
+                       "read_data reads it (--recipe REF, the run's)")
+                    + f". Received: {path}")
+            if cfg is None and path.suffix.lower() in TABLE_SUFFIXES:
+                rows = len(read_table(path))
+                if rows < 2:
+                    raise ConfigError(f"a hospital needs at least 2 rows (train and evaluation). "
+                                      f"Received: {rows} in {path}")
+                return rows, path
+            loaded = load_site(node, 0, run_cfg)
+            return len(loaded.train) + len(loaded.val), path
+    except HospitalFailure as failure:
+        if "Received:" in str(failure):
+            raise
+        fix = f"{failure.fix}. Received: {data}" if failure.fix else f"Received: {data}"
+        raise HospitalFailure(site, READING, failure.cause, fix) from failure.__cause__
+
+
+def forget_reads() -> None:
+    """Drop what `read_site_data` kept in this process (`client.site` caches each read)."""
+    from fedsplit.client import site as client_site
+
+    client_site._READ.clear()
+    for cached in (client_site._raw, client_site._encoded, client_site._load):
+        cached.cache_clear()
+
+
 def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
               key: Path | None = None, insecure: bool = False, name: str | None = None,
               port: int = 9094, host: str = "127.0.0.1", isolation: str = "subprocess",
@@ -164,9 +231,7 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
     and its parameters validated here first; a recipe whose reader reads ``data`` (e.g. a folder of
     images) gets the folder itself.
     """
-    from fedsplit.client.site import resolve_data_path
     from fedsplit.orchestration.flower_runtime import flower_env, supernode_command
-    from fedsplit.protocol.config import RunConfig
 
     if root_cert is None and not insecure:
         raise ConfigError("Give --root-cert CA.crt to reach the SuperLink over TLS, or --insecure for "
@@ -184,18 +249,14 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
         check_key(key)
     impl = None
     if recipe:
-        from fedsplit.client.data import read_with_recipe
         from fedsplit.client.recipes import load_recipe
 
         impl = load_recipe(recipe, recipe_params)
-    if impl is not None and read_with_recipe(impl, data.resolve()) is not None:
-        data_file = data.resolve()
-    else:
-        data_file = resolve_data_path({"data-path": str(data.resolve())}, RunConfig())
-    if not data_file.exists():
-        raise ConfigError(f"--data must be this hospital's data file or a folder holding it. "
-                          f"Received: {data}")
     site_name = name or (data.name if data.is_dir() else data.stem)
+    # Pre-flight: the data, read as the ClientApp will read it, before the SuperNode starts.
+    rows, data_file = read_site_data(data.resolve(), site_name, recipe=recipe,
+                                     recipe_params=recipe_params)
+    forget_reads()  # the ClientApp reads it in its own process
     home = flwr_home or Path.home() / ".fedsplit" / site_name
     env = flower_env(home)
     home.mkdir(parents=True, exist_ok=True)
@@ -204,6 +265,6 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
                             key=key.resolve() if key else None, isolation=isolation,
                             recipe=recipe, recipe_params=recipe_params if recipe else "")
     on_start(f"{site_name}: SuperNode -> {superlink} ({'TLS' if root_cert else 'insecure'}"
-             f"{', node auth' if key else ''}); data {data_file}; "
+             f"{', node auth' if key else ''}); data {data_file} ({rows} rows); "
              f"{f'recipe {impl.identity.label()}; ' if impl else ''}trains on {describe_device()}")
     supervise(cmd, env, max_restarts=max_restarts, name=site_name)

@@ -43,7 +43,8 @@ def _site(tmp_path: Path, *extra: str) -> int:
 
 
 def test_site_agent_refuses_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """No TLS choice, a key without TLS, or a non-EC key: exit 2 before any process starts."""
+    """No TLS choice, a key without TLS, or a non-EC key: exit 2 before any process starts (a
+    data folder with nothing to read: exit 13, HospitalFailure)."""
     assert _site(tmp_path) == 2
     assert "--root-cert CA.crt" in capsys.readouterr().err
     paths = make_certs(tmp_path / "certs", ["hospital-1"])
@@ -56,7 +57,9 @@ def test_site_agent_refuses_bad_arguments(tmp_path: Path, capsys: pytest.Capture
     assert "NIST elliptic-curve" in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert run_guarded(app, ["site", "run", "--superlink", "h:1", "--insecure", "--data", str(empty)]) == 2
+    # an empty data folder: refused by the pre-flight read, naming the hospital and the stage
+    assert run_guarded(app, ["site", "run", "--superlink", "h:1", "--insecure", "--data", str(empty)]) == 13
+    assert "hospital empty, reading its data" in capsys.readouterr().err
 
 
 def _history(out: Path, status: str, rounds: int, strategy: str = "fedavg",
