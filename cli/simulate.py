@@ -60,8 +60,10 @@ def simulate(
     ] = None,
     site: Annotated[
         list[str] | None,
-        typer.Option("--site", help="A hospital's own CSV/Parquet/NPZ file, as PATH, NAME=PATH or "
-                                    "NAME=TRAIN:TEST (repeat per site; name: the file stem)."),
+        typer.Option("--site", help="A hospital's own data: a CSV/Parquet/NPZ file, or any file "
+                                    "or folder --recipe's reader reads (e.g. HDF5 signals, PNG "
+                                    "folders), as PATH, NAME=PATH or NAME=TRAIN:TEST (repeat per "
+                                    "site; name: the file stem)."),
     ] = None,
     target: Annotated[str, typer.Option(help="Target column in --site tables.")] = "target",
     time: Annotated[str, typer.Option(help="Survival: the follow-up time column of --site tables "

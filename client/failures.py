@@ -29,12 +29,17 @@ _FIXES: tuple[tuple[type[BaseException], str, str], ...] = (
 
 
 def where(error: BaseException) -> str:
-    """``file.py:LINE in function`` of the innermost frame that raised ``error`` (the
-    hospital's own code, when it raised), or ``""``."""
+    """``file.py:LINE in function`` of the innermost frame of the hospital's own code that
+    ``error`` passed through (else the innermost frame), or ``""``."""
     frames = traceback.extract_tb(error.__traceback__)
     if not frames:
         return ""
-    last = frames[-1]
+    # the innermost frame of the hospital's own code: not a library's (site-packages, compiled
+    # extensions, the standard library), else the innermost of all
+    library = ("site-packages", "dist-packages", f"{Path(traceback.__file__).parent}")
+    own = [f for f in frames if not f.filename.endswith(".pyx")
+           and not any(part in f.filename for part in library)]
+    last = (own or frames)[-1]
     return f"{Path(last.filename).name}:{last.lineno} in {last.name}"
 
 

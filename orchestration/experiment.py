@@ -46,6 +46,7 @@ from fedsplit.client.data import (
     split_indices,
     write_staged,
 )
+from fedsplit.client.failures import hospital_stage
 from fedsplit.client.models import SiteModel, build_model, load_model, recipe_of
 from fedsplit.client.recipes import ModelInputs
 from fedsplit.client.site import effective_recipe, site_recipe, split_site
@@ -61,7 +62,7 @@ from fedsplit.orchestration.selection import BestRound
 from fedsplit.orchestration.survival_baselines import exact_baseline, fitted_exactly
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError, HospitalFailure
 from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 from fedsplit.protocol.privacy import DPSpec
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
@@ -210,15 +211,24 @@ def _frame(data: Dataset, target: str) -> Any:
 
 
 def _read_site(source: SiteSource, cfg: RunConfig) -> tuple[Any, Any]:
+    """A ``--site`` hospital's rows (and its test file's), read as its agent reads them: the
+    recipe's own reader first (image folders, signal files), else a table or NPZ. Any failure
+    is named with the hospital (`HospitalFailure`, stage "reading its data")."""
+    for path in (source.train, source.test):
+        if path is not None and not path.exists():
+            raise HospitalFailure(source.name, "reading its data",
+                                  f"data file {path} does not exist",
+                                  "Check the path given with --site NAME=FILE")
     recipe = site_recipe({}, cfg)  # a recipe's own reader (image folders, arrays) comes first
-    if (train := read_with_recipe(recipe, source.train)) is not None:
-        return train, (load_site_file(source.test, target="y", recipe=recipe)
-                       if source.test else None)
-    suffix = source.train.suffix.lower()
-    if suffix == ".npz" or suffix not in (".csv", ".parquet", ".pq"):
-        return load_site_file(source.train, target="y"), (
-            load_site_file(source.test, target="y") if source.test else None)
-    return read_table(source.train), read_table(source.test) if source.test else None
+    with hospital_stage(source.name, "reading its data"):
+        if (train := read_with_recipe(recipe, source.train)) is not None:
+            return train, (load_site_file(source.test, target="y", recipe=recipe)
+                           if source.test else None)
+        suffix = source.train.suffix.lower()
+        if suffix == ".npz" or suffix not in (".csv", ".parquet", ".pq"):
+            return load_site_file(source.train, target="y"), (
+                load_site_file(source.test, target="y") if source.test else None)
+        return read_table(source.train), read_table(source.test) if source.test else None
 
 
 def _cut(rows: Any, fraction: float, seed: int) -> tuple[Any, Any]:
@@ -546,19 +556,32 @@ def run_experiment(
     central_steps, site_steps = baseline_steps([len(t) for t in trains.values()], cfg)
     exact = fitted_exactly(history) and schema is not None  # the exact Cox fit's baselines
 
-    def baseline(train: Dataset, val: Dataset, steps: int) -> dict[str, Any]:
+    failures: list[str] = []  # one line per party whose own code failed (HospitalFailure)
+
+    def baseline(who: str, train: Dataset, val: Dataset, steps: int) -> dict[str, Any] | None:
+        """A baseline's record, or None (its failure named in ``failures``): the recipe's
+        own code runs here too, and may raise on the pooled rows or one hospital's."""
         def trained() -> tuple[SiteModel, BestRound]:
             return train_baseline(train, val, num_outputs, cfg, steps)
 
-        model, chosen = (exact_baseline(_fresh_model(train, num_outputs, cfg), train, val,
-                                        schema.to_json(), trained) if exact else trained())
+        try:
+            with hospital_stage(who, "training"):
+                model, chosen = (exact_baseline(_fresh_model(train, num_outputs, cfg), train, val,
+                                                schema.to_json(), trained)
+                                 if exact else trained())
+                scored = evaluate(model, tests)
+        except HospitalFailure as e:
+            failures.append(str(e))
+            return None
         return {"num_examples": len(train), "steps": steps, "rounds_kept": chosen.round,
-                "val_metric": chosen.scores, "val_examples": len(val), **evaluate(model, tests)}
+                "val_metric": chosen.scores, "val_examples": len(val), **scored}
 
-    centralized = baseline(_concat(list(trains.values())), _concat(list(vals.values())),
-                           central_steps)
-    local_only = [{"site": name, **baseline(train, vals[name], steps)}
-                  for (name, train), steps in zip(trains.items(), site_steps, strict=True)]
+    centralized = baseline("the centralized baseline", _concat(list(trains.values())),
+                           _concat(list(vals.values())), central_steps)
+    local_only = [{"site": name, **entry} for (name, train), steps in zip(trains.items(),
+                                                                          site_steps, strict=True)
+                  if (entry := baseline(f"hospital {name} alone (baseline)", train, vals[name],
+                                        steps)) is not None]
     # rows behind the kept model: excluded (e.g. hostile) sites do not count
     kept = history.round(history.selection.rounds_kept or 0) if history.selection else None
     fed_examples = (kept.aggregation.num_examples if kept is not None and kept.aggregation
@@ -611,11 +634,31 @@ def run_experiment(
         "personalized": personalized,
         "survival": survival,
         "rounds": rounds,
+        "failures": _left_out(history, [t.name for t in joined]) + failures,
         **exp.summary_extra,
     }
     write_json_atomic(out / "summary.json", summary)
     plot_rounds(summary, out / "rounds.png")
+    if summary["failures"]:  # written and plotted; the command still says what failed, and fails
+        raise HospitalFailure.from_line(
+            f"{summary['failures'][0]}"
+            + (f" (and {len(summary['failures']) - 1} more failure(s))"
+               if len(summary["failures"]) > 1 else "")
+            + f". The federated model and summary were written to {out}; see its 'failures'")
     return summary
+
+
+def _left_out(history: RunRecord, names: Sequence[str]) -> list[str]:
+    """The hospitals whose own data or code failed in every round they were asked to train:
+    the federation trained without them (one line each, as the hospital reported it)."""
+    lines = []
+    for name in names:
+        entries = [s for r in history.rounds if r.train for s in r.train.sites if s.site == name]
+        if entries and all(s.excluded and s.reason and s.reason.startswith(f"hospital {name},")
+                           for s in entries):
+            lines.append(f"{entries[-1].reason} (in every round: the federation trained "
+                         f"without it)")
+    return lines
 
 
 def load_summary(path: Path) -> dict[str, Any]:

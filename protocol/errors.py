@@ -139,7 +139,8 @@ STAGES = ("reading its data", "building the model", "loading the global model", 
 class HospitalFailure(FedsplitError):
     """A hospital's own data or code failed at one stage, named with the hospital and the cause.
 
-    The message is one line: ``hospital NAME, STAGE: CAUSE`` and, where there is one, the fix.
+    The message is one line: ``hospital NAME, STAGE: CAUSE`` and, where there is one, the fix
+    (a party that is not a hospital, e.g. ``the centralized baseline``, is named as given).
     The hospital agent raises it at the source (`client.failures`); the coordinator records it
     per hospital in the run record, never by Flower node id.
     """
@@ -151,8 +152,16 @@ class HospitalFailure(FedsplitError):
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}. Received: {stage!r}")
         self.site, self.stage, self.cause, self.fix = site, stage, one_line(cause), one_line(fix)
-        text = f"hospital {site}, {stage}: {self.cause}"
+        who = site if " " in site else f"hospital {site}"  # e.g. "the centralized baseline"
+        text = f"{who}, {stage}: {self.cause}"
         super().__init__(f"{text}. {self.fix}" if self.fix else text)
+
+    @classmethod
+    def from_line(cls, line: str) -> HospitalFailure:
+        """A failure already written as one line (e.g. recorded by the coordinator)."""
+        error = cls.__new__(cls)
+        FedsplitError.__init__(error, one_line(line, limit=2000))
+        return error
 
 
 class NoTrainingError(FedsplitError):
@@ -182,7 +191,7 @@ def error_from_record(text: str | None) -> FedsplitError | None:
         cls = todo.pop()
         if cls.__name__ == name:
             error = FedsplitError.__new__(cls)
-            FedsplitError.__init__(error, message)
+            FedsplitError.__init__(error, one_line(message, limit=2000))
             return error
         todo.extend(cls.__subclasses__())
     return None

@@ -309,7 +309,8 @@ class RunRecord(_JsonFile):
         parts = [self.error] if self.status == "failed" and self.error else []
         if trained < max(1, quorum):
             sites = self.site_failures()
-            why = "; ".join(f"{name}: {reason}" for name, reason in sites.items())
+            why = "; ".join(reason if reason.startswith(f"hospital {name},") else
+                            f"{name}: {reason}" for name, reason in sites.items())
             errors = sorted({r.error for r in self.rounds if r.error})
             parts.append(f"{trained} of {len(self.rounds)} round(s) trained a model"
                          + (f"; hospitals left out: {why}" if why else "")
@@ -478,6 +479,9 @@ class RunSummary(_JsonFile):
     personalized: Personalized | None = None
     rounds: list[SummaryRound] = Field(default_factory=list)
     privacy: SummaryPrivacy | None = None
+    #: one line per party whose own data or code failed (a hospital left out of every round,
+    #: a baseline that could not train): the run wrote what it could and exited non-zero
+    failures: list[str] = Field(default_factory=list)
 
 
     def round_metric(self, key: str) -> list[float]:
