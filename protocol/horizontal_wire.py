@@ -56,6 +56,7 @@ import numpy as np
 from fedsplit.protocol.arrays import check_arrays, check_num_examples
 from fedsplit.protocol.errors import ConfigError, FedsplitError, ReplyError, one_line
 from fedsplit.protocol.schema import SiteColumns
+from fedsplit.protocol.survival import CONCORDANT_RATE, PAIRS_RATE
 from fedsplit.protocol.update import Update, to_array_record
 
 if TYPE_CHECKING:
@@ -104,7 +105,9 @@ DP_EPSILON = "dp-epsilon"
 #: Metric names the hospital agent may put in its replies (scalars only).
 TRAIN_METRICS = frozenset({NUM_EXAMPLES, TRAIN_LOSS, ON_GPU, PARALLEL_WORKERS,
                            PARALLEL_SAMPLES_PER_S, DP_EPSILON})
-EVALUATE_METRICS = frozenset({NUM_EXAMPLES, "loss", "accuracy", "r2", "rmse"})
+#: (a survival recipe's concordance pair counts per row pick its round: `protocol.survival`)
+EVALUATE_METRICS = frozenset({NUM_EXAMPLES, "loss", "accuracy", "r2", "rmse", CONCORDANT_RATE,
+                              PAIRS_RATE})
 
 
 @dataclass(frozen=True)

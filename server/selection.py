@@ -18,6 +18,7 @@ from typing import Any
 
 from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
 from fedsplit.protocol.selection import BestRound, selection_metric
+from fedsplit.protocol.survival import pooled_concordance
 
 
 def task_metric(model_id: str | None, rounds: Iterable[Mapping[str, Any]] = ()) -> str:
@@ -37,8 +38,13 @@ def task_metric(model_id: str | None, rounds: Iterable[Mapping[str, Any]] = ()) 
 
 
 def round_score(entry: Mapping[str, Any], metric: str) -> float | None:
-    """The round's federated validation score, or None (not evaluated, or no such metric)."""
-    value = entry.get("evaluate", {}).get("metrics", {}).get(metric)
+    """The round's federated validation score, or None (not evaluated, or no such metric).
+    A survival C-index is the one over the hospitals' summed concordance pairs when they sent
+    them (`protocol.survival.pooled_concordance`), not the mean of their C-indices."""
+    metrics = entry.get("evaluate", {}).get("metrics", {})
+    if metric == "c_index" and (pooled := pooled_concordance(metrics)) is not None:
+        return pooled
+    value = metrics.get(metric)
     return float(value) if isinstance(value, int | float) else None
 
 

@@ -21,7 +21,9 @@ case to the trainer:
   batch's rows) on the weights, per event like the likelihood term. It is not a sum over
   patients, so DP-SGD is refused (``per_sample_loss`` False).
 - **Metrics**: ``loss`` and Harrell's ``c_index`` (lifelines' ``concordance_index(T, -risk, E)``,
-  FLamby's metric), which picks the round.
+  FLamby's metric), ``auc``, and the pair counts per row (`protocol.survival.pair_rates`): the
+  round is picked by the C-index over the hospitals' summed pairs
+  (`protocol.survival.pooled_concordance`), not the mean of their noisy C-indices.
 - **predict**: the log relative hazard per patient (``risk``).
 """
 
@@ -33,8 +35,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from fedsplit.client.recipes.base import ModelInputs, Recipe, Standardize
+from fedsplit.client.survival.cox import concordance_counts
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.survival import SURVIVAL
+from fedsplit.protocol.survival import SURVIVAL, pair_rates
 from fedsplit.protocol.survival_exact import SOLVERS
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
@@ -155,7 +158,8 @@ class Cox(Recipe):
             c = float(concordance_index(t, -risk, e))
         except ZeroDivisionError:  # no comparable pair (e.g. no event among these patients)
             c = 0.5
-        return {"loss": loss, "c_index": c, "auc": _time_auc(risk, t, e)}
+        pairs = pair_rates(*concordance_counts(t, e > 0.5, risk), len(t))
+        return {"loss": loss, "c_index": c, "auc": _time_auc(risk, t, e), **pairs}
 
     @torch.no_grad()
     def predict(self, model: nn.Module, x: np.ndarray) -> dict[str, np.ndarray]:

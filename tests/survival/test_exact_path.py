@@ -160,3 +160,33 @@ def test_which_path_runs() -> None:
         se.newton_solver(model_id(solver="newton"), **{**plain, "dp": "epsilon=1"})
     with pytest.raises(ConfigError, match="solver is one of"):
         Cox({"solver": "lbfgs"})
+
+
+def test_round_is_selected_by_the_summed_pairs_not_the_mean_of_c_indices() -> None:
+    """Hospital a: 20 rows, all events (190 pairs); b: 100 rows, one early event (99 pairs).
+    Round 1 orders b perfectly and a backwards, round 2 the reverse. The federation's
+    row-weighted mean of C-indices prefers round 1 (b has more rows); the C over the summed
+    pairs (what `select` uses) prefers round 2, which orders more pairs correctly."""
+    from fedsplit.client.survival.cox import concordance_counts
+    from fedsplit.server.selection import select
+    from fedsplit.server.strategy import weighted_mean
+
+    t_a, e_a = np.arange(1.0, 21.0), np.ones(20, bool)
+    t_b, e_b = np.arange(1.0, 101.0), np.arange(100) == 0
+    rounds, expected = [], []
+    for number, sign in ((1, 1.0), (2, -1.0)):
+        sites, summed = [], np.zeros(3)
+        for t, e, risk in ((t_a, e_a, sign * t_a), (t_b, e_b, -sign * t_b)):
+            counts = np.array(concordance_counts(t, e, risk), float)
+            summed += counts
+            c, tied, pairs = counts
+            sites.append((len(t), {"c_index": (c + tied / 2) / pairs,
+                                   **sv.pair_rates(c, tied, pairs, len(t))}))
+        expected.append((summed[0] + summed[1] / 2) / summed[2])
+        rounds.append({"round": number, "model": f"models/round-{number:03d}.h5",
+                       "evaluate": {"metrics": weighted_mean(sites), "sites": []}})
+    chosen = select(rounds, "best-val", model_id())
+    np.testing.assert_allclose([s["score"] for s in chosen["val_metric"]], expected, rtol=1e-12)
+    assert chosen["rounds_kept"] == 2
+    mean_c = [r["evaluate"]["metrics"]["c_index"] for r in rounds]
+    assert mean_c[0] > mean_c[1]  # the mean of C-indices would have kept round 1
