@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from click.core import ParameterSource
 from fedsplit.client.data import DATASETS
 from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.history import RoundEntry, RunRecord, scalars
 from rich.console import Console
 
 from fedsplit import aggregation
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)  # one line per message, in logs too
 
 
 def round_line(entry: RoundEntry, total: int) -> str:
@@ -64,6 +66,7 @@ class RoundPrinter:
 
 
 def up(
+    ctx: typer.Context,
     sites: Annotated[int, typer.Option(min=1, help="Simulated hospitals.")] = 3,
     rounds: Annotated[int, typer.Option(min=1, help="Federation rounds.")] = 3,
     tls: Annotated[bool, typer.Option(help="TLS on the SuperLink and SuperNode authentication "
@@ -104,9 +107,27 @@ def up(
                                              "fedsplit.recipes entry point; default: the built-in "
                                              "MLP or CNN.")] = "",
     recipe_params: Annotated[str, typer.Option(help="The recipe's parameters, a JSON object.")] = "{}",
+    site: Annotated[list[str] | None, typer.Option(
+        "--site", metavar="NAME=FILE",
+        help="A hospital on its own file, repeated per hospital: a CSV/Parquet table, an NPZ, or "
+             "what the --recipe's reader reads (e.g. one .h5 file or a folder). Instead of "
+             "--dataset/--sites/--partition.")] = None,
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
     from fedsplit.orchestration.up import UpPlan, run_up
+
+    if site:
+        given = [f"--{name}" for name in ("dataset", "sites", "partition")
+                 if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+        if given:
+            raise ConfigError(f"--site gives each hospital its own file; --dataset, --sites and "
+                              f"--partition cut a bundled dataset instead: use one or the other. "
+                              f"Received: --site with {', '.join(given)}")
+        if superlink is not None:
+            raise ConfigError("--site starts the hospitals here; with --superlink the hospitals run "
+                              "their own agents (fedsplit site run --data FILE). Received: --site "
+                              f"with --superlink {superlink}")
+        sites = len(site)
 
     work = work.resolve()
     out = (out or work / "out").resolve()
@@ -119,11 +140,12 @@ def up(
     ))
     plan = UpPlan(cfg=cfg, work=work, sites=sites, dataset=dataset, partition=partition, tls=tls,
                   port=port, admin_port=admin_port if admin else None, timeout=timeout,
-                  superlink=superlink, root_cert=root_cert)
+                  superlink=superlink, root_cert=root_cert, site_files=tuple(site or ()))
     started = time.monotonic()
     history = run_up(plan, on_progress=RoundPrinter(rounds),
                      on_stage=lambda msg: console.print(f"[bold]{msg}[/]"),
                      say=lambda msg: console.print(f"[dim]{msg}[/]"))
+    # run_up returned: the run trained and global.h5 exists (else NoTrainingError, exit 14)
     model = "" if superlink is not None else f"global model {out / 'global.h5'}, "
     console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history.rounds)} "
                   f"rounds; {model}history {out / 'history.json'}")

@@ -338,7 +338,7 @@ def split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--superlink is the SuperLink's HOST:PORT, e.g. 127.0.0.1:9092 or "
+        raise ConfigError(f"--superlink is the SuperLink's HOST:PORT, e.g. 127.0.0.1:8000 or "
                           f"superlink.example.org:8000. Received: {address!r}")
     return host, int(port)
 

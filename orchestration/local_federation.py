@@ -51,9 +51,17 @@ from fedsplit.orchestration.flower_runtime import (
     write_connection,
 )
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.errors import (
+    ConfigError,
+    HospitalFailure,
+    NoTrainingError,
+    error_from_record,
+)
 from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 
+GLOBAL_MODEL = "global.h5"
+# Exit codes of a hospital agent that a restart cannot fix: its options or its data are wrong.
+AGENT_FATAL = {ConfigError.exit_code: "ConfigError", HospitalFailure.exit_code: "HospitalFailure"}
 COORDINATOR = "coordinator"
 SUPERLINK = "superlink"
 ADMIN = "admin"
@@ -66,6 +74,23 @@ def fedsplit_command() -> list[str]:
     if script.is_file():
         return [str(script)]
     return [sys.executable, "-c", "import sys; from fedsplit.cli.app import main; sys.exit(main())"]
+
+
+def check_trained(history: RunRecord, out: Path) -> None:
+    """Raise `NoTrainingError` (one line: each hospital's reason) unless the run trained and
+    its global model ``out/global.h5`` exists."""
+    reason = history.failure()
+    model = out / GLOBAL_MODEL
+    if reason is None and not model.is_file():
+        reason = (f"{len(history.model_rounds)} round(s) saved a model, but {model} does not "
+                  f"exist")
+    if reason is None:
+        return
+    raise NoTrainingError(
+        f"The federation ended without a model to present: {reason}. Fix what is named (each "
+        f"hospital's log: WORK/logs/NAME.log, or its agent's console) and run again. "
+        f"Received: {out / HISTORY_FILE} status {history.status or 'none'}, "
+        f"{len(history.model_rounds)} of {len(history.rounds)} round(s) with a model")
 
 
 def admin_available() -> bool:
@@ -250,11 +275,26 @@ class LocalFederation:
         self.say(f"{name}: {reason}; restarting it")
         time.sleep(self.restart_delay)
 
+    def agent_error(self, name: str, code: int) -> Exception:
+        """The error a hospital agent stopped with (its last ``ErrorClass: message`` line in
+        its log, rebuilt with its class and exit code), else a `FlowerRunError` naming it."""
+        log = self.logs / f"{name}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        prefix = f"{AGENT_FATAL[code]}: "
+        starts = [m.start() for m in re.finditer(rf"(?m)^{re.escape(prefix)}", text)]
+        if starts and (error := error_from_record(" ".join(text[starts[-1]:].split()))):
+            return error
+        return FlowerRunError(f"hospital {name}: its agent stopped with exit code {code} "
+                              f"({AGENT_FATAL[code]}), which a restart cannot fix; see {log}. "
+                              f"Received: exit {code}")
+
     def _check_sites(self) -> None:
         for site in self.sites:
             proc = self.procs[site.name]
             if proc.poll() is not None:
                 stop(proc, grace=2)  # the rest of its process group
+                if proc.returncode in AGENT_FATAL:
+                    raise self.agent_error(site.name, proc.returncode)
                 self._restart(site.name, f"agent exited with code {proc.returncode}")
                 self.start_site(site)
 
@@ -279,6 +319,8 @@ class LocalFederation:
             if status == "finished":
                 return history
             if status == "failed":
+                if not history.model_rounds:  # nothing trained: each hospital's reason
+                    check_trained(history, Path(cfg.out_dir))
                 raise FlowerRunError(f"The federation failed: {history.error}. Logs: "
                                      f"{self.logs}. Received: status failed")
             if self.procs[SUPERLINK].poll() is not None:

@@ -2,26 +2,35 @@
 
 `run_up` checks the run config against the strategy factory (`server.compose`), then either
 submits it to a running SuperLink (``superlink``: compose's federation job; the hospitals hold
-their own data) or, on 127.0.0.1: writes each hospital's partition under WORK/sites, puts the
+their own data; the SuperLink must accept a connection within ``connect_timeout``) or, on
+127.0.0.1: writes each hospital's partition under WORK/sites (or, with ``site_files``, takes
+each hospital's own file as it is, read first exactly as its agent will read it), puts the
 data's fingerprint in the run config, refuses to resume an unfinished run on other data (before
 any process starts), starts the `LocalFederation` (SuperLink, coordinator, one agent per
 hospital, admin API) and runs the federation to its end. SIGTERM stops every process it
 started, like Ctrl-C.
+
+A run that ends without a model (no round trained, or no global.h5) raises `NoTrainingError`
+with each hospital's reason (`check_trained`): it is never reported as a success.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from fedsplit.orchestration.experiment import prepare_partitions
-from fedsplit.orchestration.fingerprint import data_fingerprint
-from fedsplit.orchestration.flower_runtime import attach
-from fedsplit.orchestration.local_federation import LocalFederation, Site
+from fedsplit.orchestration.experiment import SiteSource, parse_site, prepare_partitions
+from fedsplit.orchestration.fingerprint import fingerprint_file
+from fedsplit.orchestration.flower_runtime import CONNECT_TIMEOUT_S, attach
+from fedsplit.orchestration.local_federation import LocalFederation, Site, check_trained
+from fedsplit.orchestration.site_agent import forget_reads, read_site_data
 from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.history import RunRecord
 from fedsplit.server.compose import check_composition
 from fedsplit.server.history import find_resume_point
@@ -42,6 +51,63 @@ class UpPlan:
     timeout: float = 3600.0
     superlink: str | None = None  # attach to it instead of starting processes
     root_cert: Path | None = None
+    # each hospital's own file (``--site NAME=FILE``) instead of a bundled dataset's partitions
+    site_files: tuple[str | Path | SiteSource, ...] = ()
+    connect_timeout: float = CONNECT_TIMEOUT_S  # with superlink: how long to wait for its port
+
+
+#: What `fingerprint_file` reads itself; any other file (or a folder) is hashed byte for byte.
+FINGERPRINTED = (".csv", ".parquet", ".pq", ".npz")
+
+
+def own_sites(site_files: Sequence[str | Path | SiteSource]) -> list[SiteSource]:
+    """The ``--site NAME=FILE`` hospitals, checked before any process starts: names unique,
+    no separate test file (each agent holds out its own evaluation rows), every file present."""
+    sources = [parse_site(s) for s in site_files]
+    for source in sources:
+        if source.test is not None:
+            raise ConfigError(
+                f"hospital {source.name}: fedsplit up trains each hospital on its whole file (its "
+                f"agent holds out val-fraction of the rows to evaluate); a separate test file is "
+                f"for fedsplit simulate. Give --site NAME=FILE. "
+                f"Received: {source.name}={source.train}:{source.test}")
+    names = [s.name for s in sources]
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
+        raise ConfigError(f"Each hospital needs its own name: name them with --site NAME=FILE. "
+                          f"Received: {', '.join(dupes)} more than once")
+    for source in sources:
+        if not source.train.exists():
+            raise ConfigError(f"hospital {source.name}: data file {source.train} does not exist. "
+                              f"Give each hospital's own file with --site NAME=FILE (a CSV/Parquet "
+                              f"table, an NPZ, or what --recipe's reader reads). "
+                              f"Received: --site {source.name}={source.train}")
+    return sources
+
+
+def _sha256(path: Path) -> str:
+    """sha256 of a file's bytes, or of a folder's files (relative names and bytes, in order)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(f"{file.relative_to(path).as_posix()}\0".encode())
+        with open(file, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def site_fingerprint(files: Mapping[str, Path], rows: Mapping[str, int]) -> str:
+    """The run config's ``data-fingerprint`` of the hospitals' own files: `fingerprint_file`'s
+    for tables and NPZ, else the rows the reader read and a sha256 of the bytes (an .h5 file or
+    a folder a recipe reads)."""
+    found = {}
+    for name, path in files.items():
+        if path.is_file() and path.suffix.lower() in FINGERPRINTED:
+            found[name] = fingerprint_file(path)
+        else:
+            found[name] = {"rows": rows.get(name), "columns": None, "sha256": _sha256(path)}
+    return json.dumps(found, sort_keys=True)
 
 
 def _terminate(signum: int, _frame: FrameType | None) -> None:
@@ -57,29 +123,52 @@ def run_up(plan: UpPlan, *, on_progress: Callable[[RunRecord], None] | None = No
     stop, ``on_progress`` the run record each time the coordinator rewrites it.
     """
     cfg = plan.cfg
+    out = Path(cfg.out_dir)
     check_composition(cfg)  # a bad strategy, parameter or secure-aggregation pairing fails here
     if plan.superlink is not None:  # the hospitals hold their own data: no fingerprint from here
         on_stage(f"federation on {plan.superlink}: {cfg.strategy}, {cfg.num_server_rounds} rounds")
-        return attach(cfg, plan.superlink, plan.work, root_cert=plan.root_cert,
-                      on_progress=on_progress)
+        history = attach(cfg, plan.superlink, plan.work, root_cert=plan.root_cert,
+                         on_progress=on_progress, timeout=plan.timeout,
+                         connect_timeout=min(plan.connect_timeout, plan.timeout), say=say)
+        check_trained(history, out)
+        return history
+    sources = own_sites(plan.site_files)  # before anything is read or started
     if cfg.recipe:  # the local hospitals import it: a missing module or bad params fail here
         from fedsplit.client.recipes import load_recipe
 
         load_recipe(cfg.recipe, cfg.recipe_params)
-    files = prepare_partitions(plan.work / "sites", plan.dataset, plan.sites, plan.partition,
-                               cfg.seed)
-    cfg = cfg.model_copy(update={"data_fingerprint": data_fingerprint(files)})
+    if sources:  # each hospital's own file, read as its agent will (one line naming it if not)
+        rows = {}
+        try:
+            for source in sources:
+                rows[source.name], _ = read_site_data(source.train.resolve(), source.name,
+                                                      recipe=cfg.recipe,
+                                                      recipe_params=cfg.recipe_params, cfg=cfg)
+        finally:
+            forget_reads()
+        files = {s.name: s.train.resolve() for s in sources}
+        fingerprint = site_fingerprint(files, rows)
+        sites = [Site(name, path, recipe=cfg.recipe, recipe_params=cfg.recipe_params)
+                 for name, path in files.items()]
+    else:
+        files = prepare_partitions(plan.work / "sites", plan.dataset, plan.sites, plan.partition,
+                                   cfg.seed)
+        fingerprint = site_fingerprint(files, {})
+        sites = [Site(n, path.parent) for n, path in files.items()]
+    cfg = cfg.model_copy(update={"data_fingerprint": fingerprint})
     if cfg.resume:  # refuse an unfinished run on other data before starting any process
         find_resume_point(Path(cfg.out_dir), cfg.to_flower())
-    federation = LocalFederation(plan.work, [Site(n, path.parent) for n, path in files.items()],
-                                 tls=plan.tls, port=plan.port, admin_port=plan.admin_port, say=say)
+    federation = LocalFederation(plan.work, sites, tls=plan.tls, port=plan.port,
+                                 admin_port=plan.admin_port, say=say)
     previous = signal.signal(signal.SIGTERM, _terminate)  # `kill` stops everything, like Ctrl-C
     try:
         with federation:
             federation.start()
-            on_stage(f"federation: {plan.sites} hospitals, {cfg.strategy}, "
-                     f"{cfg.num_server_rounds} rounds, quorum {cfg.quorum or plan.sites}; "
+            on_stage(f"federation: {len(sites)} hospitals, {cfg.strategy}, "
+                     f"{cfg.num_server_rounds} rounds, quorum {cfg.quorum or len(sites)}; "
                      f"logs in {federation.logs}")
-            return federation.run(cfg, timeout=plan.timeout, on_progress=on_progress)
+            history = federation.run(cfg, timeout=plan.timeout, on_progress=on_progress)
+        check_trained(history, out)
+        return history
     finally:
         signal.signal(signal.SIGTERM, previous)

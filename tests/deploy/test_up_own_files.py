@@ -1,0 +1,304 @@
+"""`fedsplit up --site NAME=FILE`: the local hospitals train on the operator's own files; and
+`fedsplit up` never reports success with nothing trained (issue 31, findings 3, 6, 10).
+
+The fast tests stand a recording federation in for the processes (`run_up`'s sequencing, the
+CLI's exit codes and lines are real); the slow one runs two real `fedsplit up` federations on
+127.0.0.1 with a hospital's own HDF5 recipe: one that trains, one whose train_step raises at
+every hospital (exit 14, each hospital's reason named, no "done").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from fedsplit.cli.app import app
+from fedsplit.cli.errors import run_guarded
+from fedsplit.orchestration import local_federation, up
+from fedsplit.orchestration.flower_runtime import flower_env, spawn
+from fedsplit.orchestration.local_federation import LocalFederation, Site, check_trained, fedsplit_command
+from fedsplit.protocol.errors import ConfigError, HospitalFailure, NoTrainingError
+from fedsplit.protocol.history import RunRecord
+
+RECIPES = Path(__file__).parent / "recipes"
+RECIPE = "h5_signals:H5Signals"
+
+
+@pytest.fixture
+def own_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The hospitals' own HDF5 recipe, importable only through sys.path / PYTHONPATH."""
+    folder = tmp_path / "hospital-code"
+    folder.mkdir()
+    shutil.copy2(RECIPES / "h5_signals.py", folder / "h5_signals.py")
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder),
+                                                                   os.environ.get("PYTHONPATH")])))
+    import h5_signals
+
+    yield h5_signals
+    sys.modules.pop("h5_signals", None)
+
+
+def record(trained: bool, *, status: str = "finished") -> RunRecord:
+    """A run record of one round, trained by east and west, or with both left out."""
+    sites = [{"site": name, "excluded": not trained, "num_examples": 30,
+              **({} if trained else {"reason": f"hospital {name}, training: RuntimeError: broken"})}
+             for name in ("east", "west")]
+    entry: dict[str, Any] = {"round": 1, "train": {"sites": sites}}
+    if trained:
+        entry["model"] = "models/round-001.h5"
+    else:
+        entry["error"] = "too few valid updates (0 of quorum 2)"
+    return RunRecord.from_json({"status": status, "rounds": [entry]}, source="test")
+
+
+class Recording:
+    """Stands in for `LocalFederation`: records what run_up gives it, returns ``history``."""
+
+    made: ClassVar[list[Recording]] = []
+    history: ClassVar[RunRecord] = record(True)
+    write_model: ClassVar[bool] = True
+
+    def __init__(self, work: Path, sites: list[Site], **kw: Any) -> None:
+        self.work, self.sites, self.logs = work, sites, work / "logs"
+        self.cfg = None
+        Recording.made.append(self)
+
+    def __enter__(self) -> Recording:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def run(self, cfg, **kw: Any) -> RunRecord:
+        self.cfg = cfg
+        if Recording.write_model:
+            Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+            (Path(cfg.out_dir) / "global.h5").write_bytes(b"model")
+        return Recording.history
+
+
+@pytest.fixture
+def recording(monkeypatch: pytest.MonkeyPatch) -> type[Recording]:
+    Recording.made, Recording.history, Recording.write_model = [], record(True), True
+    monkeypatch.setattr(up, "LocalFederation", Recording)
+    return Recording
+
+
+def up_cli(tmp_path: Path, *args: str) -> int:
+    return run_guarded(app, ["up", "--work", str(tmp_path / "work"), "--rounds", "1", *args])
+
+
+def test_site_excludes_dataset_sites_partition_and_superlink(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "east.csv"
+    table.write_text("a,target\n1,0\n2,1\n")
+    for extra, named in ((["--dataset", "digits"], "--dataset"), (["--sites", "2"], "--sites"),
+                         (["--partition", "dirichlet:0.5"], "--partition")):
+        assert up_cli(tmp_path, "--site", f"east={table}", *extra) == ConfigError.exit_code
+        err = capsys.readouterr().err
+        assert err.startswith("ConfigError: --site gives each hospital its own file") and \
+            err.strip().endswith(f"Received: --site with {named}"), err
+    assert up_cli(tmp_path, "--site", f"east={table}", "--superlink", "127.0.0.1:9") == 2
+    assert "with --superlink the hospitals run their own agents" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_missing_file_names_the_hospital_before_anything_starts(
+        tmp_path: Path, recording: type[Recording], capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "west.csv"
+    table.write_text("a,target\n1,0\n2,1\n")
+    gone = tmp_path / "data" / "gone.h5"
+    assert up_cli(tmp_path, "--site", f"west={table}", "--site", f"east={gone}") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"ConfigError: hospital east: data file {gone} does not exist. Give each "
+                   f"hospital's own file with --site NAME=FILE (a CSV/Parquet table, an NPZ, or "
+                   f"what --recipe's reader reads). Received: --site east={gone}")
+    assert recording.made == []
+
+
+def test_train_test_pairs_and_twice_the_same_name_are_refused(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    for path in (a, b):
+        path.write_text("x,target\n1,0\n2,1\n")
+    with pytest.raises(ConfigError, match=r"hospital east: fedsplit up trains each hospital on its "
+                                          r"whole file.*Received: east=.*a\.csv:.*b\.csv$"):
+        up.own_sites([f"east={a}:{b}"])
+    with pytest.raises(ConfigError, match="Received: east more than once"):
+        up.own_sites([f"east={a}", f"east={b}"])
+    assert [s.name for s in up.own_sites([str(a), f"west={b}"])] == ["a", "west"]
+
+
+def test_an_unlabelled_file_is_refused_in_one_line_before_any_process(
+        own_recipe, tmp_path: Path, recording: type[Recording],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    east = own_recipe.write_hospital(tmp_path / "east.h5", 30, seed=1, labels=False)
+    west = own_recipe.write_hospital(tmp_path / "west.h5", 30, seed=2)
+    code = up_cli(tmp_path, "--site", f"east={east}", "--site", f"west={west}", "--recipe", RECIPE)
+    assert code == HospitalFailure.exit_code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("HospitalFailure: hospital east, reading its data: KeyError:"), err
+    assert err.endswith(f"Received: {east}")
+    assert recording.made == []
+
+
+def test_each_hospital_trains_on_its_own_file_named_and_fingerprinted(
+        own_recipe, tmp_path: Path, recording: type[Recording],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    east = own_recipe.write_hospital(tmp_path / "east.h5", 30, seed=1)
+    table = tmp_path / "north.csv"
+    table.write_text("age,target\n50,1\n61,0\n47,1\n58,0\n")
+    # the table is read by the table reader (the recipe's reader declines it): two readers, one run
+    code = up_cli(tmp_path, "--site", f"east={east}", "--site", f"north={table}", "--recipe", RECIPE,
+                  "--recipe-params", '{"width": 4}')
+    assert code == 0, capsys.readouterr()
+    (federation,) = recording.made
+    assert [(s.name, s.data, s.recipe, s.recipe_params) for s in federation.sites] == [
+        ("east", east, RECIPE, '{"width": 4}'), ("north", table, RECIPE, '{"width": 4}')]
+    cfg = federation.cfg
+    assert cfg.min_nodes == 2
+    fingerprint = json.loads(cfg.data_fingerprint)
+    assert fingerprint["north"]["rows"] == 4 and fingerprint["north"]["columns"] == 2
+    assert fingerprint["east"]["rows"] == 30 and len(fingerprint["east"]["sha256"]) == 64
+    assert "done" in capsys.readouterr().out
+
+
+def test_nothing_trained_is_exit_14_with_each_hospitals_reason_and_no_done(
+        tmp_path: Path, recording: type[Recording], capsys: pytest.CaptureFixture[str]) -> None:
+    recording.history, recording.write_model = record(False), False
+    assert up_cli(tmp_path, "--sites", "2") == NoTrainingError.exit_code
+    captured = capsys.readouterr()
+    assert "done" not in captured.out and "global model" not in captured.out
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("NoTrainingError: "), err
+    assert "hospital east, training: RuntimeError: broken" in err
+    assert "hospital west, training: RuntimeError: broken" in err
+    assert err.endswith("status finished, 0 of 1 round(s) with a model")
+
+
+def test_a_model_that_is_not_on_disk_is_never_presented(
+        tmp_path: Path, recording: type[Recording], capsys: pytest.CaptureFixture[str]) -> None:
+    recording.write_model = False  # the record says round 1 saved a model; global.h5 is absent
+    assert up_cli(tmp_path, "--sites", "2") == NoTrainingError.exit_code
+    captured = capsys.readouterr()
+    assert "done" not in captured.out
+    assert f"{tmp_path / 'work' / 'out' / 'global.h5'} does not exist" in captured.err
+
+
+def test_the_attach_path_checks_the_record_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(up, "attach", lambda *a, **kw: record(False))
+    code = up_cli(tmp_path, "--superlink", "127.0.0.1:9", "--out", str(tmp_path / "out"))
+    assert code == NoTrainingError.exit_code
+    assert "hospital west, training" in capsys.readouterr().err
+    monkeypatch.setattr(up, "attach", lambda *a, **kw: record(True))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "global.h5").write_bytes(b"model")
+    assert up_cli(tmp_path, "--superlink", "127.0.0.1:9", "--out", str(tmp_path / "out")) == 0
+
+
+def test_check_trained(tmp_path: Path) -> None:
+    (tmp_path / "global.h5").write_bytes(b"model")
+    check_trained(record(True), tmp_path)  # trained, model present: nothing to say
+    with pytest.raises(NoTrainingError, match="0 of 1 round"):
+        check_trained(record(False), tmp_path)  # a stale global.h5 does not make it trained
+    with pytest.raises(NoTrainingError, match="status failed"):
+        check_trained(record(True, status="failed"), tmp_path)
+
+
+def test_an_agent_that_stops_on_its_data_ends_the_run_with_its_line(tmp_path: Path) -> None:
+    """A hospital agent exiting with HospitalFailure (13) or ConfigError (2) is not restarted:
+    the run stops with the agent's own line."""
+    fed = LocalFederation(tmp_path, [Site("east", tmp_path / "east.h5")], admin_port=None,
+                          say=lambda _m: None, port=9)
+    line = ("HospitalFailure: hospital east, reading its data: KeyError: 'label'. The file "
+            "lacks its labels. Received: east.h5")
+    fed.procs["east"] = spawn([sys.executable, "-c", f"import sys; print('start'); "
+                                                     f"print({line!r}, file=sys.stderr); sys.exit(13)"],
+                              flower_env(tmp_path / "h"), fed.logs / "east.log")
+    fed.procs["east"].wait(30)
+    with pytest.raises(HospitalFailure) as info:
+        fed._check_sites()
+    assert str(info.value) == line.removeprefix("HospitalFailure: ")
+    assert local_federation.AGENT_FATAL[2] == "ConfigError"
+
+
+# --- two real federations ---------------------------------------------------------------------
+
+
+def _run_up(args: list[str], log: Path, env: dict[str, str], timeout: float) -> int:
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([*fedsplit_command(), "up", *args], stdout=fh,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _alive(pids_file: Path) -> list[int]:
+    alive = []
+    for pid in json.loads(pids_file.read_text()).values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, 0)
+            alive.append(pid)
+    return alive
+
+
+@pytest.mark.slow
+def test_up_trains_on_the_hospitals_own_files_and_refuses_a_run_that_trained_nothing(
+        own_recipe, tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    east = own_recipe.write_hospital(tmp_path / "data" / "east.h5", 60, seed=1)
+    west = own_recipe.write_hospital(tmp_path / "data" / "west.h5", 40, seed=2)
+    env = flower_env(tmp_path / "cli-home")
+    env["PATH"] = os.pathsep.join(["/usr/bin", "/bin"])  # the venv's bin is not on the caller's PATH
+    common = ["--site", f"east={east}", "--site", f"west={west}", "--recipe", RECIPE, "--rounds",
+              "1", "--round-timeout", "120", "--no-admin"]
+
+    t0 = time.monotonic()
+    work = tmp_path / "ok"
+    code = _run_up([*common, "--work", str(work)], tmp_path / "ok.log", env, 420)
+    printed = (tmp_path / "ok.log").read_text()
+    trained_s = time.monotonic() - t0
+    assert code == 0, printed[-3000:]
+    assert f"global model {work / 'out' / 'global.h5'}" in printed
+    assert (work / "out" / "global.h5").is_file()
+    history = json.loads((work / "out" / "history.json").read_text())
+    (entry,) = history["rounds"]
+    assert {s["site"] for s in entry["train"]["sites"] if not s.get("excluded")} == {"east", "west"}
+    assert entry["model"] == "models/round-001.h5"
+    assert json.loads(history["config"]["data-fingerprint"])["east"]["rows"] == 60
+    assert not _alive(work / "pids.json")
+
+    t1 = time.monotonic()
+    work = tmp_path / "broken"
+    code = _run_up([*common, "--recipe-params", '{"fail_training": true}', "--work", str(work)],
+                   tmp_path / "broken.log", env, 420)
+    printed = (tmp_path / "broken.log").read_text()
+    assert code == NoTrainingError.exit_code, printed[-3000:]
+    assert "done" not in printed and not (work / "out" / "global.h5").exists()
+    error = next(line for line in printed.splitlines() if line.startswith("NoTrainingError: "))
+    assert "0 of 1 round(s)" in error and "east" in error and "west" in error, error
+    assert "this hospital's train_step is broken" in error, error
+    assert not _alive(work / "pids.json")
+    print(f"fedsplit up --site (2 hospitals, own .h5 files, 1 round): trained in {trained_s:.0f} s; "
+          f"the broken train_step run refused (exit 14) after {time.monotonic() - t1:.0f} s")
