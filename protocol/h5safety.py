@@ -7,7 +7,7 @@ committed datatypes, trees deeper than the limit, more objects than the limit, v
 datasets, external raw storage, filters other than gzip/shuffle/fletcher32 (anything else
 needs a plugin library: code loaded at read time), compound/string/object/reference/enum
 dtypes, null dataspaces, datasets whose declared size is over the limit, chunks smaller than
-`MIN_CHUNK_BYTES` and more than `MAX_CHUNKS` chunks in a file. Only `h5py` metadata calls are
+`MIN_CHUNK_BYTES` (past a few) and more than `MAX_CHUNKS` chunks in a file. Only `h5py` metadata calls are
 made; no data is read.
 
 The walk is h5py's low-level API, each property asked once (about 30 us a dataset, most of it
@@ -44,8 +44,9 @@ MAX_OBJECTS = 100_000
 #: chunk and reading pays for each: a 7 KB file declaring 10^6 one-value chunks made its reader
 #: peak at 3.75 GiB; a real model's chunks are tens of KiB (h5py's own chunking: 8 KiB to 1 MiB).
 MAX_CHUNKS = 32_768
-#: Smallest chunk, in bytes, of a dataset larger than that (a smaller dataset: one chunk).
+#: Smallest chunk, in bytes, of a dataset stored in more than `SMALL_CHUNKS_ALLOWED` chunks.
 MIN_CHUNK_BYTES = 1024
+SMALL_CHUNKS_ALLOWED = 256
 
 
 @dataclass
@@ -268,17 +269,17 @@ def chunk_count(shape: tuple[int, ...], chunk: tuple[int, ...]) -> int:
 
 def check_chunks(shape: tuple[int, ...], chunk: tuple[int, ...], itemsize: int, path: str,
                  where: str) -> None:
-    """Refuse (``chunks``) chunks smaller than `MIN_CHUNK_BYTES` in a dataset larger than that,
-    and a dataset declaring more than `MAX_CHUNKS` chunks, from the metadata alone."""
+    """Refuse (``chunks``) a dataset declaring more than `MAX_CHUNKS` chunks, or more than
+    `SMALL_CHUNKS_ALLOWED` chunks smaller than `MIN_CHUNK_BYTES`, from the metadata alone."""
     count = chunk_count(shape, chunk)
     chunk_bytes = math.prod(chunk) * itemsize
-    data_bytes = math.prod(shape) * itemsize
-    if count > MAX_CHUNKS or (count > 1 and chunk_bytes < min(MIN_CHUNK_BYTES, data_bytes)):
+    if count > MAX_CHUNKS or (count > SMALL_CHUNKS_ALLOWED and chunk_bytes < MIN_CHUNK_BYTES):
         raise WeightFileError(
             f"{where}: {path} is stored in {count} chunks of {chunk_bytes} bytes (shape {shape}, "
-            f"chunks {chunk}); at most {MAX_CHUNKS} chunks of at least {MIN_CHUNK_BYTES} bytes are "
-            f"accepted, each costing the reader memory and time. Save the weights unchunked, or "
-            f"with h5py's default chunking. Received: chunks {chunk}",
+            f"chunks {chunk}); at most {MAX_CHUNKS} chunks, and chunks of at least "
+            f"{MIN_CHUNK_BYTES} bytes past {SMALL_CHUNKS_ALLOWED} of them, are accepted (each "
+            f"chunk costs the reader memory and time). Save the weights unchunked, or with "
+            f"h5py's default chunking. Received: chunks {chunk}",
             reason="chunks",
         )
 
@@ -429,8 +430,6 @@ def check_dataset(ds: h5py.Dataset, path: str, max_elements: int, where: str) ->
             reason="dtype",
         )
     size = int(np.prod(ds.shape, dtype=np.int64)) if ds.shape else 1
-    if ds.chunks is not None:
-        check_chunks(tuple(ds.shape), tuple(ds.chunks), dtype.itemsize, path, where)
     if size > max_elements:
         raise WeightFileError(
             f"{where}: {path} declares shape {ds.shape} ({size} values), more than the "
@@ -438,6 +437,8 @@ def check_dataset(ds: h5py.Dataset, path: str, max_elements: int, where: str) ->
             f"Upload the round's model. Received: shape {ds.shape}",
             reason="too_large",
         )
+    if ds.chunks is not None:
+        check_chunks(tuple(ds.shape), tuple(ds.chunks), dtype.itemsize, path, where)
     return DatasetInfo(
         path.lstrip("/"), tuple(int(d) for d in ds.shape), dtype.newbyteorder("="), UNKNOWN
     )

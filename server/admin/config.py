@@ -29,6 +29,18 @@ class AdminSettings(BaseModel):
         SQLAlchemy URL of the metadata store; None means ``sqlite:///DATA_DIR/fedsplit-admin.db``.
     max_upload_mb : float (default: 512)
         Largest accepted weight file, enforced while the body streams in (HTTP 413 past it).
+    max_model_mb : float (default: 128)
+        Largest model, decompressed, a round's first upload (or template) may declare; later
+        uploads may declare no more than the round's model. Checked from the shapes before any
+        value is read (a gzip file is small; its values need not be).
+    site_quota_mb : float (default: 2048)
+        Bytes one hospital may hold in rounds still open (its uploads' original and canonical
+        files); an upload past it is refused (``quota``).
+    site_concurrent_uploads : int (default: 2)
+        Uploads one hospital may have in progress at once; more get 429 before their body is read.
+    site_requests_per_minute : int (default: 600)
+        Requests one hospital's token may make a minute (bursts of up to a fifth of that); more
+        get 429.
     parse_timeout_s : float (default: 120)
         Wall-clock limit of the sandboxed process that parses one upload.
     parse_memory_mb : int (default: 4096)
@@ -65,6 +77,10 @@ class AdminSettings(BaseModel):
     admin_token: SecretStr
     database_url: str | None = None
     max_upload_mb: float = Field(default=512.0, gt=0)
+    max_model_mb: float = Field(default=128.0, gt=0)
+    site_quota_mb: float = Field(default=2048.0, gt=0)
+    site_concurrent_uploads: int = Field(default=2, ge=1)
+    site_requests_per_minute: int = Field(default=600, ge=1)
     parse_timeout_s: float = Field(default=120.0, gt=0)
     parse_memory_mb: int = Field(default=4096, ge=256)
     parse_workers: int = Field(default=2, ge=1)
@@ -93,6 +109,16 @@ class AdminSettings(BaseModel):
     def max_upload_bytes(self) -> int:
         """The upload limit in bytes."""
         return int(self.max_upload_mb * 1024 * 1024)
+
+    @property
+    def max_model_bytes(self) -> int:
+        """The first upload's decompressed-size cap in bytes."""
+        return int(self.max_model_mb * 1024 * 1024)
+
+    @property
+    def site_quota_bytes(self) -> int:
+        """The per-hospital quota in bytes."""
+        return int(self.site_quota_mb * 1024 * 1024)
 
     @property
     def files_dir(self) -> Path:

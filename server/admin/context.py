@@ -13,9 +13,11 @@ from fedsplit.server.admin.errors import AuthenticationError, TooManyRequestsErr
 from fedsplit.server.admin.limits import normalize_hosts
 from fedsplit.server.admin.metrics import AdminMetrics
 from fedsplit.server.admin.ratelimit import SignInLimiter
+from fedsplit.server.admin.retention import prune_replaced
 from fedsplit.server.admin.sandbox import Sandbox
 from fedsplit.server.admin.security import hash_token
 from fedsplit.server.admin.services.isolation import ReleaseRule
+from fedsplit.server.admin.sitelimits import RequestRate, UploadSlots
 from fedsplit.server.admin.storage import FileStore
 from fedsplit.server.admin.store import make_engine, make_sessionmaker
 from sqlalchemy import Engine
@@ -43,9 +45,15 @@ class AdminContext:
     # Failed sign-ins (web view and bearer tokens) per client address.
     limiter: SignInLimiter = field(default_factory=SignInLimiter)
     audit: AuditLog = field(init=False)
+    # Per-hospital limits: uploads in progress, request rate (sitelimits.py).
+    upload_slots: UploadSlots = field(init=False)
+    request_rate: RequestRate = field(init=False)
 
     def __post_init__(self) -> None:
         self.audit = AuditLog(self.engine)
+        self.upload_slots = UploadSlots(self.settings.site_concurrent_uploads)
+        per_minute = self.settings.site_requests_per_minute
+        self.request_rate = RequestRate(per_minute, burst=max(1, per_minute // 5))
 
     @classmethod
     def open(cls, settings: AdminSettings, sandbox: Sandbox | None = None) -> AdminContext:
@@ -54,10 +62,12 @@ class AdminContext:
         files = FileStore(settings.files_dir)
         files.prepare()
         engine = make_engine(settings.resolved_database_url)
+        sessions = make_sessionmaker(engine)
+        prune_replaced(files, sessions)  # replaced uploads' files a crash or an older server left
         return cls(
             settings=settings,
             engine=engine,
-            sessions=make_sessionmaker(engine),
+            sessions=sessions,
             files=files,
             sandbox=sandbox or _started_sandbox(settings),
             owns_sandbox=sandbox is None,

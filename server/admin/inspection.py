@@ -25,6 +25,11 @@ class InspectRequest:
 
     max_elements: int
     max_total_elements: int
+    #: the values' size the file may declare in total, decompressed: the round's model's size,
+    #: or the server's cap for a round's first upload (--max-model-mb)
+    max_total_bytes: int
+    #: where that cap comes from, for the refusal's text
+    cap_source: str
     max_depth: int
     expected: tuple[ArraySpec, ...] | None
     num_examples: int | None

@@ -12,7 +12,8 @@ from tests.admin.conftest import ADMIN, bearer, create_round, post_file, write_m
 
 
 def test_reupload_replaces_and_keeps_history(client, site_token, data_dir, tmp_path):
-    """A second upload by the same site replaces the first, which stays in history with its file."""
+    """A second upload by the same site replaces the first, which stays in history (its row: time,
+    sha256, size, count); its files are deleted (issue 33: replaced uploads were all kept)."""
     token = site_token("hospital-a")
     rnd = create_round(client)
     first = post_file(client, rnd["id"], token, write_model(tmp_path / "1.h5", 1.0)).json()
@@ -26,7 +27,7 @@ def test_reupload_replaces_and_keeps_history(client, site_token, data_dir, tmp_p
     assert [(u["id"], u["current"]) for u in body["history"]] == [(first["id"], False)]
     assert body["history"][0]["replaced_at"] is not None
     stored = data_dir / "files" / "rounds" / str(rnd["id"]) / "uploads"
-    assert sorted(p.name for p in stored.iterdir()) == ["1.h5", "1.upload", "2.h5", "2.upload"]
+    assert sorted(p.name for p in stored.iterdir()) == ["2.h5", "2.upload"]
 
 
 def test_receipt_matches_the_bytes_sent(client, site_token, tmp_path):
@@ -164,7 +165,7 @@ def test_continued_round_starts_from_the_previous_aggregate(client, site_token, 
     assert np.all(read_weights(io.BytesIO(start.content)).arrays["layer.0.bias"] == 3.0)
     # one hospital's aggregate is its own weights: no site token may fetch it as a start model
     alone = client.get(f"/api/v1/rounds/{second['id']}/start-model", headers=bearer(token))
-    assert alone.status_code == 403 and "fewer than this server's minimum" in alone.json()["detail"]
+    assert alone.status_code == 403 and "too few hospitals' updates" in alone.json()["detail"]
     wrong = post_file(client, second["id"], token, write_model(tmp_path / "b.h5", hidden=4))
     assert wrong.status_code == 422
     assert wrong.json()["reason"] == "model_mismatch"

@@ -26,7 +26,8 @@ SPECS = (ArraySpec("w", (2, 3), np.dtype("float32")), ArraySpec("b", (2,), np.dt
 
 def request(**changes: object) -> InspectRequest:
     base = InspectRequest(
-        max_elements=1000, max_total_elements=1000, max_depth=8, expected=None, num_examples=None,
+        max_elements=1000, max_total_elements=1000, max_total_bytes=8000, cap_source="a test's cap",
+        max_depth=8, expected=None, num_examples=None,
         require_count=True, site="hospital-a", round=1, memory_mb=1024, cpu_s=30,
         max_output_bytes=64 * 1024 * 1024,
     )

@@ -6,15 +6,38 @@ in test_trust_live.py.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import h5py
 import numpy as np
 from fastapi.testclient import TestClient
 from fedsplit.protocol import Update, read_weights, write_weights
+from fedsplit.server.admin.inspection import InspectRequest
+from fedsplit.server.admin.sandbox import Sandbox
+from fedsplit.server.admin.services import uploads as upload_service
+from fedsplit.server.admin.tables import Round
 
 from tests.admin.asgi import call
-from tests.admin.conftest import ADMIN, bearer, create_round, model_arrays, post_file, write_model
+from tests.admin.conftest import (
+    ADMIN,
+    bearer,
+    create_round,
+    model_arrays,
+    post_file,
+    raw_weights,
+    write_model,
+)
+
+REPO = Path(__file__).resolve().parents[2]
 
 SAME_ORIGIN = {"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}
 
@@ -94,3 +117,167 @@ def test_dominance_and_own_share_are_settings(make_client, site_token, tmp_path)
     strict = make_client(max_site_share=0.5)
     assert strict.get(model, headers=bearer(tokens[1])).json()["reason"] is None
     assert "more than 50%" in strict.get(model, headers=bearer(tokens[1])).json()["detail"]
+
+
+# 3 and 4. Decompression and chunk-count bombs; replaced uploads; quota; uploads at once ---------
+MIB = 1024 * 1024
+#: Runs the upload parser (inspect_worker, as the sandbox's child does) on one file in a forked
+#: child of a fresh interpreter and prints the answer and the child's peak resident memory.
+PARSER_PEAK = """
+import json, os, resource, sys
+from pathlib import Path
+from fedsplit.server.admin import inspect_worker
+from fedsplit.server.admin.inspection import InspectRequest, result_to_json
+request = InspectRequest.from_json(json.loads(sys.argv[2]))
+pid = os.fork()
+if pid == 0:
+    result = inspect_worker._inspect_safely(Path(sys.argv[1]), Path(sys.argv[3]), request)
+    Path(sys.argv[3] + ".json").write_text(result_to_json(result))
+    os._exit(0)
+os.waitpid(pid, 0)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
+def gzip_bomb(path: Path, values: int, chunk: int = MIB) -> Path:
+    """A fedsplit-looking file declaring ``values`` float32 zeros, gzip-compressed: each chunk of
+    ``chunk`` zeros is compressed once and written as it is (a few KiB per 4 MiB)."""
+    packed = zlib.compress(np.zeros(chunk, np.float32).tobytes(), 9)
+
+    def build(f: h5py.File, group: h5py.Group) -> None:
+        ds = group.create_dataset("w", shape=(values,), dtype=np.float32, chunks=(chunk,),
+                                  compression="gzip")
+        for i in range(values // chunk):
+            ds.id.write_direct_chunk((i * chunk,), packed)
+
+    return raw_weights(path, build)
+
+
+def chunk_bomb(path: Path, chunks: int) -> Path:
+    """A 7 KB file declaring ``chunks`` one-value chunks (none written: the reader fills them)."""
+    return raw_weights(path, lambda f, group: group.create_dataset(
+        "w", shape=(chunks,), dtype=np.float32, chunks=(1,)))
+
+
+def parser_peak(path: Path, request: InspectRequest, tmp_path: Path) -> tuple[dict, int]:
+    """The parser's answer to ``path`` and its peak resident memory in bytes."""
+    out = tmp_path / "canonical.h5"
+    done = subprocess.run([sys.executable, "-c", PARSER_PEAK, str(path), json.dumps(request.to_json()),
+                           str(out)], capture_output=True, text=True, timeout=120, check=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return json.loads(Path(str(out) + ".json").read_text()), int(done.stdout.split()[-1])
+
+
+def _first_upload_request(client: TestClient) -> InspectRequest:
+    ctx = client.app.state.admin
+    return upload_service._request(ctx, Round(id=1, strategy="fedavg"), num_examples=5,
+                                   require_count=True, site="hosp-a")
+
+
+def test_gzip_and_chunk_bombs_are_refused_before_any_value_is_read(make_client, site_token, tmp_path,
+                                                                   data_dir):
+    """Probes: a 1 MiB gzip file declaring 256 Mi float32 zeros (1 GiB), sent to a round with no
+    model yet, was accepted after 17 s of parsing, a 1.33 GiB parser and +1,025 MiB on disk; a
+    7 KB file declaring 2x10^5 one-value chunks made its parser peak at hundreds of MiB (3.75 GiB
+    for 10^6). Now the declared size (--max-model-mb, 128 MiB, for a first upload) and the chunks
+    (at most 32,768, small ones only a few) are checked from the metadata: refused at once."""
+    client = make_client(max_upload_mb=512)  # the default limit: the files themselves are small
+    token = site_token("hosp-a")
+    rnd = create_round(client)
+    bombs = {
+        "1 GiB gzip": (gzip_bomb(tmp_path / "gib.h5", 256 * MIB), "too_large"),
+        "256 MiB gzip": (gzip_bomb(tmp_path / "mib.h5", 64 * MIB), "too_large"),
+        "2x10^5 chunks": (chunk_bomb(tmp_path / "chunks.h5", 200_000), "chunks"),
+        "10^6 chunks": (chunk_bomb(tmp_path / "million.h5", 1_000_000), "chunks"),
+    }
+    request = _first_upload_request(client)
+    uploads = data_dir / "files" / "rounds" / str(rnd["id"]) / "uploads"
+    for label, (path, reason) in bombs.items():
+        started = time.perf_counter()
+        response = post_file(client, rnd["id"], token, path, num_examples=5)
+        seconds = time.perf_counter() - started
+        answer, peak = parser_peak(path, request, tmp_path)
+        print(f"{label}: {path.stat().st_size} bytes, answered {response.status_code} "
+              f"{response.json().get('reason')} in {seconds:.2f} s; parser peak {peak / MIB:.0f} MiB")
+        assert response.status_code == 422 and response.json()["reason"] == reason, label
+        assert answer["ok"] is False and answer["reason"] == reason
+        assert peak < 300 * 1000 * 1000, label
+        assert not uploads.exists() or not any(uploads.iterdir())
+    assert "declares 268435456 bytes of values once decompressed" in post_file(
+        client, rnd["id"], token, bombs["256 MiB gzip"][0], num_examples=5).json()["detail"]
+
+
+def test_replaced_uploads_are_pruned(make_client, site_token, tmp_path, data_dir):
+    """Probe: three uploads to one round kept all three copies. The replaced ones keep their
+    rows (history, sha256, size) and lose their files, at the commit and, for files an older
+    server left, at start."""
+    client = make_client()
+    token = site_token("hosp-a")
+    rnd = create_round(client)
+    receipts = [post_file(client, rnd["id"], token, write_model(tmp_path / f"{i}.h5", float(i)))
+                for i in range(3)]
+    assert [r.status_code for r in receipts] == [201] * 3
+    folder = data_dir / "files" / "rounds" / str(rnd["id"]) / "uploads"
+    last = receipts[-1].json()["id"]
+    assert sorted(p.name for p in folder.iterdir()) == [f"{last}.h5", f"{last}.upload"]
+    body = client.get(f"/api/v1/rounds/{rnd['id']}", headers=bearer(token)).json()
+    assert [u["sha256"] for u in body["history"]] == [r.json()["sha256"] for r in receipts[:2]]
+    left = folder / f"{receipts[0].json()['id']}.upload"  # as a server that kept them left it
+    left.write_bytes(b"old copy")
+    make_client()  # a server starting on this data directory
+    assert not left.exists() and (folder / f"{last}.upload").exists()
+
+
+def test_site_quota(make_client, site_token, tmp_path):
+    """--site-quota-mb bounds what one hospital holds in open rounds; a replaced upload does not
+    count (its files go), another hospital is not affected."""
+    client = make_client(site_quota_mb=0.02)  # 20 KiB: one tiny model's two copies fit
+    a, b = site_token("hosp-a"), site_token("hosp-b")
+    first, second = create_round(client), create_round(client)
+    model = write_model(tmp_path / "m.h5", 1.0)
+    assert post_file(client, first["id"], a, model).status_code == 201
+    assert post_file(client, first["id"], a, model).status_code == 201  # replaces: fits
+    over = post_file(client, second["id"], a, model)
+    assert over.status_code == 422 and over.json()["reason"] == "quota"
+    assert "--site-quota-mb" in over.json()["detail"]
+    assert post_file(client, second["id"], b, model).status_code == 201
+
+
+class _HeldSandbox:
+    """The shared sandbox, with each parse waiting until ``release`` is set (bounded)."""
+
+    def __init__(self, inner: Sandbox) -> None:
+        self.inner = inner
+        self.waiting = threading.Semaphore(0)
+        self.release = threading.Event()
+
+    def inspect(self, *args: object) -> object:
+        self.waiting.release()
+        self.release.wait(30)
+        return self.inner.inspect(*args)  # type: ignore[arg-type]
+
+
+def test_concurrent_uploads_per_hospital(client, site_token, tmp_path):
+    """Probe: 42 concurrent uploads from one hospital delayed another hospital's by 39.9 s. Now a
+    hospital has at most --site-concurrent-uploads (2) in progress; the next is 429 before its
+    body is read, and another hospital's upload goes through."""
+    ctx = client.app.state.admin
+    held = _HeldSandbox(ctx.sandbox)
+    ctx.sandbox = held
+    a, b = site_token("hosp-a"), site_token("hosp-b")
+    rnd = create_round(client)
+    model = write_model(tmp_path / "m.h5", 1.0)
+    with ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(post_file, TestClient(client.app), rnd["id"], a, model) for _ in range(2)]
+        try:
+            for _ in running:
+                assert held.waiting.acquire(timeout=30)
+            third = post_file(client, rnd["id"], a, model)
+            assert third.status_code == 429 and third.headers["connection"] == "close"
+            assert "--site-concurrent-uploads" in third.json()["detail"]
+            held.release.set()
+            assert {f.result(timeout=60).status_code for f in running} == {201}
+        finally:
+            held.release.set()
+    assert post_file(client, rnd["id"], b, model).status_code == 201
+    assert post_file(client, rnd["id"], a, model).status_code == 201  # its slots are free again

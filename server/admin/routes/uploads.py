@@ -28,14 +28,18 @@ async def create_upload(
     size = 0
     address = client_address(request)
     try:
-        received = await receive_upload(request, ctx.files.tmp, ctx.settings.max_upload_bytes)
-        size = received.size
-        try:
-            receipt = await run_in_threadpool(
-                upload_service.store_upload, ctx, round_id=round_id, principal=site, received=received
-            )
-        finally:
-            received.path.unlink(missing_ok=True)
+        # at most --site-concurrent-uploads at once per hospital; a 429 here is answered before
+        # the body is read (and closes the connection)
+        with ctx.upload_slots.hold(int(site.site_id), str(site.site_name)):  # type: ignore[arg-type]
+            received = await receive_upload(request, ctx.files.tmp, ctx.settings.max_upload_bytes)
+            size = received.size
+            try:
+                receipt = await run_in_threadpool(
+                    upload_service.store_upload, ctx, round_id=round_id, principal=site,
+                    received=received
+                )
+            finally:
+                received.path.unlink(missing_ok=True)
     except (UploadRefusedError, UploadTooLargeError, AdminError) as e:
         reason = (e.reason if isinstance(e, UploadRefusedError) else "too_large"
                   if isinstance(e, UploadTooLargeError) else type(e).__name__.removesuffix("Error").lower())

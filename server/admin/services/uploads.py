@@ -2,8 +2,10 @@
 
 Order of events, so that a crash at any point leaves no visible partial upload and loses no
 acknowledged one: the body is streamed to ``files/tmp`` and fsynced; the sandbox parses it and
-writes a canonical copy (fsynced); both are renamed into the round's directory (directory
-fsynced); only then is the row committed, and only after the commit is the receipt sent.
+writes a canonical copy (fsynced); inside the commit step the site is checked again (a site
+removed meanwhile stores nothing) with its quota, both files are renamed into the round's
+directory (directory fsynced); only then is the row committed, and only after the commit is the
+receipt sent. The upload it replaced keeps its row; its files are deleted after the commit.
 """
 
 from __future__ import annotations
@@ -16,15 +18,22 @@ from typing import Any
 from fedsplit.protocol.arrays import layout_difference
 from fedsplit.server.admin.auth import Principal
 from fedsplit.server.admin.context import AdminContext
-from fedsplit.server.admin.errors import ConflictError, PermissionDeniedError, UploadRefusedError
+from fedsplit.server.admin.errors import (
+    AuthenticationError,
+    ConflictError,
+    PermissionDeniedError,
+    UploadRefusedError,
+)
 from fedsplit.server.admin.inspect_worker import MISMATCH_HINT
 from fedsplit.server.admin.inspection import InspectRequest, Parsed
 from fedsplit.server.admin.receive import ReceivedUpload
+from fedsplit.server.admin.retention import prune_files, stored_bytes
 from fedsplit.server.admin.schemas import ParameterPublic, UploadReceipt
 from fedsplit.server.admin.services.rounds import AGGREGATED, get_round, upload_public
 from fedsplit.server.admin.tables import Round, Site, Upload, utcnow
 from fedsplit.server.admin.timeutil import as_utc
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 #: No hospital cohort is larger; a bigger count is a bug or an attempt to dominate the average.
 MAX_NUM_EXAMPLES = 10**9
@@ -83,11 +92,18 @@ def _request(ctx: AdminContext, rnd: Round, **fields: Any) -> InspectRequest:
     settings = ctx.settings
     limit_elements = settings.max_upload_bytes // 2  # float16 is the smallest parameter dtype
     expected = rnd.specs
-    if expected:
+    if expected:  # the round's model: nothing bigger can match it
         limit_elements = min(limit_elements, sum(s.size for s in expected))
+        cap_bytes = sum(s.nbytes for s in expected)
+        cap_source = f"the size of round {rnd.id}'s model"
+    else:  # a first upload (or template) fixes the model: the operator's cap
+        cap_bytes = settings.max_model_bytes
+        cap_source = f"this server's --max-model-mb {settings.max_model_mb:g} for a round's first upload"
     return InspectRequest(
-        max_elements=max(limit_elements, 1),
-        max_total_elements=settings.max_upload_bytes // 2,
+        max_elements=max(min(limit_elements, cap_bytes), 1),
+        max_total_elements=max(min(settings.max_upload_bytes // 2, cap_bytes), 1),
+        max_total_bytes=cap_bytes,
+        cap_source=cap_source,
         max_depth=settings.max_group_depth,
         expected=expected,
         memory_mb=settings.parse_memory_mb,
@@ -116,6 +132,35 @@ def _fix_model(rnd: Round, result: Parsed, source: str) -> None:
         rnd.keras_layout = result.keras_layout
 
 
+def _live_site(session: Session, principal: Principal) -> Site:
+    """The uploading site's row, checked inside the upload's commit: a site removed while its
+    upload was being parsed stores nothing (its upload was answered 201 and kept before)."""
+    site = session.get(Site, principal.site_id)
+    if site is None or site.removed_at is not None:
+        raise AuthenticationError(
+            f"Site {principal.site_name!r} was removed while its upload was being checked, so the "
+            f"upload was not stored. A removed site's token no longer works; ask the coordinator. "
+            f"Received: an upload from a removed site"
+        )
+    return site
+
+
+def _check_quota(ctx: AdminContext, session: Session, principal: Principal, new_bytes: int,
+                 replaced: int | None) -> None:
+    """Refuse (``quota``) an upload that would take the site past ``--site-quota-mb`` of files
+    in open rounds (the upload it replaces does not count: its files are deleted)."""
+    quota = ctx.settings.site_quota_bytes
+    held = stored_bytes(session, ctx.files, int(principal.site_id), besides=replaced)  # type: ignore[arg-type]
+    if held + new_bytes > quota:
+        raise UploadRefusedError(
+            f"Site {principal.site_name!r} would hold {held + new_bytes} bytes in open rounds with "
+            f"this upload (its original and the server's canonical copy), more than the "
+            f"{quota} bytes one hospital may hold (--site-quota-mb). Ask the coordinator to "
+            f"aggregate or close earlier rounds, or to raise the quota. Received: {new_bytes} bytes",
+            "quota",
+        )
+
+
 def store_upload(
     ctx: AdminContext, *, round_id: int, principal: Principal, received: ReceivedUpload
 ) -> UploadReceipt:
@@ -141,6 +186,7 @@ def store_upload(
             )
         check_count(result.num_examples, principal)
         with ctx.write_lock, ctx.sessions() as session:
+            site = _live_site(session, principal)
             rnd = get_round(session, round_id)
             _check_open(rnd, utcnow())
             _fix_model(rnd, result, "first_upload")
@@ -149,6 +195,8 @@ def store_upload(
                     Upload.round_id == round_id, Upload.site_id == principal.site_id, Upload.current
                 )
             )
+            _check_quota(ctx, session, principal, received.size + canonical.stat().st_size,
+                         previous.id if previous is not None else None)
             if previous is not None:
                 previous.current = False
                 previous.replaced_at = utcnow()
@@ -176,9 +224,11 @@ def store_upload(
             placed.append(weights)
             upload.original_file = ctx.files.relative(original)
             upload.weights_file = ctx.files.relative(weights)
-            upload.site = session.get_one(Site, principal.site_id)
+            upload.site = site
             session.commit()
             placed.clear()
+            if previous is not None:  # replaced: its row stays as history, its files go
+                prune_files(ctx.files, previous)
             receipt = UploadReceipt(
                 **upload_public(upload).model_dump(),
                 round_id=round_id,
