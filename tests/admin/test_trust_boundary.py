@@ -24,6 +24,7 @@ from fedsplit.protocol import Update, read_weights, write_weights
 from fedsplit.server.admin.inspection import InspectRequest
 from fedsplit.server.admin.sandbox import Sandbox
 from fedsplit.server.admin.services import uploads as upload_service
+from fedsplit.server.admin.store import remove_site
 from fedsplit.server.admin.tables import Round
 
 from tests.admin.asgi import call
@@ -281,3 +282,27 @@ def test_concurrent_uploads_per_hospital(client, site_token, tmp_path):
             held.release.set()
     assert post_file(client, rnd["id"], b, model).status_code == 201
     assert post_file(client, rnd["id"], a, model).status_code == 201  # its slots are free again
+
+
+# 12. Removal race -----------------------------------------------------------------------------------
+def test_site_removed_during_its_upload_stores_nothing(client, site_token, data_dir, tmp_path):
+    """Probe: an upload still being parsed when its hospital was removed was answered 201 and
+    stored. The removal is now re-checked inside the upload's commit."""
+    ctx = client.app.state.admin
+    held = _HeldSandbox(ctx.sandbox)
+    ctx.sandbox = held
+    token = site_token("hosp-a")
+    rnd = create_round(client)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(post_file, TestClient(client.app), rnd["id"], token,
+                              write_model(tmp_path / "m.h5", 1.0))
+        try:
+            assert held.waiting.acquire(timeout=30)
+            remove_site(data_dir=data_dir, name="hosp-a")
+        finally:
+            held.release.set()
+        answer = running.result(timeout=60)
+    assert answer.status_code == 401 and "was removed while its upload" in answer.json()["detail"]
+    assert client.get(f"/api/v1/rounds/{rnd['id']}", headers=ADMIN).json()["uploads"] == []
+    assert not (data_dir / "files" / "rounds" / str(rnd["id"]) / "uploads").exists() or not any(
+        (data_dir / "files" / "rounds" / str(rnd["id"]) / "uploads").iterdir())
