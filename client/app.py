@@ -51,7 +51,12 @@ from fedsplit.client.train import (
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.update import Update, arrays_to_state_dict, state_dict_arrays
+from fedsplit.protocol.update import (
+    Update,
+    arrays_to_state_dict,
+    c_contiguous,
+    state_dict_arrays,
+)
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
@@ -186,7 +191,7 @@ def _keep_local(context: Context, start: dict[str, np.ndarray], update: Update,
            if k not in shared and (k not in start or not np.array_equal(a, start[k]))}
     if own:
         context.state.array_records[LOCAL] = ArrayRecord(
-            {k: Array(np.ascontiguousarray(a)) for k, a in own.items()})
+            {k: Array(c_contiguous(a)) for k, a in own.items()})
     return Update({k: a for k, a in update.arrays.items() if k in shared},
                   num_examples=update.num_examples)
 

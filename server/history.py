@@ -118,7 +118,8 @@ class RunHistory:
     def set_model(self, model_id: str, federated: Sequence[str] | None = None) -> None:
         """Record the architecture every site trains and the tensors that travel (None: all)."""
         self.record.model_id = model_id
-        self.record.federated = list(federated) if federated is not None else None
+        if federated is not None:
+            self.record.federated = list(federated)
         self.save()
 
     def record_train(

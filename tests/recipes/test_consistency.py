@@ -3,6 +3,8 @@ check, and each hospital's own check of the model it is sent."""
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,8 @@ def test_hospital_refuses_a_model_of_another_version(on_path: Path,
     metrics = wire.parse_evaluate_reply(ok).metrics
     assert set(metrics) == {"num-examples", "loss", "accuracy", "macro-f1"}
     south = hospital("south", png_hospitals["south"], "png_cnn_v2:PngCNNv2")
-    with pytest.raises(ConfigError, match=r"built by recipe png-cnn version 1.0 .* but this party "
-                                          r"runs png-cnn version 1.1 .*\(version '1.1' vs '1.0'\)"):
-        ask(wire.TRAIN, south, arrays=to_array_record(arrays), config=config)
+    refused = ask(wire.TRAIN, south, arrays=to_array_record(arrays), config=config)
+    assert refused.has_error()  # one line naming the hospital and the stage, as its error reply
+    assert re.match(r"hospital south, loading the global model: ConfigError: .*built by recipe "
+                    r"png-cnn version 1.0 .* but this party runs png-cnn version 1.1 .*"
+                    r"\(version '1.1' vs '1.0'\)", refused.error.reason)
