@@ -319,6 +319,10 @@ class LocalFederation:
             if status == "finished":
                 return history
             if status == "failed":
+                # the coordinator's own fedsplit error, with its class and exit code (as
+                # `flower_runtime.run_app` raises it for simulate and --superlink)
+                if (recorded := error_from_record(history.error)) is not None:
+                    raise recorded
                 if not history.model_rounds:  # nothing trained: each hospital's reason
                     check_trained(history, Path(cfg.out_dir))
                 raise FlowerRunError(f"The federation failed: {history.error}. Logs: "

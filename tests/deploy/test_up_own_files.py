@@ -26,7 +26,7 @@ from fedsplit.cli.errors import run_guarded
 from fedsplit.orchestration import local_federation, up
 from fedsplit.orchestration.flower_runtime import flower_env, spawn
 from fedsplit.orchestration.local_federation import LocalFederation, Site, check_trained, fedsplit_command
-from fedsplit.protocol.errors import ConfigError, HospitalFailure, NoTrainingError
+from fedsplit.protocol.errors import ConfigError, FederationError, HospitalFailure, NoTrainingError
 from fedsplit.protocol.history import RunRecord
 
 RECIPES = Path(__file__).parent / "recipes"
@@ -234,6 +234,34 @@ def test_an_agent_that_stops_on_its_data_ends_the_run_with_its_line(tmp_path: Pa
         fed._check_sites()
     assert str(info.value) == line.removeprefix("HospitalFailure: ")
     assert local_federation.AGENT_FATAL[2] == "ConfigError"
+
+
+@pytest.mark.parametrize(("error", "raised"), [
+    ("FederationError: only 1 of 2 hospitals connected within round-timeout", FederationError),
+    ("RuntimeError: the ServerApp crashed", NoTrainingError),
+])
+def test_a_failed_run_raises_the_coordinators_error_or_no_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: str, raised: type) -> None:
+    """The local path follows the run record like attach: the coordinator's own fedsplit error
+    keeps its class (exit code); any other failure with nothing trained is NoTrainingError."""
+    from fedsplit.protocol.config import RunConfig
+
+    fed = LocalFederation(tmp_path / "work", [], admin_port=None, say=lambda _m: None, port=9)
+    out = tmp_path / "out"
+    out.mkdir()
+    record = json.dumps({"status": "failed", "error": error, "rounds": []})
+    # "flwr run": the coordinator records the failed run right after the submission
+    monkeypatch.setattr(fed, "submit", lambda app_dir: (out / "history.json").write_text(record))
+    for name in (local_federation.SUPERLINK, local_federation.COORDINATOR, local_federation.RUN):
+        fed.procs[name] = spawn([sys.executable, "-c", "import time; time.sleep(60)"],
+                                flower_env(tmp_path / "h"), tmp_path / f"{name}.log")
+    cfg = RunConfig(out_dir=str(out))
+    try:
+        with pytest.raises(raised) as info:
+            fed.run(cfg, timeout=30)
+    finally:
+        fed.close()
+    assert error.partition(": ")[2] in str(info.value)
 
 
 # --- two real federations ---------------------------------------------------------------------
