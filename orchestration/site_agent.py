@@ -212,9 +212,12 @@ def forget_reads() -> None:
     """Drop what `read_site_data` kept in this process (`client.site` caches each read)."""
     from fedsplit.client import site as client_site
 
-    client_site._READ.clear()
-    for cached in (client_site._raw, client_site._encoded, client_site._load):
-        cached.cache_clear()
+    reads = getattr(client_site, "_READ", None)
+    if isinstance(reads, dict):
+        reads.clear()
+    for name in ("_raw", "_encoded", "_load"):  # functools.lru_cache'd readers
+        if hasattr(cached := getattr(client_site, name, None), "cache_clear"):
+            cached.cache_clear()
 
 
 def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,

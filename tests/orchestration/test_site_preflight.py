@@ -108,3 +108,15 @@ def test_tables_and_npz_are_read_as_the_agent_reads_them(tmp_path: Path) -> None
     with pytest.raises(HospitalFailure, match=r"hospital images, reading its data: ConfigError: "
                                               r".*'x' .* and 'y' \(labels\)"):
         read_site_data(npz, "images")
+
+
+def test_what_the_pre_flight_read_is_not_kept(own_recipe, tmp_path: Path) -> None:
+    """The agent (and `up`) read a hospital's file once; the process keeps no copy of it."""
+    from fedsplit.client import site as client_site
+    from fedsplit.orchestration.site_agent import forget_reads
+
+    data = own_recipe.write_hospital(tmp_path / "east.h5", 20, seed=4)
+    assert read_site_data(data, "east", recipe=RECIPE) == (20, data)
+    assert client_site._READ
+    forget_reads()
+    assert not client_site._READ and client_site._load.cache_info().currsize == 0
