@@ -17,12 +17,18 @@ def add_site(
     database_url: Annotated[
         str | None, typer.Option(help="SQLAlchemy URL; default sqlite in --data-dir.")
     ] = None,
+    audit_key_file: Annotated[
+        Path | None,
+        typer.Option(envvar="FEDSPLIT_AUDIT_KEY_FILE",
+                     help="The audit log's HMAC key file (default: DATA_DIR/audit.key)."),
+    ] = None,
 ) -> None:
     """Register a site; its bearer token is printed once, alone on the last line."""
     from fedsplit.server.admin.store import add_site as store_add_site
 
     token = store_add_site(
-        data_dir=data_dir, name=name, cohort_size=cohort_size, database_url=database_url
+        data_dir=data_dir, name=name, cohort_size=cohort_size, database_url=database_url,
+        audit_key_file=audit_key_file,
     )
     typer.echo(
         f"Added site {name!r}"

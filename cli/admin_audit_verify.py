@@ -1,4 +1,4 @@
-"""``fedsplit admin audit verify``: check the audit log's hash chain."""
+"""``fedsplit admin audit verify``: check the audit log's hash chain and its records' MACs."""
 
 from __future__ import annotations
 
@@ -18,19 +18,29 @@ def verify(
     database_url: Annotated[
         str | None, typer.Option(help="SQLAlchemy URL; default sqlite in --data-dir.")
     ] = None,
+    audit_key_file: Annotated[
+        Path | None,
+        typer.Option(envvar="FEDSPLIT_AUDIT_KEY_FILE",
+                     help="The audit log's HMAC key file (default: DATA_DIR/audit.key)."),
+    ] = None,
 ) -> None:
-    """Walk the chain; exit 0 and print the head hash if intact, else exit 1 naming the first
-    missing, altered or moved record."""
+    """Walk the chain and check every record's MAC with the audit key; exit 0 and print the head
+    hash if intact, else exit 1 naming the first missing, altered, moved, forged or truncated
+    record."""
     from fedsplit.server.admin import audit
+    from fedsplit.server.admin.auditkey import AuditKey, key_path
     from fedsplit.server.admin.store import open_engine
 
+    key = AuditKey.open(key_path(data_dir, audit_key_file), create=False)
     engine = open_engine(data_dir=data_dir, database_url=database_url)
     try:
-        verdict = audit.verify(engine, head=head)
+        verdict = audit.verify(engine, key, head=head)
     finally:
         engine.dispose()
     if verdict.ok:
-        typer.echo(f"audit log intact: {verdict.records} record(s); head {verdict.head}")
+        before = (f" ({verdict.unkeyed} written before the log had a key, checked by hash only)"
+                  if verdict.unkeyed else "")
+        typer.echo(f"audit log intact: {verdict.records} record(s){before}; head {verdict.head}")
         return
     typer.echo(f"audit log BROKEN: {verdict.problem}. {verdict.records} record(s) before it "
                f"verified; last good hash {verdict.head}", err=True)

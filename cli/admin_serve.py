@@ -42,6 +42,25 @@ def serve(
         float, typer.Option(min=0.0, max=1.0, help="Smallest own share, as a fraction of an equal "
                             "share, a hospital needs to download an aggregate.")
     ] = 0.1,
+    max_model_mb: Annotated[
+        float, typer.Option(help="Largest model (decompressed) a round's first upload or template may "
+                            "declare, MiB; later uploads: the round's model.")
+    ] = 128.0,
+    site_quota_mb: Annotated[
+        float, typer.Option(help="Bytes one hospital may hold in open rounds, MiB.")
+    ] = 2048.0,
+    site_concurrent_uploads: Annotated[
+        int, typer.Option(min=1, help="Uploads one hospital may have in progress at once.")
+    ] = 2,
+    site_requests_per_minute: Annotated[
+        int, typer.Option(min=1, help="Requests one hospital may make a minute.")
+    ] = 600,
+    audit_key_file: Annotated[
+        Path | None,
+        typer.Option(envvar="FEDSPLIT_AUDIT_KEY_FILE",
+                     help="The audit log's HMAC key file, created (0600) on first start "
+                     "(default: DATA_DIR/audit.key)."),
+    ] = None,
     docs: Annotated[
         bool, typer.Option("--docs/--no-docs", help="Serve the API docs at /docs (from local files).")
     ] = True,
@@ -86,7 +105,9 @@ def serve(
         data_dir=data_dir, max_upload_mb=max_upload_mb, database_url=database_url,
         runs=tuple(check_runs_dirs(runs or [], warn=typer.echo)), allowed_hosts=hosts,
         min_model_sites=min_model_sites, max_site_share=max_site_share, min_own_share=min_own_share,
-        docs=docs,
+        max_model_mb=max_model_mb, site_quota_mb=site_quota_mb,
+        site_concurrent_uploads=site_concurrent_uploads,
+        site_requests_per_minute=site_requests_per_minute, audit_key_file=audit_key_file, docs=docs,
     )
     app = create_app(settings)
     scheme = "https" if https else "http"

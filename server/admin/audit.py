@@ -1,12 +1,17 @@
-"""The audit log: every security-relevant event, append-only, each record chained to the last.
+"""The audit log: every security-relevant event, append-only, each record chained to the last and
+MAC'd with a key the database does not hold.
 
 A record holds its sequence number (``id``, never reused), time (ISO-8601 UTC), event, actor
 (``admin``, a site name, or ``unauthenticated``), site id, client address and a JSON detail, plus
-``prev_hash`` (the previous record's hash; 64 zeros for the first) and ``hash``: the SHA-256 of
-the canonical JSON of every other field. Editing a record breaks its hash; deleting one leaves a
-gap in the ids; moving one breaks the chain: `verify` names the first such record. The id is
-the head's plus one and ``prev_hash`` is unique, so two writers can never fork the chain (the
-second retries on the new head).
+``prev_hash`` (the previous record's hash; 64 zeros for the first), ``hash`` (the SHA-256 of the
+canonical JSON of every other field) and ``mac``: HMAC-SHA256 of the hash under the audit key
+(`server.admin.auditkey`: a file outside the database, mode 0600). Editing a record breaks its
+hash; deleting one leaves a gap in the ids; moving one breaks the chain; appending one, or
+rewriting the chain with recomputed hashes, needs the key; deleting records from the end (all of
+them included) leaves the log shorter than the key's head file says: `verify` names the first
+such problem. Records written before the log had a key (``mac`` empty) are accepted only before
+the first keyed one, checked by their hashes. The id is the head's plus one and ``prev_hash`` is
+unique, so two writers can never fork the chain (the second retries on the new head).
 
 Events (`EVENTS`): sign-in, sign-in failure, sign-out; upload, upload refused, aggregation, model
 download (and refused download); round created, template; site added, site removed, token
@@ -14,6 +19,9 @@ rotated. Requests refused before any identity was known (no token, unknown token
 limited, wrong Host, oversized headers or bodies) are not written one by one: they are counted
 and written as one ``unauthenticated`` summary record at most every `NOISE_INTERVAL_S` seconds,
 so noise can neither flood the log nor push anything out (nothing is ever deleted or evicted).
+The same event repeated by the same caller with the same detail (a hospital downloading one model
+500 times) is written once, then counted, and written again with ``repeated: N`` when it has
+repeated for `COALESCE_S` seconds or something else happens (`AuditLog.record`).
 Retention: the server never deletes records; see docs/admin-api.md, "Audit log".
 """
 
@@ -28,6 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from fedsplit.server.admin.auditkey import AuditKey, Head
 from fedsplit.server.admin.tables import AuditRecord
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -58,9 +67,10 @@ def _fields(record: AuditRecord) -> dict[str, Any]:
 _process_lock = threading.Lock()
 
 
-def append(engine: Engine, event: str, *, actor: str, site_id: int | None = None,
+def append(engine: Engine, key: AuditKey, event: str, *, actor: str, site_id: int | None = None,
            address: str | None = None, **detail: Any) -> AuditRecord:
-    """Append one record in its own transaction (retried if another writer took the head)."""
+    """Append one record, MAC'd with ``key``, in its own transaction (retried if another writer
+    took the head); the key's head file then names it."""
     detail_json = json.dumps(detail, sort_keys=True, separators=(",", ":"), default=str)
     last_error: Exception | None = None
     with _process_lock:
@@ -77,6 +87,9 @@ def append(engine: Engine, event: str, *, actor: str, site_id: int | None = None
                     )
                     session.add(record)
                     record.hash = record_hash(_fields(record))
+                    record.mac = key.mac(record.hash)
+                    signed = Head(record.id, record.hash)
+                key.advance(signed)
                 return record
             except (IntegrityError, OperationalError) as e:  # another process appended first
                 last_error = e
@@ -86,48 +99,72 @@ def append(engine: Engine, event: str, *, actor: str, site_id: int | None = None
 
 @dataclass(frozen=True)
 class Verdict:
-    """What `verify` found: ``ok``, how many records, the head hash, the first problem."""
+    """What `verify` found: ``ok``, how many records, the head hash, the first problem, and how
+    many records came before the log had a key (checked by their hashes only)."""
 
     ok: bool
     records: int
     head: str
     problem: str | None = None
     first_bad_id: int | None = None
+    unkeyed: int = 0
 
 
-def verify(engine: Engine, *, head: str | None = None) -> Verdict:
-    """Walk the chain from the first record; report the first missing, edited or moved record.
+def verify(engine: Engine, key: AuditKey, *, head: str | None = None) -> Verdict:
+    """Walk the chain from the first record; report the first missing, edited, moved, forged or
+    truncated record.
 
-    ``head``: a hash noted earlier (``audit verify`` prints it); it must be in the chain, which
-    catches records deleted from the end as well.
+    Every record from the first keyed one on must carry ``key``'s MAC; the last record the key
+    signed (its head file) must still be in the log. ``head``: a hash noted earlier (``audit
+    verify`` prints it); it must be in the chain as well.
     """
     previous = GENESIS
     expected_id = 1
-    count = 0
+    count = unkeyed = 0
+    keyed = False
     seen_head = head is None
+    signed = key.read_head()
+    signed_hash: str | None = None
     with Session(engine) as session:
         for record in session.scalars(select(AuditRecord).order_by(AuditRecord.id)).yield_per(1000):
             if record.id != expected_id:
                 missing = (f"record {expected_id} is missing" if record.id == expected_id + 1
                            else f"records {expected_id}-{record.id - 1} are missing")
                 return Verdict(False, count, previous, f"{missing} (the ids jump from "
-                               f"{expected_id - 1} to {record.id}): deleted", expected_id)
+                               f"{expected_id - 1} to {record.id}): deleted", expected_id, unkeyed)
             if record.prev_hash != previous:
                 return Verdict(False, count, previous, f"record {record.id} does not follow record "
                                f"{record.id - 1}: its prev_hash is not that record's hash (records "
-                               f"reordered, replaced or the earlier one edited)", record.id)
+                               f"reordered, replaced or the earlier one edited)", record.id, unkeyed)
             if record_hash(_fields(record)) != record.hash:
                 return Verdict(False, count, previous, f"record {record.id} was altered: its hash "
-                               f"does not match its content", record.id)
+                               f"does not match its content", record.id, unkeyed)
+            if record.mac is None and not keyed:
+                unkeyed += 1  # written before the log had a key
+            elif not key.valid(record.hash, record.mac):
+                what = "carries no MAC" if record.mac is None else "carries a MAC this key did not make"
+                return Verdict(False, count, previous, f"record {record.id} {what}: it was written "
+                               f"or rewritten without the audit key (forged)", record.id, unkeyed)
+            else:
+                keyed = True
+            if signed is not None and record.id == signed.id:
+                signed_hash = record.hash
             previous = record.hash
             expected_id += 1
             count += 1
             if not seen_head and record.hash == head:
                 seen_head = True
+    if signed is not None and signed_hash is None:
+        return Verdict(False, count, previous, f"the audit key signed records up to {signed.id}, but "
+                       f"the log ends at record {count}: records after it were deleted", count + 1,
+                       unkeyed)
+    if signed is not None and signed_hash != signed.hash:
+        return Verdict(False, count, previous, f"record {signed.id} is not the record the audit key "
+                       f"signed as its last: the log was rewritten", signed.id, unkeyed)
     if not seen_head:
         return Verdict(False, count, previous, f"the noted head {head} is not in the chain: records "
-                       f"after it were deleted, or the log was rewritten", None)
-    return Verdict(True, count, previous)
+                       f"after it were deleted, or the log was rewritten", None, unkeyed)
+    return Verdict(True, count, previous, unkeyed=unkeyed)
 
 
 def _iso(moment: datetime) -> str:
@@ -165,8 +202,10 @@ def query(engine: Engine, *, site_ids: list[int] | None = None, since: datetime 
 class AuditLog:
     """The process's writer: `record` for events, `noise` for unauthenticated refusals."""
 
-    def __init__(self, engine: Engine, *, noise_interval_s: float = NOISE_INTERVAL_S) -> None:
+    def __init__(self, engine: Engine, key: AuditKey, *,
+                 noise_interval_s: float = NOISE_INTERVAL_S) -> None:
         self.engine = engine
+        self.key = key
         self.noise_interval_s = noise_interval_s
         self._lock = threading.Lock()
         self._noise: Counter[str] = Counter()
@@ -177,7 +216,7 @@ class AuditLog:
                address: str | None = None, **detail: Any) -> None:
         """Append an event (after any noise counted so far is summarised)."""
         self.flush_noise(force=False)
-        append(self.engine, event, actor=actor, site_id=site_id, address=address, **detail)
+        append(self.engine, self.key, event, actor=actor, site_id=site_id, address=address, **detail)
 
     def noise(self, kind: str, address: str | None) -> bool:
         """Count one unauthenticated refusal; True when a summary is due (`flush_noise`)."""
@@ -195,6 +234,6 @@ class AuditLog:
             counts, addresses = dict(self._noise), self._addresses
             self._noise, self._addresses = Counter(), Counter()
             self._since = time.monotonic()
-        append(self.engine, "unauthenticated", actor="unauthenticated",
+        append(self.engine, self.key, "unauthenticated", actor="unauthenticated",
                requests=sum(counts.values()), by_kind=counts, addresses=len(addresses),
                top_addresses=dict(addresses.most_common(5)))

@@ -66,6 +66,9 @@ class AdminSettings(BaseModel):
     min_own_share : float (default: 0.1)
         ... and (``/model``) only when the hospital's own share is at least this fraction of an
         equal share (1/N of N hospitals).
+    audit_key_file : Path | None (default: None)
+        The audit log's HMAC key (``--audit-key-file``, ``FEDSPLIT_AUDIT_KEY_FILE``); None:
+        ``DATA_DIR/audit.key``. Created with mode 0600 on first start; keep a copy elsewhere.
     docs : bool (default: True)
         Serve the API's interactive docs at ``/docs`` (from local files; ``--no-docs`` turns
         them off).
@@ -91,6 +94,7 @@ class AdminSettings(BaseModel):
     min_model_sites: int = Field(default=2, ge=1)
     max_site_share: float = Field(default=0.6, gt=0, le=1)
     min_own_share: float = Field(default=0.1, ge=0, le=1)
+    audit_key_file: Path | None = None
     docs: bool = True
 
     @field_validator("admin_token")

@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from fedsplit.server.admin.audit import AuditLog
+from fedsplit.server.admin.auditkey import AuditKey, key_path
 from fedsplit.server.admin.auth import ADMIN, Principal, authenticate
 from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.errors import AuthenticationError, TooManyRequestsError
@@ -50,7 +51,8 @@ class AdminContext:
     request_rate: RequestRate = field(init=False)
 
     def __post_init__(self) -> None:
-        self.audit = AuditLog(self.engine)
+        self.audit = AuditLog(self.engine, AuditKey.open(
+            key_path(self.settings.data_dir, self.settings.audit_key_file), create=True))
         self.upload_slots = UploadSlots(self.settings.site_concurrent_uploads)
         per_minute = self.settings.site_requests_per_minute
         self.request_rate = RequestRate(per_minute, burst=max(1, per_minute // 5))

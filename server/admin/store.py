@@ -8,6 +8,7 @@ from typing import Any
 
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin import audit
+from fedsplit.server.admin.auditkey import AuditKey, key_path
 from fedsplit.server.admin.config import default_database_url
 from fedsplit.server.admin.security import hash_token, new_site_token
 from fedsplit.server.admin.tables import Base, Site, utcnow
@@ -44,6 +45,7 @@ def make_engine(url: str) -> Engine:
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("uploads", "client_filename", "VARCHAR(255)"),
     ("sites", "removed_at", "DATETIME"),
+    ("audit_log", "mac", "VARCHAR(64)"),
 )
 
 
@@ -87,6 +89,11 @@ def check_site_name(name: str) -> None:
         )
 
 
+def _key(data_dir: Path, configured: Path | None) -> AuditKey:
+    """The audit key the CLI's records are MAC'd with (created, 0600, if this is the first)."""
+    return AuditKey.open(key_path(data_dir, configured), create=True)
+
+
 def open_engine(*, data_dir: Path, database_url: str | None = None) -> Engine:
     """The store's engine (tables created); the caller disposes of it."""
     Path(data_dir).mkdir(parents=True, exist_ok=True)
@@ -105,7 +112,8 @@ def site_ids_named(engine: Engine, name: str) -> list[int]:
 
 
 def add_site(
-    *, data_dir: Path, name: str, cohort_size: int | None = None, database_url: str | None = None
+    *, data_dir: Path, name: str, cohort_size: int | None = None, database_url: str | None = None,
+    audit_key_file: Path | None = None,
 ) -> str:
     """Register a site and return its new bearer token (only its hash is stored)."""
     check_site_name(name)
@@ -137,7 +145,8 @@ def add_site(
             except IntegrityError as e:
                 raise ConfigError(f"Could not add site {name!r}: {e.orig}. Received: {name!r}") from e
             site_id = site.id
-        audit.append(engine, "site_added", actor=CLI_ACTOR, site_id=site_id, site=name,
+        audit.append(engine, _key(data_dir, audit_key_file), "site_added", actor=CLI_ACTOR,
+                     site_id=site_id, site=name,
                      cohort_size=cohort_size)
     finally:
         engine.dispose()
@@ -156,7 +165,8 @@ def _live_site(session: Session, name: str) -> Site:
     return site
 
 
-def remove_site(*, data_dir: Path, name: str, database_url: str | None = None) -> None:
+def remove_site(*, data_dir: Path, name: str, database_url: str | None = None,
+                audit_key_file: Path | None = None) -> None:
     """Remove a site: its token matches nothing from now on, so its API access and its web-view
     sessions end at their next request; its uploads stay (attributed to it)."""
     engine = open_engine(data_dir=data_dir, database_url=database_url)
@@ -167,12 +177,14 @@ def remove_site(*, data_dir: Path, name: str, database_url: str | None = None) -
             site.token_hash = secrets.token_hex(32)  # a hash no token was ever issued for
             session.commit()
             site_id = site.id
-        audit.append(engine, "site_removed", actor=CLI_ACTOR, site_id=site_id, site=name)
+        audit.append(engine, _key(data_dir, audit_key_file), "site_removed", actor=CLI_ACTOR,
+                     site_id=site_id, site=name)
     finally:
         engine.dispose()
 
 
-def rotate_token(*, data_dir: Path, name: str, database_url: str | None = None) -> str:
+def rotate_token(*, data_dir: Path, name: str, database_url: str | None = None,
+                 audit_key_file: Path | None = None) -> str:
     """Give a site a new token and return it; the old token (API and sessions) stops at once."""
     engine = open_engine(data_dir=data_dir, database_url=database_url)
     token = new_site_token()
@@ -182,7 +194,8 @@ def rotate_token(*, data_dir: Path, name: str, database_url: str | None = None) 
             site.token_hash = hash_token(token)
             session.commit()
             site_id = site.id
-        audit.append(engine, "token_rotated", actor=CLI_ACTOR, site_id=site_id, site=name)
+        audit.append(engine, _key(data_dir, audit_key_file), "token_rotated", actor=CLI_ACTOR,
+                     site_id=site_id, site=name)
     finally:
         engine.dispose()
     return token

@@ -105,7 +105,7 @@ class Upload(Base):
     site: Mapped[Site] = relationship()
 
 
-# One audit-log record (server.admin.audit): append-only, chained by SHA-256.
+# One audit-log record (server.admin.audit): append-only, chained by SHA-256, MAC'd with a key.
 class AuditRecord(Base):
     __tablename__ = "audit_log"
 
@@ -118,3 +118,6 @@ class AuditRecord(Base):
     detail: Mapped[str] = mapped_column(Text)  # canonical JSON, exactly as hashed
     prev_hash: Mapped[str] = mapped_column(String(64), unique=True)
     hash: Mapped[str] = mapped_column(String(64))
+    #: HMAC-SHA256 of ``hash`` under the audit key (server.admin.auditkey); None: written before
+    #: the log had a key
+    mac: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
