@@ -114,7 +114,7 @@ def up(
              "--dataset/--sites/--partition.")] = None,
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
-    from fedsplit.orchestration.up import UpPlan, run_up
+    from fedsplit.orchestration.up import UpPlan, left_out_failure, run_up
 
     if site:
         given = [f"--{name}" for name in ("dataset", "sites", "partition")
@@ -149,3 +149,5 @@ def up(
     model = "" if superlink is not None else f"global model {out / 'global.h5'}, "
     console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history.rounds)} "
                   f"rounds; {model}history {out / 'history.json'}")
+    if (failure := left_out_failure(history, out)) is not None:  # trained without a hospital
+        raise failure

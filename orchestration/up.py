@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from fedsplit.orchestration.experiment import SiteSource, parse_site, prepare_partitions
+from fedsplit.orchestration.experiment import SiteSource, _left_out, parse_site, prepare_partitions
 from fedsplit.orchestration.fingerprint import fingerprint_file
 from fedsplit.orchestration.flower_runtime import CONNECT_TIMEOUT_S, attach
 from fedsplit.orchestration.local_federation import LocalFederation, Site, check_trained
 from fedsplit.orchestration.site_agent import forget_reads, read_site_data
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError, HospitalFailure
 from fedsplit.protocol.history import RunRecord
 from fedsplit.server.compose import check_composition
 from fedsplit.server.history import find_resume_point
@@ -108,6 +108,20 @@ def site_fingerprint(files: Mapping[str, Path], rows: Mapping[str, int]) -> str:
         else:
             found[name] = {"rows": rows.get(name), "columns": None, "sha256": _sha256(path)}
     return json.dumps(found, sort_keys=True)
+
+
+def left_out_failure(history: RunRecord, out: Path) -> HospitalFailure | None:
+    """A `HospitalFailure` (exit 13) when a hospital's own data or code failed in every round
+    it was asked to train, so the federation trained without it (as ``fedsplit simulate``
+    reports it: `orchestration.experiment`); None when every hospital took part at least once.
+    The model exists (``out/global.h5``): `fedsplit up` prints ``done`` first, then this line."""
+    names = sorted({s.site for r in history.rounds if r.train for s in r.train.sites if s.site})
+    lines = _left_out(history, names)
+    if not lines:
+        return None
+    more = f" (and {len(lines) - 1} more hospital(s))" if len(lines) > 1 else ""
+    return HospitalFailure.from_line(f"{lines[0]}{more}. The federated model was written to {out} "
+                                     f"without it; fix that hospital and run again")
 
 
 def _terminate(signum: int, _frame: FrameType | None) -> None:

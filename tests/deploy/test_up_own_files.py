@@ -198,6 +198,27 @@ def test_a_model_that_is_not_on_disk_is_never_presented(
     assert f"{tmp_path / 'work' / 'out' / 'global.h5'} does not exist" in captured.err
 
 
+def test_a_hospital_failing_every_round_is_named_after_done(
+        tmp_path: Path, recording: type[Recording], capsys: pytest.CaptureFixture[str]) -> None:
+    """The model exists (trained by east) and is presented; then west, whose train_step raised
+    in every round, is named with exit 13, as fedsplit simulate does."""
+    rounds = [{"round": n, "model": f"models/round-00{n}.h5", "train": {"sites": [
+        {"site": "east", "num_examples": 30},
+        {"site": "west", "excluded": True,
+         "reason": "hospital west, training: RuntimeError: broken (at r.py:3 in train_step)"}]}}
+        for n in (1, 2)]
+    recording.history = RunRecord.from_json({"status": "finished", "rounds": rounds}, source="t")
+    assert up_cli(tmp_path, "--sites", "2") == HospitalFailure.exit_code
+    captured = capsys.readouterr()
+    assert "done in" in captured.out and "global model" in captured.out
+    err = captured.err.strip()
+    assert err.startswith("HospitalFailure: hospital west, training: RuntimeError: broken"), err
+    assert "in every round" in err and "without it" in err and len(err.splitlines()) == 1
+    rounds[1]["train"]["sites"][1] = {"site": "west", "num_examples": 20}  # west joined round 2
+    recording.history = RunRecord.from_json({"status": "finished", "rounds": rounds}, source="t")
+    assert up_cli(tmp_path, "--sites", "2") == 0
+
+
 def test_the_attach_path_checks_the_record_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(up, "attach", lambda *a, **kw: record(False))
