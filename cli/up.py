@@ -112,6 +112,16 @@ def up(
         help="A hospital on its own file, repeated per hospital: a CSV/Parquet table, an NPZ, or "
              "what the --recipe's reader reads (e.g. one .h5 file or a folder). Instead of "
              "--dataset/--sites/--partition.")] = None,
+    task: Annotated[str, typer.Option(help="auto, classification, regression or survival (with "
+                                           "--time and --event; docs/survival.md).")] = "auto",
+    time_column: Annotated[str, typer.Option("--time", help="Survival: the follow-up time column "
+                                                            "(the target).")] = "",
+    event: Annotated[str, typer.Option(help="Survival: the event column (1/0, TRUE/FALSE, "
+                                            "yes/no; 1 = observed).")] = "",
+    id_column: Annotated[str, typer.Option(help="Patient ID column (never a feature).")] = "",
+    penalizer: Annotated[float | None, typer.Option(min=0.0, help="Survival: the Cox model's "
+                                                    "ridge penalty (lifelines' convention; "
+                                                    "default 0, 0.01 for tcga-brca).")] = None,
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
     from fedsplit.orchestration.up import UpPlan, left_out_failure, run_up
@@ -129,9 +139,16 @@ def up(
                               f"with --superlink {superlink}")
         sites = len(site)
 
+    from fedsplit.orchestration.datasets import table_keys
+    from fedsplit.orchestration.survival_summary import up_dataset, up_report
+
+    survival = up_dataset(dataset, site)  # tcga-brca: its regions as hospitals, FLamby's columns
+    sites = survival.get("sites", sites)
     work = work.resolve()
     out = (out or work / "out").resolve()
     cfg = RunConfig.from_flower(dict(  # validated: a bad value is a ConfigError naming it
+        **table_keys(survival.get("dataset"), time=time_column, event=event,
+                     id_column=id_column, task=task, penalizer=penalizer),
         num_server_rounds=rounds, strategy=strategy,
         strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),
         local_epochs=local_epochs, lr=lr, seed=seed, out_dir=str(out), min_nodes=sites,
@@ -149,5 +166,8 @@ def up(
     model = "" if superlink is not None else f"global model {out / 'global.h5'}, "
     console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history.rounds)} "
                   f"rounds; {model}history {out / 'history.json'}")
+    if cfg.task == "survival" and superlink is None:  # per-hospital C-index, KM, baseline
+        for line in up_report(out, history):
+            console.print(line)
     if (failure := left_out_failure(history, out)) is not None:  # trained without a hospital
         raise failure

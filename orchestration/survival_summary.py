@@ -1,6 +1,8 @@
-"""After a survival run of `fedsplit simulate`: the pooled Kaplan-Meier curve's plot
-(``km.png``) from the ``km.json`` the coordinator wrote (`server.survival.summary`, beside
+"""After a survival run of `fedsplit simulate` or `fedsplit up`: the pooled Kaplan-Meier curve's
+plot (``km.png``) from the ``km.json`` the coordinator wrote (`server.survival.summary`, beside
 ``global.baseline.json``); `km_plot` also draws `fedsplit km`'s (`orchestration.survival.run`).
+For `fedsplit up`: `tcga_partitions` writes the bundled Fed-TCGA-BRCA's regions as hospitals,
+and `up_report` the lines printed at the end (per-hospital C-index of the kept model, files).
 
 A module of its own, outside ``orchestration.survival``: that package imports
 `orchestration.experiment` (``parse_site``), so `experiment` importing it would close an import
@@ -10,12 +12,15 @@ circle (tests/test_layers.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedsplit.orchestration.plots import figure
 from fedsplit.protocol import survival_summary as ss
 from fedsplit.protocol.errors import FederationError
+from fedsplit.protocol.history import RunRecord
+from fedsplit.protocol.survival import pooled_concordance
 
 
 def write_plots(out_dir: Path) -> dict[str, Path]:
@@ -49,3 +54,49 @@ def km_plot(doc: dict[str, Any], path: Path) -> None:
                      f"(min-count {doc['min_count']})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+
+
+def up_dataset(dataset: str, site_files: Sequence[str] | None) -> dict[str, Any]:
+    """For `fedsplit up --dataset tcga-brca`: {"dataset": name, "sites": 6} (its regions are the
+    hospitals; `orchestration.datasets.table_keys` gives its columns); else {}."""
+    from fedsplit.client.survival.tcga import DATASET, REGIONS
+
+    if dataset != DATASET or site_files:
+        return {}
+    return {"dataset": DATASET, "sites": len(REGIONS)}
+
+
+def tcga_partitions(folder: Path) -> dict[str, Path]:
+    """Fed-TCGA-BRCA's 6 regions as hospitals for `fedsplit up`: each region's training rows (as
+    FLamby's split) in ``folder/REGION/data.csv``; region name -> file."""
+    from fedsplit.client.survival.tcga import load_tcga_brca
+
+    files = {}
+    for region, (train, _test) in load_tcga_brca().items():
+        (folder / region).mkdir(parents=True, exist_ok=True)
+        for stale in (folder / region).glob("data.*"):
+            stale.unlink()
+        train.to_csv(folder / region / "data.csv", index=False)
+        files[region] = folder / region / "data.csv"
+    return files
+
+
+def up_report(out_dir: Path, history: RunRecord) -> list[str]:
+    """The end of a survival `fedsplit up`: the kept round's C-index per hospital (on its own
+    evaluation rows) and over the summed pairs, and the summary's files (km.png drawn)."""
+    files = write_plots(out_dir)
+    kept = history.selection.rounds_kept if history.selection else None
+    entry = history.round(kept) if kept else None
+    lines = []
+    if entry is not None and entry.evaluate is not None:
+        for s in entry.evaluate.sites:
+            if not s.excluded and "c_index" in s.metrics:
+                lines.append(f"{s.site}: C-index {float(s.metrics['c_index']):.4f} "  # type: ignore[arg-type]
+                             f"({s.num_examples} evaluation rows)")
+        pooled = pooled_concordance(entry.evaluate.metrics) or entry.evaluate.metrics.get("c_index")
+        if isinstance(pooled, int | float):
+            lines.append(f"all hospitals (summed pairs): C-index {float(pooled):.4f}, round "
+                         f"{kept}")
+    lines.append(f"Kaplan-Meier {files['km']} ({files['km_plot'].name}), Breslow baseline "
+                 f"{files['baseline']}")
+    return lines

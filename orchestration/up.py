@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from fedsplit.client.survival.tcga import DATASET as TCGA
 from fedsplit.orchestration.experiment import SiteSource, _left_out, parse_site, prepare_partitions
 from fedsplit.orchestration.fingerprint import fingerprint_file
 from fedsplit.orchestration.flower_runtime import CONNECT_TIMEOUT_S, attach
 from fedsplit.orchestration.local_federation import LocalFederation, Site, check_trained
 from fedsplit.orchestration.site_agent import forget_reads, read_site_data
+from fedsplit.orchestration.survival_summary import tcga_partitions
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, HospitalFailure
 from fedsplit.protocol.history import RunRecord
@@ -165,8 +167,9 @@ def run_up(plan: UpPlan, *, on_progress: Callable[[RunRecord], None] | None = No
         sites = [Site(name, path, recipe=cfg.recipe, recipe_params=cfg.recipe_params)
                  for name, path in files.items()]
     else:
-        files = prepare_partitions(plan.work / "sites", plan.dataset, plan.sites, plan.partition,
-                                   cfg.seed)
+        files = (tcga_partitions(plan.work / "sites") if plan.dataset == TCGA  # its 6 regions
+                 else prepare_partitions(plan.work / "sites", plan.dataset, plan.sites,
+                                         plan.partition, cfg.seed))
         fingerprint = site_fingerprint(files, {})
         sites = [Site(n, path.parent) for n, path in files.items()]
     cfg = cfg.model_copy(update={"data_fingerprint": fingerprint})

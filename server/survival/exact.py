@@ -11,10 +11,12 @@ the same files), through the survival sum exchanges of `protocol.survival_summar
 SecAgg+ sums under ``secure-aggregation``).
 
 Each gradient/Hessian evaluation is recorded as one round of ``history.json`` with its model
-(``models/round-NNN.h5``: the linear recipe model holding that iterate) and a federated
-evaluation: Harrell's C on the rows fitted (in-sample), from the hospitals' summed concordant,
-tied and comparable pair counts. The kept model (``global.h5``) is the optimum, the last round
-(``keep`` is ``last`` on this path: the fit is the model, not a round picked on scores).
+(``models/round-NNN.h5``: the linear recipe model holding that iterate); the last round also
+with the fit's evaluation: Harrell's C on the rows fitted (in-sample), from the hospitals'
+summed concordant, tied and comparable pair counts (one exchange after the fit, not one per
+round: in deployment every exchange costs the agents' polling). The kept model (``global.h5``)
+is the optimum, the last round (``keep`` is ``last`` on this path: the fit is the model, not a
+round picked on scores).
 ``OUT/cox.json`` holds the coefficient table as `fedsplit cox` writes it.
 """
 
@@ -84,10 +86,9 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
     template = {k: v.numpy() for k, v in setup.arrays.items()}
     history.keep = "last"  # the optimum is the model, not a round picked on validation rows
     rounds = itertools.count(1)  # a resumed run refits from round 1 (the same rounds again)
-    last: dict[str, float | None] = {}
 
     def evaluate(beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """One round: the summed Newton parts at ``beta``, recorded with its model and C."""
+        """One round: the summed Newton parts at ``beta``, recorded with its model."""
         number = next(rounds)
         inputs = {**base, "beta": [float(b) for b in beta]}
         vec = coord.total("newton", inputs, bits=ss.STAGE_BITS["newton"])
@@ -101,22 +102,24 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
         history.record_train(number, AggregateResult(arrays, rows, report),
                              _sites(coord, train_rows, {}),
                              {"log_likelihood": float(vec[0])})
-        pairs = coord.total("concordance", inputs, bits=ss.STAGE_BITS["concordance"])
-        per_site = {k: {"c_index": nt.concordance(*v[:3]) or 0.5}
-                    for k, v in coord.per_site.items()}
-        fit_rows = {k: float(v[3]) for k, v in coord.per_site.items()}
-        c = last["c_index"] = nt.concordance(*pairs[:3])
-        history.record_evaluate(number, _sites(coord, fit_rows, per_site),
-                                {"c_index": 0.5 if c is None else c,
-                                 "comparable_pairs": float(pairs[2])})
         return float(vec[0]), vec[1:1 + p], upper_to_full(vec[1 + p:], p)
 
     result = nt.newton(evaluate, names, rows, penalizer)
+    # the fit's evaluation (one exchange; in deployment each exchange costs seconds): Harrell's
+    # C over the hospitals' summed pairs, recorded as the last round's evaluation
+    pairs = coord.total("concordance", {**base, "beta": [float(b) for b in result.beta]},
+                        bits=ss.STAGE_BITS["concordance"])
+    per_site = {k: {"c_index": nt.concordance(*v[:3]) or 0.5} for k, v in coord.per_site.items()}
+    fit_rows = {k: float(v[3]) for k, v in coord.per_site.items()}
+    c_index = nt.concordance(*pairs[:3])
+    history.record_evaluate(result.rounds, _sites(coord, fit_rows, per_site),
+                            {"c_index": 0.5 if c_index is None else c_index,
+                             "comparable_pairs": float(pairs[2])})
     table = nt.original_scale(result, names, std.std)
     sites = sorted(train_rows) if coord.secure is None else list(cfg.names)
     doc = nt.summary(
         table, result, rows=rows, events=events, penalizer=penalizer, hospitals=sites,
-        c_index=last.get("c_index"),
+        c_index=c_index,
         extra={"concordance_note": "Harrell's C over pairs within each hospital (stratified), on "
                                    "the rows fitted, at the fitted coefficients",
                "rows_used": "all of each hospital's training rows (no round is picked, so none "
