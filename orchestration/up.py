@@ -33,7 +33,7 @@ from fedsplit.orchestration.site_agent import forget_reads, read_site_data
 from fedsplit.orchestration.survival_summary import tcga_partitions
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, HospitalFailure
-from fedsplit.protocol.history import RunRecord
+from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 from fedsplit.server.compose import check_composition
 from fedsplit.server.history import find_resume_point
 
@@ -123,7 +123,8 @@ def left_out_failure(history: RunRecord, out: Path) -> HospitalFailure | None:
         return None
     more = f" (and {len(lines) - 1} more hospital(s))" if len(lines) > 1 else ""
     return HospitalFailure.from_line(f"{lines[0]}{more}. The federated model was written to {out} "
-                                     f"without it; fix that hospital and run again")
+                                     f"without it; fix that hospital and run again. "
+                                     f"Received: {out / HISTORY_FILE}")
 
 
 def _terminate(signum: int, _frame: FrameType | None) -> None:

@@ -214,6 +214,7 @@ def test_a_hospital_failing_every_round_is_named_after_done(
     err = captured.err.strip()
     assert err.startswith("HospitalFailure: hospital west, training: RuntimeError: broken"), err
     assert "in every round" in err and "without it" in err and len(err.splitlines()) == 1
+    assert err.endswith(f"Received: {tmp_path / 'work' / 'out' / 'history.json'}")
     rounds[1]["train"]["sites"][1] = {"site": "west", "num_examples": 20}  # west joined round 2
     recording.history = RunRecord.from_json({"status": "finished", "rounds": rounds}, source="t")
     assert up_cli(tmp_path, "--sites", "2") == 0
