@@ -29,7 +29,12 @@ from fedsplit.client.data import feature_stats
 from fedsplit.client.failures import answered, hospital_stage
 from fedsplit.client.models import KINDS, RECIPE_KIND, ModelSpec, build_model, recipe_of
 from fedsplit.client.parallel import fit_parallel
-from fedsplit.client.privacy.agent import check_dp_model, patient_dp, train_private
+from fedsplit.client.privacy.agent import (
+    check_dp_model,
+    check_dp_travel,
+    patient_dp,
+    train_private,
+)
 from fedsplit.client.recipes import ModelInputs, builtin_recipe
 from fedsplit.client.secure.agent import handle_query, take_secure_record, train_reply
 from fedsplit.client.site import (
@@ -51,6 +56,7 @@ from fedsplit.client.train import (
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.privacy import DPSpec
 from fedsplit.protocol.update import (
     Update,
     arrays_to_state_dict,
@@ -141,6 +147,8 @@ def init(msg: Message, context: Context) -> Message:
         federated = _federated(model)
         if (dp := patient_dp(cfg)) is not None:  # refused before round 1, with the fix
             check_dp_model(model, dp, cfg)
+        elif (dp := DPSpec.parse(cfg.dp)) is not None:
+            check_dp_travel(model, federated, dp)
     reply = wire.build_init_reply(state_dict_arrays(model.state_dict()), spec.to_id(),
                                   federated=federated, site=name)
     return Message(reply, reply_to=msg)

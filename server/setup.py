@@ -99,7 +99,7 @@ def _ask(grid: Grid, nodes: list[int], message_type: str, content: RecordDict,
         if len(lines) == 1:
             raise error_from_record(f"HospitalFailure: {lines[0]}") or FederationError(lines[0])
         raise FederationError(f"{len(errors)} of {len(nodes)} hospitals failed before round 1 "
-                              f"({message_type}): {'; '.join(lines)}")
+                              f"({message_type}): {'; '.join(_grouped(lines))}")
     if len(replies) < len(nodes):
         answered = {r.metadata.src_node_id for r in replies}
         silent = sorted((names or {}).get(n, f"node-{n}") for n in nodes if n not in answered)
@@ -109,6 +109,19 @@ def _ask(grid: Grid, nodes: list[int], message_type: str, content: RecordDict,
             f"Received: {len(replies)} replies"
         )
     return replies
+
+
+def _grouped(lines: list[str]) -> list[str]:
+    """Hospitals that failed the same way in one line: ``hospitals a, b, STAGE: CAUSE``."""
+    by_cause: dict[str, list[str]] = {}
+    for line in lines:
+        site = wire.failure_site(line)
+        if site is None:
+            by_cause.setdefault(line, [])
+            continue
+        by_cause.setdefault(line[len(f"hospital {site}, "):], []).append(site)
+    return [cause if not sites else f"hospital {sites[0]}, {cause}" if len(sites) == 1
+            else f"hospitals {', '.join(sites)}, {cause}" for cause, sites in by_cause.items()]
 
 
 def _failure_line(reply: Message, names: dict[int, str]) -> str:

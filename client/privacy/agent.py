@@ -39,6 +39,26 @@ def check_dp_model(model: SiteModel, spec: DPSpec, cfg: RunConfig, proximal_mu: 
         )
 
 
+def check_dp_travel(model: SiteModel, federated: list[str], spec: DPSpec) -> None:
+    """Refuse hospital-level DP when BatchNorm running statistics travel: the coordinator's
+    Gaussian noise falls on every travelling tensor, and a noised running variance can turn
+    negative (the model then outputs NaN). Keep BatchNorm at each hospital (the recipe's
+    ``local_batch_norm = True``, FedBN) or use GroupNorm."""
+    if spec.level != "hospital":
+        return
+    norms = {name for name, m in model.named_modules()
+             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+    stats = [n for n in federated if n.rpartition(".")[0] in norms
+             and n.rpartition(".")[2] in ("running_mean", "running_var")]
+    if stats:
+        raise ConfigError(
+            f"Hospital-level DP adds noise to every tensor that travels, and BatchNorm's running "
+            f"statistics travel here; a noised running variance can turn negative and the model "
+            f"then outputs NaN. Keep BatchNorm at each hospital (recipe attribute "
+            f"local_batch_norm = True: FedBN), or replace it with GroupNorm. Received: "
+            f"{stats[:4]}{' ...' if len(stats) > 4 else ''}")
+
+
 def train_private(model: SiteModel, x: np.ndarray, y: np.ndarray, spec: DPSpec, cfg: RunConfig, *,
                   steps: int, server_round: int, site: str, seed: int, proximal_mu: float,
                   device: torch.device) -> tuple[float, float]:

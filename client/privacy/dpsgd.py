@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError, one_line
 from fedsplit.protocol.privacy import DPSpec, PrivacyBudgetError
 
 
@@ -96,6 +96,7 @@ def check_private_model(model: torch.nn.Module, proximal_mu: float) -> None:
 
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
+        more = f" and {len(errors) - 1} more" if len(errors) > 1 else ""
         layers = [f"{name or 'the model'} ({type(sub).__name__})"
                   for name, sub in model.named_modules()
                   if type(sub) in ModuleValidator.VALIDATORS and ModuleValidator.VALIDATORS[type(sub)](sub)]
@@ -104,7 +105,9 @@ def check_private_model(model: torch.nn.Module, proximal_mu: float) -> None:
             f"for layer(s) {', '.join(layers) or 'of this model'} (e.g. BatchNorm mixes the rows "
             f"of a batch; an LSTM needs opacus.layers.DPLSTM): use norm=none for the built-in MLP, "
             f"or replace the layer in the recipe (opacus ModuleValidator.fix suggests "
-            f"replacements: GroupNorm for BatchNorm). Received: {[str(e) for e in errors][:3]}"
+            f"replacements: GroupNorm for BatchNorm), or keep BatchNorm local (local_batch_norm = True) and use --dp "
+            f"...,level=hospital. Received: "
+            f"{one_line(str(errors[0]), limit=120)}{more}"
         )
     if proximal_mu > 0:
         raise ConfigError(f"Patient-level DP clips per-sample gradients; the FedProx term is not a "
