@@ -105,8 +105,8 @@ def check_private_model(model: torch.nn.Module, proximal_mu: float) -> None:
             f"for layer(s) {', '.join(layers) or 'of this model'} (e.g. BatchNorm mixes the rows "
             f"of a batch; an LSTM needs opacus.layers.DPLSTM): use norm=none for the built-in MLP, "
             f"or replace the layer in the recipe (opacus ModuleValidator.fix suggests "
-            f"replacements: GroupNorm for BatchNorm), or keep BatchNorm local (local_batch_norm = True) and use --dp "
-            f"...,level=hospital. Received: "
+            f"replacements: GroupNorm for BatchNorm), or keep BatchNorm local "
+            f"(local_batch_norm = True) and use --dp ...,level=hospital. Received: "
             f"{one_line(str(errors[0]), limit=120)}{more}"
         )
     if proximal_mu > 0:
