@@ -22,10 +22,12 @@ numbers, and the site's name. Every instruction and reply is read and built by
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from fedsplit.client.attacks import Attack, hostile_sites, parse_attack
-from fedsplit.client.data import feature_stats
+from fedsplit.client.data import feature_stats, local_state_path
 from fedsplit.client.failures import answered, hospital_stage
 from fedsplit.client.models import KINDS, RECIPE_KIND, ModelSpec, build_model, recipe_of
 from fedsplit.client.parallel import fit_parallel
@@ -54,6 +56,7 @@ from fedsplit.client.train import (
     step_rows,
 )
 from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import DPSpec
@@ -190,16 +193,22 @@ def _global_model(instruction: wire.ModelInstruction, context: Context,
     return model
 
 
-def _keep_local(context: Context, start: dict[str, np.ndarray], update: Update,
-                federated: list[str]) -> Update:
-    """Keep this hospital's trained tensors that never travel in its `LOCAL` state; return the
-    update with only the tensors that travel."""
+def _keep_local(context: Context, cfg: RunConfig, server_round: int,
+                start: dict[str, np.ndarray], update: Update, federated: list[str]) -> Update:
+    """Keep this hospital's trained tensors that never travel in its `LOCAL` state (and, in
+    Flower's simulation, in its staged folder: `local_state_path`, so `fedsplit simulate`
+    scores each hospital's own model); return the update with only the tensors that travel."""
     shared = set(federated)
     own = {k: a for k, a in update.arrays.items()
            if k not in shared and (k not in start or not np.array_equal(a, start[k]))}
     if own:
         context.state.array_records[LOCAL] = ArrayRecord(
             {k: Array(c_contiguous(a)) for k, a in own.items()})
+        if "partition-id" in context.node_config and cfg.data_dir:
+            path = local_state_path(Path(cfg.data_dir) / f"site-{int(context.node_config['partition-id'])}",
+                                    server_round)
+            with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+                np.savez(fh, **own)
     return Update({k: a for k, a in update.arrays.items() if k in shared},
                   num_examples=update.num_examples)
 
@@ -271,7 +280,7 @@ def train(msg: Message, context: Context) -> Message:
                 proximal_mu=cfg.proximal_mu if mu is None else mu, parallel=cfg.parallel,
             )
             loss, info = result.loss, result.metrics()
-        update = _keep_local(context, start, Update.from_state_dict(
+        update = _keep_local(context, cfg, server_round, start, Update.from_state_dict(
             model.state_dict(), num_examples=len(site.train)), federated)
     metrics = {wire.TRAIN_LOSS: loss, wire.ON_GPU: int(device.type == "cuda"),
                **{k: v for k, v in info.items() if isinstance(v, int | float)}}

@@ -220,6 +220,24 @@ def is_staged(path: Path) -> bool:
         return False
 
 
+def local_state_path(folder: Path, server_round: int) -> Path:
+    """Where a simulated hospital keeps its tensors that never travel after ``server_round``
+    (FedBN's BatchNorm layers, a recipe's local head), in its staged folder."""
+    return Path(folder) / "local" / f"round-{int(server_round):03d}.npz"
+
+
+def read_local_state(folder: Path, server_round: int | None = None) -> dict[str, np.ndarray]:
+    """A simulated hospital's tensors that never travel, as it held them after
+    ``server_round`` (its latest file up to that round; None: its latest), else ``{}``."""
+    rounds = sorted((int(p.stem.split("-")[1]), p) for p in (Path(folder) / "local").glob(
+        "round-*.npz") if p.stem.split("-")[1].isdigit())
+    chosen = [p for r, p in rounds if server_round is None or r <= server_round]
+    if not chosen:
+        return {}
+    with np.load(chosen[-1], allow_pickle=False) as npz:
+        return {k: np.asarray(npz[k]) for k in npz.files}
+
+
 def read_staged(path: Path) -> Dataset | None:
     """A `Dataset` written by `write_staged`, exactly as written; None for any other NPZ."""
     try:

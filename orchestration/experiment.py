@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from fedsplit.client.data import (
     load_heart_disease,
     load_site_file,
     partition,
+    read_local_state,
     read_table,
     read_with_recipe,
     split_indices,
@@ -67,6 +69,7 @@ from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 from fedsplit.protocol.privacy import DPSpec
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
+from fedsplit.protocol.update import arrays_to_state_dict
 from fedsplit.protocol.weights import read_schema
 from fedsplit.server.compose import check_composition
 from fedsplit.server.history import find_resume_point
@@ -434,13 +437,42 @@ def kept_round(history: RunRecord, fed_dir: Path) -> dict[str, Any]:
             "last_model": str(fed_dir / "last.h5")}
 
 
-def evaluate(model: SiteModel, tests: Sequence[tuple[str, Dataset]]) -> dict[str, Any]:
-    """``metrics`` on the pooled test rows, ``per_site`` on each hospital's, ``mean_per_site``."""
-    per_site = {name: score(model, t.x, t.y) for name, t in tests}
+def evaluate(model: SiteModel, tests: Sequence[tuple[str, Dataset]],
+             local: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> dict[str, Any]:
+    """``metrics`` on the pooled test rows, ``per_site`` on each hospital's, ``mean_per_site``.
+
+    ``local``: each hospital's own tensors that never travel (FedBN's BatchNorm layers, a local
+    head: `client.data.read_local_state`); a hospital that has any is scored with the global
+    model plus its own tensors, as it uses the model, and the pooled metrics are then each
+    hospital's weighted by its test rows (no single model predicts every row)."""
+    own = {name: _with_local(model, local.get(name, {})) for name, _ in tests} if local else {}
+    per_site = {name: score(own.get(name) or model, t.x, t.y) for name, t in tests}
     keys = sorted({k for m in per_site.values() for k in m})
-    pooled = _concat([t for _, t in tests])
-    return {"metrics": score(model, pooled.x, pooled.y), "per_site": per_site,
-            "mean_per_site": {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys}}
+    mean = {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys}
+    if any(own.values()):
+        rows = {name: len(t) for name, t in tests}
+        pooled = {k: float(sum(per_site[n][k] * rows[n] for n in rows) / sum(rows.values()))
+                  for k in keys}
+        return {"metrics": pooled, "per_site": per_site, "mean_per_site": mean,
+                "site_models": sorted(n for n, m in own.items() if m is not None)}
+    rows_all = _concat([t for _, t in tests])
+    return {"metrics": score(model, rows_all.x, rows_all.y), "per_site": per_site,
+            "mean_per_site": mean}
+
+
+def _with_local(model: SiteModel, tensors: Mapping[str, np.ndarray]) -> SiteModel | None:
+    """A copy of ``model`` with a hospital's own floating-point tensors put back (counters do
+    not change a score), or None when it has none."""
+    import copy
+
+    state = model.state_dict()
+    own = {k: v for k, v in tensors.items() if k in state and state[k].is_floating_point()
+           and tuple(state[k].shape) == tuple(np.shape(v))}
+    if not own:
+        return None
+    mine = copy.deepcopy(model)
+    mine.load_state_dict({**state, **arrays_to_state_dict(own, like=state)})
+    return mine
 
 
 def check_attack(attack: str, attackers: int, num_sites: int) -> list[int]:
@@ -497,8 +529,10 @@ def stage_sites(exp: Experiment) -> tuple[RunConfig, list[SiteTable], list[SiteT
         "min_nodes": len(joined), "quorum": exp.cfg.quorum or 1,
         "data_fingerprint": data_fingerprint(files),
     })
-    if cfg.resume:
-        find_resume_point(Path(cfg.out_dir), cfg.to_flower())
+    resuming = cfg.resume and find_resume_point(Path(cfg.out_dir), cfg.to_flower()) is not None
+    if not resuming:  # the hospitals' own tensors of an earlier run in this folder are not theirs
+        for i in range(len(joined)):
+            shutil.rmtree(out / "sites" / f"site-{i}" / "local", ignore_errors=True)
     return cfg, joined, tables
 
 
@@ -533,7 +567,8 @@ def run_experiment(
     stage("scoring the federated model per round on every hospital's test patients")
     rounds = []
     for entry in history.model_rounds:
-        scored = evaluate(load_model(fed_dir / str(entry.model)), tests)
+        scored = evaluate(load_model(fed_dir / str(entry.model)), tests,
+                          local_states(out, joined, entry.round))
         rounds.append({"round": entry.round, **scored,
                        "site_evaluation": dict(entry.evaluate.metrics) if entry.evaluate else {}})
     if not rounds:
@@ -629,7 +664,9 @@ def run_experiment(
         "config": cfg.to_flower(),
         "centralized": centralized,
         "local_only": local_only,
-        "federated": {**evaluate(final, tests), "num_examples": fed_examples,
+        "federated": {**evaluate(final, tests, local_states(
+                          out, joined, history.selection.rounds_kept if history.selection else None)),
+                      "num_examples": fed_examples,
                       "model": str(fed_dir / "global.h5"), **kept_round(history, fed_dir)},
         "personalized": personalized,
         "survival": survival,
@@ -646,6 +683,14 @@ def run_experiment(
                if len(summary["failures"]) > 1 else "")
             + f". The federated model and summary were written to {out}; see its 'failures'")
     return summary
+
+
+def local_states(out: Path, joined: Sequence[SiteTable], server_round: int | None
+                 ) -> dict[str, dict[str, np.ndarray]]:
+    """Each simulated hospital's tensors that never travel, as it held them after
+    ``server_round`` (written by its agent in OUT/sites/site-i/local/)."""
+    return {t.name: state for i, t in enumerate(joined)
+            if (state := read_local_state(out / "sites" / f"site-{i}", server_round))}
 
 
 def _left_out(history: RunRecord, names: Sequence[str]) -> list[str]:

@@ -360,6 +360,9 @@ class Scores(_Part):
     metrics: dict[str, float] = Field(default_factory=dict)
     per_site: dict[str, dict[str, float]] = Field(default_factory=dict)
     mean_per_site: dict[str, float] = Field(default_factory=dict)
+    #: hospitals scored with their own tensors that never travel (FedBN): ``metrics`` is then
+    #: each hospital's weighted by its test rows
+    site_models: list[str] = Field(default_factory=list)
 
 
 class Baseline(Scores):
