@@ -24,7 +24,8 @@ BARE_PATH = os.pathsep.join(["/usr/bin", "/bin"])
 def bare_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The caller's PATH without this environment's bin (a shell that never activated it)."""
     bins = {str(d) for d in script_dirs()}
-    assert not bins & set(BARE_PATH.split(os.pathsep)), "the test needs a venv outside /usr/bin"
+    if bins & set(BARE_PATH.split(os.pathsep)):
+        pytest.skip("fedsplit is installed in /usr/bin or /bin: no PATH lacks its scripts")
     monkeypatch.setenv("PATH", BARE_PATH)
 
 
