@@ -108,10 +108,11 @@ def test_simulate_survival_task_on_three_hospitals_tables_as_they_come(tmp_path)
     covariate (one-hot by the agreed schema), one hospital writing its events as yes/no and
     another as TRUE/FALSE, columns in another order; under secure aggregation. Then the
     coordinator's summary: km.json as the plain sums give it, km.png, the Breslow baseline equal
-    to one recomputed from what each hospital holds (its rows less validation) and the kept model
-    (to the fixed point's precision); ``predict`` scores new patients, with ``--times`` survival
+    to one recomputed from what each hospital holds (all its rows: the linear model is the exact
+    fit, `server.survival.exact`) and the kept model (to the fixed point's precision);
+    ``predict`` scores new patients, with ``--times`` survival
     probabilities in (0, 1] falling with time, no ``--recipe`` needed."""
-    from fedsplit.client.data import encode_table, read_table, split_indices
+    from fedsplit.client.data import encode_table, read_table
     from fedsplit.client.models import load_model, recipe_of
     from fedsplit.client.survival.summary import baseline_vector
     from fedsplit.protocol import survival_summary as ss
@@ -164,10 +165,10 @@ def test_simulate_survival_task_on_three_hospitals_tables_as_they_come(tmp_path)
     schema = Schema.from_json(read_schema(fdir / "global.h5"))
     model = load_model(fdir / "global.h5")
     held = []
-    for folder in sorted((out / "sites").iterdir()):  # each hospital's rows, as it holds them
+    for folder in sorted((out / "sites").iterdir()):  # each hospital's rows, as it holds them:
+        # all of them, as the exact linear Cox fit used them (no validation rows held out)
         frame = read_table(next(folder.glob("*.csv")))
-        keep, _ = split_indices(len(frame), 0.2, 0)
-        held.append(encode_table(schema, frame.iloc[keep].reset_index(drop=True), source="t"))
+        held.append(encode_table(schema, frame, source="t"))
     x = np.concatenate([d.x for d in held])
     y = np.concatenate([d.y for d in held]).astype(np.float64)
     t, e = y[:, 0], y[:, 1] > 0.5
