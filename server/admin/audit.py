@@ -20,8 +20,8 @@ limited, wrong Host, oversized headers or bodies) are not written one by one: th
 and written as one ``unauthenticated`` summary record at most every `NOISE_INTERVAL_S` seconds,
 so noise can neither flood the log nor push anything out (nothing is ever deleted or evicted).
 The same event repeated by the same caller with the same detail (a hospital downloading one model
-500 times) is written once, then counted, and written again with ``repeated: N`` when it has
-repeated for `COALESCE_S` seconds or something else happens (`AuditLog.record`).
+500 times) is written once, then counted, and the count written as one record with
+``repeated: N`` once `COALESCE_S` seconds have passed since the first (`AuditLog.record`).
 Retention: the server never deletes records; see docs/admin-api.md, "Audit log".
 """
 
@@ -44,6 +44,10 @@ from sqlalchemy.orm import Session
 
 GENESIS = "0" * 64
 NOISE_INTERVAL_S = 60.0
+#: Identical events within this many seconds of the first are counted, not written one by one.
+COALESCE_S = 60.0
+#: Distinct events counted at once (past it the oldest count is written).
+MAX_COALESCED = 1000
 _APPEND_TRIES = 50
 EVENTS = (
     "signin", "signin_failed", "signout", "upload", "upload_refused", "aggregate",
@@ -203,9 +207,12 @@ class AuditLog:
     """The process's writer: `record` for events, `noise` for unauthenticated refusals."""
 
     def __init__(self, engine: Engine, key: AuditKey, *,
-                 noise_interval_s: float = NOISE_INTERVAL_S) -> None:
+                 noise_interval_s: float = NOISE_INTERVAL_S, coalesce_s: float = COALESCE_S) -> None:
         self.engine = engine
         self.key = key
+        self.coalesce_s = coalesce_s
+        # identical events being counted: key -> [repeats since the first record, its time]
+        self._repeats: dict[tuple[Any, ...], list[Any]] = {}
         self.noise_interval_s = noise_interval_s
         self._lock = threading.Lock()
         self._noise: Counter[str] = Counter()
@@ -214,9 +221,50 @@ class AuditLog:
 
     def record(self, event: str, *, actor: str, site_id: int | None = None,
                address: str | None = None, **detail: Any) -> None:
-        """Append an event (after any noise counted so far is summarised)."""
+        """Append an event (after any noise counted so far is summarised).
+
+        The same event from the same caller with the same detail, again within `COALESCE_S` of
+        its first record, is counted instead (a hospital can make hundreds of identical
+        downloads a second); the count is written as one record with ``repeated: N`` when that
+        window has passed (at the next record or summary) or at shutdown.
+        """
         self.flush_noise(force=False)
-        append(self.engine, self.key, event, actor=actor, site_id=site_id, address=address, **detail)
+        detail_key = json.dumps(detail, sort_keys=True, separators=(",", ":"), default=str)
+        key = (event, actor, site_id, address, detail_key)
+        now = time.monotonic()
+        with self._lock:
+            due = self._due_repeats(now)
+            entry = self._repeats.get(key)
+            counted = entry is not None and now - entry[1] < self.coalesce_s
+            if counted:
+                entry[0] += 1  # type: ignore[index]
+            else:
+                self._repeats[key] = [0, now]
+                while len(self._repeats) > MAX_COALESCED:
+                    oldest = next(iter(self._repeats))
+                    count, _ = self._repeats.pop(oldest)
+                    if count:
+                        due.append((oldest, count))
+        self._write_repeats(due)
+        if not counted:
+            append(self.engine, self.key, event, actor=actor, site_id=site_id, address=address,
+                   **detail)
+
+    def _due_repeats(self, now: float, *, every: bool = False) -> list[tuple[tuple[Any, ...], int]]:
+        """Take the repeat counts whose window has passed (``every``: all); under the lock."""
+        due = []
+        for key, (count, since) in list(self._repeats.items()):
+            if every or now - since >= self.coalesce_s:
+                del self._repeats[key]
+                if count:
+                    due.append((key, count))
+        return due
+
+    def _write_repeats(self, due: list[tuple[tuple[Any, ...], int]]) -> None:
+        for (event, actor, site_id, address, detail_key), count in due:
+            detail = json.loads(detail_key)
+            append(self.engine, self.key, event, actor=actor, site_id=site_id, address=address,
+                   **{**detail, "repeated": count, "coalesced_s": self.coalesce_s})
 
     def noise(self, kind: str, address: str | None) -> bool:
         """Count one unauthenticated refusal; True when a summary is due (`flush_noise`)."""
@@ -227,7 +275,11 @@ class AuditLog:
             return time.monotonic() - self._since >= self.noise_interval_s
 
     def flush_noise(self, *, force: bool = True) -> None:
-        """Write the counted noise as one ``unauthenticated`` record (if any, and if due)."""
+        """Write the counted noise as one ``unauthenticated`` record (if any, and if due), and
+        the repeat counts that are due (``force``, at shutdown: all)."""
+        with self._lock:
+            due = self._due_repeats(time.monotonic(), every=force)
+        self._write_repeats(due)
         with self._lock:
             if not self._noise or (not force and time.monotonic() - self._since < self.noise_interval_s):
                 return

@@ -92,24 +92,27 @@ class AdminContext:
     def check_bearer(self, token: str | None, address: str, *, kind: str = "api") -> Principal:
         """The principal of ``token`` sent from ``address``.
 
-        Raises `AuthenticationError` (no or unknown token) or `TooManyRequestsError` (the address
-        is waiting after failed sign-ins: the token is not checked). Failures are logged and
-        count against the address.
+        Raises `AuthenticationError` (no or unknown token) or `TooManyRequestsError` (an unknown
+        token while the address waits after failed sign-ins). Only failures are slowed down: a
+        valid token is served during its address's wait (everyone behind one proxy or hospital
+        NAT shares an address, and one wrong token every few minutes kept them all out). A
+        failure outside a wait is logged and counts against the address; one during a wait is
+        answered 429 and counted in the unauthenticated summary.
         """
         if not token:
             self.unauthenticated("no_token", address, flush=True)
             return authenticate(None, session=None, admin_token_hash="")  # type: ignore[arg-type]
         wait = self.limiter.wait_s(address)
-        if wait > 0:
-            self.unauthenticated("rate_limited", address, flush=True)
-            raise TooManyRequestsError(
-                f"Too many failed sign-ins from {address}; wait {wait:.0f} s before trying another "
-                f"token (the wait doubles with each further failure). Received: a token while "
-                f"waiting", wait)
         try:
             with self.sessions() as session:
                 principal = authenticate(token, session=session, admin_token_hash=self.admin_token_hash)
         except AuthenticationError:
+            if wait > 0:
+                self.unauthenticated("rate_limited", address, flush=True)
+                raise TooManyRequestsError(
+                    f"Too many failed sign-ins from {address}; wait {wait:.0f} s before trying "
+                    f"another token (the wait doubles with each further failure; a valid token is "
+                    f"served meanwhile). Received: an unknown token while waiting", wait) from None
             failures, delay = self.limiter.failed(address)
             self.metrics.unauthenticated("bad_token")
             log.warning("sign-in failure (%s) from %s: unknown token; %d failure(s), next attempt "

@@ -39,9 +39,13 @@ def get_principal(
     request: Request, ctx: ContextDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """The caller, from the bearer token (401 if none or unknown, 429 after repeated failures)."""
+    """The caller, from the bearer token (401 if none or unknown, 429 after repeated failures,
+    or when a hospital's requests come faster than ``--site-requests-per-minute``)."""
     token = credentials.credentials if credentials is not None else None
-    return ctx.check_bearer(token, client_address(request))
+    principal = ctx.check_bearer(token, client_address(request))
+    if principal.site_id is not None:
+        ctx.request_rate.take(principal.site_id, str(principal.site_name))
+    return principal
 
 
 def client_address(request: Request) -> str:

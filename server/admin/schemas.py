@@ -42,7 +42,7 @@ class ParameterPublic(BaseModel):
 
 # Output: one accepted upload (current or replaced).
 class UploadPublic(BaseModel):
-    id: int
+    id: int = Field(description="The upload's number among its hospital's uploads (1, 2, ...).")
     site: str
     filename: str | None = Field(
         default=None, description="The file name the hospital's client sent, if any (for people).")

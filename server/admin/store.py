@@ -46,6 +46,7 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("uploads", "client_filename", "VARCHAR(255)"),
     ("sites", "removed_at", "DATETIME"),
     ("audit_log", "mac", "VARCHAR(64)"),
+    ("uploads", "site_seq", "INTEGER"),
 )
 
 
@@ -56,6 +57,10 @@ def _add_missing_columns(engine: Engine) -> None:
         for table, column, sql_type in ADDED_COLUMNS:
             if column not in present[table]:
                 conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+        # uploads stored before site_seq existed: numbered per site in the order they came
+        conn.execute(text(
+            "UPDATE uploads SET site_seq = (SELECT COUNT(*) FROM uploads AS earlier WHERE "
+            "earlier.site_id = uploads.site_id AND earlier.id <= uploads.id) WHERE site_seq IS NULL"))
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -97,6 +97,9 @@ class Upload(Base):
     #: the file name the hospital's client sent (multipart filename), for people; never a path used
     client_filename: Mapped[str | None] = mapped_column(String(255), nullable=True, default=None)
     weights_file: Mapped[str] = mapped_column(String(512))
+    #: the upload's number among its site's uploads (1, 2, ...): the id the API shows, so that no
+    #: hospital counts the others' uploads from gaps in a global sequence
+    site_seq: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
     current: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     replaced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -122,8 +122,9 @@ def test_tokens_are_stored_hashed(client, site_token, data_dir: Path):
     assert ADMIN_TOKEN.encode() not in db
 
 
-def test_health_and_metrics_need_no_token(client):
-    """Liveness and Prometheus scraping work without a token."""
+def test_health_needs_no_token_metrics_the_admin_token(client):
+    """Liveness works without a token; Prometheus scrapes with the admin token (issue 33)."""
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert "fedsplit_uploads_accepted_total 0" in client.get("/metrics").text
+    assert client.get("/metrics").status_code == 401
+    assert "fedsplit_uploads_accepted_total 0" in client.get("/metrics", headers=ADMIN).text
     assert client.get("/docs").status_code == 200

@@ -111,7 +111,7 @@ def test_unauthenticated_flood_keeps_every_refusal_and_audit_record(client, site
     assert len(audit_after) - len(audit_before) < 20  # a few sign-in failures and noise summaries
     page = client.get(f"/api/v1/rounds/{rnd['id']}", headers=bearer(token))
     assert page.status_code == 200
-    metrics = client.get("/metrics").text
+    metrics = client.get("/metrics", headers=ADMIN).text
     assert 'fedsplit_unauthenticated_refused_total{kind="no_token"} 2500' in metrics
 
 

@@ -197,7 +197,7 @@ def test_live_server_end_to_end(server: LiveServer, tmp_path: Path, capsys, monk
         print(f"50 concurrent uploads: {elapsed:.2f} s")
         want = {n: hashlib.sha256(files[n].read_bytes()).hexdigest() for n in tokens}
         assert results == {n: (201, want[n]) for n in tokens}
-        metrics = http.get("/metrics").text
+        metrics = http.get("/metrics", headers=ADMIN).text
         assert "fedsplit_uploads_accepted_total 51" in metrics
         assert 'fedsplit_uploads_refused_total{reason="link"} 1' in metrics
         assert 'fedsplit_uploads_refused_total{reason="too_large"} 1' in metrics

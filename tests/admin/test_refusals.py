@@ -162,7 +162,8 @@ def test_unsafe_or_invalid_file_is_refused(
     assert response.status_code == 422
     assert response.json() == {"detail": detail, "error": "UploadRefusedError", "reason": reason}
     assert_nothing_stored(client, data_dir, rnd["id"])
-    assert f'fedsplit_uploads_refused_total{{reason="{reason}"}} 1' in client.get("/metrics").text
+    metrics = client.get("/metrics", headers=ADMIN).text
+    assert f'fedsplit_uploads_refused_total{{reason="{reason}"}} 1' in metrics
     assert post_file(client, rnd["id"], token, write_model(tmp_path / "ok.h5")).status_code == 201
 
 

@@ -81,7 +81,7 @@ def test_fedavg_aggregate_is_exact_and_downloadable(client, site_token, tmp_path
         f"/api/v1/rounds/{rnd['id']}/model, or create a round that continues it. Received: status "
         "'aggregated'"
     )
-    assert "fedsplit_aggregation_seconds_count 1" in client.get("/metrics").text
+    assert "fedsplit_aggregation_seconds_count 1" in client.get("/metrics", headers=ADMIN).text
 
 
 def test_aggregate_waits_for_min_uploads(client, site_token, tmp_path):

@@ -35,6 +35,7 @@ from fedsplit.server.admin.tables import Round
 from tests.admin.asgi import call
 from tests.admin.conftest import (
     ADMIN,
+    ADMIN_TOKEN,
     bearer,
     create_round,
     model_arrays,
@@ -390,3 +391,77 @@ def test_rewritten_chain_and_loose_key_are_caught(client, site_token, data_dir, 
     (fresh / "audit.key").chmod(0o644)
     code, out = _verify(fresh, capsys)
     assert code != 0 and "chmod 600" in out
+
+
+# 7. Isolation side channels -------------------------------------------------------------------------
+def test_metrics_ids_and_participation_are_not_shown_to_hospitals(client, site_token, tmp_path):
+    """Probes: /metrics needed no token (each upload's size, each refusal's reason, live); upload
+    ids were global (gaps counted other hospitals' uploads); a fresh round's model_source turned
+    to first_upload as soon as another hospital uploaded."""
+    a, b = site_token("hosp-a"), site_token("hosp-b")
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=bearer(a)).status_code == 403
+    assert client.get("/metrics", headers=ADMIN).status_code == 200
+    first, second = create_round(client), create_round(client)
+    model = write_model(tmp_path / "m.h5", 1.0)
+    assert post_file(client, first["id"], a, model).json()["id"] == 1
+    for _ in range(3):
+        assert post_file(client, second["id"], b, model).status_code == 201
+    seen = client.get(f"/api/v1/rounds/{second['id']}", headers=bearer(a)).json()
+    assert seen["model_source"] is None and seen["parameters"] is None and seen["uploads"] == []
+    receipt = post_file(client, second["id"], a, model).json()
+    assert receipt["id"] == 2 and receipt["replaced"] is None  # its own second upload: no gap
+    seen = client.get(f"/api/v1/rounds/{second['id']}", headers=bearer(a)).json()
+    assert seen["model_source"] == "first_upload" and seen["parameters"]
+    mine = client.get(f"/api/v1/rounds/{second['id']}", headers=bearer(b)).json()
+    assert [u["id"] for u in mine["uploads"]] == [3] and [u["id"] for u in mine["history"]] == [1, 2]
+
+
+# 8. Valid tokens were locked out with their address ---------------------------------------------
+def test_valid_tokens_are_served_during_an_address_wait(client, site_token, tmp_path):
+    """Probe: after 6 wrong tokens from one address, a valid hospital upload and the admin's
+    sign-in from that address both got 429. Only failures wait now."""
+    a = site_token("hosp-a")
+    rnd = create_round(client)
+    wrong = [client.get("/api/v1/rounds", headers=bearer("wrong-token-0123456789")).status_code
+             for _ in range(8)]
+    assert wrong[:6] == [401] * 6 and wrong[6:] == [429, 429]
+    assert post_file(client, rnd["id"], a, write_model(tmp_path / "m.h5")).status_code == 201
+    assert client.get("/api/v1/rounds", headers=ADMIN).status_code == 200
+    signed = client.post("/ui/login", data={"token": ADMIN_TOKEN}, headers=SAME_ORIGIN,
+                         follow_redirects=False)
+    assert signed.status_code == 303
+    assert client.get("/api/v1/rounds", headers=bearer("wrong-token-0123456789")).status_code == 429
+
+
+def test_requests_per_hospital_are_rate_limited(make_client, site_token):
+    """--site-requests-per-minute: one hospital's flood is 429 after its burst; another hospital
+    and the admin are served."""
+    client = make_client(site_requests_per_minute=60)  # bursts of 12
+    a, b = site_token("hosp-a"), site_token("hosp-b")
+    statuses = [client.get("/api/v1/rounds", headers=bearer(a)).status_code for _ in range(14)]
+    assert statuses[:12] == [200] * 12 and statuses[12:] == [429, 429]
+    limited = client.get("/api/v1/rounds", headers=bearer(a))
+    assert "--site-requests-per-minute" in limited.json()["detail"] and "retry-after" in limited.headers
+    assert client.get("/api/v1/rounds", headers=bearer(b)).status_code == 200
+    assert client.get("/api/v1/rounds", headers=ADMIN).status_code == 200
+
+
+# 9. The audit log grew with every identical request ---------------------------------------------------
+def test_repeated_identical_events_are_coalesced(make_client, site_token, data_dir, tmp_path):
+    """Probe: 500 downloads wrote 500 records in 5 s. Identical events within a minute are now
+    one record plus one count."""
+    client = make_client(site_requests_per_minute=100_000)
+    token = site_token("hosp-a")
+    rnd = create_round(client)
+    with open(write_model(tmp_path / "t.h5", 1.0), "rb") as fh:
+        assert client.put(f"/api/v1/rounds/{rnd['id']}/template", files={"file": ("t.h5", fh)},
+                          headers=ADMIN).status_code == 200
+    for _ in range(500):
+        assert client.get(f"/api/v1/rounds/{rnd['id']}/start-model", headers=bearer(token)).status_code == 200
+    ctx = client.app.state.admin
+    ctx.audit.flush_noise()  # as at shutdown
+    downloads = audit.query(ctx.engine, events=["model_download"], limit=1000)
+    assert len(downloads) == 2
+    assert audit.parse_detail(downloads[-1])["repeated"] == 499
+    assert audit.verify(ctx.engine, ctx.audit.key).ok

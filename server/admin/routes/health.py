@@ -1,10 +1,12 @@
-"""Liveness and Prometheus metrics (no token needed)."""
+"""Liveness (no token needed) and Prometheus metrics (the admin token: they show every upload's
+size and every refusal's reason as it happens, which no hospital may watch)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
-from fedsplit.server.admin.deps import ContextDep
+from fedsplit.server.admin.deps import AdminPrincipal, ContextDep
+from fedsplit.server.admin.schemas import ErrorPublic
 from sqlalchemy import text
 
 router = APIRouter(tags=["health"])
@@ -18,7 +20,10 @@ def read_health(ctx: ContextDep) -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-def read_metrics(ctx: ContextDep) -> PlainTextResponse:
-    """Prometheus metrics: uploads accepted/refused by reason, bytes, aggregation time."""
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={code: {"model": ErrorPublic} for code in (401, 403, 429)})
+def read_metrics(ctx: ContextDep, admin: AdminPrincipal) -> PlainTextResponse:
+    """Prometheus metrics (admin token: ``Authorization: Bearer``, e.g. Prometheus's
+    ``authorization`` scrape setting): uploads accepted/refused by reason, bytes, aggregation
+    time."""
     return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -63,10 +63,15 @@ def list_rounds(session: Session) -> list[Round]:
     return list(session.scalars(select(Round).order_by(Round.id.desc())))
 
 
+def public_id(upload: Upload) -> int:
+    """The id the API shows for an upload: its number among its site's uploads."""
+    return upload.site_seq if upload.site_seq is not None else upload.id
+
+
 def upload_public(upload: Upload) -> UploadPublic:
     """Response body of one upload."""
     return UploadPublic(
-        id=upload.id,
+        id=public_id(upload),
         site=upload.site.name,
         filename=upload.client_filename,
         num_examples=upload.num_examples,
@@ -86,6 +91,10 @@ def round_public(rnd: Round, principal: Principal) -> RoundPublic:
     admin = isolation.is_admin(principal)
     mine = [u for u in rnd.uploads if isolation.sees_site(principal, site_id=u.site_id)]
     names = [] if admin else [u.site.name for u in rnd.uploads]
+    # a model fixed by another hospital's first upload tells that someone uploaded: a hospital
+    # sees it once it has uploaded itself, or once the round is aggregated
+    shows_model = (admin or rnd.model_source != "first_upload" or bool(mine)
+                   or rnd.status == AGGREGATED)
     return RoundPublic(
         id=rnd.id,
         strategy=rnd.strategy,
@@ -94,9 +103,10 @@ def round_public(rnd: Round, principal: Principal) -> RoundPublic:
         deadline=as_utc(rnd.deadline),
         continues=rnd.continues,
         status=rnd.status,
-        model_source=rnd.model_source,
-        keras_layout=rnd.keras_layout["kind"] if rnd.keras_layout else None,
-        parameters=[ParameterPublic.from_spec(s) for s in specs] if (specs := rnd.specs) else None,
+        model_source=rnd.model_source if shows_model else None,
+        keras_layout=rnd.keras_layout["kind"] if rnd.keras_layout and shows_model else None,
+        parameters=[ParameterPublic.from_spec(s) for s in specs]
+        if (specs := rnd.specs) and shows_model else None,
         has_start_model=rnd.template_file is not None or rnd.continues is not None,
         uploads=[upload_public(u) for u in mine if u.current],
         history=[upload_public(u) for u in mine if not u.current],

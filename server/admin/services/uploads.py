@@ -29,10 +29,10 @@ from fedsplit.server.admin.inspection import InspectRequest, Parsed
 from fedsplit.server.admin.receive import ReceivedUpload
 from fedsplit.server.admin.retention import prune_files, stored_bytes
 from fedsplit.server.admin.schemas import ParameterPublic, UploadReceipt
-from fedsplit.server.admin.services.rounds import AGGREGATED, get_round, upload_public
+from fedsplit.server.admin.services.rounds import AGGREGATED, get_round, public_id, upload_public
 from fedsplit.server.admin.tables import Round, Site, Upload, utcnow
 from fedsplit.server.admin.timeutil import as_utc
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 #: No hospital cohort is larger; a bigger count is a bug or an attempt to dominate the average.
@@ -212,6 +212,8 @@ def store_upload(
                 original_file="",
                 client_filename=(received.filename or None) and received.filename[-255:],
                 weights_file="",
+                site_seq=1 + (session.scalar(
+                    select(func.max(Upload.site_seq)).where(Upload.site_id == principal.site_id)) or 0),
                 current=True,
             )
             session.add(upload)
@@ -232,7 +234,7 @@ def store_upload(
             receipt = UploadReceipt(
                 **upload_public(upload).model_dump(),
                 round_id=round_id,
-                replaced=previous.id if previous is not None else None,
+                replaced=public_id(previous) if previous is not None else None,
                 parameters=[ParameterPublic.from_spec(s) for s in result.specs],
             )
     finally:
