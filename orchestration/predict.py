@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from fedsplit.client.data import TABLE_SUFFIXES, read_table
+from fedsplit.client.failures import describe
 from fedsplit.client.models import load_model, recipe_of
 from fedsplit.client.recipes import Recipe, load_recipe
 from fedsplit.protocol import survival_summary as ss
+from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
 from fedsplit.protocol.schema import Schema, encode_frame
@@ -85,7 +87,12 @@ def predict_inputs(model_path: Path, source: Path, recipe: Recipe) -> Any:
     import pandas as pd
 
     model = load_model(model_path, recipe=recipe)
-    read = recipe_of(model).read_inputs(Path(source))  # with the parameters the file records
+    try:  # the recipe's own reader, with the parameters the file records
+        read = recipe_of(model).read_inputs(Path(source))
+    except Exception as e:  # a hospital's reader may raise anything: one line, its code's line
+        raise ConfigError(f"Recipe {recipe.name}'s reader could not read {source}: "
+                          f"{describe(e)}. Give the inputs as the recipe reads them. "
+                          f"Received: {source}") from e
     if read is None:
         raise ConfigError(f"Recipe {recipe.name} has no reader for {source} (and it is not a CSV "
                           f"or Parquet table). Give the inputs as the recipe reads them. "
@@ -94,7 +101,11 @@ def predict_inputs(model_path: Path, source: Path, recipe: Recipe) -> Any:
     if tuple(x.shape[1:]) != tuple(model.spec.input_shape):
         raise ConfigError(f"{source}: the inputs have shape {tuple(x.shape[1:])} but the model "
                           f"reads {tuple(model.spec.input_shape)}. Received: {len(x)} inputs")
-    columns = recipe_of(model).predict(model, x)
+    try:
+        columns = recipe_of(model).predict(model, x)
+    except Exception as e:  # the recipe's own predict
+        raise ConfigError(f"Recipe {recipe.name}'s predict failed on {source}: {describe(e)}. "
+                          f"Received: {len(x)} inputs") from e
     return pd.DataFrame({"input": ids, **columns})
 
 
@@ -144,6 +155,9 @@ def predict_file(model_path: Path, table: Path, output: Path, *, recipe: str = "
         raise ConfigError(f"-o must end in .csv or .parquet. Received: {output.name}")
     impl = load_recipe(recipe) if recipe else None
     table = Path(table)
+    if not table.exists():
+        raise ConfigError(f"The inputs to score, {table}, do not exist. Check the path. "
+                          f"Received: {table}")
     model_id = read_weights(Path(model_path)).model or ""
     found = survival_baseline(Path(model_path), model_id, times, baseline) if times else None
     if impl is None and is_recipe_id(model_id):
@@ -163,9 +177,9 @@ def predict_file(model_path: Path, table: Path, output: Path, *, recipe: str = "
         result = predict_frame(Path(model_path), frame, where=str(table), recipe=impl)
     if found is not None:
         result = add_survival(result, found, times)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    if output.suffix.lower() == ".csv":
-        result.to_csv(output, index=False)
-    else:
-        result.to_parquet(output, index=False)
+    with atomic_path(output) as tmp:  # never a half-written predictions file
+        if output.suffix.lower() == ".csv":
+            result.to_csv(tmp, index=False)
+        else:
+            result.to_parquet(tmp, index=False)
     return result
