@@ -11,6 +11,7 @@ from fedsplit.server.admin.auditkey import AuditKey, key_path
 from fedsplit.server.admin.auth import ADMIN, Principal, authenticate
 from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.errors import AuthenticationError, TooManyRequestsError
+from fedsplit.server.admin.keras_layouts import move_layouts_out_of_rounds
 from fedsplit.server.admin.limits import normalize_hosts
 from fedsplit.server.admin.metrics import AdminMetrics
 from fedsplit.server.admin.ratelimit import SignInLimiter
@@ -66,6 +67,7 @@ class AdminContext:
         engine = make_engine(settings.resolved_database_url)
         sessions = make_sessionmaker(engine)
         prune_replaced(files, sessions)  # replaced uploads' files a crash or an older server left
+        move_layouts_out_of_rounds(sessions)  # Keras layouts older servers kept in round rows
         return cls(
             settings=settings,
             engine=engine,

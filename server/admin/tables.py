@@ -47,6 +47,8 @@ class Round(Base):
     # expected parameters [{name, shape, dtype}], fixed by template, continued round or first upload
     model_specs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     model_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    #: {"kind": "keras3" | "keras-legacy"} once a Keras file fixed the layout (the layout itself:
+    #: RoundKerasLayout; rounds stored before issue 33 had it whole here)
     keras_layout: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     template_file: Mapped[str | None] = mapped_column(String(512), nullable=True)
     model_file: Mapped[str | None] = mapped_column(String(512), nullable=True)
@@ -69,6 +71,14 @@ class Round(Base):
     @specs.setter
     def specs(self, specs: tuple[ArraySpec, ...] | None) -> None:
         self.model_specs = None if specs is None else [s.to_dict() for s in specs]
+
+
+# A round's Keras layout (server.admin.keras_layouts): beside the round's row, not in it.
+class RoundKerasLayout(Base):
+    __tablename__ = "round_keras_layouts"
+
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), primary_key=True)
+    layout: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
 # One accepted upload. A re-upload sets `current` False on the earlier one, which stays as history.

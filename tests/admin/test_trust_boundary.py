@@ -465,3 +465,64 @@ def test_repeated_identical_events_are_coalesced(make_client, site_token, data_d
     assert len(downloads) == 2
     assert audit.parse_detail(downloads[-1])["repeated"] == 499
     assert audit.verify(ctx.engine, ctx.audit.key).ok
+
+
+# 6. One hospital's Keras attributes reached every other hospital ----------------------------------
+def legacy_keras(path: Path, value: float, **extra_attrs: str) -> Path:
+    """A legacy Keras ``save_weights("x.h5")`` file, written as Keras 3.15 writes one, plus
+    ``extra_attrs`` at its root and on its layer (what a hospital's own tooling may add)."""
+    with h5py.File(path, "w") as f:
+        f.attrs["backend"] = "torch"
+        f.attrs["keras_version"] = "3.15.1"
+        f.attrs["layer_names"] = np.array(["dense"], dtype=h5py.string_dtype())
+        layer = f.create_group("dense")
+        layer.attrs["weight_names"] = np.array(["sequential/dense/kernel", "sequential/dense/bias"],
+                                               dtype=h5py.string_dtype())
+        layer["sequential/dense/kernel"] = np.full((4, 3), value, np.float32)
+        layer["sequential/dense/bias"] = np.full((3,), value, np.float32)
+        top = f.create_group("top_level_model_weights")
+        top.attrs["weight_names"] = np.array([], dtype=np.float64)
+        for key, text in extra_attrs.items():
+            f.attrs[key] = text
+            layer.attrs[key] = text
+    return path
+
+
+def _all_attrs(path: Path) -> str:
+    found: list[str] = []
+    with h5py.File(path) as f:
+        found += [f"{k}={v!r}" for k, v in f.attrs.items()]
+        f.visititems(lambda name, obj: found.extend(f"{name}:{k}={v!r}" for k, v in obj.attrs.items()))
+    return "\n".join(found)
+
+
+def test_keras_download_carries_no_other_hospitals_attributes(make_client, site_token, data_dir,
+                                                               tmp_path):
+    """Probe: a root attribute "hosp-b trained on ward 7 ..." from hosp-b's legacy Keras upload
+    appeared in hosp-a's ?format=keras download, and a 48 MiB attribute upload, kept in the
+    round's row, made every GET /rounds 4x slower. Now only Keras's own attributes are kept
+    (layer and weight names, version, backend), beside the round's row."""
+    client = make_client(max_upload_mb=8)
+    a, b = site_token("hosp-a"), site_token("hosp-b")
+    rnd = create_round(client)
+    bulk = "x" * 900_000
+    secret = "hosp-b trained on ward 7, patients 2019-2023"
+    first = legacy_keras(tmp_path / "b.h5", 1.0, note=secret, bulk1=bulk, bulk2=bulk, bulk3=bulk)
+    assert post_file(client, rnd["id"], b, first, num_examples=100).status_code == 201
+    assert post_file(client, rnd["id"], a, legacy_keras(tmp_path / "a.h5", 3.0),
+                     num_examples=100).status_code == 201
+    assert client.post(f"/api/v1/rounds/{rnd['id']}/aggregate", headers=ADMIN).status_code == 200
+    download = client.get(f"/api/v1/rounds/{rnd['id']}/model?format=keras", headers=bearer(a))
+    assert download.status_code == 200
+    got = tmp_path / "got.h5"
+    got.write_bytes(download.content)
+    attrs = _all_attrs(got)
+    assert "ward 7" not in attrs and "bulk" not in attrs and b"ward 7" not in download.content
+    assert "layer_names" in attrs and "weight_names" in attrs and "keras_version" in attrs
+    with h5py.File(got) as f:
+        assert np.allclose(f["dense/sequential/dense/kernel"][()], 2.0)
+    with sqlite3.connect(data_dir / "fedsplit-admin.db") as db:
+        (row,) = db.execute("SELECT keras_layout FROM rounds WHERE id = ?", (rnd["id"],)).fetchone()
+        (kept,) = db.execute("SELECT layout FROM round_keras_layouts WHERE round_id = ?",
+                             (rnd["id"],)).fetchone()
+    assert json.loads(row) == {"kind": "keras-legacy"} and len(kept) < 4096

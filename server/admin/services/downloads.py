@@ -9,6 +9,7 @@ from fedsplit.protocol.weights import read_weights
 from fedsplit.server.admin.auth import Principal
 from fedsplit.server.admin.context import AdminContext
 from fedsplit.server.admin.errors import ConflictError, NotFoundError
+from fedsplit.server.admin.keras_layouts import get_layout
 from fedsplit.server.admin.services.isolation import check_model_download
 from fedsplit.server.admin.tables import Round
 
@@ -55,14 +56,18 @@ def _in_format(ctx: AdminContext, rnd: Round, source: Path, fmt: str, stem: str)
             f"Unknown download format; use ?format=fedsplit (default) or ?format=keras. "
             f"Received: {fmt!r}"
         )
-    if rnd.keras_layout is None:
+    with ctx.sessions() as session:
+        layout = get_layout(session, rnd)
+    if layout is None:
         raise ConflictError(
             f"Round {rnd.id} has no Keras layout: no upload or template of it was a Keras weights "
             f"file. Download ?format=fedsplit instead. Received: format={fmt!r}"
         )
-    target = source.with_name(source.stem + ".keras.h5")
+    # rebuilt from the allow-listed layout (keras_layouts); copies an older server cached from the
+    # whole layout (``*.keras.h5``, with every hospital-set attribute) are never served
+    target = source.with_name(source.stem + ".keras-v2.h5")
     if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
         update = read_weights(source)
-        write_keras(rnd.keras_layout, update.arrays, target)
-    suffix = ".weights.h5" if rnd.keras_layout["kind"] == KERAS3 else ".h5"
+        write_keras(layout, update.arrays, target)
+    suffix = ".weights.h5" if layout["kind"] == KERAS3 else ".h5"
     return target, f"{stem}{suffix}"

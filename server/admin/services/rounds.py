@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fedsplit.server.admin.auth import Principal
 from fedsplit.server.admin.errors import ConflictError, NotFoundError
+from fedsplit.server.admin.keras_layouts import get_layout, set_layout
 from fedsplit.server.admin.schemas import ParameterPublic, RoundCreate, RoundPublic, UploadPublic
 from fedsplit.server.admin.services import isolation
 from fedsplit.server.admin.tables import Round, Upload
@@ -52,8 +53,10 @@ def create_round(session: Session, body: RoundCreate) -> Round:
             )
         rnd.specs = previous.specs
         rnd.model_source = "continues"
-        rnd.keras_layout = previous.keras_layout
     session.add(rnd)
+    session.flush()
+    if body.continues is not None and (layout := get_layout(session, previous)) is not None:
+        set_layout(session, rnd, layout)
     session.commit()
     return rnd
 

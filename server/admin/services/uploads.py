@@ -26,6 +26,7 @@ from fedsplit.server.admin.errors import (
 )
 from fedsplit.server.admin.inspect_worker import MISMATCH_HINT
 from fedsplit.server.admin.inspection import InspectRequest, Parsed
+from fedsplit.server.admin.keras_layouts import set_layout
 from fedsplit.server.admin.receive import ReceivedUpload
 from fedsplit.server.admin.retention import prune_files, stored_bytes
 from fedsplit.server.admin.schemas import ParameterPublic, UploadReceipt
@@ -33,7 +34,7 @@ from fedsplit.server.admin.services.rounds import AGGREGATED, get_round, public_
 from fedsplit.server.admin.tables import Round, Site, Upload, utcnow
 from fedsplit.server.admin.timeutil import as_utc
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 #: No hospital cohort is larger; a bigger count is a bug or an attempt to dominate the average.
 MAX_NUM_EXAMPLES = 10**9
@@ -129,7 +130,9 @@ def _fix_model(rnd: Round, result: Parsed, source: str) -> None:
                 f"{problem} {MISMATCH_HINT} Received: parameters {names}", "model_mismatch"
             )
     if rnd.keras_layout is None and result.keras_layout is not None:
-        rnd.keras_layout = result.keras_layout
+        session = object_session(rnd)
+        assert session is not None, "the round is read in the commit's session"
+        set_layout(session, rnd, result.keras_layout)
 
 
 def _live_site(session: Session, principal: Principal) -> Site:
