@@ -272,3 +272,12 @@ def test_predict_names_a_missing_input(recipes: Path, tmp_path: Path) -> None:
         predict_file(tmp_path / "global.h5", Path("data/gone.h5"), tmp_path / "p.csv",
                      recipe=RECIPE)
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_the_signal_recipe_in_the_docs_is_the_file_the_tests_run() -> None:
+    """docs/recipes.md's worked example 3 shows tests/recipes/examples/signal_bn.py as it is."""
+    docs = (Path(__file__).parents[2] / "docs" / "recipes.md").read_text()
+    example = (Path(__file__).parent / "examples" / "signal_bn.py").read_text()
+    section = docs.split("## Worked example 3", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == example
