@@ -109,6 +109,9 @@ def serve(
         site_concurrent_uploads=site_concurrent_uploads,
         site_requests_per_minute=site_requests_per_minute, audit_key_file=audit_key_file, docs=docs,
     )
+    import os
+
+    os.umask(0o077)  # every file the server writes (uploads, models, database): this user's only
     app = create_app(settings)
     scheme = "https" if https else "http"
     typer.echo(f"fedsplit admin API on {scheme}://{host}:{port} (docs: /docs), data in {data_dir}")

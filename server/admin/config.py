@@ -21,7 +21,8 @@ class AdminSettings(BaseModel):
     Parameters
     ----------
     data_dir : Path
-        Holds the SQLite database (unless ``database_url`` is set) and every stored file.
+        Holds the SQLite database (unless ``database_url`` is set) and every stored file;
+        resolved to an absolute path once, here. Made mode 0700 when the app starts.
     admin_token : SecretStr
         The admin's bearer token (``FEDSPLIT_ADMIN_TOKEN`` or the file ``FEDSPLIT_ADMIN_TOKEN_FILE``
         names). At least 16 characters; placeholders such as "changethis" are refused.
@@ -96,6 +97,13 @@ class AdminSettings(BaseModel):
     min_own_share: float = Field(default=0.1, ge=0, le=1)
     audit_key_file: Path | None = None
     docs: bool = True
+
+    @field_validator("data_dir", "audit_key_file")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        # resolved once: the upload sandbox runs in another working directory, so a relative
+        # --data-dir made every upload's path wrong there (refused as parser_crash)
+        return None if value is None else Path(value).expanduser().resolve()
 
     @field_validator("admin_token")
     @classmethod

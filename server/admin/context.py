@@ -6,6 +6,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin.audit import AuditLog
 from fedsplit.server.admin.auditkey import AuditKey, key_path
 from fedsplit.server.admin.auth import ADMIN, Principal, authenticate
@@ -21,7 +22,7 @@ from fedsplit.server.admin.security import hash_token
 from fedsplit.server.admin.services.isolation import ReleaseRule
 from fedsplit.server.admin.sitelimits import RequestRate, UploadSlots
 from fedsplit.server.admin.storage import FileStore
-from fedsplit.server.admin.store import make_engine, make_sessionmaker
+from fedsplit.server.admin.store import make_engine, make_private, make_sessionmaker
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -62,9 +63,17 @@ class AdminContext:
     def open(cls, settings: AdminSettings, sandbox: Sandbox | None = None) -> AdminContext:
         """Create directories, the database and (unless one is shared in) the sandbox."""
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            settings.data_dir.chmod(0o700)  # uploads, database and audit key: this user's only
+        except OSError as e:
+            raise ConfigError(
+                f"--data-dir must be a folder this user owns: it is made private (mode 0700) so that "
+                f"no other user of the machine reads hospitals' weights ({e.strerror}). "
+                f"Received: {settings.data_dir}") from e
         files = FileStore(settings.files_dir)
         files.prepare()
         engine = make_engine(settings.resolved_database_url)
+        make_private(engine)
         sessions = make_sessionmaker(engine)
         prune_replaced(files, sessions)  # replaced uploads' files a crash or an older server left
         move_layouts_out_of_rounds(sessions)  # Keras layouts older servers kept in round rows

@@ -33,6 +33,10 @@ MISMATCH_HINT = (
 )
 
 
+#: No hospital cohort is larger; a bigger count is a bug or an attempt to dominate the average.
+MAX_NUM_EXAMPLES = 10**9
+
+
 class SandboxLimitsError(Exception):
     """The child could not set one of its resource limits; it must not parse."""
 
@@ -160,6 +164,13 @@ def check_expected(expected: Sequence[ArraySpec] | None, specs: Sequence[ArraySp
 def _resolve_count(request: InspectRequest, file_count: int) -> tuple[int, str]:
     if request.num_examples is not None:
         return request.num_examples, "form"
+    if file_count > MAX_NUM_EXAMPLES:  # e.g. 2**64-1: refused for what it is, not as a crash
+        raise UploadRefusedError(
+            f"The file's num_examples attribute is {file_count}, over {MAX_NUM_EXAMPLES}, which no "
+            f"hospital cohort reaches. Write the number of training rows (`fedsplit export ... "
+            f"--num-examples N`) or send form field num_examples. Received: {file_count}",
+            "num_examples",
+        )
     if file_count >= 1:
         return file_count, "file"
     if not request.require_count:

@@ -100,7 +100,9 @@ class _Collector:
                 return
             raw = options.get(b"filename")
             self.filename = raw.decode("utf-8", "replace") if raw is not None else None
-            self._fh = open(self.path, "wb")  # noqa: SIM115  (closed in finish/cleanup)
+            # 0600 whatever the umask: another user of the machine reads no hospital's weights
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            self._fh = os.fdopen(fd, "wb")  # (closed in finish/cleanup)
         elif len(self.fields) >= _MAX_FIELDS:
             self._fail(
                 UploadRefusedError(

@@ -12,7 +12,7 @@ from fedsplit.server.admin.auditkey import AuditKey, key_path
 from fedsplit.server.admin.config import default_database_url
 from fedsplit.server.admin.security import hash_token, new_site_token
 from fedsplit.server.admin.tables import Base, Site, utcnow
-from sqlalchemy import Engine, create_engine, event, inspect, select, text
+from sqlalchemy import Engine, create_engine, event, func, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -63,6 +63,19 @@ def _add_missing_columns(engine: Engine) -> None:
             "earlier.site_id = uploads.site_id AND earlier.id <= uploads.id) WHERE site_seq IS NULL"))
 
 
+def make_private(engine: Engine) -> None:
+    """Make a SQLite database file (and its -wal/-shm files) readable by this user only: SQLite
+    creates them under the umask (0644 under the usual 022), and SQLite gives -wal and -shm files
+    it creates later the database file's mode."""
+    database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+    if not database or database == ":memory:":
+        return
+    for suffix in ("", "-wal", "-shm"):
+        path = Path(database + suffix)
+        if path.exists():
+            path.chmod(0o600)
+
+
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     """Return the session factory (objects stay readable after commit)."""
     return sessionmaker(engine, expire_on_commit=False)
@@ -75,6 +88,7 @@ CLI_ACTOR = "admin (cli)"
 RESERVED_NAMES = frozenset({
     "admin", "administrator", "root", "system", "server", "coordinator", "template", "anonymous",
     "unknown", "nobody", "everyone", "all", "no-token", "unknown-token", "fedsplit",
+    "unauthenticated",  # the audit log's actor of requests without a valid token
 })
 
 
@@ -131,7 +145,14 @@ def add_site(
     token = new_site_token()
     try:
         with Session(engine) as session:
-            existing = session.scalar(select(Site).where(Site.name == name))
+            # names are compared case-folded: "HOSP-A" beside "hosp-a" would read as one hospital
+            existing = session.scalar(select(Site).where(func.lower(Site.name) == name.lower()))
+            if existing is not None and existing.name != name:
+                raise ConfigError(
+                    f"A site called {existing.name!r} already exists; names that differ only in "
+                    f"case would read as one hospital in pages and logs. Pick another name. "
+                    f"Received: {name!r}"
+                )
             if existing is not None and existing.removed_at is not None:
                 raise ConfigError(
                     f"A site called {name!r} was removed; a removed site keeps its name so its past "

@@ -22,6 +22,7 @@ from fedsplit.server.admin.inspection import InspectRequest
 def main() -> None:
     """Serve fork requests until stdin closes."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps children: no zombies
+    os.umask(0o077)  # canonical copies and answers: readable by the server's user only
     for line in sys.stdin:
         job = json.loads(line)
         pid = os.fork()

@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 from fedsplit.cli.app import app as fedsplit_app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.protocol import Update, read_weights, write_weights
+from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin import audit
 from fedsplit.server.admin.inspection import InspectRequest
 from fedsplit.server.admin.sandbox import Sandbox
@@ -526,3 +527,65 @@ def test_keras_download_carries_no_other_hospitals_attributes(make_client, site_
         (kept,) = db.execute("SELECT layout FROM round_keras_layouts WHERE round_id = ?",
                              (rnd["id"],)).fetchone()
     assert json.loads(row) == {"kind": "keras-legacy"} and len(kept) < 4096
+
+
+# 11. A relative --data-dir refused every upload ------------------------------------------------------
+def test_relative_data_dir_is_resolved_once(make_client, site_token, tmp_path, monkeypatch):
+    """Probe: a relative --data-dir (docs/web-view.md shows one) refused every upload as
+    parser_crash: the sandbox runs in another working directory. It is resolved once now."""
+    monkeypatch.chdir(tmp_path)
+    client = make_client(data_dir=Path("relative-data"))
+    assert client.app.state.admin.settings.data_dir == (tmp_path / "relative-data").resolve()
+    token = add_site(data_dir=Path("relative-data"), name="hosp-a")
+    rnd = create_round(client)
+    answer = post_file(client, rnd["id"], token, write_model(tmp_path / "m.h5", 1.0))
+    assert answer.status_code == 201, answer.text
+
+
+# 13. World-readable files -------------------------------------------------------------------------------
+def test_stored_files_are_private_under_a_permissive_umask(make_client, site_token, data_dir, tmp_path):
+    """Probe: raw uploads and the database were 0644 under umask 022. The data directory is
+    0700 and what the server stores is 0600, whatever the umask."""
+    old = os.umask(0o022)
+    try:
+        client = make_client()
+        a, b = site_token("hosp-a"), site_token("hosp-b")
+        rnd = create_round(client)
+        for token, value in ((a, 1.0), (b, 2.0)):
+            assert post_file(client, rnd["id"], token, write_model(tmp_path / f"{value}.h5", value)
+                             ).status_code == 201
+        assert client.post(f"/api/v1/rounds/{rnd['id']}/aggregate", headers=ADMIN).status_code == 200
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    stored = [p for p in data_dir.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".upload" for p in stored) and any(p.name == "model.h5" for p in stored)
+    loose = {str(p.relative_to(data_dir)): oct(stat.S_IMODE(p.stat().st_mode)) for p in stored
+             if stat.S_IMODE(p.stat().st_mode) & 0o077}
+    assert loose == {}
+
+
+# Also: reserved and case-folded site names; a count of 2^64-1 ----------------------------------------
+def test_site_names_are_reserved_and_case_folded(data_dir):
+    """Probe: a site could be named `unauthenticated` (the audit log's own actor) or `HOSP-A`
+    beside `hosp-a`."""
+    add_site(data_dir=data_dir, name="hosp-a")
+    for name, words in (("unauthenticated", "is reserved"), ("HOSP-A", "differ only in case")):
+        try:
+            add_site(data_dir=data_dir, name=name)
+        except ConfigError as e:
+            assert words in str(e)
+        else:
+            raise AssertionError(f"{name} was registered")
+
+
+def test_huge_file_count_is_refused_as_a_count(client, site_token, tmp_path):
+    """Probe: a file count of 2^64-1 was refused as parser_crash (an overflow while writing the
+    canonical copy) instead of num_examples."""
+    token = site_token("hosp-a")
+    rnd = create_round(client)
+    path = raw_weights(tmp_path / "huge.h5", lambda f, g: g.create_dataset("w", data=np.ones(3, np.float32)),
+                       num_examples=np.uint64(2**64 - 1))
+    answer = post_file(client, rnd["id"], token, path)
+    assert answer.status_code == 422 and answer.json()["reason"] == "num_examples"
+    assert "18446744073709551615" in answer.json()["detail"]

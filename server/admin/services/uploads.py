@@ -24,7 +24,7 @@ from fedsplit.server.admin.errors import (
     PermissionDeniedError,
     UploadRefusedError,
 )
-from fedsplit.server.admin.inspect_worker import MISMATCH_HINT
+from fedsplit.server.admin.inspect_worker import MAX_NUM_EXAMPLES, MISMATCH_HINT
 from fedsplit.server.admin.inspection import InspectRequest, Parsed
 from fedsplit.server.admin.keras_layouts import set_layout
 from fedsplit.server.admin.receive import ReceivedUpload
@@ -36,8 +36,6 @@ from fedsplit.server.admin.timeutil import as_utc
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
-#: No hospital cohort is larger; a bigger count is a bug or an attempt to dominate the average.
-MAX_NUM_EXAMPLES = 10**9
 NUM_EXAMPLES_FIELD = "num_examples"
 
 
