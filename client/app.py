@@ -53,6 +53,7 @@ from fedsplit.client.train import (
     pick_device,
     score,
     set_statistics,
+    step_batch_size,
     step_rows,
 )
 from fedsplit.protocol import horizontal_wire as wire
@@ -259,8 +260,9 @@ def train(msg: Message, context: Context) -> Message:
     mu = instruction.proximal_mu
     seed = cfg.seed * 100_003 + server_round
     x = site.train.x
+    batch = step_batch_size(model, len(x), cfg.batch_size)  # a Cox loss: whole risk sets
     steps = local_steps_per_round(len(x), local_steps=cfg.local_steps,
-                                  local_epochs=cfg.local_epochs, batch_size=cfg.batch_size)
+                                  local_epochs=cfg.local_epochs, batch_size=batch)
     with hospital_stage(site.name, "training"):
         if (dp := patient_dp(cfg)) is not None:  # DP-SGD within the hospital's budget
             loss, epsilon = train_private(model, x, y, dp, cfg, steps=steps,
@@ -269,13 +271,13 @@ def train(msg: Message, context: Context) -> Message:
                                           proximal_mu=cfg.proximal_mu if mu is None else mu)
             info: dict[str, object] = {wire.DP_EPSILON: epsilon}
         else:
-            rows = step_rows(len(x), steps, cfg.batch_size, seed)
+            rows = step_rows(len(x), steps, batch, seed)
             if rows is not None:  # exactly `steps` mini-batches: one pass over reshuffled repeats
                 x, y = x[rows], y[rows]
             result = fit_parallel(
                 model, x, y,
-                epochs=1 if rows is not None else steps // batches_per_epoch(len(x), cfg.batch_size),
-                lr=cfg.lr, batch_size=min(cfg.batch_size, len(site.train)),
+                epochs=1 if rows is not None else steps // batches_per_epoch(len(x), batch),
+                lr=cfg.lr, batch_size=min(batch, len(site.train)),
                 seed=seed, device=device,
                 proximal_mu=cfg.proximal_mu if mu is None else mu, parallel=cfg.parallel,
             )

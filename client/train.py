@@ -7,6 +7,16 @@ orders the batches, adds the FedProx penalty and moves the model to its device.
 `local_steps_per_round` fixes how many optimizer steps (mini-batches) a hospital takes per
 round; the simulation's baselines get the same budget (`baseline_steps`), so a centralized or
 single-site model is never compared after less training than the federation had.
+
+`step_batch_size` fixes how many rows one step sees. A loss that is a sum over rows uses
+``--batch-size``. A loss that couples rows (``per_sample_loss = False``: a Cox partial
+likelihood, whose risk sets hold every patient still at risk) would be computed over risk sets
+cut to a 32-row mini-batch, a different objective from the hospital's; so each step sees the
+hospital's **whole training rows** (a full-batch step) up to the recipe's ``risk_set_rows``
+(default `RISK_SET_ROWS`), and beyond that a fresh random sample of that many patients per step
+(risk-set sampling, as DeepSurv/torchsurv train on large data). Every caller that trains (the
+hospital agent, the baselines, personalization) takes the same rule, so the step budgets stay
+comparable.
 """
 
 from __future__ import annotations
@@ -23,6 +33,29 @@ from torch import nn
 #: The fewest mini-batches a hospital trains per round when ``local-steps`` is 0 (one epoch of
 #: a 38-row site is 2 steps: too little to move the model).
 MIN_LOCAL_STEPS = 10
+
+#: The most rows one local step of a loss that couples rows (``per_sample_loss = False``) sees:
+#: a hospital with up to this many training rows takes full-batch steps, a larger one samples
+#: this many patients per step. A recipe overrides it with a class attribute ``risk_set_rows``
+#: (0: plain ``--batch-size`` mini-batches, the risk sets cut to each batch).
+RISK_SET_ROWS = 4096
+
+
+def step_batch_size(recipe: object, rows: int, batch_size: int) -> int:
+    """The rows one optimizer step trains on (module docstring): ``batch_size`` for a loss that
+    is a sum over rows; for one that couples rows (``recipe.per_sample_loss`` False) all
+    ``rows`` up to the recipe's ``risk_set_rows`` (default `RISK_SET_ROWS`), never fewer than
+    ``batch_size``. ``recipe``: a `client.recipes.Recipe` (or a model built by one)."""
+    if isinstance(recipe, nn.Module):
+        recipe = recipe_of(recipe)
+    if getattr(recipe, "per_sample_loss", True):
+        return batch_size
+    cap = getattr(recipe, "risk_set_rows", RISK_SET_ROWS)
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+        raise ConfigError(f"A recipe's risk_set_rows is the most rows one local step of its "
+                          f"coupled loss sees: an int >= 0 (0: --batch-size mini-batches). "
+                          f"Received: {type(recipe).__name__}.risk_set_rows = {cap!r}")
+    return max(batch_size, min(rows, cap)) if cap else batch_size
 
 
 def batches_per_epoch(rows: int, batch_size: int) -> int:
@@ -163,7 +196,9 @@ def batch_bounds(n: int, batch_size: int, *, merge_single: bool = False) -> list
 def fit_steps(model: nn.Module, x: np.ndarray, y: np.ndarray, *, steps: int, lr: float,
               batch_size: int, seed: int, device: torch.device | None = None,
               proximal_mu: float = 0.0) -> float:
-    """Train ``model`` in place for exactly ``steps`` mini-batches (see `step_rows`)."""
+    """Train ``model`` in place for exactly ``steps`` mini-batches (see `step_rows`) of
+    `step_batch_size` rows (``batch_size``, or the whole risk sets of a loss that couples rows)."""
+    batch_size = step_batch_size(model, len(x), batch_size)
     idx = step_rows(len(x), steps, batch_size, seed)
     if idx is None:
         return fit(model, x, y, epochs=steps // batches_per_epoch(len(x), batch_size), lr=lr,

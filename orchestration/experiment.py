@@ -53,7 +53,13 @@ from fedsplit.client.models import SiteModel, build_model, load_model, recipe_of
 from fedsplit.client.recipes import ModelInputs
 from fedsplit.client.site import effective_recipe, site_recipe, split_site
 from fedsplit.client.survival import tcga
-from fedsplit.client.train import fit_steps, local_steps_per_round, score, set_statistics
+from fedsplit.client.train import (
+    fit_steps,
+    local_steps_per_round,
+    score,
+    set_statistics,
+    step_batch_size,
+)
 from fedsplit.orchestration.certs import site_names
 from fedsplit.orchestration.datasets import table_keys
 from fedsplit.orchestration.fingerprint import data_fingerprint
@@ -378,20 +384,27 @@ def _fresh_model(train: Dataset, num_outputs: int, cfg: RunConfig) -> SiteModel:
     return model
 
 
-def steps_per_round(rows: int, cfg: RunConfig) -> int:
-    """Optimizer steps a hospital with ``rows`` training rows takes per round (as the agent)."""
+def steps_per_round(rows: int, cfg: RunConfig, recipe: object | None = None) -> int:
+    """Optimizer steps a hospital with ``rows`` training rows takes per round (as the agent),
+    of `client.train.step_batch_size` rows each (``recipe``: the federation's; None: a loss
+    that is a sum over rows, ``batch-size`` rows)."""
+    batch = cfg.batch_size if recipe is None else step_batch_size(recipe, rows, cfg.batch_size)
     return local_steps_per_round(rows, local_steps=cfg.local_steps, local_epochs=cfg.local_epochs,
-                                 batch_size=cfg.batch_size)
+                                 batch_size=batch)
 
 
-def baseline_steps(site_rows: Sequence[int], cfg: RunConfig) -> tuple[int, list[int]]:
+def baseline_steps(site_rows: Sequence[int], cfg: RunConfig, recipe: object | None = None
+                   ) -> tuple[int, list[int]]:
     """The step budgets: (centralized, [each hospital alone]).
 
     A hospital alone trains ``rounds x`` its own steps per round; the centralized model
-    ``rounds x`` the sum over hospitals, i.e. as many optimizer steps (of the same batch size)
-    as the whole federation took.
+    ``rounds x`` the sum over hospitals, i.e. as many optimizer steps as the whole federation
+    took, each of `client.train.step_batch_size` rows on its own rows (`fit_steps`): for a loss
+    that couples rows (``recipe``'s ``per_sample_loss`` False) every step of the federation,
+    of a hospital alone and of the centralized model is a full-batch step on its rows (up to
+    ``risk_set_rows``), so none of them trains on risk sets cut to a mini-batch.
     """
-    per_site = [cfg.num_server_rounds * steps_per_round(n, cfg) for n in site_rows]
+    per_site = [cfg.num_server_rounds * steps_per_round(n, cfg, recipe) for n in site_rows]
     return sum(per_site), per_site
 
 
@@ -588,7 +601,8 @@ def run_experiment(
     splits = {t.name: split_site(data[t.name][0], cfg.val_fraction, cfg.seed) for t in joined}
     trains = {name: train for name, (train, _) in splits.items()}
     vals = {name: val for name, (_, val) in splits.items()}
-    central_steps, site_steps = baseline_steps([len(t) for t in trains.values()], cfg)
+    recipe = recipe_of(final)  # its loss decides the rows of a step (`step_batch_size`)
+    central_steps, site_steps = baseline_steps([len(t) for t in trains.values()], cfg, recipe)
     exact = fitted_exactly(history) and schema is not None  # the exact Cox fit's baselines
 
     failures: list[str] = []  # one line per party whose own code failed (HospitalFailure)
@@ -625,7 +639,7 @@ def run_experiment(
     if budget:
         own = {name: split_site(data[name][0], cfg.val_fraction, cfg.seed)[0] for name, _ in tests}
         # ALONE: each hospital's own alone budget (for a left-out hospital, the one it would get)
-        steps = dict(zip(own, baseline_steps([len(t) for t in own.values()], cfg)[1],
+        steps = dict(zip(own, baseline_steps([len(t) for t in own.values()], cfg, recipe)[1],
                          strict=True)) if budget == ALONE else budget
         stage("personalization: each hospital tests and refits the global model's final bias "
               "on its own training rows" if budget == PRIOR else
@@ -660,7 +674,10 @@ def run_experiment(
             "warnings": list(history.schema_warnings)},
         "test_examples": sum(len(t) for _, t in tests),
         "test_examples_per_site": {name: len(t) for name, t in tests},
-        "steps_per_round": {name: steps_per_round(len(t), cfg) for name, t in trains.items()},
+        "steps_per_round": {name: steps_per_round(len(t), cfg, recipe)
+                            for name, t in trains.items()},
+        "step_rows": {name: step_batch_size(recipe, len(t), cfg.batch_size)
+                      for name, t in trains.items()},
         "config": cfg.to_flower(),
         "centralized": centralized,
         "local_only": local_only,
