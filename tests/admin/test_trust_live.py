@@ -9,17 +9,21 @@ the same-host proxy of docs/deployment.md.
 from __future__ import annotations
 
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from fedsplit.cli.app import app as fedsplit_app
+from fedsplit.cli.errors import run_guarded
 from fedsplit.server.admin import audit
-from fedsplit.server.admin.store import open_engine
+from fedsplit.server.admin.store import add_site, open_engine
 
-from tests.admin.conftest import ADMIN_TOKEN
+from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, write_model
 from tests.admin.test_live_server import LiveServer
+from tests.admin.test_trust_boundary import chunk_bomb, gzip_bomb
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin"}
 MIB = 1024 * 1024
@@ -136,3 +140,55 @@ def test_slow_and_silent_clients_are_closed(plain):
         assert closed and time.perf_counter() - started < 4
     with httpx.Client(base_url=plain.url, timeout=10) as http:  # a normal client is served
         assert http.get("/healthz").status_code == 200
+
+
+def test_attackers_view(plain, tmp_path, capsys):
+    """Issue 33's "done when", on the live server: the zero-update trick is refused, the bombs
+    are refused before their data is read, /metrics without a token is 401, a valid token is
+    served while the address waits after failed sign-ins, and a forged audit
+    record appended to the database is caught by `audit verify`."""
+    a = add_site(data_dir=plain.data_dir, name="hosp-a")
+    b = add_site(data_dir=plain.data_dir, name="hosp-b")
+    model = write_model(tmp_path / "real.h5", 0.5)
+    with httpx.Client(base_url=plain.url, timeout=60) as http:
+        assert http.get("/metrics").status_code == 401
+        wrong = [http.get("/api/v1/rounds", headers=bearer("wrong-token-0123456789")).status_code
+                 for _ in range(12)]
+        assert wrong[-1] == 429  # 127.0.0.1 waits ...
+        rnd = http.post("/api/v1/rounds", json={}, headers=ADMIN).json()  # ... valid tokens do not
+
+        def upload(token: str, path: Path, count: int) -> httpx.Response:
+            with open(path, "rb") as fh:
+                return http.post(f"/api/v1/rounds/{rnd['id']}/uploads", headers=bearer(token),
+                                 files={"file": (path.name, fh)}, data={"num_examples": str(count)})
+
+        for label, path, reason in (
+            ("256 MiB gzip", gzip_bomb(tmp_path / "gzip.h5", 64 * MIB), "too_large"),
+            ("2x10^5 chunks", chunk_bomb(tmp_path / "chunks.h5", 200_000), "chunks"),
+        ):
+            started = time.perf_counter()
+            refused = upload(a, path, 5)
+            print(f"live {label}: {refused.status_code} {refused.json()['reason']} in "
+                  f"{time.perf_counter() - started:.2f} s")
+            assert refused.status_code == 422 and refused.json()["reason"] == reason
+        assert upload(a, write_model(tmp_path / "zeros.h5", 0.0), 1).status_code == 201
+        assert upload(b, model, 4000).status_code == 201
+        assert http.post(f"/api/v1/rounds/{rnd['id']}/aggregate", headers=ADMIN).status_code == 200
+        trick = http.get(f"/api/v1/rounds/{rnd['id']}/model", headers=bearer(a))
+        assert trick.status_code == 403 and "hosp-b" not in trick.text
+    assert _verify(plain.data_dir, capsys) == 0
+    with sqlite3.connect(plain.data_dir / "fedsplit-admin.db") as db:
+        last_id, last_hash = db.execute("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1").fetchone()
+        fields = {"id": last_id + 1, "at": "2026-12-04T00:00:00.000000+00:00", "event": "signin",
+                  "actor": "admin", "site_id": None, "address": "127.0.0.1", "detail": "{}",
+                  "prev_hash": last_hash}
+        db.execute("INSERT INTO audit_log (id, at, event, actor, site_id, address, detail, prev_hash, "
+                   "hash) VALUES (:id, :at, :event, :actor, :site_id, :address, :detail, :prev_hash, "
+                   ":hash)", {**fields, "hash": audit.record_hash(fields)})
+    assert _verify(plain.data_dir, capsys) == 1
+
+
+def _verify(data_dir: Path, capsys) -> int:
+    code = run_guarded(fedsplit_app, ["admin", "audit", "verify", "--data-dir", str(data_dir)])
+    capsys.readouterr()
+    return code
