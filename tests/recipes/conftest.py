@@ -9,14 +9,33 @@ hospital holding 85% of its images (nothing is downloaded).
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).parent / "examples"
+FEDSPLIT = [sys.executable, "-c", "import sys; from fedsplit.cli.app import main; sys.exit(main())"]
+
+
+def run_fedsplit(args: list[str], recipe_dir: Path | None, timeout: float = 900
+                 ) -> subprocess.CompletedProcess:
+    """Run the fedsplit CLI as a hospital's operator would: a fresh interpreter, with the folder
+    of its own recipes on PYTHONPATH (or none), in that folder."""
+    env = {**os.environ, "PYTHONPATH": str(recipe_dir) if recipe_dir else ""}
+    return subprocess.run([*FEDSPLIT, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=recipe_dir or Path.cwd())
+
+
+@pytest.fixture
+def fedsplit() -> Callable[..., subprocess.CompletedProcess]:
+    """`run_fedsplit`: ``fedsplit(args, recipe_dir)``."""
+    return run_fedsplit
 HOSPITALS = ("north", "south", "east")
 
 

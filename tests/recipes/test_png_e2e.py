@@ -5,9 +5,8 @@ folder of PNG files; and the same recipe under DP, secure aggregation and the me
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -15,15 +14,8 @@ import pytest
 from fedsplit.protocol import read_weights
 from fedsplit.protocol.recipe import RecipeModelId
 
-FEDSPLIT = [sys.executable, "-c", "import sys; from fedsplit.cli.app import main; sys.exit(main())"]
 RECIPE = "png_cnn:PngCNN"
-
-
-def fedsplit(args: list[str], recipe_dir: Path | None, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run the fedsplit CLI as a user would, with the recipe folder on PYTHONPATH (or not)."""
-    env = {**os.environ, "PYTHONPATH": str(recipe_dir) if recipe_dir else ""}
-    return subprocess.run([*FEDSPLIT, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=recipe_dir or Path.cwd())
+Cli = Callable[..., subprocess.CompletedProcess]  # the `fedsplit` fixture (conftest.py)
 
 
 def site_args(png_hospitals: dict[str, Path]) -> list[str]:
@@ -32,7 +24,7 @@ def site_args(png_hospitals: dict[str, Path]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_png_recipe_in_simulate_then_predict(recipe_dir: Path, png_hospitals: dict[str, Path],
+def test_png_recipe_in_simulate_then_predict(fedsplit: Cli, recipe_dir: Path, png_hospitals: dict[str, Path],
                                              tmp_path: Path) -> None:
     """Per-hospital accuracy with the recipe's metrics; federated beats every hospital alone;
     the weight file records the recipe; predict scores a flat PNG folder with it."""
@@ -81,7 +73,7 @@ def test_png_recipe_in_simulate_then_predict(recipe_dir: Path, png_hospitals: di
                                               (["--secure-aggregation", "on"], 0.7),
                                               (["--strategy", "median"], 0.7)],
                          ids=["dp", "secagg", "median"])
-def test_png_recipe_with_dp_secure_aggregation_and_median(recipe_dir: Path,
+def test_png_recipe_with_dp_secure_aggregation_and_median(fedsplit: Cli, recipe_dir: Path,
                                                           png_hospitals: dict[str, Path],
                                                           tmp_path: Path, extra: list[str],
                                                           least: float) -> None:
@@ -100,7 +92,8 @@ def test_png_recipe_with_dp_secure_aggregation_and_median(recipe_dir: Path,
 
 
 @pytest.mark.slow
-def test_tabular_recipe_keeps_rounds_by_its_own_metric(recipe_dir: Path, tmp_path: Path) -> None:
+def test_tabular_recipe_keeps_rounds_by_its_own_metric(fedsplit: Cli, recipe_dir: Path,
+                                                      tmp_path: Path) -> None:
     """A tabular recipe with a custom loss on breast-cancer: rounds are kept by its selection
     metric (balanced accuracy), which the summary and the web view's curves use."""
     from fedsplit.server.admin.ui.curves import primary_metric, run_charts
