@@ -408,18 +408,21 @@ def baseline_steps(site_rows: Sequence[int], cfg: RunConfig, recipe: object | No
     return sum(per_site), per_site
 
 
-def train_baseline(train: Dataset, val: Dataset, num_outputs: int, cfg: RunConfig,
-                   steps: int) -> tuple[SiteModel, BestRound]:
+def train_baseline(train: Dataset, val: Dataset | Sequence[Dataset], num_outputs: int,
+                   cfg: RunConfig, steps: int) -> tuple[SiteModel, BestRound]:
     """Train the federation's model on ``train`` alone for ``steps`` optimizer steps.
 
     The steps run in ``rounds`` chunks (like the federation's rounds); the model kept is the
     chunk that scores best on ``val`` by the task metric (accuracy or r2, ties to the later
     chunk: `orchestration.selection`), ``val`` being the same held-out rows the hospitals
-    evaluate on, never test rows. So a baseline loses neither by under- nor by over-training.
+    evaluate on, never test rows: one hospital's, or each hospital's (a sequence, for the
+    centralized model), scored as the federation scores them (`validation_score`). So a
+    baseline loses neither by under- nor by over-training.
     Returns the kept model and the selection (``round`` kept, ``scores`` per round).
     """
     import copy
 
+    vals = [val] if isinstance(val, Dataset) else list(val)
     model = _fresh_model(train, num_outputs, cfg)
     key = recipe_of(model).selection_metric(model.spec.task)
     rounds = cfg.num_server_rounds
@@ -429,10 +432,36 @@ def train_baseline(train: Dataset, val: Dataset, num_outputs: int, cfg: RunConfi
         if chunk:
             fit_steps(model, train.x, train.y, steps=chunk, lr=cfg.lr, batch_size=cfg.batch_size,
                       seed=cfg.seed * 100_003 + r + 1)
-        if picker.offer(score(model, val.x, val.y)[key]):
+        if picker.offer(validation_score(model, vals, key)):
             best = copy.deepcopy(model.state_dict())
     model.load_state_dict(best)
     return model, picker
+
+
+def validation_score(model: SiteModel, vals: Sequence[Dataset], key: str) -> float:
+    """A baseline's score on the validation rows ``vals`` (one per hospital), by the rule the
+    federation's round selection applies to the hospitals' evaluations
+    (`server.selection.round_score`): a survival ``c_index`` is Harrell's C over the hospitals'
+    **summed** concordant and comparable pairs (each hospital's pairs among its own patients,
+    from its `protocol.survival.pair_rates`; never a pair of patients of two hospitals), else
+    the count-weighted mean of their C-indices; any other metric is scored on the pooled rows
+    (accuracy: the same as the federation's count-weighted mean)."""
+    from fedsplit.server.selection import round_score
+
+    vals = [v for v in vals if len(v)]
+    if not vals:
+        raise ConfigError("A baseline needs validation rows to pick its round; every hospital's "
+                          "were empty. Raise val-fraction. Received: 0 validation rows")
+    if key == "c_index":
+        scored = [(len(v), score(model, v.x, v.y)) for v in vals]
+        total = sum(n for n, _ in scored)
+        names = set.intersection(*(set(m) for _, m in scored))
+        mean = {k: sum(n * m[k] for n, m in scored) / total for k in names}
+        value = round_score({"evaluate": {"metrics": mean}}, key)
+        if value is not None:
+            return value
+    rows = vals[0] if len(vals) == 1 else _concat(vals)
+    return score(model, rows.x, rows.y)[key]
 
 
 def kept_round(history: RunRecord, fed_dir: Path) -> dict[str, Any]:
@@ -607,11 +636,14 @@ def run_experiment(
 
     failures: list[str] = []  # one line per party whose own code failed (HospitalFailure)
 
-    def baseline(who: str, train: Dataset, val: Dataset, steps: int) -> dict[str, Any] | None:
+    def baseline(who: str, train: Dataset, own_vals: Sequence[Dataset], steps: int
+                 ) -> dict[str, Any] | None:
         """A baseline's record, or None (its failure named in ``failures``): the recipe's
-        own code runs here too, and may raise on the pooled rows or one hospital's."""
+        own code runs here too, and may raise on the pooled rows or one hospital's.
+        ``own_vals``: the validation rows of each hospital whose rows it trains on."""
+        val = own_vals[0] if len(own_vals) == 1 else _concat(list(own_vals))
         def trained() -> tuple[SiteModel, BestRound]:
-            return train_baseline(train, val, num_outputs, cfg, steps)
+            return train_baseline(train, own_vals, num_outputs, cfg, steps)
 
         try:
             with hospital_stage(who, "training"):
@@ -626,10 +658,10 @@ def run_experiment(
                 "val_metric": chosen.scores, "val_examples": len(val), **scored}
 
     centralized = baseline("the centralized baseline", _concat(list(trains.values())),
-                           _concat(list(vals.values())), central_steps)
+                           list(vals.values()), central_steps)
     local_only = [{"site": name, **entry} for (name, train), steps in zip(trains.items(),
                                                                           site_steps, strict=True)
-                  if (entry := baseline(f"hospital {name} alone (baseline)", train, vals[name],
+                  if (entry := baseline(f"hospital {name} alone (baseline)", train, [vals[name]],
                                         steps)) is not None]
     # rows behind the kept model: excluded (e.g. hostile) sites do not count
     kept = history.round(history.selection.rounds_kept or 0) if history.selection else None
