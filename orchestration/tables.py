@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedsplit.protocol.history import Baseline, RunSummary, Scores
+from fedsplit.protocol.history import Baseline, FederatedScores, RunSummary, Scores
 from rich import box
 from rich.table import Table
 
@@ -62,10 +62,18 @@ def _personalized_label(summary: RunSummary) -> str | None:
 
 
 def _rounds_kept(entry: Scores, summary: RunSummary) -> str:
+    """``KEPT of TOTAL``, TOTAL the rounds the model really had: the federated model's recorded
+    rounds (an exact Newton fit takes its own number, not ``num-server-rounds``), a baseline's
+    scored chunks (one for an exact fit), else the run config's rounds."""
     kept = getattr(entry, "rounds_kept", None)
     if kept is None:
         return _MISSING
-    total = summary.config.get("num-server-rounds")
+    if isinstance(entry, Baseline) and entry.val_metric:
+        total: Any = len(entry.val_metric)
+    elif isinstance(entry, FederatedScores) and (entry.val_rounds or summary.rounds):
+        total = max([*entry.val_rounds, *(r.round for r in summary.rounds)])
+    else:
+        total = summary.config.get("num-server-rounds")
     return f"{kept} of {total}" if total else str(kept)
 
 
