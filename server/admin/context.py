@@ -19,7 +19,6 @@ from fedsplit.server.admin.ratelimit import SignInLimiter
 from fedsplit.server.admin.retention import prune_replaced
 from fedsplit.server.admin.sandbox import Sandbox
 from fedsplit.server.admin.security import hash_token
-from fedsplit.server.admin.services.isolation import ReleaseRule
 from fedsplit.server.admin.sitelimits import RequestRate, UploadSlots
 from fedsplit.server.admin.storage import FileStore
 from fedsplit.server.admin.store import make_engine, make_private, make_sessionmaker
@@ -87,13 +86,6 @@ class AdminContext:
             metrics=AdminMetrics(),
             admin_token_hash=hash_token(settings.admin_token.get_secret_value()),
         )
-
-    @property
-    def release_rule(self) -> ReleaseRule:
-        """When a hospital may download an aggregate (`services.isolation.ReleaseRule`)."""
-        settings = self.settings
-        return ReleaseRule(min_sites=settings.min_model_sites, max_other_share=settings.max_site_share,
-                           min_own_share=settings.min_own_share)
 
     @property
     def allowed_hosts(self) -> tuple[str, ...]:

@@ -19,7 +19,8 @@ def test_hospital_pages_show_nothing_of_other_hospitals(
     a, b = site_token("hospital-a"), site_token("hospital-b")
     shared, lone = create_round(client), create_round(client)
     leaks = []
-    for token, value, n, name in ((a, 1.0, 31, "alpha-private.h5"), (b, 3.0, 17, "beta-private.h5")):
+    # counts within the release rule's 60% dominance line (issue 33): 23 / 40 = 57.5%
+    for token, value, n, name in ((a, 1.0, 23, "alpha-private.h5"), (b, 3.0, 17, "beta-private.h5")):
         path = write_model(tmp_path / name, value, num_examples=n)
         assert post_file(client, shared["id"], token, path).status_code == 201
         if token == a:
@@ -31,7 +32,7 @@ def test_hospital_pages_show_nothing_of_other_hospitals(
     pages = ["/ui", "/ui/uploads", f"/ui/rounds/{shared['id']}", f"/ui/rounds/{lone['id']}"]
     for page in pages:
         html = hospital.get(page).text
-        for leak in [*leaks, "alpha-lone", ">31<", ">48<", "0.6458", "0.3542"]:
+        for leak in [*leaks, "alpha-lone", ">23<", ">40<", "0.575", "0.425"]:
             assert leak not in html, (page, leak)
     assert f'href="/ui/rounds/{shared["id"]}/model"' in hospital.get(f"/ui/rounds/{shared['id']}").text
     assert f'href="/ui/rounds/{lone["id"]}/model"' not in hospital.get(f"/ui/rounds/{lone['id']}").text

@@ -10,7 +10,7 @@ from fedsplit.server.admin.auth import Principal
 from fedsplit.server.admin.context import AdminContext
 from fedsplit.server.admin.errors import ConflictError, NotFoundError
 from fedsplit.server.admin.keras_layouts import get_layout
-from fedsplit.server.admin.services.isolation import check_model_download
+from fedsplit.server.admin.services.isolation import check_model_download, release_rule
 from fedsplit.server.admin.tables import Round
 
 FEDSPLIT_FORMAT = "fedsplit"
@@ -25,7 +25,7 @@ def model_file(ctx: AdminContext, rnd: Round, fmt: str, principal: Principal) ->
             f"Round {rnd.id} has no model yet: it is {rnd.status}. The admin aggregates it with POST "
             f"/api/v1/rounds/{rnd.id}/aggregate. Received: status {rnd.status!r}"
         )
-    check_model_download(principal, rnd.report, ctx.release_rule, f"Round {rnd.id}'s aggregate")
+    check_model_download(principal, rnd.report, release_rule(ctx.settings), f"Round {rnd.id}'s aggregate")
     return _in_format(ctx, rnd, ctx.files.absolute(rnd.model_file), fmt, f"round-{rnd.id}-model")
 
 
@@ -35,7 +35,7 @@ def start_model_file(ctx: AdminContext, rnd: Round, continued: Round | None, fmt
     if rnd.template_file is not None:
         source = ctx.files.absolute(rnd.template_file)
     elif continued is not None and continued.model_file is not None:
-        check_model_download(principal, continued.report, ctx.release_rule,
+        check_model_download(principal, continued.report, release_rule(ctx.settings),
                              f"Round {rnd.id}'s start model (round {continued.id}'s aggregate)",
                              contributor=False)
         source = ctx.files.absolute(continued.model_file)

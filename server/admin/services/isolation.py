@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedsplit.server.admin.auth import ADMIN, Principal
+from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.errors import PermissionDeniedError
 
 DEFAULT_MIN_MODEL_SITES = 2
@@ -88,6 +89,13 @@ class ReleaseRule:
     min_sites: int = DEFAULT_MIN_MODEL_SITES
     max_other_share: float = DEFAULT_MAX_OTHER_SHARE
     min_own_share: float = DEFAULT_MIN_OWN_SHARE
+
+
+def release_rule(settings: AdminSettings) -> ReleaseRule:
+    """The operator's release rule (``--min-model-sites``, ``--max-site-share``,
+    ``--min-own-share``)."""
+    return ReleaseRule(min_sites=settings.min_model_sites, max_other_share=settings.max_site_share,
+                       min_own_share=settings.min_own_share)
 
 
 def shares_in_model(report: dict[str, Any] | None) -> dict[str, float]:

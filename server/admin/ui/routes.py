@@ -144,7 +144,7 @@ def read_overview(request: Request, principal: PrincipalDep) -> Response:
     """Every federation: REST rounds, Flower runs, the activity feed and recent uploads."""
     ctx = _ctx(request)
     with ctx.sessions() as session:
-        rounds = rest.list_rounds(session, principal, ctx.release_rule)
+        rounds = rest.list_rounds(session, principal, isolation.release_rule(ctx.settings))
         uploads = rest.recent_uploads(session, principal)
     runs = _runs(request, principal)
     events = activity.feed(activity.rest_events(rounds, uploads, principal)
@@ -168,7 +168,7 @@ def read_rest_round(request: Request, principal: PrincipalDep, round_id: RoundId
     """A REST round: every hospital's upload and part in the aggregate, its files, its model."""
     ctx = _ctx(request)
     with ctx.sessions() as session:
-        rnd = rest.get_round(session, principal, round_id, ctx.release_rule)
+        rnd = rest.get_round(session, principal, round_id, isolation.release_rule(ctx.settings))
     if rnd is None:
         raise UIError(404, f"There is no REST round {round_id}.")
     return render(request, "rest_round.html", {**_base(principal, f"REST round {rnd.id}"), "round": rnd})
