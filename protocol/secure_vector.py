@@ -14,6 +14,10 @@ coordinator learns the weighted sum and the total weight, nothing per hospital. 
 modulo ``M = 2^62``; the sum is exact while ``sum a_k * L < M`` (with the default
 ``L = 2^20``: a total count below 2^42 rows, checked when decoding; no per-hospital ceiling).
 
+BatchNorm's running statistics follow the data's scale, not the weights': their change is
+encoded divided by ``max(16, |g|)`` (`relative_scale`), which both ends know, so the declared
+bound suits both kinds of tensor and the mean stays exact.
+
 Decoding (`decode`): ``mean = (sum a_k q_k / sum a_k) * 2B / L - B``. Stochastic rounding moves
 each coordinate of each update by less than one step ``2B / L``, so the decoded weighted mean
 differs from the exact one by less than ``2B / L`` per coordinate (``2^-19 * B`` by default).
@@ -38,6 +42,25 @@ MODULUS = 1 << 62
 #: ``pseudo_rand_gen`` folds any seed to 32 bits by XOR anyway (docs/privacy.md).
 SEED_BYTES = 16
 _LOW = np.int64(MODULUS - 1)  # x mod 2^62 == x & (2^62 - 1), also for negative int64 x
+
+
+#: Tensors whose change is encoded relative to their size (`relative_scale`): BatchNorm's
+#: running statistics, which follow the scale of the data, not of the weights.
+RELATIVE = ("running_mean", "running_var")
+#: The least scale of a running statistic: its change may reach ``STATS_SCALE x bound`` (a
+#: hidden feature's variance moved by 1.16 in one round of a breast-cancer MLP, beyond the
+#: default bound of 1), at a quantisation step of ``2 x 16 x bound / levels`` (3e-5 by default).
+STATS_SCALE = 16.0
+
+
+def relative_scale(start: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-coordinate scale ``max(STATS_SCALE, |g|)`` of the tensors named like BatchNorm
+    running statistics (`RELATIVE`) in the global model ``start``, which every hospital and the
+    coordinator hold: their change is encoded divided by it and the decoded weighted mean
+    multiplied back, so it may reach 16 x bound, or bound x |g| for larger statistics. The
+    mean is exact (every hospital divides by the same scale); other tensors are not scaled."""
+    return {name: np.maximum(STATS_SCALE, np.abs(np.asarray(a, dtype=np.float64)))
+            for name, a in start.items() if name.rpartition(".")[2] in RELATIVE}
 
 
 def out_of_range(delta: Mapping[str, np.ndarray], bound: float) -> tuple[str, float] | None:

@@ -98,9 +98,11 @@ def secure_train_reply(record: Mapping[str, Any], context: Any, start: Mapping[s
     if set(start) != set(trained):
         raise UpdateError(f"The trained model's arrays differ from the global model's. "
                           f"Received: {sorted(set(start) ^ set(trained))}")
-    # np.subtract of two 0-d arrays is a numpy scalar: keep every change an array (0-d stays 0-d)
-    delta = {k: np.asarray(np.asarray(trained[k], np.float64) - np.asarray(start[k], np.float64))
-             for k in start}
+    # np.subtract of two 0-d arrays is a numpy scalar: keep every change an array (0-d stays 0-d);
+    # running statistics relative to their size (`sv.relative_scale`, undone by the coordinator)
+    scale = sv.relative_scale(start)
+    delta = {k: np.asarray((np.asarray(trained[k], np.float64) - np.asarray(start[k], np.float64))
+                           / scale.get(k, 1.0)) for k in start}
     vector = sv.encode(delta, int(num_examples), float(state["bound"]), int(state["levels"]))
     masked = secagg.masked_vector(context, record, vector)
     # kept for the Weiszfeld steps of a secure geometric median (never sent unmasked)

@@ -20,7 +20,8 @@ share-keys, ``point``, unmask; `_iterate`, docs/privacy.md). Any other rule is r
 A hospital that fails or is late at stage 1 or 2 leaves the round; one that drops at 3 is
 removed with its neighbours' shares (up to the reconstruction threshold; `server.secure.secagg`).
 Training metrics other than the count (train loss, spent epsilon) travel in the clear and are
-averaged unweighted (the coordinator does not learn the counts). Evaluation is unchanged.
+averaged unweighted (the coordinator does not learn the counts). Evaluation is Flower's separate
+evaluate phase, every round (the one-message round of `server.rounds` is not used here).
 """
 
 from __future__ import annotations
@@ -79,7 +80,13 @@ def check_secure_rule(rule: AggregationStrategy) -> None:
 
 
 class SecureStrategy(StrategyWrapper):
-    """Wraps a `RegistryStrategy` so that its training rounds run SecAgg+ (module docstring)."""
+    """Wraps a `RegistryStrategy` so that its training rounds run SecAgg+ (module docstring).
+
+    It keeps Flower's separate evaluate phase (`server.rounds.separate_evaluate`): its train
+    reply is the masked vector (`client.secure`), which carries no evaluation, and each of its
+    rounds already runs the setup, share-keys and unmask exchanges besides training."""
+
+    separate_evaluate = True
 
     def __init__(self, strategy: RegistryStrategy, *, secure: SecureSpec,
                  timeout: float | None = None) -> None:
@@ -243,8 +250,9 @@ class SecureStrategy(StrategyWrapper):
         weiszfeld = None
         if self.aggregator.iterative_on_sums:  # else linear: the secure mean is the aggregate
             mean, weiszfeld = self._iterate(r, run.u2, start, mean)
-        arrays = {k: (np.asarray(start[k], np.float64) + mean[k]).astype(np.asarray(start[k]).dtype)
-                  for k in start}
+        scale = sv.relative_scale(start)  # running statistics were encoded relative to their size
+        arrays = {k: (np.asarray(start[k], np.float64) + mean[k] * scale.get(k, 1.0))
+                  .astype(np.asarray(start[k]).dtype) for k in start}
         seconds = {**self.stage_seconds.pop(r, {}), "unmask": time.monotonic() - t0}
         report = AggregationReport(
             strategy=self.aggregator.name, params={"secure": self.secure.to_spec()},

@@ -113,3 +113,35 @@ def test_secure_mean_within_documented_quantisation_bound() -> None:
 def test_out_of_range_update_is_refused_at_the_hospital() -> None:
     with pytest.raises(UpdateError, match=r"outside the secure aggregation range.*not sent"):
         sv.encode({"w": np.array([0.1, 1.5])}, 10, 1.0, 1 << 10)
+
+
+def test_batchnorm_running_statistics_are_encoded_relative_to_their_size() -> None:
+    """A running variance that moves by 5 (beyond the bound of 1) travels under secure
+    aggregation: its change is encoded divided by max(16, |g|), known to both ends, and the
+    decoded weighted mean multiplied back is the exact mean (to a quantisation step); weights
+    keep the plain bound, and a 0-d tensor stays 0-d."""
+    import numpy as np
+    from fedsplit.protocol import secure_vector as sv
+
+    start = {"bn.running_var": np.array([0.5, 40.0]), "bn.num": np.array(0.0),
+             "fc.weight": np.array([0.1, -0.2])}
+    scale = sv.relative_scale(start)
+    assert list(scale) == ["bn.running_var"]
+    np.testing.assert_array_equal(scale["bn.running_var"], [16.0, 40.0])
+    changes = [({"bn.running_var": np.array([5.0, -30.0]), "bn.num": np.array(0.0),
+                 "fc.weight": np.array([0.5, 0.0])}, 3),
+               ({"bn.running_var": np.array([1.0, 10.0]), "bn.num": np.array(0.0),
+                 "fc.weight": np.array([-0.5, 0.25])}, 1)]
+    total = None
+    for delta, count in changes:
+        scaled = {k: np.asarray(d / scale.get(k, 1.0)) for k, d in delta.items()}
+        assert scaled["bn.num"].shape == ()
+        vector = sv.encode(scaled, count, 1.0, 1 << 20)
+        total = vector if total is None else total + vector
+    mean, weight = sv.decode(total, start, 1.0, 1 << 20)
+    assert weight == 4
+    got = mean["bn.running_var"] * scale["bn.running_var"]
+    np.testing.assert_allclose(got, [(3 * 5.0 + 1.0) / 4, (3 * -30.0 + 10.0) / 4], atol=1e-3)
+    np.testing.assert_allclose(mean["fc.weight"], [0.25, 0.0625], atol=1e-5)
+    with pytest.raises(Exception, match="fc.weight"):  # weights: the declared bound, unscaled
+        sv.encode({"fc.weight": np.array([1.5])}, 1, 1.0, 1 << 20)
