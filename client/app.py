@@ -10,7 +10,8 @@ Handlers (Flower message types):
 - ``query.init``: build the initial model with the agreed statistics (asked of one site).
 - ``train``: load the global model, train ``local_steps_per_round`` mini-batches on local rows
   (``local-steps``, or ``local-epochs`` epochs but at least 10 steps), reply with the weights,
-  ``num-examples`` and scalar metrics.
+  ``num-examples`` and scalar metrics; with ``evaluate-first`` (one message per round) first
+  score the received model on the validation rows and add those metrics (``evaluation``).
 - ``evaluate``: score the global model on the site's held-out rows.
 - ``query.survival``: after a survival run, the summary's sums (Kaplan-Meier counts, Breslow
   baseline sums of the kept model; `client.survival.summary`).
@@ -257,6 +258,9 @@ def train(msg: Message, context: Context) -> Message:
     y = site.train.y
     if attack is not None:  # a simulated hostile hospital (attack/attackers in the run config)
         y = attack.poison_labels(y, model.spec.num_outputs)
+    evaluation: dict[str, float] | None = None
+    if instruction.evaluate_first and secure is None:  # one message per round: score what came
+        evaluation = _scores(model, site, device)  # (the previous round's model) before training
     mu = instruction.proximal_mu
     seed = cfg.seed * 100_003 + server_round
     x = site.train.x
@@ -291,7 +295,11 @@ def train(msg: Message, context: Context) -> Message:
     if attack is not None:  # poisoned weights skip the sender's own checks: the coordinator's guard
         poisoned = attack.poison_update(update.arrays, sent, seed=cfg.seed * 7919 + server_round)
         reply = wire.build_train_reply(poisoned, {wire.NUM_EXAMPLES: update.num_examples, **metrics},
-                                       site_info)
+                                       site_info, evaluation=evaluation,
+                                       metrics_allowed=_metric_names(model))
+    elif secure is None:
+        reply = wire.build_train_reply(update, metrics, site_info, evaluation=evaluation,
+                                       metrics_allowed=_metric_names(model))
     else:
         with hospital_stage(site.name, "secure aggregation"):
             reply = train_reply(secure, context, sent, update, metrics, site_info)
@@ -307,10 +315,19 @@ def evaluate(msg: Message, context: Context) -> Message:
     instruction = wire.parse_model_instruction(msg, wire.EVALUATE)
     site = _site(context, cfg, instruction.schema)
     model = _global_model(instruction, context, cfg)
-    with hospital_stage(site.name, "scoring"):
-        result = score(model, site.val.x, site.val.y, pick_device(cfg.device))
-        names = recipe_of(model).metric_names(model.spec.task)
-    reply = wire.build_evaluate_reply({wire.NUM_EXAMPLES: len(site.val), **result},
-                                      {wire.SITE_NAME: site.name},
-                                      metrics_allowed=names)
+    result = _scores(model, site, pick_device(cfg.device))
+    reply = wire.build_evaluate_reply(result, {wire.SITE_NAME: site.name},
+                                      metrics_allowed=_metric_names(model))
     return Message(reply, reply_to=msg)
+
+
+def _scores(model: torch.nn.Module, site: SiteData, device: torch.device) -> dict[str, float]:
+    """The model's metrics (and ``num-examples``) on the site's validation rows, as the stage
+    "scoring": the evaluate reply's, and a train reply's ``evaluation`` (evaluate-first)."""
+    with hospital_stage(site.name, "scoring"):
+        return {wire.NUM_EXAMPLES: len(site.val), **score(model, site.val.x, site.val.y, device)}
+
+
+def _metric_names(model: torch.nn.Module) -> list[str]:
+    """The metric names the model's recipe reports besides the built-in ones."""
+    return list(recipe_of(model).metric_names(model.spec.task))

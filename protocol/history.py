@@ -152,7 +152,9 @@ class RoundEntry(_Part):
     """One round: training, aggregation, saved model, evaluation and timings.
 
     ``train_seconds``: from the round's start to its model saved; ``seconds``: to its
-    evaluation recorded. ``error``: why the round left the global model unchanged.
+    evaluation recorded, or with one message per round (`server.rounds`: the evaluation rides
+    on the next round's replies) the round's own exchange, plus the closing evaluation for the
+    last round. ``error``: why the round left the global model unchanged.
     """
 
     round: int

@@ -23,12 +23,21 @@ query.init     config: kind, task, input-shape,       arrays: the initial model;
                y-mean, y-std
 train          arrays: the global model;              arrays: the trained model;
                config: model-id, server-round,        metrics: the weight key (num-examples)
-               proximal-mu, schema (optional)         and numeric metrics;
-                                                      site (config, optional): name, device,
-                                                      parallel-mode, parallel-config
+               proximal-mu, schema (optional),        and numeric metrics;
+               evaluate-first (optional)              site (config, optional): name, device,
+                                                      parallel-mode, parallel-config;
+                                                      evaluation (metrics, when the instruction
+                                                      says evaluate-first): the weight key and
+                                                      metrics of the RECEIVED model on the
+                                                      site's validation rows, before training
 evaluate       arrays; config: model-id,              metrics: the weight key and numeric
                server-round, schema (optional)        metrics; site (optional): name
 =============  =====================================  =========================================
+
+One message per hospital per round: a train instruction with ``evaluate-first`` asks the
+hospital to score the model it receives (the previous round's global model) on its validation
+rows before it trains, and to put those metrics in its reply's ``evaluation`` record, so the
+coordinator needs no separate evaluate exchange for that model (`server.rounds`).
 
 Record and configuration keys are closed lists. Array names are the model's parameter names
 (the coordinator checks every reply's layout against the round's model). Metric names in
@@ -88,6 +97,10 @@ SERVER_ROUND = "server-round"  # Flower's FedAvg adds it to every train/evaluate
 PROXIMAL_MU = "proximal-mu"
 SITE_NAME = "name"
 SCHEMA_KEY = "schema"  # the agreed table schema (JSON) in stats, train and evaluate instructions
+#: train instruction: score the received model on the validation rows before training, and
+#: reply with those metrics in the ``evaluation`` record (one message per round)
+EVALUATE_FIRST = "evaluate-first"
+EVALUATION = "evaluation"  # train reply: metrics of the received model (evaluate-first)
 REPORT = "report"
 
 STATS_KEYS = ("num-examples", "count", "sum", "sumsq", "label-max", "y-sum", "y-sumsq")
@@ -139,9 +152,11 @@ CONTRACT: dict[str, tuple[dict[str, RecordRule], dict[str, RecordRule]]] = {
            {ARRAYS: _rule("arrays"), MODEL: _rule("config", (MODEL_ID, FEDERATED), (MODEL_ID,)),
             SITE: _rule("config", (SITE_NAME,), (), optional=True)}),
     TRAIN: ({ARRAYS: _rule("arrays"),
-             CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND, PROXIMAL_MU, SCHEMA_KEY), (MODEL_ID,))},
+             CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND, PROXIMAL_MU, SCHEMA_KEY,
+                                      EVALUATE_FIRST), (MODEL_ID,))},
             {ARRAYS: _rule("arrays"), METRICS: _rule("metrics"),
-             SITE: _rule("config", SITE_KEYS, (), optional=True)}),
+             SITE: _rule("config", SITE_KEYS, (), optional=True),
+             EVALUATION: _rule("metrics", optional=True)}),
     EVALUATE: ({ARRAYS: _rule("arrays"),
                 CONFIG: _rule("config", (MODEL_ID, SERVER_ROUND, SCHEMA_KEY), (MODEL_ID,))},
                {METRICS: _rule("metrics"), SITE: _rule("config", (SITE_NAME,), (), optional=True)}),
@@ -491,6 +506,12 @@ def train_config(model_id: str, proximal_mu: float, schema: str | None = None) -
     return _config_record({**values, SCHEMA_KEY: schema} if schema else values)
 
 
+def evaluating_first(config: ConfigRecord) -> ConfigRecord:
+    """A copy of a train instruction's ``config`` that also asks the hospital to score the
+    model it receives before training (``evaluate-first``; the original is left unchanged)."""
+    return _config_record({**dict(config.items()), EVALUATE_FIRST: True})
+
+
 def evaluate_config(model_id: str, schema: str | None = None) -> ConfigRecord:
     """The ``config`` record of every evaluate instruction (Flower adds ``server-round``)."""
     return _config_record({MODEL_ID: model_id, SCHEMA_KEY: schema} if schema else {MODEL_ID: model_id})
@@ -505,6 +526,7 @@ class ModelInstruction:
     server_round: int
     proximal_mu: float | None = None
     schema: str | None = None
+    evaluate_first: bool = False
 
 
 def parse_model_instruction(msg: Message, kind: str) -> ModelInstruction:
@@ -520,17 +542,22 @@ def parse_model_instruction(msg: Message, kind: str) -> ModelInstruction:
         server_round=int(c.get(SERVER_ROUND, 0)),
         proximal_mu=float(c[PROXIMAL_MU]) if PROXIMAL_MU in c else None,
         schema=str(c[SCHEMA_KEY]) if SCHEMA_KEY in c else None,
+        evaluate_first=bool(c.get(EVALUATE_FIRST, False)),
     )
 
 
 def build_train_reply(update: Update | Mapping[str, np.ndarray], metrics: Mapping[str, Any],
-                      site_info: Mapping[str, str]) -> RecordDict:
+                      site_info: Mapping[str, str], *,
+                      evaluation: Mapping[str, Any] | None = None,
+                      metrics_allowed: Sequence[str] = ()) -> RecordDict:
     """A site's ``train`` reply: weights, count and scalar metrics, and who trained them.
 
     ``update`` is the trained `Update` (its count becomes ``num-examples``), or raw arrays in
     wire form (a simulated hostile site's poisoned weights, which skip the Update checks;
     ``metrics`` must then hold ``num-examples``). ``site_info`` holds ``name`` and optionally
-    ``device``, ``parallel-mode``, ``parallel-config``.
+    ``device``, ``parallel-mode``, ``parallel-config``. ``evaluation``: the received model's
+    metrics on the validation rows (``evaluate-first``), checked as an evaluate reply's
+    (``metrics_allowed``: the recipe's own metric names).
     """
     from flwr.app import MetricRecord
 
@@ -542,8 +569,17 @@ def build_train_reply(update: Update | Mapping[str, np.ndarray], metrics: Mappin
     values = _scalar_metrics(metrics, TRAIN_METRICS, "train")
     if NUM_EXAMPLES not in values:
         raise ReplyError(f"A train reply needs {NUM_EXAMPLES!r}. Received: {sorted(values)}")
-    content = _record_dict({ARRAYS: to_array_record(arrays), METRICS: MetricRecord(values),
-                            SITE: _config_record({k: str(v) for k, v in site_info.items()})})
+    records: dict[str, Any] = {
+        ARRAYS: to_array_record(arrays), METRICS: MetricRecord(values),
+        SITE: _config_record({k: str(v) for k, v in site_info.items()})}
+    if evaluation is not None:
+        scored = _scalar_metrics(evaluation, EVALUATE_METRICS | frozenset(metrics_allowed),
+                                 "evaluation")
+        if NUM_EXAMPLES not in scored:
+            raise ReplyError(f"A train reply's evaluation needs {NUM_EXAMPLES!r}. Received: "
+                             f"{sorted(scored)}")
+        records[EVALUATION] = MetricRecord(scored)
+    content = _record_dict(records)
     check_content(TRAIN, content, reply=True)
     return content
 
@@ -610,4 +646,40 @@ def parse_evaluate_reply(msg: Message, *, weight_key: str = NUM_EXAMPLES) -> Eva
     """Check an ``evaluate`` reply and read its count and metrics (raises on bad input)."""
     check_content(EVALUATE, msg.content, reply=True)
     record = msg.content.metric_records[METRICS]
+    return EvaluateReply(_weight(record, weight_key), _numbers(record), reply_site(msg))
+
+
+def carries_evaluation(msg: Message) -> bool:
+    """Whether ``msg`` is a train reply (it carries arrays), whose evaluation, if any, is its
+    ``evaluation`` record, rather than an evaluate reply."""
+    return msg.has_content() and ARRAYS in msg.content.array_records
+
+
+def evaluation_content(msg: Message) -> RecordDict:
+    """The evaluation a reply carries as an evaluate reply's content (``metrics`` and ``site``):
+    an evaluate reply's own; a train reply's ``evaluation`` record (for a user's
+    ``evaluate_metrics_aggr_fn``, which reads Flower's evaluate replies)."""
+    if not carries_evaluation(msg):
+        return msg.content
+    records: dict[str, Any] = {}
+    if EVALUATION in msg.content.metric_records:
+        records[METRICS] = msg.content.metric_records[EVALUATION]
+    if SITE in msg.content.config_records:
+        records[SITE] = msg.content.config_records[SITE]
+    return _record_dict(records)
+
+
+def parse_evaluation(msg: Message, *, weight_key: str = NUM_EXAMPLES) -> EvaluateReply:
+    """The evaluation in an ``evaluate`` reply, or in a ``train`` reply's ``evaluation`` record
+    (the received model scored before training); raises `ReplyError` when a train reply
+    carries none (an agent that ignores ``evaluate-first``)."""
+    if not carries_evaluation(msg):
+        return parse_evaluate_reply(msg, weight_key=weight_key)
+    check_content(TRAIN, msg.content, reply=True)
+    if EVALUATION not in msg.content.metric_records:
+        raise ReplyError(
+            f"The train reply carries no {EVALUATION!r} record although the instruction said "
+            f"{EVALUATE_FIRST}: update the hospital's agent to this fedsplit version "
+            f"(protocol/horizontal_wire.py). Received: records {sorted(msg.content.keys())}")
+    record = msg.content.metric_records[EVALUATION]
     return EvaluateReply(_weight(record, weight_key), _numbers(record), reply_site(msg))

@@ -19,6 +19,7 @@ from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FedsplitError, NoTrainingError
 from fedsplit.server.compose import compose_aggregator, compose_strategy
 from fedsplit.server.history import RunHistory, find_resume_point
+from fedsplit.server.rounds import run_rounds
 from fedsplit.server.setup import ModelSetup, prepare_model, wait_for_nodes
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -123,8 +124,8 @@ def main(grid: Grid, context: Context) -> None:
         if uses_newton(cfg, setup.model_id):  # the linear Cox model: the exact fit, no rounds
             fit_exact(grid, cfg, setup, history)
         elif done < cfg.num_server_rounds:
-            strategy.start(
-                grid=grid,
+            run_rounds(  # one message per hospital per round (server/rounds.py)
+                strategy, grid,
                 initial_arrays=setup.arrays,
                 num_rounds=cfg.num_server_rounds - done,
                 timeout=cfg.round_timeout,

@@ -94,6 +94,11 @@ class RunHistory:
         self.schema: str | None = (Schema.from_json(self.record.table_schema).to_json()
                                    if self.record.table_schema else None)
         self.keep = keep_rule(config)
+        #: set by `server.rounds`: a round's evaluation rides on the next round's replies, so a
+        #: round's clock stops when its model is saved; ``closing``: the evaluate-only exchange
+        #: after the last round, whose time counts in that round's ``seconds``
+        self.one_message = False
+        self.closing = False
         self._round_started = time.monotonic()
         if previous is not None:
             self._keep()
@@ -170,17 +175,25 @@ class RunHistory:
             entry.model = str(model_path.relative_to(self.out_dir))
             self._keep()
         entry.train_seconds = round(time.monotonic() - self._round_started, 3)
+        if self.one_message:  # the round's one exchange is over; the next round starts now
+            entry.seconds = entry.train_seconds
+            self._round_started = time.monotonic()
         self.save()
 
     def record_evaluate(
         self, server_round: int, sites: Sequence[SiteEntry | Mapping[str, Any]],
         metrics: dict[str, float],
     ) -> None:
-        """Record the federated evaluation of a round's global model."""
+        """Record the federated evaluation of a round's global model (with one message per
+        round it arrives with the next round's replies, or the closing exchange's)."""
         entry = self.record.round_entry(server_round)
         entry.evaluate = Phase(sites=_entries(sites), metrics=metrics)
-        entry.seconds = round(time.monotonic() - self._round_started, 3)
-        self._round_started = time.monotonic()
+        if not self.one_message:
+            entry.seconds = round(time.monotonic() - self._round_started, 3)
+            self._round_started = time.monotonic()
+        elif self.closing:  # the last round: its exchange plus the closing evaluation
+            entry.seconds = round((entry.train_seconds or 0.0)
+                                  + time.monotonic() - self._round_started, 3)
         self._keep()
         self.save()
 

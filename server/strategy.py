@@ -109,6 +109,15 @@ def _metric_dict(record: MetricRecord | None, what: str) -> dict[str, Metric]:
     return {k: [float(x) for x in v] if isinstance(v, list) else v for k, v in record.items()}
 
 
+def _without_evaluation(content: RecordDict) -> RecordDict:
+    """A train reply's content without the ``evaluation`` record it may carry (one message per
+    round), as a user's ``train_metrics_aggr_fn`` expects Flower's train replies: one
+    MetricRecord."""
+    if wire.EVALUATION not in content.metric_records:
+        return content
+    return RecordDict({k: v for k, v in content.items() if k != wire.EVALUATION})
+
+
 class StrategyWrapper(Strategy):
     """A strategy wrapping another, as Flower's ``DifferentialPrivacy*FixedClipping`` do: every
     hook goes to the wrapped ``strategy`` unless the wrapper overrides it.
@@ -403,7 +412,7 @@ class RegistryStrategy(FedAvg):
                 excluded.append(SiteReport(site=reply_site(msg), num_examples=0, weight=0.0,
                                            excluded=True, reason=str(e)))
                 continue
-            contents.append(msg.content)
+            contents.append(_without_evaluation(msg.content))
         # one entry per parsed reply first, in order (aligned with the aggregation report)
         sites: list[dict[str, Any]] = [
             {"site": r.site, "num_examples": r.update.num_examples, "metrics": r.metrics,
@@ -473,7 +482,9 @@ class RegistryStrategy(FedAvg):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Weighted mean of the sites' held-out metrics (or ``evaluate_metrics_aggr_fn``)."""
+        """Weighted mean of the sites' held-out metrics (or ``evaluate_metrics_aggr_fn``) of
+        round ``server_round``'s global model; ``replies`` are evaluate replies and train
+        replies carrying that model's evaluation (one message per round: `server.rounds`)."""
         server_round += self.round_offset
         replies = list(replies)
         senders, missing = self._missing("evaluate", server_round, replies)
@@ -481,15 +492,15 @@ class RegistryStrategy(FedAvg):
         rows: list[tuple[float, Mapping[str, Metric]]] = []
         contents: list[RecordDict] = []
         sites: list[dict[str, Any]] = []
-        for msg in valid:
+        for msg in valid:  # evaluate replies, and train replies carrying an evaluation
             self._site(msg, senders)
             try:
-                parsed = wire.parse_evaluate_reply(msg, weight_key=self.weighted_by_key)
+                parsed = wire.parse_evaluation(msg, weight_key=self.weighted_by_key)
             except FedsplitError as e:
                 sites.append({"site": reply_site(msg), "excluded": True, "reason": str(e)})
                 continue
             rows.append((parsed.num_examples, parsed.metrics))
-            contents.append(msg.content)
+            contents.append(wire.evaluation_content(msg))
             sites.append({"site": parsed.site, "num_examples": parsed.num_examples,
                           "metrics": parsed.metrics})
         for msg in failed:
