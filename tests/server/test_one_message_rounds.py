@@ -21,7 +21,7 @@ from fedsplit.server.history import RunHistory
 from fedsplit.server.rounds import run_rounds, separate_evaluate
 from fedsplit.server.secure.strategy import SecureStrategy
 from fedsplit.server.strategy import RegistryStrategy
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsplit import aggregation
@@ -131,7 +131,7 @@ def test_hospitals_not_sampled_for_training_still_score_every_model(tmp_path: Pa
     grid = Hospitals()
     run(tmp_path, grid, rounds=3, fraction_train=0.34)
     assert grid.exchanges == 4
-    for node, got in grid.received.items():
+    for got in grid.received.values():
         # round 1 scores nothing (only the sampled hospital trains); from round 2 on every
         # hospital gets exactly one message per exchange: train, or evaluate of model r-1
         later = [(kind, r, first) for kind, r, first in got if kind == "evaluate" or r > 1]
