@@ -20,8 +20,15 @@ def read_health(ctx: ContextDep) -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/metrics", response_class=PlainTextResponse,
-            responses={code: {"model": ErrorPublic} for code in (401, 403, 429)})
+# the refusals are JSON (documented as such), the metrics plain text
+METRICS_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {"description": "Prometheus text format",
+          "content": {"text/plain": {"schema": {"type": "string"}}}},
+    **{code: {"model": ErrorPublic} for code in (401, 403, 429)},
+}
+
+
+@router.get("/metrics", responses=METRICS_RESPONSES)
 def read_metrics(ctx: ContextDep, admin: AdminPrincipal) -> PlainTextResponse:
     """Prometheus metrics (admin token: ``Authorization: Bearer``, e.g. Prometheus's
     ``authorization`` scrape setting): uploads accepted/refused by reason, bytes, aggregation
