@@ -7,7 +7,9 @@ Handlers (Flower message types):
 - ``query.stats``: per-feature count, sum and sum of squares of the site's training rows, encoded
   with the schema the instruction carries (and of the target for regression), so the
   federation agrees on one standardisation.
-- ``query.init``: build the initial model with the agreed statistics (asked of one site).
+- ``query.setup``: both of the above in one exchange (the stats encoded with the site's own
+  schema; the coordinator asks ``query.stats`` again only where the agreed schema differs).
+- ``query.init``: build the initial model with the agreed statistics (asked of every site).
 - ``train``: load the global model, train ``local_steps_per_round`` mini-batches on local rows
   (``local-steps``, or ``local-epochs`` epochs but at least 10 steps), reply with the weights,
   ``num-examples`` and scalar metrics; with ``evaluate-first`` (one message per round) first
@@ -108,9 +110,14 @@ def stats(msg: Message, context: Context) -> Message:
     wire.check_content(wire.STATS, msg.content, reply=False)
     cfg = RunConfig.from_flower(context.run_config)
     site = _site(context, cfg, wire.instruction_schema(msg))
+    return Message(wire.build_stats_reply(_stats(site, context, cfg)), reply_to=msg)
+
+
+def _stats(site: SiteData, context: Context, cfg: RunConfig) -> wire.SiteStats:
+    """The site's per-feature moments of its training rows, as encoded, and its recipe."""
     count, total, sumsq = feature_stats(site.train)
     y = site.train.y.astype(np.float64)
-    reply = wire.build_stats_reply(wire.SiteStats(
+    return wire.SiteStats(
         name=site.name, kind=site.train.kind, task=site.train.task,
         input_shape=tuple(int(d) for d in site.train.x.shape[1:]),
         features=list(site.train.feature_names), num_examples=len(site.train),
@@ -118,8 +125,29 @@ def stats(msg: Message, context: Context) -> Message:
         label_max=int(site.train.y.max()) if site.train.task == "classification" else 0,
         y_sum=float(y.sum()), y_sumsq=float((y**2).sum()),
         recipe=effective_recipe(context.node_config, cfg, site.train.kind).identity.to_json(),
-    ))
-    return Message(reply, reply_to=msg)
+    )
+
+
+@app.query("setup")
+@answered("reading its data", _name)
+def setup(msg: Message, context: Context) -> Message:
+    """``query.schema`` and ``query.stats`` in one exchange: the column report, and the stats
+    of the rows encoded with the site's own schema (named by its digest). The coordinator
+    asks ``query.stats`` again, with the agreed schema, only where that differs. A site that
+    cannot encode its rows on its own (its failure then waits for that second question, with
+    the agreed schema) sends the report alone."""
+    wire.check_content(wire.SETUP_QUERY, msg.content, reply=False)
+    cfg = RunConfig.from_flower(context.run_config)
+    with hospital_stage(_name(context), "reading its data"):
+        report = site_columns(context.node_config, context.node_id, cfg)
+    try:
+        site = _site(context, cfg)
+        stats = _stats(site, context, cfg)
+    except Exception:  # named again, with the agreed schema, by query.stats
+        return Message(wire.build_setup_reply(report), reply_to=msg)
+    schema = site.train.schema
+    encoded_with = schema.digest() if report.table and schema is not None else ""
+    return Message(wire.build_setup_reply(report, stats, encoded_with), reply_to=msg)
 
 
 @app.query("secagg")

@@ -18,6 +18,11 @@ query.stats    config: schema (optional: the agreed   stats (metrics): num-examp
                                                       input-shape, features, recipe (the
                                                       identity of the site's recipe as JSON:
                                                       `protocol.recipe.RecipeIdentity`)
+query.setup    config: {}                             columns (as query.schema's); and, when the
+                                                      site could encode its rows on its own, stats
+                                                      and schema (as query.stats's, encoded with
+                                                      its own file's schema, whose digest the
+                                                      schema record's encoded-with names)
 query.init     config: kind, task, input-shape,       arrays: the initial model;
                num-outputs, hidden, norm, mean, std,  model (config): model-id
                y-mean, y-std
@@ -74,10 +79,14 @@ if TYPE_CHECKING:
 # --- message kinds --------------------------------------------------------------------------
 SCHEMA_QUERY = "query.schema"
 STATS = "query.stats"
+#: the first set-up message: query.schema's column report and query.stats's moments in one
+#: exchange (the stats encoded with the site's own schema; asked again only where the agreed
+#: schema differs: `server.setup.prepare_model`)
+SETUP_QUERY = "query.setup"
 INIT = "query.init"
 TRAIN = "train"  # Flower's MessageType.TRAIN
 EVALUATE = "evaluate"  # Flower's MessageType.EVALUATE
-KINDS = (SCHEMA_QUERY, STATS, INIT, TRAIN, EVALUATE)
+KINDS = (SCHEMA_QUERY, STATS, SETUP_QUERY, INIT, TRAIN, EVALUATE)
 
 # --- record names ---------------------------------------------------------------------------
 CONFIG = "config"
@@ -105,6 +114,7 @@ REPORT = "report"
 
 STATS_KEYS = ("num-examples", "count", "sum", "sumsq", "label-max", "y-sum", "y-sumsq")
 SCHEMA_KEYS = ("name", "kind", "task", "input-shape", "features", "recipe")
+ENCODED_WITH = "encoded-with"  # query.setup: digest of the table schema the stats used ("": none)
 INIT_KEYS = ("kind", "task", "input-shape", "num-outputs", "hidden", "norm", "mean", "std",
              "y-mean", "y-std")
 SITE_KEYS = ("name", "device", "parallel-mode", "parallel-config")
@@ -148,6 +158,11 @@ CONTRACT: dict[str, tuple[dict[str, RecordRule], dict[str, RecordRule]]] = {
     SCHEMA_QUERY: ({CONFIG: _rule("config", ())}, {COLUMNS: _rule("config", (REPORT,))}),
     STATS: ({CONFIG: _rule("config", (SCHEMA_KEY,), ())},
             {STATS_RECORD: _rule("metrics", STATS_KEYS), SCHEMA: _rule("config", SCHEMA_KEYS)}),
+    SETUP_QUERY: ({CONFIG: _rule("config", ())},
+                  {COLUMNS: _rule("config", (REPORT,)),
+                   STATS_RECORD: _rule("metrics", STATS_KEYS, optional=True),
+                   SCHEMA: _rule("config", (*SCHEMA_KEYS, ENCODED_WITH), SCHEMA_KEYS,
+                                 optional=True)}),
     INIT: ({CONFIG: _rule("config", INIT_KEYS)},
            {ARRAYS: _rule("arrays"), MODEL: _rule("config", (MODEL_ID, FEDERATED), (MODEL_ID,)),
             SITE: _rule("config", (SITE_NAME,), (), optional=True)}),
@@ -386,8 +401,11 @@ def build_stats_reply(stats: SiteStats) -> RecordDict:
 def parse_stats_reply(msg: Message) -> SiteStats:
     """Check and read a ``query.stats`` reply."""
     check_content(STATS, msg.content, reply=True)
-    s = msg.content.metric_records[STATS_RECORD]
-    c = msg.content.config_records[SCHEMA]
+    return _read_stats(msg.content.metric_records[STATS_RECORD],
+                       msg.content.config_records[SCHEMA])
+
+
+def _read_stats(s: Any, c: Any) -> SiteStats:
     return SiteStats(
         name=str(c["name"]), kind=str(c["kind"]), task=str(c["task"]),
         input_shape=tuple(int(d) for d in np.atleast_1d(c["input-shape"])),
@@ -397,6 +415,58 @@ def parse_stats_reply(msg: Message) -> SiteStats:
         sumsq=np.asarray(s["sumsq"], dtype=np.float64), label_max=int(s["label-max"]),
         y_sum=float(s["y-sum"]), y_sumsq=float(s["y-sumsq"]), recipe=str(c["recipe"]),
     )
+
+
+# --- query.setup ----------------------------------------------------------------------------
+def build_setup_instruction() -> RecordDict:
+    """The ``query.setup`` instruction (reading settings come from the run config)."""
+    content = _record_dict({CONFIG: _config_record({})})
+    check_content(SETUP_QUERY, content, reply=False)
+    return content
+
+
+def build_setup_reply(report: SiteColumns, stats: SiteStats | None = None,
+                      encoded_with: str = "") -> RecordDict:
+    """A site's ``query.setup`` reply: its column report and, when it could encode its rows on
+    its own, its stats and the digest of the schema it encoded them with (``""``: no table
+    schema, e.g. images)."""
+    records = dict(build_schema_reply(report).items())
+    if stats is not None:
+        stats_records = build_stats_reply(stats)
+        records[STATS_RECORD] = stats_records.metric_records[STATS_RECORD]
+        records[SCHEMA] = _config_record({**dict(stats_records.config_records[SCHEMA].items()),
+                                          ENCODED_WITH: str(encoded_with)})
+    content = _record_dict(records)
+    check_content(SETUP_QUERY, content, reply=True)
+    return content
+
+
+@dataclass(frozen=True)
+class SetupReply:
+    """A checked ``query.setup`` reply: the column report, and the stats (None: the site
+    could not encode its rows on its own) with the digest of the schema they used."""
+
+    report: SiteColumns
+    stats: SiteStats | None
+    encoded_with: str = ""
+
+
+def parse_setup_reply(msg: Message) -> SetupReply:
+    """Check and read a ``query.setup`` reply (the report field by field, the stats as a
+    ``query.stats`` reply's)."""
+    check_content(SETUP_QUERY, msg.content, reply=True)
+    try:
+        report = SiteColumns.from_json(str(msg.content.config_records[COLUMNS][REPORT]))
+    except ConfigError as e:
+        raise ReplyError(str(e)) from e
+    if STATS_RECORD not in msg.content.metric_records:
+        return SetupReply(report, None)
+    if SCHEMA not in msg.content.config_records:
+        raise ReplyError(f"A query.setup reply with stats needs the schema record. Received: "
+                         f"records {sorted(msg.content.keys())}")
+    schema = msg.content.config_records[SCHEMA]
+    stats = _read_stats(msg.content.metric_records[STATS_RECORD], schema)
+    return SetupReply(report, stats, str(schema.get(ENCODED_WITH, "")))
 
 
 # --- query.init -----------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """Before round 1: agree on the model and its standardisation without seeing any rows.
 
-1. ``query.schema`` to every hospital: its column report (kinds, missing counts, frequent
-   categories, labels; `protocol.schema`). The coordinator merges the reports into one
-   versioned table schema (conflicts stop the run with `ConfigError` naming hospital, column
-   and fix; suspicious columns are logged as warnings). Image (NPZ) sites report no table and
-   skip the schema.
-2. ``query.stats`` to every hospital, carrying the schema: input shape, encoded feature names,
+1. ``query.setup`` to every hospital (``query.schema`` and ``query.stats`` in one exchange):
+   its column report (kinds, missing counts, frequent categories, labels; `protocol.schema`)
+   and, speculatively, its statistics (step 2) under its own file's schema. The coordinator
+   merges the reports into one versioned table schema (conflicts stop the run with
+   `ConfigError` naming hospital, column and fix; suspicious columns are logged as warnings).
+   Image (NPZ) sites report no table and skip the schema.
+2. the statistics: a hospital whose own schema is the agreed one (same digest) already sent
+   them; only the others get ``query.stats`` carrying the schema (so a federation whose
+   hospitals agree on the columns, and every image federation, sets up in two exchanges,
+   query.setup and query.init): input shape, encoded feature names,
    task and per-feature count / sum / sum of squares. The coordinator checks that they match
    and pools the moments into one mean and standard deviation (and warns about columns that are
    constant at one site or orders of magnitude off the others).
@@ -43,7 +47,7 @@ from fedsplit.protocol.errors import (
     error_from_record,
 )
 from fedsplit.protocol.recipe import RecipeIdentity, RecipeModelId, check_same_recipe, is_recipe_id
-from fedsplit.protocol.schema import Schema, merge_reports, moment_warnings
+from fedsplit.protocol.schema import Schema, SiteColumns, merge_reports, moment_warnings
 from fedsplit.protocol.stats import combine_moments
 from fedsplit.protocol.weights import read_schema, read_weights
 from flwr.app import ArrayRecord, Message, RecordDict
@@ -147,12 +151,20 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
                           read_schema(cfg.initial_weights))
 
     names: dict[int, str] = {}  # node id -> hospital name, as the hospitals report them
-    agreed, warnings = agree_schema(grid, nodes, cfg, names)
+    agreed, warnings, early = agree_setup(grid, nodes, cfg, names)
     schema = agreed.to_json() if agreed is not None else None
-    replies = _ask(grid, nodes, wire.STATS, wire.build_stats_instruction(schema), cfg.round_timeout,
-                   names)
-    parsed = sorted(((r.metadata.src_node_id, _parse(wire.parse_stats_reply, r, wire.STATS))
-                     for r in replies), key=lambda pair: pair[1].name)
+    digest = agreed.digest() if agreed is not None else ""
+    # the stats a hospital sent with its report hold if it encoded with the agreed schema
+    by_node = {n: got.stats for n, got in early.items()
+               if got.stats is not None and got.encoded_with == digest}
+    if stale := [n for n in nodes if n not in by_node]:
+        log.info("Set-up: asking %d of %d hospitals for their statistics under the agreed "
+                 "schema", len(stale), len(nodes))
+        replies = _ask(grid, stale, wire.STATS, wire.build_stats_instruction(schema),
+                       cfg.round_timeout, names)
+        by_node.update({r.metadata.src_node_id: _parse(wire.parse_stats_reply, r, wire.STATS)
+                        for r in replies})
+    parsed = sorted(by_node.items(), key=lambda pair: pair[1].name)
     names.update({node: stat.name for node, stat in parsed})
     stats = [stat for _, stat in parsed]  # in name order: the same run whatever the arrival
     if agreed is not None:
@@ -289,20 +301,44 @@ def agree_recipe(stats: list[wire.SiteStats]) -> RecipeIdentity:
         s.recipe, where=f"hospital {s.name}'s recipe") for s in stats})
 
 
+def agree_setup(grid: Grid, nodes: list[int], cfg: RunConfig, names: dict[int, str] | None = None
+                ) -> tuple[Schema | None, list[str], dict[int, wire.SetupReply]]:
+    """``query.setup`` to every hospital (one exchange: column report and, speculatively, the
+    stats under its own schema); merge the reports into one schema (`merge_schema`).
+
+    Returns the schema (None for images), its warnings and each node's reply; ``names``
+    (node id -> hospital name) is filled in.
+    """
+    replies = _ask(grid, nodes, wire.SETUP_QUERY, wire.build_setup_instruction(),
+                   cfg.round_timeout)
+    got = {r.metadata.src_node_id: _parse(wire.parse_setup_reply, r, wire.SETUP_QUERY)
+           for r in replies}
+    if names is not None:
+        names.update({node: reply.report.site for node, reply in got.items()})
+    schema, warnings = merge_schema([reply.report for reply in got.values()], cfg)
+    return schema, warnings, got
+
+
 def agree_schema(grid: Grid, nodes: list[int], cfg: RunConfig,
                  names: dict[int, str] | None = None) -> tuple[Schema | None, list[str]]:
-    """``query.schema`` to every hospital; merge their column reports into one schema.
-
-    Returns (None, []) when the hospitals hold images (NPZ), which need no schema; a mix of
-    tables and images is refused. ``names`` (node id -> hospital name) is filled in.
-    """
+    """``query.schema`` to every hospital; merge their column reports into one schema
+    (`merge_schema`). ``names`` (node id -> hospital name) is filled in."""
     replies = _ask(grid, nodes, wire.SCHEMA_QUERY, wire.build_schema_instruction(),
                    cfg.round_timeout)
-    pairs = sorted(((r.metadata.src_node_id, _parse(wire.parse_schema_reply, r, wire.SCHEMA_QUERY))
-                    for r in replies), key=lambda pair: pair[1].site)
+    pairs = [(r.metadata.src_node_id, _parse(wire.parse_schema_reply, r, wire.SCHEMA_QUERY))
+             for r in replies]
     if names is not None:
         names.update({node: report.site for node, report in pairs})
-    reports = [report for _, report in pairs]
+    return merge_schema([report for _, report in pairs], cfg)
+
+
+def merge_schema(reports: list[SiteColumns], cfg: RunConfig) -> tuple[Schema | None, list[str]]:
+    """The hospitals' column reports merged into one schema, and its warnings.
+
+    Returns (None, []) when the hospitals hold images (NPZ), which need no schema; a mix of
+    tables and images is refused.
+    """
+    reports = sorted(reports, key=lambda r: r.site)
     tables = [r for r in reports if r.table]
     if not tables:
         return None, []
