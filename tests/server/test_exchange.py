@@ -1,0 +1,72 @@
+"""`server.exchange.send_and_receive`: Flower's push/pull, checked every POLL_S seconds."""
+
+from __future__ import annotations
+
+from fedsplit.server import exchange
+from flwr.app import Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+
+class Clock:
+    """Stands in for the module's time: sleeping advances it, nothing waits."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class SlowGrid:
+    """Each hospital's reply is there ``ready[node]`` seconds after the push (None: never)."""
+
+    def __init__(self, clock: Clock, ready: dict[int, float | None]) -> None:
+        self.clock, self.ready, self.pushed = clock, ready, {}
+
+    def push_messages(self, messages):
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"m{i}"
+            self.pushed[f"m{i}"] = msg
+        return list(self.pushed)
+
+    def pull_messages(self, ids):
+        out = []
+        for i in ids:
+            at = self.ready[self.pushed[i].metadata.dst_node_id]
+            if at is not None and self.clock.now >= at:
+                out.append(Message(RecordDict({}), reply_to=self.pushed[i]))
+        return out
+
+
+def exchange_with(monkeypatch, ready: dict[int, float | None], timeout: float
+                  ) -> tuple[list[Message], Clock]:
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    clock = Clock()
+    monkeypatch.setattr(exchange, "time", clock)
+    msgs = [Message(RecordDict({}), dst_node_id=n, message_type="train") for n in ready]
+    return exchange.send_and_receive(SlowGrid(clock, ready), msgs, timeout=timeout), clock
+
+
+def test_the_last_reply_is_collected_within_one_poll_of_arriving(monkeypatch) -> None:
+    replies, clock = exchange_with(monkeypatch, {1: 0.2, 2: 1.2, 3: 3.1}, timeout=60)
+    assert sorted(r.metadata.src_node_id for r in replies) == [1, 2, 3]
+    assert set(clock.sleeps) == {exchange.POLL_S} and exchange.POLL_S < 3
+    assert 3.1 <= clock.now < 3.1 + exchange.POLL_S  # Flower's HttpGrid: up to 3 s later
+
+
+def test_a_silent_hospital_ends_the_exchange_at_the_timeout_with_the_others(monkeypatch) -> None:
+    replies, clock = exchange_with(monkeypatch, {1: 0.0, 2: None, 3: 2.0}, timeout=10)
+    assert sorted(r.metadata.src_node_id for r in replies) == [1, 3]
+    assert 10 <= clock.now < 10 + exchange.POLL_S
+
+
+def test_a_grid_without_push_and_pull_answers_itself() -> None:
+    class Plain:
+        def send_and_receive(self, messages, *, timeout=None):
+            return ["answered"] * len(list(messages))
+
+    assert exchange.send_and_receive(Plain(), [1, 2], timeout=1) == ["answered", "answered"]
