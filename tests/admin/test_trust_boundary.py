@@ -27,11 +27,13 @@ from fedsplit.cli.errors import run_guarded
 from fedsplit.protocol import Update, read_weights, write_weights
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin import audit
+from fedsplit.server.admin.connections import forwarded_settings
 from fedsplit.server.admin.inspection import InspectRequest
 from fedsplit.server.admin.sandbox import Sandbox
 from fedsplit.server.admin.services import uploads as upload_service
 from fedsplit.server.admin.store import add_site, remove_site
 from fedsplit.server.admin.tables import Round
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tests.admin.asgi import call
 from tests.admin.conftest import (
@@ -129,21 +131,26 @@ def test_dominance_and_own_share_are_settings(make_client, site_token, tmp_path)
 
 # 3 and 4. Decompression and chunk-count bombs; replaced uploads; quota; uploads at once ---------
 MIB = 1024 * 1024
-#: Runs the upload parser (inspect_worker, as the sandbox's child does) on one file in a forked
-#: child of a fresh interpreter and prints the answer and the child's peak resident memory.
+#: Runs the upload parser (inspect_worker, as the sandbox's child does) on each file in a forked
+#: child of one fresh interpreter; prints each answer with the peak resident memory of the
+#: children so far (a running maximum: each child's peak is at most that).
 PARSER_PEAK = """
 import json, os, resource, sys
 from pathlib import Path
 from fedsplit.server.admin import inspect_worker
 from fedsplit.server.admin.inspection import InspectRequest, result_to_json
-request = InspectRequest.from_json(json.loads(sys.argv[2]))
-pid = os.fork()
-if pid == 0:
-    result = inspect_worker._inspect_safely(Path(sys.argv[1]), Path(sys.argv[3]), request)
-    Path(sys.argv[3] + ".json").write_text(result_to_json(result))
-    os._exit(0)
-os.waitpid(pid, 0)
-print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+request = InspectRequest.from_json(json.loads(sys.argv[1]))
+out = Path(sys.argv[2])
+for source in sys.argv[3:]:
+    pid = os.fork()
+    if pid == 0:
+        result = inspect_worker._inspect_safely(Path(source), out, request)
+        Path(str(out) + ".json").write_text(result_to_json(result))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    answer = json.loads(Path(str(out) + ".json").read_text())
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    print(json.dumps({"source": source, "answer": answer, "peak": peak}))
 """
 
 
@@ -167,13 +174,14 @@ def chunk_bomb(path: Path, chunks: int) -> Path:
         "w", shape=(chunks,), dtype=np.float32, chunks=(1,)))
 
 
-def parser_peak(path: Path, request: InspectRequest, tmp_path: Path) -> tuple[dict, int]:
-    """The parser's answer to ``path`` and its peak resident memory in bytes."""
-    out = tmp_path / "canonical.h5"
-    done = subprocess.run([sys.executable, "-c", PARSER_PEAK, str(path), json.dumps(request.to_json()),
-                           str(out)], capture_output=True, text=True, timeout=120, check=True,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    return json.loads(Path(str(out) + ".json").read_text()), int(done.stdout.split()[-1])
+def parser_peaks(paths: list[Path], request: InspectRequest, tmp_path: Path) -> dict[str, dict]:
+    """The parser's answer to each file and the peak resident memory (bytes) so far."""
+    done = subprocess.run([sys.executable, "-c", PARSER_PEAK, json.dumps(request.to_json()),
+                           str(tmp_path / "canonical.h5"), *map(str, paths)], capture_output=True,
+                          text=True, timeout=120, check=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    found = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {entry["source"]: entry for entry in found}
 
 
 def _first_upload_request(client: TestClient) -> InspectRequest:
@@ -198,13 +206,13 @@ def test_gzip_and_chunk_bombs_are_refused_before_any_value_is_read(make_client, 
         "2x10^5 chunks": (chunk_bomb(tmp_path / "chunks.h5", 200_000), "chunks"),
         "10^6 chunks": (chunk_bomb(tmp_path / "million.h5", 1_000_000), "chunks"),
     }
-    request = _first_upload_request(client)
+    parsed = parser_peaks([path for path, _ in bombs.values()], _first_upload_request(client), tmp_path)
     uploads = data_dir / "files" / "rounds" / str(rnd["id"]) / "uploads"
     for label, (path, reason) in bombs.items():
         started = time.perf_counter()
         response = post_file(client, rnd["id"], token, path, num_examples=5)
         seconds = time.perf_counter() - started
-        answer, peak = parser_peak(path, request, tmp_path)
+        answer, peak = parsed[str(path)]["answer"], parsed[str(path)]["peak"]
         print(f"{label}: {path.stat().st_size} bytes, answered {response.status_code} "
               f"{response.json().get('reason')} in {seconds:.2f} s; parser peak {peak / MIB:.0f} MiB")
         assert response.status_code == 422 and response.json()["reason"] == reason, label
@@ -589,3 +597,26 @@ def test_huge_file_count_is_refused_as_a_count(client, site_token, tmp_path):
     answer = post_file(client, rnd["id"], token, path)
     assert answer.status_code == 422 and answer.json()["reason"] == "num_examples"
     assert "18446744073709551615" in answer.json()["detail"]
+
+
+# 1. Forwarded addresses: trusted only from named proxies -------------------------------------------
+def test_named_proxy_is_trusted(client):
+    """With --forwarded-allow-ips 127.0.0.1 (nginx on the same host setting X-Forwarded-For
+    $remote_addr), uvicorn's own middleware, as `admin serve` configures it, gives each client its
+    own failure count and audited address; from any other sender the header is ignored. (Without
+    the option `admin serve` turns it off: test_trust_live.py, on a real server.)"""
+    settings = forwarded_settings(["127.0.0.1"])
+    assert forwarded_settings(None) == {"proxy_headers": False, "forwarded_allow_ips": ""}
+    proxied = ProxyHeadersMiddleware(client.app, trusted_hosts=settings["forwarded_allow_ips"])
+    wrong = {"host": "testserver", "authorization": "Bearer wrong-token-0123456789"}
+
+    def status(address: str, sender: str = "127.0.0.1") -> int:
+        return call(proxied, "GET", "/api/v1/rounds", {**wrong, "x-forwarded-for": address},
+                    client=sender).status
+
+    assert [status("198.51.100.1") for _ in range(7)] == [401] * 6 + [429]
+    assert status("198.51.100.2") == 401  # another client behind the proxy: its own count
+    assert status("198.51.100.3", sender="203.0.113.5") == 401  # not a named proxy: header ignored
+    ctx = client.app.state.admin
+    addresses = {r.address for r in audit.query(ctx.engine, events=["signin_failed"], limit=100)}
+    assert addresses == {"198.51.100.1", "198.51.100.2", "203.0.113.5"}
