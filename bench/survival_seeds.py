@@ -174,6 +174,8 @@ def one_run(dataset: str, sites: list[str], seed: int, rounds: int, out: Path,
             "federated": fed, "centralized": central,
             "lifelines_pooled": lifelines_mean, "coef_rel_diff": rel,
             "federated_round": summary["federated"].get("rounds_kept"),
+            # the last round's model (FLamby's protocol keeps it), beside the kept one
+            "federated_last": summary["rounds"][-1]["mean_per_site"]["c_index"],
             "rounds": len(json.loads((out / "federation" / "history.json").read_text())
                                  ["rounds"]),
             "ibs_federated": fed_ibs, "ibs_lifelines": ll_ibs, "seconds": seconds,
