@@ -15,11 +15,13 @@ case to the trainer:
 - **Model**: the federation's standardisation, then ``Linear(p, 1)`` (``hidden: []``) or an MLP;
   its output is the log relative hazard.
 - **Loss**: torchsurv's negative Cox partial log-likelihood (Efron ties), divided by the batch's
-  number of events. A mini-batch's risk sets hold only the batch's patients, so the mini-batch
-  loss is an approximation of the full partial likelihood (docs/survival.md); a batch without
-  an event adds nothing. ``penalizer`` P adds lifelines' ridge ``n P ||w||^2 / 2`` (n: the
-  batch's rows) on the weights, per event like the likelihood term. It is not a sum over
-  patients, so DP-SGD is refused (``per_sample_loss`` False).
+  number of events. A batch's risk sets hold only the batch's patients, so the trainer gives
+  this recipe (``per_sample_loss`` False) whole risk sets: each local step sees all of the
+  hospital's training rows, or a sample of ``risk_set_rows`` patients at a larger hospital
+  (`client.train.step_batch_size`, docs/survival.md); a batch without an event adds nothing.
+  ``penalizer`` P adds lifelines' ridge ``n P ||w||^2 / 2`` (n: the batch's rows) on the
+  weights, per event like the likelihood term. It is not a sum over patients, so DP-SGD is
+  refused (``per_sample_loss`` False).
 - **Metrics**: ``loss`` and Harrell's ``c_index`` (lifelines' ``concordance_index(T, -risk, E)``,
   FLamby's metric), ``auc``, and the pair counts per row (`protocol.survival.pair_rates`): the
   round is picked by the C-index over the hospitals' summed pairs
