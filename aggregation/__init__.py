@@ -60,3 +60,8 @@ __all__ = [
     "register",
     "strategy_names",
 ]
+
+# `import aggregation` (its bare folder name) would load every module twice: refused
+from fedsplit import only_as_fedsplit
+
+only_as_fedsplit(__name__)

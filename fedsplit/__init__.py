@@ -4,20 +4,30 @@ Installed, every part of fedsplit lives under this one name (``fedsplit.protocol
 ``fedsplit.aggregation``, ``fedsplit.server``, ``fedsplit.client``, ``fedsplit.orchestration``,
 ``fedsplit.cli``), so nothing of it collides with a user's own ``server.py`` or ``client.py``.
 
-The repository keeps those packages as top-level folders; the wheel maps them under ``fedsplit/``
-at build time (hatch ``sources`` in pyproject.toml). In a source checkout (``make setup``'s
-editable install) this file is the only thing in ``fedsplit/``, and it extends the package's
-search path to the repository root so that ``fedsplit.protocol`` is ``<repo>/protocol``.
+The repository keeps those packages as top-level folders; ``fedsplit/`` holds this file and one
+relative symbolic link per package (``fedsplit/protocol -> ../protocol``), so the checkout *is* the
+installed layout: the wheel follows the links (hatchling), ``make setup``'s editable install
+exposes only the name ``fedsplit`` (hatch ``dev-mode-exact``), and import-linter reads
+``fedsplit.*`` from the checkout as it is. Each package refuses to be imported under its bare
+folder name (``protocol`` rather than ``fedsplit.protocol``), which would load every file a
+second time as another module.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 PACKAGES = ("protocol", "aggregation", "server", "client", "orchestration", "cli")
 
-_here = Path(__file__).resolve().parent
-if not (_here / "protocol").is_dir():  # a source checkout: the packages sit beside this folder
-    _checkout = _here.parent
-    if (_checkout / "protocol" / "__init__.py").is_file():
-        __path__.append(str(_checkout))
+
+def only_as_fedsplit(name: str) -> None:
+    """Refuse a package imported by its bare folder name (``protocol`` instead of ``fedsplit.protocol``).
+
+    Called at the end of each package's ``__init__``: run from the repository root, Python can
+    find ``protocol/`` on its own, and the copy it imports would hold a second ``ConfigError``
+    class that an ``except fedsplit.protocol.ConfigError`` does not catch.
+    """
+    if not name.startswith("fedsplit."):
+        raise ImportError(
+            f"{name!r} is fedsplit's package 'fedsplit.{name}': import it as `import fedsplit.{name}` "
+            f"(the bare name would load a second copy of every module beside the installed one)",
+            name=name,
+        )

@@ -13,3 +13,8 @@
 It builds on every other package (protocol, aggregation, server, client); nothing but the CLI,
 the benchmarks and the tests imports it.
 """
+
+# `import orchestration` (its bare folder name) would load every module twice: refused
+from fedsplit import only_as_fedsplit
+
+only_as_fedsplit(__name__)

@@ -50,3 +50,8 @@ def __getattr__(name: str) -> Any:
 
         return RunConfig
     raise AttributeError(f"module 'protocol' has no attribute {name!r}")
+
+# `import protocol` (its bare folder name) would load every module twice: refused
+from fedsplit import only_as_fedsplit  # noqa: E402
+
+only_as_fedsplit(__name__)
