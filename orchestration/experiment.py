@@ -744,11 +744,15 @@ def local_states(out: Path, joined: Sequence[SiteTable], server_round: int | Non
 
 def _left_out(history: RunRecord, names: Sequence[str]) -> list[str]:
     """The hospitals whose own data or code failed in every round they were asked to train:
-    the federation trained without them (one line each, as the hospital reported it)."""
+    the federation trained without them (one line each, as the hospital reported it). A
+    hospital that withheld an update outside the secure-aggregation range did what the
+    protocol asks (the round goes on without it, docs/privacy.md): that is no failure here."""
     lines = []
     for name in names:
         entries = [s for r in history.rounds if r.train for s in r.train.sites if s.site == name]
-        if entries and all(s.excluded and s.reason and s.reason.startswith(f"hospital {name},")
+        own = f"hospital {name},"
+        if entries and all(s.excluded and s.reason and s.reason.startswith(own)
+                           and not s.reason.startswith(f"{own} secure aggregation:")
                            for s in entries):
             lines.append(f"{entries[-1].reason} (in every round: the federation trained "
                          f"without it)")

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from fedsplit.client.data import Dataset
+from fedsplit.client.data import Dataset, feature_stats
 from fedsplit.client.models import SiteModel, load_model
 from fedsplit.client.site import DATA_SUFFIXES
 from fedsplit.client.train import fit, score, set_statistics
@@ -60,7 +60,7 @@ from fedsplit.protocol.history import (
     SummaryPrivacy,
     privacy_section,
 )
-from fedsplit.protocol.stats import combine_moments, moments
+from fedsplit.protocol.stats import combine_moments
 
 ATTACKS = ("loss-threshold", "calibrated")
 RESAMPLES = 2000  # bootstrap resamples per confidence interval
@@ -160,8 +160,7 @@ def reference_model(like: SiteModel, train: Dataset, cfg: RunConfig, seed: int) 
     from fedsplit.client.models import build_model
 
     model = build_model(like.spec, seed=seed)
-    flat = train.x.reshape(len(train.x), -1)
-    mean, std = combine_moments([moments(flat.reshape(-1, 1) if train.kind == "cnn" else flat)])
+    mean, std = combine_moments([feature_stats(train)])  # as the hospitals pool them
     y = train.y.astype(np.float64)
     set_statistics(model, mean, std, float(y.mean()), float(y.std()))
     fit(model, train.x, train.y, epochs=cfg.num_server_rounds * cfg.local_epochs, lr=cfg.lr,

@@ -1,7 +1,8 @@
 """A model with BatchNorm federated through a real Flower simulation, end to end through the CLI.
 
-BatchNorm brings a 0-d int64 buffer (``num_batches_tracked``): it must travel as float64 in every
-message and keep its 0-d shape, or every reply from round 2 on is excluded as a layout mismatch.
+BatchNorm brings a 0-d int64 buffer (``num_batches_tracked``): it stays at each hospital (a
+counter: averaging it means nothing) while the running statistics travel; the global model keeps
+the counter as the initial model set it, 0-d float64 in the weight file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from fedsplit.protocol import read_weights
 
 @pytest.mark.slow
 def test_simulate_batchnorm_mlp_two_sites(tmp_path: Path) -> None:
-    """norm=batch: every round's global model moves, its BatchNorm counter grows, nothing excluded."""
+    """norm=batch: every round's global model moves (running statistics included), its BatchNorm
+    counter does not travel, nothing excluded."""
     out = tmp_path / "run"
     code = run_guarded(app, ["simulate", "--dataset", "breast-cancer", "--sites", "2",
                              "--rounds", "3", "--norm", "batch", "--out", str(out)])
@@ -35,7 +37,8 @@ def test_simulate_batchnorm_mlp_two_sites(tmp_path: Path) -> None:
     models = [read_weights(out / "federation" / "models" / f"round-{r:03d}.h5") for r in (1, 2, 3)]
     counters = [m.arrays["body.1.num_batches_tracked"] for m in models]
     assert all(c.shape == () and c.dtype == np.float64 for c in counters)
-    assert 0 < float(counters[0]) < float(counters[1]) < float(counters[2])
+    assert [float(c) for c in counters] == [0.0, 0.0, 0.0]  # counted at each hospital only
+    assert "body.1.num_batches_tracked" not in history["federated"]
     for name in ("body.0.weight", "body.1.weight", "body.1.running_mean", "body.1.running_var"):
         for before, after in pairwise(models):
             assert not np.array_equal(before.arrays[name], after.arrays[name]), name
