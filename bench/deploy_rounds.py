@@ -72,6 +72,14 @@ def hospital_files(work: Path, sites: int) -> list[Path]:
     return files
 
 
+def bare_env(home: Path) -> dict[str, str]:
+    """A Flower process of the bare side: fedsplit's isolation (FLWR_HOME, no phoning home, no
+    runtime installs) but Flower's own SuperExec poll interval."""
+    env = flower_env(home)
+    env.pop("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", None)
+    return env
+
+
 def run_bare(work: Path, sites: int, rounds: int, evaluate: bool) -> dict:
     """One run of the bare app; its round times and the command's wall time."""
     work.mkdir(parents=True)
@@ -82,23 +90,23 @@ def run_bare(work: Path, sites: int, rounds: int, evaluate: bool) -> dict:
     procs = []
     start = time.monotonic()
     try:
-        link = spawn(superlink_command(port, isolation="process"), flower_env(work / "link"),
+        link = spawn(superlink_command(port, isolation="process"), bare_env(work / "link"),
                      work / "superlink.log")
         procs.append(link)
         wait_http(health_url(address, False), 60, link)
-        procs.append(spawn(superexec_command(address), flower_env(work / "exec"),
+        procs.append(spawn(superexec_command(address), bare_env(work / "exec"),
                            work / "superexec.log"))
         for k, path in enumerate(files, start=1):
             procs.append(spawn(supernode_command(address, data_path=path, site_name=f"h{k}",
                                                  port=free_port()),
-                               flower_env(work / f"node{k}"), work / f"node{k}.log"))
+                               bare_env(work / f"node{k}"), work / f"node{k}.log"))
         write_connection(work / "cli", address)
         config = (f"num-server-rounds={rounds} min-nodes={sites} evaluate={int(evaluate)} "
                   f"times-file='{times}'")
         app = work / "app"
         shutil.copytree(BARE_APP, app, ignore=shutil.ignore_patterns("__pycache__"))
         done = subprocess.run([tool("flwr"), "run", str(app), CONNECTION, "--stream",
-                               "--run-config", config], env=flower_env(work / "cli"),
+                               "--run-config", config], env=bare_env(work / "cli"),
                               capture_output=True, text=True, timeout=1800)
         wall = time.monotonic() - start
         if done.returncode != 0:

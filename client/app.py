@@ -26,22 +26,14 @@ numbers, and the site's name. Every instruction and reply is read and built by
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from fedsplit.client.attacks import Attack, hostile_sites, parse_attack
 from fedsplit.client.data import feature_stats, local_state_path
 from fedsplit.client.failures import answered, hospital_stage
 from fedsplit.client.models import KINDS, RECIPE_KIND, ModelSpec, build_model, recipe_of
-from fedsplit.client.parallel import fit_parallel
-from fedsplit.client.privacy.agent import (
-    check_dp_model,
-    check_dp_travel,
-    patient_dp,
-    train_private,
-)
 from fedsplit.client.recipes import ModelInputs, builtin_recipe
-from fedsplit.client.secure.agent import handle_query, take_secure_record, train_reply
 from fedsplit.client.site import (
     SiteData,
     effective_recipe,
@@ -63,7 +55,7 @@ from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.privacy import DPSpec
+from fedsplit.protocol.privacy import SECAGG, DPSpec
 from fedsplit.protocol.update import (
     Update,
     arrays_to_state_dict,
@@ -72,6 +64,9 @@ from fedsplit.protocol.update import (
 )
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
+
+if TYPE_CHECKING:
+    from fedsplit.client.attacks import Attack
 
 torch.set_num_threads(1)  # one thread per hospital process: many small jobs share the cores
 
@@ -154,6 +149,8 @@ def setup(msg: Message, context: Context) -> Message:
 @answered("secure aggregation", _name)
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation's setup, share-keys and unmask stages (`client.secure`)."""
+    from fedsplit.client.secure.agent import handle_query
+
     return Message(handle_query(msg.content, msg.metadata.dst_node_id, context), reply_to=msg)
 
 
@@ -178,10 +175,13 @@ def init(msg: Message, context: Context) -> Message:
         model = build_model(spec, seed=cfg.seed, recipe=recipe)
         set_statistics(model, request.mean, request.std, request.y_mean, request.y_std)
         federated = _federated(model)
-        if (dp := patient_dp(cfg)) is not None:  # refused before round 1, with the fix
-            check_dp_model(model, dp, cfg)
-        elif (dp := DPSpec.parse(cfg.dp)) is not None:
-            check_dp_travel(model, federated, dp)
+        if (dp := DPSpec.parse(cfg.dp)) is not None:
+            from fedsplit.client.privacy.agent import check_dp_model, check_dp_travel
+
+            if dp.level == "patient":  # refused before round 1, with the fix
+                check_dp_model(model, dp, cfg)
+            else:
+                check_dp_travel(model, federated, dp)
     reply = wire.build_init_reply(state_dict_arrays(model.state_dict()), spec.to_id(),
                                   federated=federated, site=name)
     return Message(reply, reply_to=msg)
@@ -243,8 +243,19 @@ def _keep_local(context: Context, cfg: RunConfig, server_round: int,
                   num_examples=update.num_examples)
 
 
+def _patient_dp(cfg: RunConfig) -> DPSpec | None:
+    """The run's patient-level DP spec, or None (`client.privacy.agent.patient_dp`, without
+    importing the DP-SGD code for a run that does not use it)."""
+    spec = DPSpec.parse(cfg.dp)
+    return spec if spec is not None and spec.level == "patient" else None
+
+
 def _hostile(context: Context, cfg: RunConfig) -> Attack | None:
     """The attack this simulated site plays, if it is one of the last ``attackers`` sites."""
+    if cfg.attackers == 0:  # (client.attacks is imported only for a simulated attack)
+        return None
+    from fedsplit.client.attacks import hostile_sites, parse_attack
+
     attack = parse_attack(cfg.attack)
     if attack is None or cfg.attackers == 0:
         return None
@@ -273,7 +284,11 @@ def train(msg: Message, context: Context) -> Message:
     """Train the global model on local rows; reply with the tensors that travel, the count and
     metrics (the others stay in this hospital's state)."""
     cfg = RunConfig.from_flower(context.run_config)
-    secure = take_secure_record(msg.content)  # secure aggregation's collect stage, or None
+    secure = None  # secure aggregation's collect stage, when the instruction carries it
+    if SECAGG in msg.content.config_records:
+        from fedsplit.client.secure.agent import take_secure_record
+
+        secure = take_secure_record(msg.content)
     instruction = wire.parse_model_instruction(msg, wire.TRAIN)
     site = _site(context, cfg, instruction.schema)
     model = _global_model(instruction, context, cfg)
@@ -296,7 +311,9 @@ def train(msg: Message, context: Context) -> Message:
     steps = local_steps_per_round(len(x), local_steps=cfg.local_steps,
                                   local_epochs=cfg.local_epochs, batch_size=batch)
     with hospital_stage(site.name, "training"):
-        if (dp := patient_dp(cfg)) is not None:  # DP-SGD within the hospital's budget
+        if (dp := _patient_dp(cfg)) is not None:  # DP-SGD within the hospital's budget
+            from fedsplit.client.privacy.agent import train_private
+
             loss, epsilon = train_private(model, x, y, dp, cfg, steps=steps,
                                           server_round=server_round, site=site.name, seed=seed,
                                           device=device,
@@ -306,6 +323,8 @@ def train(msg: Message, context: Context) -> Message:
             rows = step_rows(len(x), steps, batch, seed)
             if rows is not None:  # exactly `steps` mini-batches: one pass over reshuffled repeats
                 x, y = x[rows], y[rows]
+            from fedsplit.client.parallel import fit_parallel
+
             result = fit_parallel(
                 model, x, y,
                 epochs=1 if rows is not None else steps // batches_per_epoch(len(x), batch),
@@ -330,6 +349,8 @@ def train(msg: Message, context: Context) -> Message:
                                        metrics_allowed=_metric_names(model))
     else:
         with hospital_stage(site.name, "secure aggregation"):
+            from fedsplit.client.secure.agent import train_reply
+
             reply = train_reply(secure, context, sent, update, metrics, site_info)
     return Message(reply, reply_to=msg)
 

@@ -37,6 +37,7 @@ from fedsplit.protocol.vertical.config import VerticalConfig
 # What the staged Flower app ships under fedsplit/: everything the ServerApps and ClientApps import.
 APP_PACKAGES = ("protocol", "aggregation", "server", "client")
 CONNECTION = "fedsplit"
+SUPEREXEC_POLL_S = "0.1"  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL of every Flower process we start
 # (serverapp, clientapp) of the horizontal and the vertical federation
 HORIZONTAL_COMPONENTS = ("fedsplit.server.app:app", "fedsplit.client.app:app")
 VERTICAL_COMPONENTS = ("fedsplit.server.vertical.app:app", "fedsplit.client.vertical.app:app")
@@ -70,6 +71,9 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        # the SuperExec's check for a new ServerApp/ClientApp task (Flower's default 1 s; it
+        # starts one ClientApp process per message): docs/deployment.md, issue 32
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL_S,
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
