@@ -118,8 +118,8 @@ def integrated_brier(survival: np.ndarray, test: pd.DataFrame, times: np.ndarray
 
 
 def one_run(dataset: str, sites: list[str], seed: int, rounds: int, out: Path,
-            hidden: str = "none", server_opt: str = "none", server_lr: float = 0.0
-            ) -> dict[str, Any]:
+            hidden: str = "none", server_opt: str = "none", server_lr: float = 0.0,
+            lr: float = 0.01) -> dict[str, Any]:
     from fedsplit.client.models import load_model, recipe_of
     from fedsplit.orchestration.datasets import table_keys
     from fedsplit.orchestration.experiment import Experiment, prepare_tables, run_simulation
@@ -131,7 +131,7 @@ def one_run(dataset: str, sites: list[str], seed: int, rounds: int, out: Path,
             table_keys(None, time="days", event="died", id_column="pid", task="survival",
                        penalizer=PENALIZER, hidden=hidden))
     cfg = RunConfig.from_flower(dict(num_server_rounds=rounds, seed=seed, server_opt=server_opt,
-                                     server_lr=server_lr, **keys))
+                                     server_lr=server_lr, lr=lr, **keys))
     exp = Experiment(cfg=cfg, out=out, dataset="tcga-brca" if dataset == "tcga-brca" else None,
                      site_files=[] if dataset == "tcga-brca" else sites)
     started = time.monotonic()
@@ -170,7 +170,7 @@ def one_run(dataset: str, sites: list[str], seed: int, rounds: int, out: Path,
     ll_ibs = integrated_brier(ll_surv, test, times)
     fed = summary["federated"]["mean_per_site"]["c_index"]
     central = summary["centralized"]["mean_per_site"]["c_index"]
-    return {"dataset": dataset, "seed": seed, "hidden": hidden, "server_opt": server_opt,
+    return {"dataset": dataset, "seed": seed, "hidden": hidden, "server_opt": server_opt, "lr": lr,
             "federated": fed, "centralized": central,
             "lifelines_pooled": lifelines_mean, "coef_rel_diff": rel,
             "federated_round": summary["federated"].get("rounds_kept"),
@@ -191,6 +191,7 @@ def main() -> None:
                         "the exact fit) or MLP widths, e.g. 32 or 64-32 (local steps)")
     parser.add_argument("--server-opt", default="none", help="none, adam, yogi, ...")
     parser.add_argument("--server-lr", type=float, default=0.0)
+    parser.add_argument("--lr", type=float, default=0.01, help="local Adam learning rate")
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
     args = parser.parse_args()
     rows = []
@@ -200,7 +201,7 @@ def main() -> None:
         for dataset in args.datasets.split(","):
             for seed in (int(s) for s in args.seeds.split(",")):
                 row = one_run(dataset, sites, seed, args.rounds, work / f"{dataset}-{seed}",
-                              args.hidden, args.server_opt, args.server_lr)
+                              args.hidden, args.server_opt, args.server_lr, args.lr)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     table = pd.DataFrame(rows)

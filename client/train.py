@@ -13,10 +13,12 @@ single-site model is never compared after less training than the federation had.
 likelihood, whose risk sets hold every patient still at risk) would be computed over risk sets
 cut to a 32-row mini-batch, a different objective from the hospital's; so each step sees the
 hospital's **whole training rows** (a full-batch step) up to the recipe's ``risk_set_rows``
-(default `RISK_SET_ROWS`), and beyond that a fresh random sample of that many patients per step
-(risk-set sampling, as DeepSurv/torchsurv train on large data). Every caller that trains (the
-hospital agent, the baselines, personalization) takes the same rule, so the step budgets stay
-comparable.
+(default `RISK_SET_ROWS`), and beyond that random batches of up to that many patients,
+reshuffled every pass over the rows (risk-set sampling, as DeepSurv/torchsurv train on large
+data: each step's risk sets are those of a random subsample; where a pass ends inside a batch,
+as `step_rows` cuts exact step counts, that batch may hold a patient of both passes twice).
+Every caller that trains (the hospital agent, the baselines, personalization) takes the same
+rule, so the step budgets stay comparable.
 """
 
 from __future__ import annotations
