@@ -8,25 +8,10 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fedsplit.aggregation.errors import (
-    AggregationError,
-    IncompatibleUpdatesError,
-    NotEnoughUpdatesError,
-    StrategyParamsError,
-    UnknownStrategyError,
-)
-from fedsplit.protocol.errors import ConfigError, FedsplitError, UpdateError, WeightFileError
+from fedsplit.protocol.errors import FedsplitError
 from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.context import AdminContext
-from fedsplit.server.admin.errors import (
-    AuthenticationError,
-    ConflictError,
-    NotFoundError,
-    PermissionDeniedError,
-    TooManyRequestsError,
-    UploadRefusedError,
-    UploadTooLargeError,
-)
+from fedsplit.server.admin.errors import TooManyRequestsError, status_of
 from fedsplit.server.admin.limits import RequestGuard
 from fedsplit.server.admin.routes import docs, health, rounds, uploads
 from fedsplit.server.admin.sandbox import Sandbox
@@ -35,35 +20,6 @@ from fedsplit.server.admin.ui.pages import UIError, handle_ui_error
 from starlette.exceptions import HTTPException
 
 API_PREFIX = "/api/v1"
-
-#: Domain error -> HTTP status; the first class in an error's MRO that is listed wins.
-STATUS_OF: dict[type[FedsplitError], int] = {
-    AuthenticationError: 401,
-    PermissionDeniedError: 403,
-    NotFoundError: 404,
-    ConflictError: 409,
-    UploadTooLargeError: 413,
-    TooManyRequestsError: 429,
-    UploadRefusedError: 422,
-    WeightFileError: 422,
-    UpdateError: 422,
-    ConfigError: 422,
-    UnknownStrategyError: 422,
-    StrategyParamsError: 422,
-    IncompatibleUpdatesError: 422,
-    NotEnoughUpdatesError: 409,
-    AggregationError: 422,
-    FedsplitError: 400,
-}
-
-
-def status_of(error: FedsplitError) -> int:
-    """HTTP status for a fedsplit error."""
-    for cls in type(error).__mro__:
-        if cls in STATUS_OF:
-            return STATUS_OF[cls]  # type: ignore[index]
-    return 400
-
 
 async def handle_fedsplit_error(request: Request, error: Exception) -> JSONResponse:
     """Turn a fedsplit error into ``{"detail", "error", "reason"}`` with its status."""

@@ -35,17 +35,27 @@ def get_session(ctx: ContextDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_principal(
+def get_identity(
     request: Request, ctx: ContextDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """The caller, from the bearer token (401 if none or unknown, 429 after repeated failures,
-    or when a hospital's requests come faster than ``--site-requests-per-minute``)."""
+    """Who the caller is, from the bearer token (401 if none or unknown, 429 after repeated
+    failures); `admit` is the rest of `get_principal`."""
     token = credentials.credentials if credentials is not None else None
-    principal = ctx.check_bearer(token, client_address(request))
+    return ctx.check_bearer(token, client_address(request))
+
+
+def admit(ctx: AdminContext, principal: Principal) -> Principal:
+    """429 when a hospital's requests come faster than ``--site-requests-per-minute``."""
     if principal.site_id is not None:
         ctx.request_rate.take(principal.site_id, str(principal.site_name))
     return principal
+
+
+def get_principal(ctx: ContextDep, principal: Annotated[Principal, Depends(get_identity)]) -> Principal:
+    """The caller, from the bearer token (401 if none or unknown, 429 after repeated failures,
+    or when a hospital's requests come faster than ``--site-requests-per-minute``)."""
+    return admit(ctx, principal)
 
 
 def client_address(request: Request) -> str:
@@ -54,6 +64,8 @@ def client_address(request: Request) -> str:
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+#: The caller identified but not yet admitted (`admit`): for a route that records its own refusals.
+IdentifiedPrincipal = Annotated[Principal, Depends(get_identity)]
 
 
 def get_admin(principal: CurrentPrincipal) -> Principal:

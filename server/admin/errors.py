@@ -10,12 +10,26 @@
         ├── TooManyRequestsError       HTTP 429  sign-in failures from this address: wait Retry-After
         └── UploadRefusedError         HTTP 422  the file or its count is refused; `reason` names why
 
-`server.admin.app` maps these (and protocol/aggregation errors) to HTTP in one handler.
+`STATUS_OF` maps these (and protocol/aggregation errors) to HTTP: `server.admin.app` answers
+with it, `services.refusals` records a refused upload's status with it.
 """
 
 from __future__ import annotations
 
-from fedsplit.protocol.errors import AdminError
+from fedsplit.aggregation.errors import (
+    AggregationError,
+    IncompatibleUpdatesError,
+    NotEnoughUpdatesError,
+    StrategyParamsError,
+    UnknownStrategyError,
+)
+from fedsplit.protocol.errors import (
+    AdminError,
+    ConfigError,
+    FedsplitError,
+    UpdateError,
+    WeightFileError,
+)
 
 
 class AuthenticationError(AdminError):
@@ -56,3 +70,32 @@ class TooManyRequestsError(AdminError):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+#: Domain error -> HTTP status; the first class in an error's MRO that is listed wins.
+STATUS_OF: dict[type[FedsplitError], int] = {
+    AuthenticationError: 401,
+    PermissionDeniedError: 403,
+    NotFoundError: 404,
+    ConflictError: 409,
+    UploadTooLargeError: 413,
+    TooManyRequestsError: 429,
+    UploadRefusedError: 422,
+    WeightFileError: 422,
+    UpdateError: 422,
+    ConfigError: 422,
+    UnknownStrategyError: 422,
+    StrategyParamsError: 422,
+    IncompatibleUpdatesError: 422,
+    NotEnoughUpdatesError: 409,
+    AggregationError: 422,
+    FedsplitError: 400,
+}
+
+
+def status_of(error: FedsplitError) -> int:
+    """HTTP status for a fedsplit error."""
+    for cls in type(error).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]  # type: ignore[index]
+    return 400

@@ -38,6 +38,18 @@ class ReceivedUpload:
     fields: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class ReceiveProgress:
+    """What `receive_upload` had read of the ``file`` part when it returned or refused: the
+    client's file name, the bytes of file data, and their sha256 once the whole part was read
+    (None when reading stopped early, e.g. over the size limit). A refused upload is recorded
+    with these (`services.refusals`)."""
+
+    filename: str | None = None
+    size: int = 0
+    sha256: str | None = None
+
+
 def too_large(limit: int, received: str) -> UploadTooLargeError:
     """The 413 error."""
     return UploadTooLargeError(
@@ -157,8 +169,12 @@ class _Collector:
         self.path.unlink(missing_ok=True)
 
 
-async def receive_upload(request: Request, tmp_dir: Path, limit: int) -> ReceivedUpload:
-    """Read the multipart body into a temp file; raise 413/422 errors, leaving nothing behind."""
+async def receive_upload(request: Request, tmp_dir: Path, limit: int,
+                         progress: ReceiveProgress | None = None) -> ReceivedUpload:
+    """Read the multipart body into a temp file; raise 413/422 errors, leaving nothing behind.
+
+    ``progress``, when given, holds what was read of the file part however this ends."""
+    progress = progress if progress is not None else ReceiveProgress()
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit + BODY_OVERHEAD:
         raise too_large(limit, f"Content-Length {declared}")
@@ -210,6 +226,7 @@ async def receive_upload(request: Request, tmp_dir: Path, limit: int) -> Receive
             )
         collector.finish()
     except MultipartParseError as e:
+        progress.filename, progress.size = collector.filename, collector.size
         collector.cleanup()
         raise UploadRefusedError(
             f"The multipart body is malformed ({e}); send it with curl -F or `fedsplit upload`. "
@@ -217,8 +234,11 @@ async def receive_upload(request: Request, tmp_dir: Path, limit: int) -> Receive
             "bad_request",
         ) from None
     except BaseException:
+        progress.filename, progress.size = collector.filename, collector.size
         collector.cleanup()
         raise
+    progress.filename, progress.size = collector.filename, collector.size
+    progress.sha256 = collector.digest.hexdigest()
     return ReceivedUpload(
         path=collector.path,
         sha256=collector.digest.hexdigest(),

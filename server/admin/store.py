@@ -47,6 +47,7 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("sites", "removed_at", "DATETIME"),
     ("audit_log", "mac", "VARCHAR(64)"),
     ("uploads", "site_seq", "INTEGER"),
+    ("ui_refused_uploads", "site_id", "INTEGER"),
 )
 
 

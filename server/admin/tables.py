@@ -134,3 +134,24 @@ class AuditRecord(Base):
     #: HMAC-SHA256 of ``hash`` under the audit key (server.admin.auditkey); None: written before
     #: the log had a key
     mac: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
+
+
+# One refused upload attempt (`services.refusals`): the upload route stores nothing of a refused
+# file, so this row says who tried to send what and why. The table name predates the row's move
+# out of the web view (issue 34): existing databases keep their rows.
+class RefusedUpload(Base):
+    __tablename__ = "ui_refused_uploads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    who: Mapped[str] = mapped_column(String(128), index=True)
+    #: the site's row id (None: the admin); hospitals see the rows with their own id
+    site_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    filename: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    size_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    status_code: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 from fedsplit.server.admin.limits import FORM_BODY_MAX, JSON_BODY_MAX
-from fedsplit.server.admin.tables import AuditRecord
-from fedsplit.server.admin.ui.refusals import RefusedUpload
+from fedsplit.server.admin.tables import AuditRecord, RefusedUpload
 from fedsplit.server.admin.ui.sessions import MAX_SESSIONS_PER_IDENTITY
 from sqlalchemy import func, select
 

@@ -10,7 +10,7 @@ from fedsplit.server.admin.services import isolation
 from fedsplit.server.admin.tables import Round, Upload
 from fedsplit.server.admin.timeutil import as_utc
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from fedsplit import aggregation
 
@@ -61,9 +61,22 @@ def create_round(session: Session, body: RoundCreate) -> Round:
     return rnd
 
 
-def list_rounds(session: Session) -> list[Round]:
-    """Every round, newest first."""
-    return list(session.scalars(select(Round).order_by(Round.id.desc())))
+def list_rounds(session: Session, *, limit: int | None = None) -> list[Round]:
+    """Every round (the newest ``limit``), newest first, with their uploads and sites loaded.
+
+    The one round listing: the API (``GET /api/v1/rounds``) and the web view read it."""
+    query = (select(Round).options(selectinload(Round.uploads).selectinload(Upload.site))
+             .order_by(Round.id.desc()))
+    return list(session.scalars(query if limit is None else query.limit(limit)))
+
+
+def recent_uploads(session: Session, principal: Principal, *, limit: int) -> list[Upload]:
+    """The newest ``limit`` uploads ``principal`` may see (the admin: all; a site: its own),
+    accepted ones of every round (current and replaced), newest first."""
+    query = select(Upload).options(selectinload(Upload.site)).order_by(Upload.id.desc()).limit(limit)
+    if not isolation.is_admin(principal):
+        query = query.where(Upload.site_id == principal.site_id)
+    return list(session.scalars(query))
 
 
 def public_id(upload: Upload) -> int:

@@ -4,10 +4,10 @@ Served by the admin API itself (same process, port and tokens). `install_ui` add
 
 - ``routes``: sign-in/out and the pages (server-rendered Jinja2, inline SVG charts);
 - ``sessions``: server-side sessions (the cookie holds a random id, never the token);
-- ``rest`` / ``runs``: view-models of REST rounds (admin database) and Flower runs (the
-  ``history.json`` files under ``--runs`` folders); ``siterows``: one hospital in one round;
+- ``rest`` / ``runs``: view-models of REST rounds (read through the admin's services, as the
+  API reads them) and Flower runs (the ``history.json`` files under ``--runs`` folders);
+  ``siterows``: one hospital in one round;
 - ``activity``: the event feed; ``curves`` / ``charts``: metric curves as SVG;
-- ``refusals``: a middleware recording refused uploads (the admin tables keep accepted ones);
 - ``templates/`` and ``static/`` (one stylesheet, one small script that polls with ETags).
 
 See docs/web-view.md.
@@ -23,7 +23,6 @@ from fastapi import FastAPI
 from fastapi.templating import Jinja2Templates
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin.ui.pages import UIError, handle_ui_error, make_templates
-from fedsplit.server.admin.ui.refusals import RefusalRecorder, create_tables
 from fedsplit.server.admin.ui.routes import router
 from fedsplit.server.admin.ui.runs import RunCatalog
 from fedsplit.server.admin.ui.sessions import SessionStore
@@ -42,11 +41,8 @@ class UIState:
 
 def install_ui(app: FastAPI, *, runs: list[Path] | tuple[Path, ...] = ()) -> None:
     """Serve the web view on ``app`` (after ``app.state.admin`` is set); ``runs``: ``--runs`` folders."""
-    ctx = app.state.admin
-    create_tables(ctx.engine)
     app.state.ui = UIState(sessions=SessionStore(), catalog=RunCatalog(list(runs)),
                            templates=make_templates())
-    app.add_middleware(RefusalRecorder, ctx=ctx)
     app.add_exception_handler(UIError, handle_ui_error)
     app.include_router(router)
 

@@ -1,4 +1,5 @@
-"""REST rounds as the web view shows them, read from the admin database.
+"""REST rounds as the web view shows them, read through the admin's services (`services.rounds`
+lists rounds and uploads for the API and this view alike; `services.refusals` the refusals).
 
 A site principal sees what `services.isolation` allows, as through the API: its own uploads and
 refusals, its own line of each report, no total count, and a model link only for aggregates the
@@ -11,14 +12,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from fedsplit.server.admin.auth import ADMIN, Principal
-from fedsplit.server.admin.services import isolation
-from fedsplit.server.admin.tables import Round, Upload
+from fedsplit.server.admin.auth import Principal
+from fedsplit.server.admin.errors import NotFoundError
+from fedsplit.server.admin.services import isolation, refusals
+from fedsplit.server.admin.services import rounds as round_service
+from fedsplit.server.admin.tables import RefusedUpload, Round, Upload
 from fedsplit.server.admin.timeutil import as_utc
-from fedsplit.server.admin.ui.refusals import RefusedUpload
 from fedsplit.server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
-from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 #: Rounds listed on the overview (newest first); older ones stay reachable by id.
 MAX_ROUNDS_LISTED = 100
@@ -123,24 +124,15 @@ def rest_round(rnd: Round, principal: Principal, refusals: list[RefusedUpload],
 
 
 def _refusals(session: Session, principal: Principal, round_ids: list[int] | None) -> list[RefusedUpload]:
-    query = select(RefusedUpload).order_by(RefusedUpload.id.desc()).limit(MAX_UPLOADS_LISTED)
-    if round_ids is not None:
-        query = query.where(RefusedUpload.round_id.in_(round_ids))
-    if principal.role != ADMIN:
-        query = query.where(RefusedUpload.site_id == principal.site_id)
-    return list(session.scalars(query))
+    return refusals.list_refusals(session, principal, round_ids=round_ids, limit=MAX_UPLOADS_LISTED)
 
 
 def list_rounds(session: Session, principal: Principal,
                 rule: isolation.ReleaseRule = _DEFAULT_RULE) -> list[RestRound]:
     """The newest `MAX_ROUNDS_LISTED` rounds, newest first."""
-    rounds = list(session.scalars(
-        select(Round).options(selectinload(Round.uploads).selectinload(Upload.site))
-        .order_by(Round.id.desc()).limit(MAX_ROUNDS_LISTED)
-    ))
-    refusals = _refusals(session, principal, [r.id for r in rounds])
+    rounds = round_service.list_rounds(session, limit=MAX_ROUNDS_LISTED)
     by_round: dict[int | None, list[RefusedUpload]] = {}
-    for refusal in refusals:
+    for refusal in _refusals(session, principal, [r.id for r in rounds]):
         by_round.setdefault(refusal.round_id, []).append(refusal)
     return [rest_round(r, principal, by_round.get(r.id, []), rule) for r in rounds]
 
@@ -148,19 +140,17 @@ def list_rounds(session: Session, principal: Principal,
 def get_round(session: Session, principal: Principal, round_id: int,
               rule: isolation.ReleaseRule = _DEFAULT_RULE) -> RestRound | None:
     """One round, or None."""
-    rnd = session.get(Round, round_id)
-    if rnd is None:
+    try:
+        rnd = round_service.get_round(session, round_id)
+    except NotFoundError:
         return None
     return rest_round(rnd, principal, _refusals(session, principal, [round_id]), rule)
 
 
 def recent_uploads(session: Session, principal: Principal) -> list[UploadItem]:
     """The newest uploads and refusals (every round), newest first."""
-    query = (select(Upload).options(selectinload(Upload.site))
-             .order_by(Upload.id.desc()).limit(MAX_UPLOADS_LISTED))
-    if principal.role != ADMIN:
-        query = query.where(Upload.site_id == principal.site_id)
-    items = [upload_item(u) for u in session.scalars(query)]
+    items = [upload_item(u) for u in round_service.recent_uploads(session, principal,
+                                                                  limit=MAX_UPLOADS_LISTED)]
     items += [refusal_item(r) for r in _refusals(session, principal, None)]
     items.sort(key=lambda i: (i.at is None, i.at), reverse=True)
     return items[:MAX_UPLOADS_LISTED]
