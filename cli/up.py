@@ -32,7 +32,12 @@ def round_line(entry: RoundEntry, total: int) -> str:
     used = [s.site for s in sites if not s.excluded]
     left = [f"{s.site or '?'} ({'late' if s.late else 'failed'})" for s in sites if s.excluded]
     metrics = scalars(entry.evaluate.metrics) if entry.evaluate else {}
-    shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k in ("accuracy", "loss", "r2"))
+    # the built-in tasks' headline metrics, else a recipe's own (its first three, e.g.
+    # balanced-accuracy, loss, macro-auroc); survival's pair rates are sums, not scores
+    builtin = "accuracy" in metrics or "r2" in metrics
+    names = ([k for k in metrics if k in ("accuracy", "loss", "r2")] if builtin
+             else [k for k in metrics if not k.startswith("c_")][:3])
+    shown = ", ".join(f"{k}={metrics[k]:.4f}" for k in names)
     parts = [f"round {entry.round}/{total}", f"{len(used)} hospitals", shown or "no evaluation"]
     if entry.error is not None:
         parts.append(f"[yellow]{entry.error}[/]")

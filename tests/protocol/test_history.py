@@ -229,3 +229,14 @@ def test_up_progress_lines_read_the_record() -> None:
                                                           "late": True, "reason": "late"}]}})
     assert round_line(cut, 3) == ("round 3/3 | 0 hospitals | no evaluation | "
                                   "[yellow]only 0 valid training replies[/] | [yellow]without a (late)[/]")
+
+
+def test_round_line_shows_a_recipes_own_metrics() -> None:
+    """A recipe without accuracy or r2 still shows its metrics (first three), not just loss."""
+    from fedsplit.cli.up import round_line
+
+    record = RunRecord.from_json({"rounds": [{"round": 1, "evaluate": {"metrics": {
+        "balanced-accuracy": 0.9, "loss": 0.5, "macro-auroc": 0.95, "extra": 1.0}}}]})
+    line = round_line(record.round(1), 2)
+    assert "balanced-accuracy=0.9000, loss=0.5000, macro-auroc=0.9500" in line
+    assert "extra" not in line
