@@ -16,12 +16,18 @@ penalizer=P)``) is printed beside it (the two must agree), and FLamby's publishe
 
 The fit is deterministic: FLamby's 5 seeds change nothing here (they seed its SGD training).
 
-``--strategies fedavg,fedadam,fedyogi`` also trains FLamby's linear Cox model by
+``--strategies fedavg,fedadam,fedyogi`` also runs FLamby's linear Cox model through
 ``fedsplit simulate --dataset tcga-brca --hidden none`` (task survival: the Cox recipe,
-``client/survival/recipe.py``: torchsurv's Cox loss on mini-batches, Adam locally), one run per
-strategy and seed (``--seeds``, FLamby: 5), each region a hospital with FLamby's test patients,
-the last round's model (``--keep last``, FLamby's protocol) scored as FLamby scores. FedAdam
-and FedYogi are FedAvg with a server optimizer on the pseudo-gradient (``--server-lr``).
+``client/survival/recipe.py``), each region a hospital with FLamby's test patients, scored as
+FLamby scores. Which path runs (docs/survival.md, `protocol.survival_exact`):
+
+- ``fedavg``: the exact federated Newton fit (the recipe's ``solver=auto`` under plain FedAvg),
+  which no seed changes: run once (seed 0), printed as such;
+- ``fedavg-sgd`` (``solver=sgd``), ``fedadam``, ``fedyogi``, ``fedadagrad``: rounds of local
+  steps (torchsurv's Cox loss, Adam locally; each step on the region's whole training rows, the
+  full risk sets: `client.train.step_batch_size`), one run per seed (``--seeds``, FLamby: 5),
+  the last round's model (``--keep last``, FLamby's protocol). FedAdam and FedYogi are FedAvg
+  with a server optimizer on the pseudo-gradient (``--server-lr``).
 
     .venv/bin/python bench/flamby_tcga.py --strategies fedavg,fedadam --seeds 5 --rounds 10
 
@@ -32,6 +38,7 @@ The recipe's ridge penalty is the exact fit's (``--penalizer``, lifelines' conve
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -42,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from fedsplit.client.site import COX_RECIPE  # noqa: E402
 from fedsplit.client.survival.tcga import DATASET, EVENT, ID, REGIONS, TIME, load_tcga_brca  # noqa: E402
 from fedsplit.orchestration.datasets import table_keys  # noqa: E402
 from fedsplit.orchestration.experiment import Experiment, run_experiment  # noqa: E402
@@ -72,7 +80,10 @@ def scores(coef: pd.Series, data: dict) -> tuple[dict[str, float], float]:
     return per_region, concordance_index(t, -risk, e)
 
 
-SERVER_OPT = {"fedavg": "none", "fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad"}
+SERVER_OPT = {"fedavg": "none", "fedavg-sgd": "none", "fedadam": "adam", "fedyogi": "yogi",
+              "fedadagrad": "adagrad"}
+#: the strategies fitted by the exact Newton path: deterministic, so one seed
+EXACT = ("fedavg",)
 
 
 def federated_runs(args: argparse.Namespace, out: Path) -> dict[str, list[dict]]:
@@ -82,24 +93,34 @@ def federated_runs(args: argparse.Namespace, out: Path) -> dict[str, list[dict]]
     for strategy in [s for s in args.strategies.split(",") if s]:
         if strategy not in SERVER_OPT:
             raise SystemExit(f"--strategies: one of {sorted(SERVER_OPT)}. Received: {strategy!r}")
-        for seed in range(args.seeds):
-            cfg = RunConfig(**table_keys(DATASET, hidden="none", penalizer=args.recipe_penalizer),
-                            seed=seed, resume=False,
+        for seed in range(1 if strategy in EXACT else args.seeds):
+            keys = table_keys(DATASET, hidden="none", penalizer=args.recipe_penalizer)
+            if strategy == "fedavg-sgd":  # the recipe's solver=sgd: local steps under FedAvg
+                keys = {**keys, "recipe": COX_RECIPE, "recipe_params": json.dumps(
+                    {"hidden": [], "penalizer": args.recipe_penalizer, "solver": "sgd"})}
+            cfg = RunConfig(**keys, seed=seed, resume=False,
                             num_server_rounds=args.rounds, lr=args.lr, keep="last",
                             server_opt=SERVER_OPT[strategy],
-                            server_lr=args.server_lr if strategy != "fedavg" else 0.0)
+                            server_lr=args.server_lr if SERVER_OPT[strategy] != "none" else 0.0)
             began = time.monotonic()
             summary = RunSummary.from_json(run_experiment(Experiment(
                 cfg=cfg, out=out / strategy / f"seed-{seed}", dataset=DATASET)))
             fed = summary.federated
             assert fed is not None
+            history = json.loads((out / strategy / f"seed-{seed}" / "federation" /
+                                  "history.json").read_text())
+            exact = any((r.get("aggregation") or {}).get("strategy") == "newton-cox"
+                        for r in history["rounds"])
             runs.setdefault(strategy, []).append({
                 "seed": seed, "seconds": time.monotonic() - began,
+                "path": f"exact Newton, {len(history['rounds'])} rounds" if exact else
+                f"local steps, {len(history['rounds'])} rounds",
                 "per_site": {k: v["c_index"] for k, v in fed.per_site.items()},
                 "mean": fed.mean_per_site["c_index"], "pooled": fed.metrics["c_index"]})
             print(f"  {strategy} seed {seed}: mean per region {runs[strategy][-1]['mean']:.3f}, "
                   f"pooled {runs[strategy][-1]['pooled']:.3f} "
-                  f"({runs[strategy][-1]['seconds']:.0f} s)", flush=True)
+                  f"({runs[strategy][-1]['path']}; {runs[strategy][-1]['seconds']:.0f} s)",
+                  flush=True)
     return runs
 
 
@@ -169,8 +190,10 @@ def main() -> None:
     for strategy, results in fed_runs.items():
         means = [r["mean"] for r in results]
         per_region = {k: float(np.mean([r["per_site"][k] for r in results])) for k in REGIONS}
-        row(f"fedsplit {strategy} ({len(results)} seeds)", per_region, float(np.mean(means)),
-            float(np.mean([r["pooled"] for r in results])))
+        row(f"fedsplit {strategy} ({len(results)} seed{'s' if len(results) > 1 else ''})",
+            per_region, float(np.mean(means)), float(np.mean([r["pooled"] for r in results])))
+        print(f"{'':<34}path: {results[0]['path']}; ratio of the mean to the exact federated "
+              f"Cox measured above: {float(np.mean(means)) / float(np.mean(list(fed_regions.values()))):.4f}")
         print(f"{'':<34}spread over seeds (max - min of the mean): {max(means) - min(means):.3f}")
     for name, mean, pool in FLAMBY:
         row(f"FLamby {name} (5 seeds)", None, mean, pool)
