@@ -105,7 +105,8 @@ def test_auto_on_a_cpu_machine_does_not_import_torch(tmp_path: Path) -> None:
     if Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists():
         pytest.skip("this machine has an NVIDIA driver: auto imports torch to ask it")
     code = (
-        "import sys, numpy as np, aggregation\n"
+        "import sys, numpy as np\n"
+        "from fedsplit import aggregation\n"
         "from fedsplit.protocol import Update\n"
         "ups = [Update({'a': np.full(3, k, np.float32)}, num_examples=1, site=f's{k}') "
         "for k in range(3)]\n"
