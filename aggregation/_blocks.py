@@ -5,7 +5,7 @@ updates at once. Flower stacks all N copies of every layer (and Krum flattens a 
 copy of every update). Here the model is cut into flat, contiguous blocks of coordinates and,
 for each block, the N updates' values are read into one reusable ``(N, b)`` buffer: from the
 file's memory-mapped pages when the update is an open `protocol.WeightFile` whose parameter
-is stored contiguous (`WeightFile.mapped`), else straight from the HDF5 dataset (its
+is stored contiguous (`_filereads.FileReads.mapped`), else straight from the HDF5 dataset (its
 `read_into`, one hyperslab read; the weight format has one owner, protocol/weights.py), by
 slicing when it is an in-memory `protocol.Update`. The block length ``b`` is chosen so that
 the buffer plus the reducer's own working memory stay under the budget, whatever N.
@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from fedsplit.aggregation._filereads import reads_of
 from fedsplit.aggregation._threads import map_threads, threads_for
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.protocol.arrays import ArraySpec
@@ -216,12 +217,12 @@ def plan_blocks(specs: Sequence[ArraySpec], max_values: int) -> list[Block]:
 class BlockReader:
     """Reads blocks of one update into caller-provided 1-D buffers.
 
-    Weight files are viewed or copied from their mapped pages when `WeightFile.mapped` maps
+    Weight files are viewed or copied from their mapped pages when `_filereads.FileReads.mapped` maps
     the parameter (contiguous, native byte order); otherwise read with
     `protocol.WeightFile.read_into` (one low-level hyperslab read straight into the buffer;
     HDF5 converts byte order and float16 -> float32/64 on the way; a damaged chunk raises
     `WeightFileError` with reason ``corrupt``). In-memory updates are sliced. A mapped block's
-    pages are dropped from the process (`WeightFile.unmap`) when the next block is asked for:
+    pages are dropped from the process (`FileReads.unmap`) when the next block is asked for:
     a view stays valid (its pages are mapped again from the page cache if touched), it just
     stops counting in the resident memory. With a `Watched` source (and ``check_values``),
     every block handed out is checked finite and a failure flags the watch.
@@ -232,18 +233,19 @@ class BlockReader:
         # a Watched source's reads are checked finite here, unless the pass checks its output
         self.watch = watch_of(source) if check_values else None
         self._file = self.source if isinstance(self.source, WeightFile) else None
+        self._reads = reads_of(self._file) if self._file is not None else None
         self._update = self.source if isinstance(self.source, Update) else None
         self._cached: tuple[str, np.ndarray] | None = None
         self._viewed: Block | None = None  # the mapped block last handed out by `view`
 
     def _mapped(self, name: str) -> np.ndarray | None:
-        """The parameter mapped from its weight file (`WeightFile.mapped`), or None."""
-        return self._file.mapped(name) if self._file is not None else None
+        """The parameter mapped from its weight file (`_filereads.FileReads.mapped`), or None."""
+        return self._reads.mapped(name) if self._reads is not None else None
 
     def _unmap(self, block: Block | None) -> None:
         """Drop a mapped block's pages from the process (they stay in the page cache)."""
-        if block is not None and self._file is not None:
-            self._file.unmap(block.name, block.start, block.stop)
+        if block is not None and self._reads is not None:
+            self._reads.unmap(block.name, block.start, block.stop)
 
     def _flat(self, name: str) -> np.ndarray:
         if self._update is not None and self._update.arrays[name].flags.c_contiguous:
@@ -270,10 +272,10 @@ class BlockReader:
     def read(self, block: Block, out: np.ndarray) -> None:
         """Fill ``out`` (1-D, ``block.size`` values, any float dtype) with the block's values.
 
-        A weight file's block is copied with one positional read (`WeightFile.read_values`)
+        A weight file's block is copied with one positional read (`FileReads.read_values`)
         when it lies in the file as it is and ``out`` has its dtype; else from its mapped pages
         (casting), else with an HDF5 hyperslab read."""
-        if self._file is not None and self._file.read_values(block.name, block.start, out):
+        if self._reads is not None and self._reads.read_values(block.name, block.start, out):
             pass
         elif (mapped := self._mapped(block.name)) is not None:
             np.copyto(out, mapped[block.start : block.stop], casting="same_kind")
@@ -292,8 +294,8 @@ class BlockReader:
 
     def raw_location(self, name: str) -> tuple[int, int] | None:
         """``(descriptor, byte offset)`` of a weight file's parameter stored as it lies
-        (`protocol.WeightFile.raw_location`), else None: for readers that read it themselves."""
-        return self._file.raw_location(name) if self._file is not None else None
+        (`FileReads.raw_location`), else None: for readers that read it themselves."""
+        return self._reads.raw_location(name) if self._reads is not None else None
 
     def fetch(self, block: Block, buf: np.ndarray) -> np.ndarray:
         """The block's values for a streamed pass: a view of an in-memory update, else read
@@ -332,12 +334,12 @@ class BlockReader:
 
     def release(self) -> None:
         """At the end of a pass: forget a cached parameter and drop the pages of the mapped
-        blocks the pass is done with (`WeightFile.drop_done`), the last one viewed included."""
+        blocks the pass is done with (`FileReads.drop_done`), the last one viewed included."""
         self._cached = None
         self._unmap(self._viewed)
         self._viewed = None
-        if self._file is not None:
-            self._file.drop_done()
+        if self._reads is not None:
+            self._reads.drop_done()
 
 
 def check_budget(memory_budget: object) -> None:

@@ -57,6 +57,7 @@ from fedsplit.aggregation._blocks import (
     stack_addresses,
     tiles,
 )
+from fedsplit.aggregation._filereads import reads_of
 from fedsplit.aggregation._interface import STACKED, OrderResults
 from fedsplit.aggregation._reference import GRAM_TILE, BlockSum, NumpyBackend, add_squared_distances
 from fedsplit.aggregation._threads import map_threads, round_robin
@@ -304,7 +305,7 @@ class CompiledBlockSum(BlockSum):
             k, errno, got_bytes = failed
             source = base(self.readers[k].source)
             assert isinstance(source, WeightFile)  # only files are read by the call
-            raise source.read_failure(
+            raise reads_of(source).read_failure(
                 block.name, block.start, block.size * out.dtype.itemsize, got_bytes, errno
             )
 

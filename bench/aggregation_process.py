@@ -150,16 +150,14 @@ def read_rates(paths: list[Path]) -> dict[str, float]:
                 nbytes += len(chunk)
     plain = nbytes / (time.perf_counter() - start) / 1e9
     rates = {"plain_read_gbps": plain, "file_bytes": nbytes}
-    for key, flag in (("positional_block_read_gbps", "1"), ("hdf5_block_read_gbps", "0")):
-        before = os.environ.get("FEDSPLIT_MMAP")
-        os.environ["FEDSPLIT_MMAP"] = flag
+    from fedsplit.aggregation import _filereads
+
+    for key, mmap in (("positional_block_read_gbps", True), ("hdf5_block_read_gbps", False)):
+        before = _filereads.configure(_filereads.ReadSettings(mmap=mmap))  # FEDSPLIT_MMAP=1 / 0
         try:
             rates[key] = _block_rate(paths)
         finally:
-            if before is None:
-                os.environ.pop("FEDSPLIT_MMAP")
-            else:
-                os.environ["FEDSPLIT_MMAP"] = before
+            _filereads.configure(before)
     return rates
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedsplit.aggregation import _blocks
+from fedsplit.aggregation import _blocks, _filereads
 from fedsplit.aggregation._compiled import CompiledBackend
+from fedsplit.aggregation._filereads import reads_of
 from fedsplit.aggregation._reference import GRAM_TILE
 from fedsplit.aggregation.backend import squared_distances
 from fedsplit.protocol import Update, open_weights, write_weights
@@ -106,7 +107,7 @@ def test_mapped_files_in_place_equal_hdf5_reads(tmp_path: Path, monkeypatch, nam
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
 
     def from_files(mmap: str):
-        monkeypatch.setenv("FEDSPLIT_MMAP", mmap)
+        monkeypatch.setattr(_filereads, "SETTINGS", _filereads.ReadSettings(mmap=mmap != "0"))
         files = [open_weights(p) for p in paths]
         try:
             return _run(monkeypatch, "compiled", name, params, files)
@@ -205,11 +206,11 @@ def test_weight_files_map_from_the_offsets_the_structure_check_found(tmp_path: P
         assert set(offsets) == set(update.arrays)
         assert all(isinstance(o, int) for name, o in offsets.items() if update.arrays[name].size)
         for name, values in update.arrays.items():
-            mapped = plain.mapped(name)
+            mapped = reads_of(plain).mapped(name)
             if values.size:
                 np.testing.assert_array_equal(mapped.reshape(values.shape), values)
         # gzip-compressed (chunked) parameters cannot be mapped: read with HDF5 calls instead
-        assert packed._offsets["p0"] is None and packed.mapped("p0") is None
+        assert packed._offsets["p0"] is None and reads_of(packed).mapped("p0") is None
         np.testing.assert_array_equal(packed.array("p0"), update.arrays["p0"])
     finally:
         plain.close()

@@ -7,8 +7,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from fedsplit.aggregation import _filereads
 from fedsplit.aggregation import guard as guard_module
 from fedsplit.aggregation._blocks import BlockReader, ValueWatch, Watched, plan_blocks
+from fedsplit.aggregation._filereads import reads_of
 from fedsplit.aggregation.guard import guard_updates
 from fedsplit.protocol import open_weights, write_weights
 
@@ -126,11 +128,11 @@ def test_mapped_values_equal_the_stored_ones(h, tmp_path) -> None:
     path = write_weights(u, tmp_path / "m.h5")
     with open_weights(path) as f:
         for name in f.header.names:
-            mapped = f.mapped(name)
+            mapped = reads_of(f).mapped(name)
             assert mapped is not None
             np.testing.assert_array_equal(mapped, u.arrays[name].reshape(-1))
-        big = f.mapped("p0")
-        f.unmap("p0", 0, big.size)  # pages dropped from the process, values still there
+        big = reads_of(f).mapped("p0")
+        reads_of(f).unmap("p0", 0, big.size)  # pages dropped from the process, values still there
         np.testing.assert_array_equal(big, u.arrays["p0"].reshape(-1))
 
 
@@ -154,25 +156,24 @@ def test_done_values_are_dropped_in_runs_and_at_the_end(tmp_path, monkeypatch) -
     """`unmap` drops pages once `UNMAP_RUN_BYTES` are done (not block by block); `drop_done`
     drops the rest; the values read the same afterwards."""
     from fedsplit.protocol import Update
-    from fedsplit.protocol import weights as weights_module
 
-    monkeypatch.setattr(weights_module, "UNMAP_RUN_BYTES", 1024 * 1024)
-    monkeypatch.setattr(weights_module, "UNMAP_TOTAL_BYTES", 2**40)
+    monkeypatch.setattr(_filereads, "UNMAP_RUN_BYTES", 1024 * 1024)
+    monkeypatch.setattr(_filereads, "UNMAP_TOTAL_BYTES", 2**40)
     values = np.random.default_rng(11).standard_normal(1_000_000).astype(np.float32)  # 4 MB
     path = write_weights(Update({"p": values}, num_examples=3), tmp_path / "big.h5").resolve()
     with open_weights(path) as f:
-        mapped = f.mapped("p")
+        mapped = reads_of(f).mapped("p")
         assert mapped is not None
         assert float(mapped.sum(dtype=np.float64)) == pytest.approx(float(values.sum(dtype=np.float64)))
         full = _resident_kb(path)
         assert full >= 3900
-        f.unmap("p", 0, 200_000)  # 0.8 MB done: under the run, nothing dropped yet
+        reads_of(f).unmap("p", 0, 200_000)  # 0.8 MB done: under the run, nothing dropped yet
         assert _resident_kb(path) >= full - 8
-        f.unmap("p", 200_000, 300_000)  # 1.2 MB done: dropped in one go
+        reads_of(f).unmap("p", 200_000, 300_000)  # 1.2 MB done: dropped in one go
         assert _resident_kb(path) <= full - 1150
-        f.unmap("p", 300_000, 400_000)  # 0.4 MB more: kept until the run is long enough
+        reads_of(f).unmap("p", 300_000, 400_000)  # 0.4 MB more: kept until the run is long enough
         assert _resident_kb(path) >= full - 1200 - 8
-        f.drop_done()  # the end of a pass drops what is left
+        reads_of(f).drop_done()  # the end of a pass drops what is left
         assert _resident_kb(path) <= full - 1550
         np.testing.assert_array_equal(mapped, values)  # mapped again from the page cache
 
@@ -180,27 +181,26 @@ def test_done_values_are_dropped_in_runs_and_at_the_end(tmp_path, monkeypatch) -
 def test_runs_shorten_when_many_files_are_mapped(h, tmp_path, monkeypatch) -> None:
     """The run of done pages a file drops at once is `UNMAP_RUN_BYTES`, shorter when more files
     are mapped than `UNMAP_TOTAL_BYTES` allows runs for, never under `UNMAP_MIN_RUN_BYTES`."""
-    from fedsplit.protocol import weights as weights_module
 
-    monkeypatch.setattr(weights_module, "UNMAP_RUN_BYTES", 4 << 20)
-    monkeypatch.setattr(weights_module, "UNMAP_MIN_RUN_BYTES", 1 << 20)
+    monkeypatch.setattr(_filereads, "UNMAP_RUN_BYTES", 4 << 20)
+    monkeypatch.setattr(_filereads, "UNMAP_MIN_RUN_BYTES", 1 << 20)
     updates = h.make_updates(4, shapes=[(30, 20)], seed=13)
     files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
     try:
-        before = weights_module._MAPPED[0]
+        before = _filereads._MAPPED[0]
         for f in files:
-            assert f.mapped("p0") is not None
-        assert weights_module._MAPPED[0] == before + 4
-        monkeypatch.setattr(weights_module, "UNMAP_TOTAL_BYTES", (before + 4) * (2 << 20))
-        assert weights_module._unmap_run() == 2 << 20
-        monkeypatch.setattr(weights_module, "UNMAP_TOTAL_BYTES", 1 << 30)
-        assert weights_module._unmap_run() == 4 << 20
-        monkeypatch.setattr(weights_module, "UNMAP_TOTAL_BYTES", 1)
-        assert weights_module._unmap_run() == 1 << 20
+            assert reads_of(f).mapped("p0") is not None
+        assert _filereads._MAPPED[0] == before + 4
+        monkeypatch.setattr(_filereads, "UNMAP_TOTAL_BYTES", (before + 4) * (2 << 20))
+        assert _filereads._unmap_run() == 2 << 20
+        monkeypatch.setattr(_filereads, "UNMAP_TOTAL_BYTES", 1 << 30)
+        assert _filereads._unmap_run() == 4 << 20
+        monkeypatch.setattr(_filereads, "UNMAP_TOTAL_BYTES", 1)
+        assert _filereads._unmap_run() == 1 << 20
     finally:
         for f in files:
             f.close()
-    assert weights_module._MAPPED[0] == before
+    assert _filereads._MAPPED[0] == before
 
 
 @needs_smaps
@@ -241,7 +241,7 @@ def test_compressed_big_endian_and_userblock_files(tmp_path) -> None:
             g.create_dataset("w", data=values, **ds_kw)
             g.attrs["order"] = ["w"]
         with open_weights(path) as wf:
-            got = wf.mapped("w")
+            got = reads_of(wf).mapped("w")
             assert (got is not None) == mapped, label
             if got is not None:
                 np.testing.assert_array_equal(got, values.reshape(-1))
@@ -256,10 +256,10 @@ def test_mapping_off_reads_the_same(h, tmp_path, monkeypatch) -> None:
     strategy = aggregation.get_strategy("median")
     results = []
     for flag in ("1", "0"):
-        monkeypatch.setenv("FEDSPLIT_MMAP", flag)
+        monkeypatch.setattr(_filereads, "SETTINGS", _filereads.ReadSettings(mmap=flag != "0"))
         files = [open_weights(p) for p in paths]
         try:
-            assert (files[0].mapped("p0") is None) == (flag == "0")
+            assert (reads_of(files[0]).mapped("p0") is None) == (flag == "0")
             results.append(aggregation.aggregate_updates(strategy, files))
         finally:
             for f in files:
