@@ -513,3 +513,136 @@ def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     return f"{where}: {err['msg']} ({e.error_count()} problem(s) in all)"
+
+
+# -- run kinds and the vertical run record ---------------------------------------------------------
+
+#: What wrote a ``history.json``: a horizontal Flower run (`RunRecord`), a vertical one
+#: (`VerticalRunRecord`), or ``fedsplit km`` / ``fedsplit cox`` (a status file, loaded as a
+#: `RunRecord` without rounds whose ``mode`` names the analysis).
+RUN_KINDS = ("horizontal", "vertical", "survival-km", "survival-cox")
+#: Keys of a vertical run's configuration (`protocol.vertical.config.VerticalConfig.to_flower`)
+#: that a horizontal one never has: how a file written before ``kind`` existed is told apart.
+_VERTICAL_CONFIG_KEYS = frozenset({"fusion-params", "site-files", "site-out-dirs"})
+
+
+def run_kind(data: dict[str, Any]) -> str:
+    """The kind of run a parsed ``history.json`` records (`RUN_KINDS`): its ``kind`` when written
+    (since issue 34), else told from its keys (files written before)."""
+    kind = data.get("kind")
+    if isinstance(kind, str) and kind in RUN_KINDS:
+        return kind
+    config = data.get("config")
+    if "overlap" in data or "psi_seconds" in data or (
+            isinstance(config, dict) and _VERTICAL_CONFIG_KEYS & set(config)):
+        return "vertical"
+    mode = data.get("mode")
+    if mode in ("km", "cox") and not data.get("rounds"):
+        return f"survival-{mode}"
+    return "horizontal"
+
+
+class VerticalRound(_Part):
+    """One round of a vertical run: the fused model's training loss and steps, its held-out
+    ``metrics`` (on ``num_examples`` test rows; ``metrics_complete_rows`` when some rows lack a
+    site) and its validation scores."""
+
+    round: int
+    train_loss: float | None = None
+    steps: int | None = None
+    seconds: float | None = None
+    metrics: dict[str, Metric] = Field(default_factory=dict)
+    num_examples: int | None = None
+    metrics_complete_rows: dict[str, Metric] | None = None
+    val_metrics: dict[str, Metric] | None = None
+    val_examples: int | None = None
+
+
+class VerticalSelection(_Part):
+    """The kept round of a vertical run: the rule (``best-val`` or ``last``), the metric, the
+    round kept, its validation score and every round's (None: not scored)."""
+
+    keep: str
+    metric: str | None = None
+    rounds_kept: int | None = None
+    val_score: float | None = None
+    val_metric: list[float | None] = Field(default_factory=list)
+
+
+class VerticalRunRecord(_JsonFile):
+    """``history.json`` of a vertical run (``fedsplit vertical simulate`` / the vertical
+    coordinator, `server.vertical.app`), written after every phase.
+
+    ``overlap``: the ID alignment (PSI) counts; ``psi_seconds``; the label ``task``; the train,
+    test and validation row counts; each site's ``input_widths``; ``rounds``
+    (`VerticalRound`); ``selection`` (`VerticalSelection`); where the kept round's site models
+    (``site_models``) and the last round's (``last_site_models``) were saved; the message
+    ``inventory`` and traffic. Files written before ``kind`` existed load unchanged.
+    """
+
+    _file: ClassVar[str] = "history.json"
+    _kind: ClassVar[str] = "vertical run record"
+    _fix: ClassVar[str] = " Move it away or rewrite it with fedsplit."
+
+    kind: str = "vertical"
+    status: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    overlap: list[dict[str, Any]] | dict[str, Any] | None = None
+    psi_seconds: float | None = None
+    task: str | None = None
+    train_rows: int | None = None
+    test_rows: int | None = None
+    val_rows: int | None = None
+    input_widths: dict[str, int] | list[int] | None = None
+    rounds: list[VerticalRound] = Field(default_factory=list)
+    selection: VerticalSelection | None = None
+    site_models: list[str] | None = None
+    last_site_models: list[str] | None = None
+    inventory: dict[str, Any] | None = None
+    messages: int | None = None
+    bytes_to_sites: int | None = None
+    bytes_from_sites: int | None = None
+
+    def kept_round(self) -> VerticalRound | None:
+        """The round the selection kept (None before one is)."""
+        kept = self.selection.rounds_kept if self.selection is not None else None
+        return next((r for r in self.rounds if r.round == kept), None)
+
+
+def load_run_record(path: str | Path) -> RunRecord | VerticalRunRecord:
+    """Read any run's ``history.json`` as the model of its kind (`run_kind`); `ConfigError`
+    when it is unreadable or not a run record of that kind."""
+    data = _read(Path(path))
+    if isinstance(data, dict) and run_kind(data) == "vertical":
+        return VerticalRunRecord.from_json(data, source=str(path))
+    return RunRecord.from_json(data, source=str(path))
+
+
+class VerticalScores(_Part):
+    """One model of a vertical run scored on the held-out test rows: the fused federation's
+    kept round, the centralized model (every site's columns pooled) or one site alone
+    (``site``), with its rows, the round kept by validation and the validation scores."""
+
+    site: str | None = None
+    metrics: dict[str, Metric] = Field(default_factory=dict)
+    num_examples: int | None = None
+    rounds_kept: int | None = None
+    val_metric: list[float | None] = Field(default_factory=list)
+
+
+class VerticalSummary(_JsonFile):
+    """``summary.json`` of ``fedsplit vertical simulate``: the fused model (``federated``), the
+    ``centralized`` baseline and each site alone (``local_only``), on the same test rows."""
+
+    _file: ClassVar[str] = "summary.json"
+    _kind: ClassVar[str] = "vertical run summary"
+
+    task: str | None = None
+    sites: int | None = None
+    keep: str | None = None
+    federated: VerticalScores | None = None
+    centralized: VerticalScores | None = None
+    local_only: list[VerticalScores] = Field(default_factory=list)

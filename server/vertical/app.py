@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.errors import FederationError, FedsplitError
+from fedsplit.protocol.history import HISTORY_FILE, VerticalRound, VerticalRunRecord, VerticalSelection
 from fedsplit.protocol.selection import BestRound, selection_metric
 from fedsplit.protocol.vertical.config import VerticalConfig
 from fedsplit.protocol.vertical.wire import Payload, check_payload, from_record, to_record
@@ -81,17 +81,17 @@ class GridTransport:
         return out
 
 
-def selection_record(rule: BestRound, metric: str) -> dict[str, Any]:
+def selection_record(rule: BestRound, metric: str) -> VerticalSelection:
     """``history.json``'s ``selection``: the rule, metric, kept round and validation scores."""
     def number(value: float | None) -> float | None:
         return None if value is None or value != value else value  # NaN: not scored
 
-    return {"keep": rule.keep, "metric": metric, "rounds_kept": rule.round,
-            "val_score": number(rule.score), "val_metric": [number(v) for v in rule.scores]}
+    return VerticalSelection(keep=rule.keep, metric=metric, rounds_kept=rule.round,
+                             val_score=number(rule.score), val_metric=[number(v) for v in rule.scores])
 
 
 def train_and_save(coordinator: VerticalCoordinator, rounds: int, keep: str, out: Path,
-                   history: dict[str, Any], write: Callable[[], None]) -> BestRound:
+                   history: VerticalRunRecord, write: Callable[[], None]) -> BestRound:
     """Train ``rounds`` rounds and save the kept round's model and the last one's.
 
     The head goes to ``out/head`` and each site's branch to its output folder whenever a round
@@ -108,16 +108,16 @@ def train_and_save(coordinator: VerticalCoordinator, rounds: int, keep: str, out
         return coordinator.save_sites(tag=str(out), slot=slot)
 
     def after_round(entry: dict[str, Any], rule: BestRound) -> None:
-        history["rounds"].append(entry)
+        history.rounds.append(VerticalRound.model_validate(entry))
         if rule.keep == "best-val" and rule.round == entry["round"]:
-            history["site_models"] = save("")  # the kept round's model, as it is now
-        history["selection"] = selection_record(rule, metric)
+            history.site_models = save("")  # the kept round's model, as it is now
+        history.selection = selection_record(rule, metric)
         write()
 
     rule, _ = coordinator.train_and_keep(rounds, keep, on_round=after_round)
     if rule.keep == "last":
-        history["site_models"] = save("")
-    history["last_site_models"] = save("last")
+        history.site_models = save("")
+    history.last_site_models = save("last")
     write()
     return rule
 
@@ -127,9 +127,10 @@ def main(grid: Grid, context: Context) -> None:
     """Align, prepare, train, evaluate, save; history.json after every phase."""
     cfg = VerticalConfig.from_flower(context.run_config)
     out = Path(cfg.out_dir)
-    history: dict[str, Any] = {"status": "running", "config": cfg.to_flower(), "rounds": [],
-                               "started_at": time.time()}
-    write_json_atomic(out / "history.json", history)
+    history = VerticalRunRecord(kind="vertical", status="running", config=cfg.to_flower(), rounds=[],
+                                started_at=time.time())
+    path = out / HISTORY_FILE
+    history.save(path)
     transport = GridTransport(grid, cfg.round_timeout)
     try:
         params = cfg.params
@@ -140,26 +141,26 @@ def main(grid: Grid, context: Context) -> None:
                                           test_fraction=cfg.test_fraction,
                                           val_fraction=VAL_FRACTION if cfg.keep == "best-val" else 0.0)
         t0 = time.monotonic()
-        history["overlap"] = coordinator.align()
-        history["psi_seconds"] = round(time.monotonic() - t0, 2)
+        history.overlap = coordinator.align()
+        history.psi_seconds = round(time.monotonic() - t0, 2)
         coordinator.prepare()
-        history.update({"task": labels.task, "train_rows": len(coordinator.train_rows),
-                        "test_rows": len(coordinator.test_rows), "val_rows": len(coordinator.val_rows),
-                        "input_widths": coordinator.input_widths})
-        write_json_atomic(out / "history.json", history)
+        history.task, history.input_widths = labels.task, coordinator.input_widths
+        history.train_rows, history.test_rows = len(coordinator.train_rows), len(coordinator.test_rows)
+        history.val_rows = len(coordinator.val_rows)
+        history.save(path)
 
         def write() -> None:
-            history["inventory"] = transport.inventory
-            write_json_atomic(out / "history.json", history)
+            history.inventory = transport.inventory
+            history.save(path)
 
         train_and_save(coordinator, cfg.num_server_rounds, cfg.keep, out, history, write)
     except FedsplitError as e:
-        history.update({"status": "failed", "error": f"{type(e).__name__}: {e}",
-                        "inventory": transport.inventory, "finished_at": time.time()})
-        write_json_atomic(out / "history.json", history)
+        history.status, history.error = "failed", f"{type(e).__name__}: {e}"
+        history.inventory, history.finished_at = transport.inventory, time.time()
+        history.save(path)
         raise
-    history.update({"status": "finished", "inventory": transport.inventory,
-                    "messages": transport.messages, "bytes_to_sites": transport.bytes_down,
-                    "bytes_from_sites": transport.bytes_up, "finished_at": time.time()})
-    write_json_atomic(out / "history.json", history)
+    history.status, history.inventory = "finished", transport.inventory
+    history.messages, history.bytes_to_sites = transport.messages, transport.bytes_down
+    history.bytes_from_sites, history.finished_at = transport.bytes_up, time.time()
+    history.save(path)
 

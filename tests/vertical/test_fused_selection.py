@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from fedsplit.client.vertical.site import SiteAgent
 from fedsplit.orchestration.vertical.local import LocalTransport, baselines, train_kept
+from fedsplit.protocol.history import VerticalRunRecord
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.server.vertical.app import train_and_save
 from fedsplit.server.vertical.coordinator import LabelTable, VerticalCoordinator, read_label_file
@@ -82,10 +83,10 @@ def scripted_run(tmp_path: Path, script: list[float], keep: str) -> tuple[Script
                            script=script, val_fraction=0.2 if keep == "best-val" else 0.0)
     coordinator.align()
     coordinator.prepare()
-    history: dict[str, Any] = {"rounds": []}
-    train_and_save(coordinator, len(script), keep, tmp_path / "out", history,
-                   lambda: (tmp_path / "history.json").write_text(json.dumps(history)))
-    return coordinator, history
+    record = VerticalRunRecord(rounds=[])
+    train_and_save(coordinator, len(script), keep, tmp_path / "out", record,
+                   lambda: record.save(tmp_path / "history.json"))
+    return coordinator, record.to_json()
 
 
 def saved(tmp_path: Path, slot: str) -> dict[str, np.ndarray]:
@@ -133,9 +134,9 @@ def test_keep_last_saves_the_last_round_and_cuts_no_validation_rows(tmp_path: Pa
     coordinator = VerticalCoordinator(labels, PARAMS, list(agents), LocalTransport(agents))
     coordinator.align()
     coordinator.prepare()
-    history: dict[str, Any] = {"rounds": []}
-    rule = train_and_save(coordinator, 3, "last", tmp_path / "out", history, lambda: None)
-    assert rule.round == 3 and history["selection"]["rounds_kept"] == 3
+    record = VerticalRunRecord(rounds=[])
+    rule = train_and_save(coordinator, 3, "last", tmp_path / "out", record, lambda: None)
+    assert rule.round == 3 and record.selection is not None and record.selection.rounds_kept == 3
     assert len(coordinator.val_rows) == 0
     assert_same(saved(tmp_path, ""), saved(tmp_path, "last"))
 

@@ -14,6 +14,12 @@ with the run. ``fedsplit km`` and ``fedsplit cox`` write a status file ``history
 (``{"status": ..., "mode": "km" | "cox"}``, no rounds) beside their output: such a folder is
 listed as a survival analysis (``analysis`` is its mode), its participants being the
 hospitals its ``km.json`` names.
+
+Vertical runs (``fedsplit vertical simulate``, `protocol.history.VerticalRunRecord`, told apart
+by `protocol.history.run_kind`, files written before its ``kind`` included) are listed with their
+rounds, the kept round and the fused model against the centralized one and each site alone
+(``summary.json``'s `VerticalSummary`). The coordinator sees them; a hospital does not (their
+sites are the vertical federation's own names, and the table holds every site's scores).
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from fedsplit.protocol.history import (
     Resume,
     RunRecord,
     RunSummary,
+    VerticalRunRecord,
+    VerticalScores,
+    VerticalSummary,
+    run_kind,
     scalars,
 )
 from fedsplit.server.admin.ui.km import KM_FILE, KMView, read_km
@@ -70,6 +80,43 @@ class FlowerRound(RoundRows):
 
 
 @dataclass
+class VerticalRoundView:
+    """One round of a vertical run: the fused model's training loss and its test and
+    validation scores."""
+
+    number: int
+    train_loss: float | None
+    metrics: dict[str, float]
+    val_metrics: dict[str, float]
+    seconds: float | None
+    kept: bool
+
+
+@dataclass
+class VerticalView:
+    """What a vertical run shows: its task, ID overlap, rounds, the kept round and the fused
+    model against the centralized one and each site alone (``summary.json``, when there)."""
+
+    task: str | None
+    keep: str | None
+    metric: str | None
+    kept_round: int | None
+    train_rows: int | None
+    test_rows: int | None
+    sites: list[str]
+    rounds: list[VerticalRoundView]
+    #: (label, scores) rows: fused, centralized, then each site alone
+    comparison: list[tuple[str, VerticalScores]]
+
+    @property
+    def metric_names(self) -> list[str]:
+        """Every single-number metric any compared model or round reports, sorted."""
+        names = {k for _, s in self.comparison for k in scalars(s.metrics)}
+        names |= {k for r in self.rounds for k in r.metrics}
+        return sorted(names)
+
+
+@dataclass
 class FlowerRun:
     """A Flower run's history (and baselines when simulate wrote them)."""
 
@@ -91,6 +138,15 @@ class FlowerRun:
     mtime: float = 0.0
     km: KMView | None = None
     analysis: str | None = None
+    #: what a vertical run shows (None: a horizontal run or a survival analysis)
+    vertical: VerticalView | None = None
+
+    @property
+    def kind(self) -> str:
+        """``horizontal``, ``vertical`` or the survival analysis (`protocol.history.RUN_KINDS`)."""
+        if self.vertical is not None:
+            return "vertical"
+        return f"survival-{self.analysis}" if self.analysis else "horizontal"
 
     @property
     def sites(self) -> list[str]:
@@ -199,12 +255,66 @@ def _params(raw: Any) -> dict[str, Any]:
     return {}
 
 
+def _vertical_view(history: VerticalRunRecord, path: Path) -> VerticalView:
+    summary = None
+    for candidate in (path / SUMMARY, path.parent / SUMMARY):
+        data = _read_json(candidate)
+        if data is not None:
+            with contextlib.suppress(ConfigError):
+                summary = VerticalSummary.from_json(data, source=str(candidate))
+                break
+    selection = history.selection
+    kept = selection.rounds_kept if selection is not None else None
+    kept_entry = history.kept_round()
+    comparison: list[tuple[str, VerticalScores]] = []
+    fused = summary.federated if summary is not None and summary.federated is not None else (
+        VerticalScores(metrics=dict(kept_entry.metrics), num_examples=kept_entry.num_examples,
+                       rounds_kept=kept) if kept_entry is not None else None)
+    if fused is not None:
+        comparison.append(("Fused (federation)", fused))
+    if summary is not None and summary.centralized is not None:
+        comparison.append(("Centralized (all columns pooled)", summary.centralized))
+    for alone in summary.local_only if summary is not None else []:
+        comparison.append((f"{alone.site or '?'} alone", alone))
+    widths = history.input_widths
+    sites = sorted(widths) if isinstance(widths, dict) else [a.site for a in (
+        summary.local_only if summary is not None else []) if a.site]
+    return VerticalView(
+        task=history.task, keep=selection.keep if selection else None,
+        metric=selection.metric if selection else None, kept_round=kept,
+        train_rows=history.train_rows, test_rows=history.test_rows, sites=sites,
+        rounds=[VerticalRoundView(number=r.round, train_loss=r.train_loss, metrics=scalars(r.metrics),
+                                  val_metrics=scalars(r.val_metrics), seconds=r.seconds,
+                                  kept=r.round == kept) for r in history.rounds],
+        comparison=comparison,
+    )
+
+
+def _load_vertical(name: str, path: Path, data: dict[str, Any]) -> FlowerRun | None:
+    try:
+        history = VerticalRunRecord.from_json(data, source=str(path / HISTORY))
+    except ConfigError:
+        return None
+    view = _vertical_view(history, path)
+    total = history.config.get("num-server-rounds")
+    return FlowerRun(
+        run_id=run_id_of(path), name=name, path=path.resolve(), status=history.status or "unknown",
+        strategy="vertical fusion", params={}, total_rounds=total if isinstance(total, int) else None,
+        model_id=None, started_at=history.started_at, finished_at=history.finished_at,
+        error=history.error or None, rounds=[], config=history.config, summary=None,
+        mtime=(path / HISTORY).stat().st_mtime, vertical=view,
+    )
+
+
 def load_run(name: str, path: Path) -> FlowerRun | None:
-    """Read the run in ``path`` through `protocol.history.RunRecord`; None when its history is
-    missing, not JSON, or not a run record."""
+    """Read the run in ``path`` through the `protocol.history` model of its kind (`run_kind`:
+    `RunRecord`, `VerticalRunRecord`); None when its history is missing, not JSON, or not a
+    run record."""
     data = _read_json(path / HISTORY)
     if data is None:
         return None
+    if run_kind(data) == "vertical":
+        return _load_vertical(name, path, data)
     try:
         history = RunRecord.from_json(data, source=str(path / HISTORY))
     except ConfigError:
