@@ -122,8 +122,9 @@ def test_up_tls_refuses_intruder_survives_hospital_and_coordinator_kills(tmp_pat
                           "--flwr-home", str(tmp_path / "intruder-home")],
                          tmp_path / "intruder.log", tmp_path / "intruder-home")
 
-        # Round 1 done; kill hospital-3 while its ClientApp is training round 2.
-        wait_for("round 1", lambda: "evaluate" in round_entry(read_history(out), 1), 300)
+        # Round 1 trained; kill hospital-3 while its ClientApp is training round 2 (one message
+        # per round: round 1's evaluation arrives with round 2's replies, so wait for its model)
+        wait_for("round 1", lambda: "train" in round_entry(read_history(out), 1), 300)
         h3_home = homes / "hospital-3"
         pids = json.loads((work / "pids.json").read_text())
         earlier = {p for p, c in processes_under(h3_home).items() if "flwr-clientapp" in c}
