@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from fedsplit.client import app as agent
+from fedsplit.client import parallel
 from fedsplit.client.models import build_model, recipe_of
 from fedsplit.client.recipes import ModelInputs, load_recipe
 from fedsplit.client.survival.cox import efron_parts
@@ -176,13 +177,16 @@ def test_the_hospital_agent_trains_on_its_whole_risk_sets(tmp_path: Path, monkey
     spec = recipe.model_spec(ModelInputs("survival", (len(schema.feature_names),), 1))
     model = build_model(spec, seed=0, recipe=recipe)
     calls: list[dict[str, Any]] = []
-    real = agent.fit_parallel
+    real = parallel.fit_parallel
 
     def spy(model, x, y, **kw):
         calls.append({"rows": len(x), **kw})
         return real(model, x, y, **kw)
 
-    monkeypatch.setattr(agent, "fit_parallel", spy)
+    # the agent imports fit_parallel from its package when it trains (or at import): both spied
+    monkeypatch.setattr(parallel, "fit_parallel", spy)
+    if hasattr(agent, "fit_parallel"):
+        monkeypatch.setattr(agent, "fit_parallel", spy)
     context = Context(run_id=1, node_id=7, node_config={"data-path": str(path)},
                       state=RecordDict(), run_config=cfg.to_flower())
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord({
