@@ -13,7 +13,7 @@ from fedsplit.client.data import load_bundled
 from fedsplit.client.models import build_model
 from fedsplit.protocol import RunConfig
 from fedsplit.protocol import horizontal_wire as wire
-from fedsplit.protocol.errors import ConfigError, ReplyError
+from fedsplit.protocol.errors import ReplyError
 from fedsplit.protocol.stats import combine_moments
 from fedsplit.protocol.update import state_dict_arrays, to_array_record
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict

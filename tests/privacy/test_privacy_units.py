@@ -143,5 +143,5 @@ def test_batchnorm_running_statistics_are_encoded_relative_to_their_size() -> No
     got = mean["bn.running_var"] * scale["bn.running_var"]
     np.testing.assert_allclose(got, [(3 * 5.0 + 1.0) / 4, (3 * -30.0 + 10.0) / 4], atol=1e-3)
     np.testing.assert_allclose(mean["fc.weight"], [0.25, 0.0625], atol=1e-5)
-    with pytest.raises(Exception, match="fc.weight"):  # weights: the declared bound, unscaled
+    with pytest.raises(Exception, match=r"fc\.weight"):  # weights: the declared bound, unscaled
         sv.encode({"fc.weight": np.array([1.5])}, 1, 1.0, 1 << 20)

@@ -4,7 +4,6 @@ check, and each hospital's own check of the model it is sent."""
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 
 import pytest
