@@ -187,18 +187,38 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = N
     raise FlowerRunError(f"{url} did not come up within {timeout:.0f} s. Received: timeout")
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we may not signal still exists
+        return True
+    return True
+
+
 def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """Stop a process started with its own session, and everything it started."""
-    if proc.poll() is not None:
-        return
+    """Stop a process started with its own session, and everything it started.
+
+    The whole process group is signalled even when its leader has already exited: a SuperNode
+    that ended leaves its ClientApp processes behind in its group otherwise. SIGTERM first, then
+    SIGKILL for whatever is left after ``grace`` seconds; both waits are bounded.
+    """
+    deadline = time.monotonic() + grace
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(max(0.1, deadline - time.monotonic()))
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if proc.poll() is None or _group_alive(proc.pid):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        settle = time.monotonic() + 5
+        while _group_alive(proc.pid) and time.monotonic() < settle:
+            time.sleep(0.1)
 
 
 def spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:

@@ -58,6 +58,14 @@ def completed(history: dict[str, Any], round_no: int) -> dict[str, Any] | None:
     return entry if entry and ("evaluate" in entry or later) else None
 
 
+def trained(history: dict[str, Any], round_no: int) -> dict[str, Any] | None:
+    """History entry of ``round_no`` once its model is aggregated. With one message per round, a
+    round's evaluation arrives with the next round's training replies, so a test that acts between
+    two rounds waits for this, not for :func:`completed`."""
+    entry = {r["round"]: r for r in history.get("rounds", [])}.get(round_no)
+    return entry if entry and "train" in entry else None
+
+
 @pytest.fixture(scope="module")
 def image() -> str:
     """The fedsplit image, built with no package index (wheelhouse) and no image registry."""
@@ -105,13 +113,13 @@ def test_rounds_quorum_rejoin_and_coordinator_restart(stack: Stack) -> None:
     history = lambda: stack.history()  # noqa: E731
 
     # Round 1: the federation runs in containers and writes to the coordinator's volume.
-    first = wait_for("round 1 in history.json", lambda: completed(history(), 1), 900, on_timeout=stack.logs)
+    first = wait_for("round 1 in history.json", lambda: trained(history(), 1), 900, on_timeout=stack.logs)
     TIMINGS["up -> round 1 s"] = time.monotonic() - stack.started  # type: ignore[attr-defined]
     assert len(used_sites(first)) >= 2, first
 
-    # Kill hospital-3 mid-run: round 2 goes on with the quorum of 2.
+    # Kill hospital-3 while round 2 trains: round 2 goes on with the quorum of 2.
     run(["docker", "kill", stack.container("hospital-3")], timeout=60)
-    second = wait_for("round 2 without hospital-3", lambda: completed(history(), 2),
+    second = wait_for("round 2 without hospital-3", lambda: trained(history(), 2),
                       4 * ROUND_TIMEOUT + 300, on_timeout=stack.logs)
     assert "hospital-3" not in used_sites(second), second
     assert len(used_sites(second)) >= 2 and "error" not in second, second
