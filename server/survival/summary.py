@@ -16,7 +16,8 @@ through the survival paths' `Coordinator` (plain, or one SecAgg+ sum each under
    prediction). Published at the same points as the curve: ``OUT/global.baseline.json``, with
    the sha256 of ``global.h5`` (`protocol.survival_summary.Baseline`).
 
-The minimum-count rule's K is the run config's ``min-count`` (default 5). Both exchanges use the
+The minimum-count rule's K is the run config's ``min-count`` (default 5), read once with the
+rest of it (`protocol.config.RunConfig.min_count`). Both exchanges use the
 rows the kept model was fitted on (``rows``): each hospital's training rows less its validation
 rows, or all of them after the exact Cox fit (`server.survival.exact`).
 """
@@ -66,9 +67,13 @@ def publish_baseline(grid: np.ndarray, at_risk: np.ndarray, km_events: np.ndarra
     return np.asarray(grid, np.float64)[last], hazard[last]
 
 
-def run_summary(grid: Grid, cfg: RunConfig, run_config: Mapping[str, Any]) -> dict[str, Any]:
+def run_summary(grid: Grid, cfg: RunConfig, run_config: Mapping[str, Any] | None = None
+                ) -> dict[str, Any]:
     """The two exchanges (module docstring); writes ``km.json`` and ``global.baseline.json`` in
-    ``out-dir`` and returns {"km": path, "baseline": path, "sums", "seconds"}."""
+    ``out-dir`` and returns {"km": path, "baseline": path, "sums", "seconds"}.
+
+    Every setting comes parsed in ``cfg`` (the minimum-count rule: ``cfg.min_count``);
+    ``run_config``, Flower's raw run config, is not read (kept for the caller's signature)."""
     started = time.monotonic()
     out = Path(cfg.out_dir)
     model_path = out / MODEL_FILE
@@ -76,7 +81,7 @@ def run_summary(grid: Grid, cfg: RunConfig, run_config: Mapping[str, Any]) -> di
         raise FederationError(f"The survival summary needs the kept model {model_path}, which "
                               f"the rounds did not write (no round produced a model). "
                               f"Received: {sorted(p.name for p in out.iterdir())}")
-    min_count = ss.read_min_count(run_config)
+    min_count = cfg.min_count
     digest = ss.file_sha256(model_path)
     update = read_weights(model_path)
     schema = read_schema(model_path)
