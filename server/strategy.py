@@ -47,6 +47,7 @@ from fedsplit.protocol.arrays import ArraySpec
 from fedsplit.protocol.errors import ConfigError, FedsplitError
 from fedsplit.protocol.horizontal_wire import reply_site
 from fedsplit.protocol.update import Update
+from fedsplit.server.bookkeeping import Merge, MergeStep, RoundBook, RoundReplies
 from fedsplit.server.history import RunHistory
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -282,15 +283,45 @@ class RegistryStrategy(FedAvg):
         self.aggregator = aggregator
         self.history = history
         self.quorum = max(1, quorum)
-        self.deadline = deadline
+        #: the round bookkeeping (instructions sent, phases skipped, hospitals' names), public
+        #: for the wrappers (`server.bookkeeping`)
+        self.book = RoundBook(site_names=site_names, deadline=deadline)
         self.round_offset = round_offset
-        self.site_names: dict[int, str] = dict(site_names or {})
         self.federated = tuple(federated) if federated is not None else None
         self._full: dict[int, dict[str, np.ndarray]] = {}
         self.server_optimizer = server_optimizer
         self._current: dict[int, dict[str, np.ndarray]] = {}
-        self._sent: dict[tuple[str, int], list[Message]] = {}
-        self._skipped: dict[tuple[str, int], str] = {}
+        self._merge_step: MergeStep = self.merge
+
+    @property
+    def deadline(self) -> float | None:
+        """The per-phase reply deadline in seconds (``round-timeout``), or None."""
+        return self.book.deadline
+
+    @deadline.setter
+    def deadline(self, value: float | None) -> None:
+        self.book.deadline = value
+
+    @property
+    def site_names(self) -> dict[int, str]:
+        """Node id -> hospital name (`RoundBook.site_names`)."""
+        return self.book.site_names
+
+    @property
+    def _sent(self) -> dict[tuple[str, int], list[Message]]:
+        """Deprecated alias of ``book.sent``, kept for `server.rounds` until it calls
+        `RoundBook.expect`; new code uses ``loop.book``."""
+        return self.book.sent
+
+    def use_merge(self, step: MergeStep) -> None:
+        """Replace the loop's merge step (`merge`) with ``step``: a wrapper that merges a
+        round differently (secure aggregation) supplies its own; the loop still steps the
+        server optimizer and records the round (`aggregate_train`). Only one wrapper may."""
+        if self._merge_step != self.merge:
+            raise ConfigError(
+                f"This round loop's merge step was already replaced ({self._merge_step!r}); two "
+                f"wrappers cannot both merge its rounds. Received: {step!r}")
+        self._merge_step = step
 
     # --- quorum and deadline bookkeeping (sampling stays Flower's) ---------------------------
 
@@ -309,11 +340,11 @@ class RegistryStrategy(FedAvg):
                    grid: Grid) -> list[Message]:
         if (reason := self._await_quorum(grid)) is not None:
             log.warning("Round %s (%s): %s", server_round, phase, reason)
-            self._skipped[(phase, server_round)] = reason
+            self.book.skip(phase, server_round, reason)
             return []
         configure = super().configure_train if phase == "train" else super().configure_evaluate
         msgs = list(configure(server_round, arrays, config, grid))
-        self._sent[(phase, server_round)] = msgs  # Flower sets their message ids when it pushes them
+        self.book.expect(phase, server_round, msgs)  # Flower sets their ids when it pushes them
         return msgs
 
     def travelling(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -349,37 +380,10 @@ class RegistryStrategy(FedAvg):
         """Flower's sampling for evaluation, once a quorum is connected."""
         return self._configure("evaluate", server_round + self.round_offset, arrays, config, grid)
 
-    def _site(self, msg: Message, senders: dict[str, int]) -> str:
-        """Site name of a reply, also for errors: the name the hospital gave (in its reply or
-        its error's one line), else the one the setup exchange learnt; never a node id where
-        a name is known."""
-        node = senders.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
-        if msg.has_content() and wire.SITE in msg.content.config_records:
-            self.site_names[node] = reply_site(msg)
-        elif msg.has_error() and (named := wire.failure_site(msg.error.reason)) is not None:
-            self.site_names.setdefault(node, named)
-        return self.site_names.get(node, f"node-{node}")
-
-    def _missing(self, phase: str, server_round: int,
-                 replies: list[Message]) -> tuple[dict[str, int], list[dict[str, Any]]]:
-        """(message id -> node, history entries for sampled hospitals that did not answer)."""
-        sent = self._sent.pop((phase, server_round), [])
-        senders = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
-        answered = {senders.get(r.metadata.reply_to_message_id, r.metadata.src_node_id)
-                    for r in replies}
-        limit = f"{self.deadline:.0f} s" if self.deadline is not None else "the deadline"
-        missing = [
-            {"site": self.site_names.get(m.metadata.dst_node_id, f"node-{m.metadata.dst_node_id}"),
-             "excluded": True, "late": True,
-             "reason": f"no {phase} reply within round-timeout ({limit})"}
-            for m in sent if m.metadata.dst_node_id not in answered
-        ]
-        for entry in missing:
-            log.warning("Round %s: %s: %s", server_round, entry["site"], entry["reason"])
-        return senders, missing
-
-    def _short(self, server_round: int, sites: list[dict[str, Any]], error: str,
-               ) -> tuple[None, None]:
+    def record_short(self, server_round: int, sites: list[dict[str, Any]], error: str,
+                     ) -> tuple[None, None]:
+        """Record a short round (the global model stays as it was; ``error`` says why) and
+        return Flower's "no new model" answer."""
         self._full.pop(server_round, None)
         log.warning("Round %s: %s", server_round, error)
         self.history.record_train(server_round, None, sites, {}, error=error)
@@ -388,12 +392,48 @@ class RegistryStrategy(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Check replies, exclude bad ones, and merge the rest with the registry strategy."""
+        """Merge a round's training replies with the merge step (`merge`, or the one a wrapper
+        supplied with `use_merge`); then step the server optimizer on the aggregate, put back
+        the tensors that do not travel, and record the round in the history (the one place a
+        training round is recorded)."""
         server_round += self.round_offset
         start = self._current.pop(server_round, None)
         replies = list(replies)
-        senders, missing = self._missing("train", server_round, replies)
-        valid, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
+        senders, missing = self.book.missing("train", server_round, replies)
+        expected = self._expected.pop(server_round, None)
+        if (skipped := self.book.take_skip("train", server_round)) is not None:
+            # nothing was sent; a stray reply is named, and left out with the reason
+            sites = [{"site": self.book.site(m, senders), "excluded": True, "reason": skipped}
+                     for m in replies]
+            self._full.pop(server_round, None)
+            self.history.record_train(server_round, None, [*sites, *missing], {}, error=skipped)
+            return None, None
+        merged = self._merge_step(RoundReplies(server_round, replies, senders, expected))
+        sites = [*merged.sites, *missing]
+        if merged.result is None:
+            return self.record_short(server_round, sites, merged.error
+                                     or "no aggregate; global model unchanged")
+        result = merged.result
+        arrays = result.arrays
+        if self.server_optimizer is not None and start is not None:
+            arrays = self.server_optimizer.step(start, result.arrays)
+        stepped = self.server_optimizer is not None or self.federated is not None
+        arrays = self.completed(server_round, arrays)
+        self.history.record_train(server_round, result, sites, merged.metrics,
+                                  arrays=arrays if stepped else None,
+                                  server_opt=self.server_optimizer)
+        update = Update(arrays=arrays, num_examples=result.num_examples)
+        return update.to_array_record(), MetricRecord(merged.metrics)
+
+    def merge(self, replies: RoundReplies) -> Merge:
+        """The loop's merge step: check the replies against the wire contract, exclude bad
+        ones with their reason, merge the rest with the registry rule
+        (`aggregation.aggregate_updates`), and average their training metrics; a round with
+        fewer than ``quorum`` usable replies is short."""
+        server_round = replies.server_round
+        senders = replies.senders
+        valid, failed = self._check_and_log_replies(replies.replies, is_train=True,
+                                                    validate=False)
         # in a fixed order (by site name, then node), not the order replies arrived in: the
         # float sums, and so the run, are then the same every time
         valid = sorted(valid, key=lambda m: (reply_site(m), m.metadata.src_node_id))
@@ -401,10 +441,11 @@ class RegistryStrategy(FedAvg):
         contents: list[RecordDict] = []
         excluded: list[SiteReport] = []
         for msg in failed:
-            excluded.append(SiteReport(site=self._site(msg, senders), num_examples=0, weight=0.0,
-                                       excluded=True, reason=wire.failure_reason(msg.error.reason)))
+            excluded.append(SiteReport(site=self.book.site(msg, senders), num_examples=0,
+                                       weight=0.0, excluded=True,
+                                       reason=wire.failure_reason(msg.error.reason)))
         for msg in valid:
-            self._site(msg, senders)
+            self.book.site(msg, senders)
             try:
                 parsed.append(wire.parse_train_reply(msg, weight_key=self.weighted_by_key,
                                                      server_round=server_round))
@@ -421,26 +462,18 @@ class RegistryStrategy(FedAvg):
         for rep in excluded:
             log.warning("Round %s: excluded %s: %s", server_round, rep.site, rep.reason)
             sites.append({"site": rep.site, "excluded": True, "reason": rep.reason})
-        sites.extend(missing)
-        if (skipped := self._skipped.pop(("train", server_round), None)) is not None:
-            self._full.pop(server_round, None)
-            self.history.record_train(server_round, None, sites, {}, error=skipped)
-            return None, None
         if not parsed:
-            return self._short(server_round, sites,
-                               "no usable training replies; global model unchanged")
+            return Merge(sites, error="no usable training replies; global model unchanged")
         if len(parsed) < self.quorum:
-            return self._short(server_round, sites,
-                               f"only {len(parsed)} valid training replies, fewer than the quorum "
-                               f"of {self.quorum}; global model unchanged")
+            return Merge(sites, error=f"only {len(parsed)} valid training replies, fewer than "
+                                      f"the quorum of {self.quorum}; global model unchanged")
         try:
             result = aggregation.aggregate_updates(
-                self.aggregator, [r.update for r in parsed],
-                expected=self._expected.pop(server_round, None),
+                self.aggregator, [r.update for r in parsed], expected=replies.expected,
                 cohort_caps=self.cohort_caps, cap_policy=self.cap_policy,
             )
         except FedsplitError as e:
-            return self._short(server_round, sites, str(e))
+            return Merge(sites, error=str(e))
         # The report holds one entry per update, in input order: updates the input checks
         # excluded (wrong layout, refused count, NaN) leave the quorum and the metrics too.
         usable = []
@@ -451,25 +484,15 @@ class RegistryStrategy(FedAvg):
                 usable.append(k)
         result.report.sites.extend(excluded)
         if len(usable) < self.quorum:
-            return self._short(server_round, sites,
-                               f"only {len(usable)} usable training replies after the input checks "
-                               f"(of {len(parsed)} received), fewer than the quorum of "
-                               f"{self.quorum}; global model unchanged")
+            return Merge(sites, error=f"only {len(usable)} usable training replies after the "
+                                      f"input checks (of {len(parsed)} received), fewer than "
+                                      f"the quorum of {self.quorum}; global model unchanged")
         metrics = self._aggregate_metrics(
             self._train_aggr, "train_metrics_aggr_fn",
             [(parsed[k].update.num_examples, parsed[k].metrics) for k in usable],
             [contents[k] for k in usable],
         )
-        arrays = result.arrays
-        if self.server_optimizer is not None and start is not None:
-            arrays = self.server_optimizer.step(start, result.arrays)
-        stepped = self.server_optimizer is not None or self.federated is not None
-        arrays = self.completed(server_round, arrays)
-        self.history.record_train(server_round, result, sites, metrics,
-                                  arrays=arrays if stepped else None,
-                                  server_opt=self.server_optimizer)
-        update = Update(arrays=arrays, num_examples=result.num_examples)
-        return update.to_array_record(), MetricRecord(metrics)
+        return Merge(sites, result=result, metrics=metrics)
 
     def _aggregate_metrics(self, fn: MetricsAggrFn | None, name: str,
                            rows: list[tuple[float, Mapping[str, Metric]]],
@@ -487,13 +510,13 @@ class RegistryStrategy(FedAvg):
         replies carrying that model's evaluation (one message per round: `server.rounds`)."""
         server_round += self.round_offset
         replies = list(replies)
-        senders, missing = self._missing("evaluate", server_round, replies)
+        senders, missing = self.book.missing("evaluate", server_round, replies)
         valid, failed = self._check_and_log_replies(replies, is_train=False, validate=False)
         rows: list[tuple[float, Mapping[str, Metric]]] = []
         contents: list[RecordDict] = []
         sites: list[dict[str, Any]] = []
         for msg in valid:  # evaluate replies, and train replies carrying an evaluation
-            self._site(msg, senders)
+            self.book.site(msg, senders)
             try:
                 parsed = wire.parse_evaluation(msg, weight_key=self.weighted_by_key)
             except FedsplitError as e:
@@ -504,10 +527,10 @@ class RegistryStrategy(FedAvg):
             sites.append({"site": parsed.site, "num_examples": parsed.num_examples,
                           "metrics": parsed.metrics})
         for msg in failed:
-            sites.append({"site": self._site(msg, senders), "excluded": True,
+            sites.append({"site": self.book.site(msg, senders), "excluded": True,
                           "reason": wire.failure_reason(msg.error.reason)})
         sites.extend(missing)
-        if (skipped := self._skipped.pop(("evaluate", server_round), None)) is not None:
+        if (skipped := self.book.take_skip("evaluate", server_round)) is not None:
             sites.append({"excluded": True, "reason": skipped})
         metrics = self._aggregate_metrics(self._evaluate_aggr, "evaluate_metrics_aggr_fn",
                                           rows, contents)

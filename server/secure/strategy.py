@@ -11,7 +11,11 @@ Each training round, after Flower samples the hospitals (`RegistryStrategy.confi
 
 It wraps the run's `RegistryStrategy` (as Flower's DP wrappers wrap a strategy): sampling,
 quorum, deadlines, the history and the server optimizer stay the wrapped loop's; only the
-training round's messages and its aggregation change. It asks the rule what it supports
+training round's messages and its aggregation change, through the loop's public hooks
+(`server.bookkeeping`): the instructions it sends and the rounds it skips go into the loop's
+round bookkeeping (``loop.book``), and its `SecureStrategy.merge` replaces the loop's merge step
+(`RegistryStrategy.use_merge`), so the loop still steps the server optimizer and records every
+round in the history. It asks the rule what it supports
 (`check_secure_rule`): a ``linear`` rule (FedAvg) is the unmasked mean itself; an
 ``iterative_on_sums`` rule (geometric median) runs its own iteration from that mean
 (`AggregationStrategy.iterate_on_sums`), each step one more secure sum (stages setup,
@@ -28,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -45,11 +48,11 @@ from fedsplit.protocol import secure_vector as sv
 from fedsplit.protocol.errors import ConfigError, FedsplitError
 from fedsplit.protocol.horizontal_wire import reply_site
 from fedsplit.protocol.privacy import SecureSpec
-from fedsplit.protocol.update import Update
+from fedsplit.server.bookkeeping import Merge, RoundReplies
 from fedsplit.server.secure import unmask
 from fedsplit.server.secure.secagg import SecureSum
 from fedsplit.server.strategy import RegistryStrategy, StrategyWrapper, weighted_mean
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsplit import aggregation
@@ -84,7 +87,10 @@ class SecureStrategy(StrategyWrapper):
 
     It keeps Flower's separate evaluate phase (`server.rounds.separate_evaluate`): its train
     reply is the masked vector (`client.secure`), which carries no evaluation, and each of its
-    rounds already runs the setup, share-keys and unmask exchanges besides training."""
+    rounds already runs the setup, share-keys and unmask exchanges besides training.
+
+    Its `merge` is the wrapped loop's merge step (supplied at construction), so the loop's
+    ``aggregate_train`` (reached through the wrapper's delegation) unmasks the round."""
 
     separate_evaluate = True
 
@@ -92,6 +98,7 @@ class SecureStrategy(StrategyWrapper):
                  timeout: float | None = None) -> None:
         super().__init__(strategy)
         check_secure_rule(self.aggregator)
+        self.loop.use_merge(self.merge)
         self.secure = secure
         self.timeout = timeout
         self._grid: Grid | None = None
@@ -134,13 +141,12 @@ class SecureStrategy(StrategyWrapper):
                 {n: (list(rep["dsts"]), list(rep["ciphertexts"])) for n, rep in shared.items()})
         except FedsplitError as e:
             log.warning("Round %s: secure aggregation could not start: %s", r, e)
-            loop._skipped[("train", r)] = f"secure aggregation could not start: {e}"
-            loop._sent.pop(("train", r), None)
+            loop.book.skip("train", r, f"secure aggregation could not start: {e}")
             return []
         self.stage_seconds[r] = {"setup": t1 - start, "share-keys": time.monotonic() - t1}
         kept = [self._with_record(m, ConfigRecord(collect[m.metadata.dst_node_id]))
                 for m in msgs if m.metadata.dst_node_id in collect]
-        loop._sent[("train", r)] = kept  # the wrapped loop waits for (and names) these
+        loop.book.expect("train", r, kept)  # the wrapped loop waits for (and names) these
         # the masked sum covers the tensors that travel (the rest of the model stays as sent)
         self._runs[r] = (run, loop.travelling({k: a.numpy() for k, a in arrays.items()}))
         return kept
@@ -206,18 +212,17 @@ class SecureStrategy(StrategyWrapper):
         return Message(content, dst_node_id=msg.metadata.dst_node_id,
                        message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Unmask the sum of the masked replies; the global model moves by the weighted mean."""
-        loop = self.loop  # its round bookkeeping: who was sent what, skipped rounds, the quorum
-        r = server_round + self.round_offset
-        replies = list(replies)
-        senders, missing = loop._missing("train", r, replies)
+    def merge(self, replies: RoundReplies) -> Merge:
+        """The loop's merge step under secure aggregation: unmask the sum of the masked
+        replies; the aggregate is the model sent out moved by their weighted mean (or by the
+        rule's iteration from it). The loop then steps the server optimizer and records it."""
+        loop = self.loop
+        r = replies.server_round
         sites: list[dict[str, Any]] = []
         masked: dict[int, np.ndarray] = {}
         rows: list[tuple[float, dict[str, Any]]] = []
-        for msg in replies:
-            site = loop._site(msg, senders)
+        for msg in replies.replies:
+            site = loop.book.site(msg, replies.senders)
             if not msg.has_content() or pv.MASKED not in msg.content.array_records:
                 reason = msg.error.reason if msg.has_error() else "no masked vector"
                 sites.append({"site": site, "excluded": True,
@@ -232,9 +237,6 @@ class SecureStrategy(StrategyWrapper):
                     if k != "name"}
             sites.append({"site": reply_site(msg), "metrics": metrics, "info": info,
                           "secure": True})
-        sites.extend(missing)
-        if (skipped := loop._skipped.pop(("train", r), None)) is not None:
-            return loop._short(r, sites, skipped)
         run, start = self._runs.pop(r)
         t0 = time.monotonic()
         try:
@@ -243,10 +245,10 @@ class SecureStrategy(StrategyWrapper):
                                for n, rep in unmask.items()})
             mean, count = sv.decode(total, start, self.secure.bound, self.secure.levels)
         except FedsplitError as e:
-            return loop._short(r, sites, f"secure aggregation failed: {e}; global model unchanged")
+            return Merge(sites, error=f"secure aggregation failed: {e}; global model unchanged")
         if len(masked) < loop.quorum:
-            return loop._short(r, sites, f"only {len(masked)} masked replies, fewer than the "
-                                         f"quorum of {loop.quorum}; global model unchanged")
+            return Merge(sites, error=f"only {len(masked)} masked replies, fewer than the "
+                                      f"quorum of {loop.quorum}; global model unchanged")
         weiszfeld = None
         if self.aggregator.iterative_on_sums:  # else linear: the secure mean is the aggregate
             mean, weiszfeld = self._iterate(r, run.u2, start, mean)
@@ -267,11 +269,7 @@ class SecureStrategy(StrategyWrapper):
                 "stage_seconds": seconds},
                 **({"weiszfeld": weiszfeld} if weiszfeld is not None else {})},
         )
-        result = AggregateResult(arrays, count, report)
-        metrics = weighted_mean(rows)
-        optimizer = loop.server_optimizer
-        if optimizer is not None:  # the secure mean is the pseudo-gradient's target, as in plain runs
-            arrays = optimizer.step(start, result.arrays)
-        arrays = loop.completed(r, arrays)  # with the tensors that do not travel, as sent
-        self.history.record_train(r, result, sites, metrics, arrays=arrays, server_opt=optimizer)
-        return Update(arrays=arrays, num_examples=count).to_array_record(), MetricRecord(metrics)
+        # the secure mean is the aggregate; the loop steps the server optimizer on it, as in
+        # plain runs, puts back the tensors that do not travel and records the round
+        return Merge(sites, result=AggregateResult(arrays, count, report),
+                     metrics=weighted_mean(rows))
