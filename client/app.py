@@ -33,7 +33,7 @@ import torch
 from fedsplit.client.data import feature_stats, local_state_path
 from fedsplit.client.failures import answered, hospital_stage
 from fedsplit.client.models import KINDS, RECIPE_KIND, ModelSpec, build_model, recipe_of
-from fedsplit.client.recipes import ModelInputs, builtin_recipe
+from fedsplit.client.recipes import ModelInputs, Recipe, builtin_recipe
 from fedsplit.client.site import (
     SiteData,
     effective_recipe,
@@ -105,7 +105,9 @@ def stats(msg: Message, context: Context) -> Message:
     wire.check_content(wire.STATS, msg.content, reply=False)
     cfg = RunConfig.from_flower(context.run_config)
     site = _site(context, cfg, wire.instruction_schema(msg))
-    return Message(wire.build_stats_reply(_stats(site, context, cfg)), reply_to=msg)
+    stats = _stats(site, context, cfg)
+    return Message(wire.build_stats_reply(stats, _model_check(site, stats, context, cfg)),
+                   reply_to=msg)
 
 
 def _stats(site: SiteData, context: Context, cfg: RunConfig) -> wire.SiteStats:
@@ -142,7 +144,35 @@ def setup(msg: Message, context: Context) -> Message:
         return Message(wire.build_setup_reply(report), reply_to=msg)
     schema = site.train.schema
     encoded_with = schema.digest() if report.table and schema is not None else ""
-    return Message(wire.build_setup_reply(report, stats, encoded_with), reply_to=msg)
+    return Message(wire.build_setup_reply(report, stats, encoded_with,
+                                          _model_check(site, stats, context, cfg)), reply_to=msg)
+
+
+def _model_check(site: SiteData, stats: wire.SiteStats, context: Context,
+                 cfg: RunConfig) -> dict[str, object] | None:
+    """The model ``query.init`` would build here if the federation's statistics were this
+    site's own (its records: `protocol.horizontal_wire.build_model_check`), and which tensors
+    hold them (`client.model_check`); None when it cannot be built here on its own (``query.init``
+    then builds it, and names any failure, as before)."""
+    from fedsplit.client.model_check import statistics_map
+
+    try:
+        schema = site.train.schema
+        builtin = (effective_recipe(context.node_config, cfg, site.train.kind).identity.name
+                   in wire.BUILTIN_RECIPES)
+        request = wire.plan_model(
+            [stats], task=cfg.task, model=cfg.model, num_classes=cfg.num_classes,
+            hidden=cfg.hidden_widths, norm=cfg.norm, builtin=builtin,
+            schema_task=schema.task if schema is not None else None,
+            labels=len(schema.labels) if schema is not None else 0)
+        model, spec, federated = _initial_model(request, _init_recipe(request, context, cfg), cfg)
+        statistics = statistics_map(model, int(np.asarray(request.mean).size), set_statistics)
+        set_statistics(model, request.mean, request.std, request.y_mean, request.y_std)
+        _check_dp(model, federated, cfg)
+        return wire.build_model_check(state_dict_arrays(model.state_dict()), spec.to_id(),
+                                      federated, request, statistics)
+    except Exception:  # asked again (query.init) with the federation's statistics
+        return None
 
 
 @app.query("secagg")
@@ -163,28 +193,47 @@ def init(msg: Message, context: Context) -> Message:
     cfg = RunConfig.from_flower(context.run_config)
     request = wire.parse_init_instruction(msg)
     name = _name(context)
-    if request.kind in KINDS:  # a built-in model, as the coordinator describes it
-        recipe = builtin_recipe(request.kind, hidden=request.hidden, norm=request.norm)
-    elif (recipe := site_recipe(context.node_config, cfg)) is None:
-        raise ConfigError("The coordinator asks for the federation's recipe model, but this "
-                          "hospital runs no recipe. Start it with --recipe (node config recipe). "
-                          f"Received: kind={request.kind!r}")
+    recipe = _init_recipe(request, context, cfg)
     with hospital_stage(name, "building the model"):
-        spec: ModelSpec = recipe.model_spec(ModelInputs(request.task, request.input_shape,
-                                                        request.num_outputs))
-        model = build_model(spec, seed=cfg.seed, recipe=recipe)
+        model, spec, federated = _initial_model(request, recipe, cfg)
         set_statistics(model, request.mean, request.std, request.y_mean, request.y_std)
-        federated = _federated(model)
-        if (dp := DPSpec.parse(cfg.dp)) is not None:
-            from fedsplit.client.privacy.agent import check_dp_model, check_dp_travel
-
-            if dp.level == "patient":  # refused before round 1, with the fix
-                check_dp_model(model, dp, cfg)
-            else:
-                check_dp_travel(model, federated, dp)
+        _check_dp(model, federated, cfg)
     reply = wire.build_init_reply(state_dict_arrays(model.state_dict()), spec.to_id(),
                                   federated=federated, site=name)
     return Message(reply, reply_to=msg)
+
+
+def _init_recipe(request: wire.ModelRequest, context: Context, cfg: RunConfig) -> Recipe:
+    """The recipe that builds the requested model: the built-in one it names, else this
+    hospital's own."""
+    if request.kind in KINDS:  # a built-in model, as the coordinator describes it
+        return builtin_recipe(request.kind, hidden=request.hidden, norm=request.norm)
+    if (recipe := site_recipe(context.node_config, cfg)) is None:
+        raise ConfigError("The coordinator asks for the federation's recipe model, but this "
+                          "hospital runs no recipe. Start it with --recipe (node config recipe). "
+                          f"Received: kind={request.kind!r}")
+    return recipe
+
+
+def _initial_model(request: wire.ModelRequest, recipe: Recipe, cfg: RunConfig
+                   ) -> tuple[torch.nn.Module, ModelSpec, list[str]]:
+    """The seeded model ``request`` describes, before its statistics are set (the same at every
+    hospital running the same code), its spec and the tensors that travel."""
+    spec: ModelSpec = recipe.model_spec(ModelInputs(request.task, request.input_shape,
+                                                    request.num_outputs))
+    model = build_model(spec, seed=cfg.seed, recipe=recipe)
+    return model, spec, _federated(model)
+
+
+def _check_dp(model: torch.nn.Module, federated: list[str], cfg: RunConfig) -> None:
+    """Refuse, before round 1 and with the fix, a model the run's DP cannot train or send."""
+    if (dp := DPSpec.parse(cfg.dp)) is not None:
+        from fedsplit.client.privacy.agent import check_dp_model, check_dp_travel
+
+        if dp.level == "patient":
+            check_dp_model(model, dp, cfg)
+        else:
+            check_dp_travel(model, federated, dp)
 
 
 def _federated(model: torch.nn.Module) -> list[str]:

@@ -60,6 +60,7 @@ Arrays are float16/32/64 everywhere; integer buffers travel as float64 (see
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +98,7 @@ STATS_RECORD = "stats"
 SCHEMA = "schema"
 MODEL = "model"
 COLUMNS = "columns"
+CHECK = "check"  # query.setup / query.stats reply: what the model check was built for
 
 # --- keys -----------------------------------------------------------------------------------
 NUM_EXAMPLES = "num-examples"  # the default weight key (Flower's weighted_by_key)
@@ -117,6 +119,14 @@ SCHEMA_KEYS = ("name", "kind", "task", "input-shape", "features", "recipe")
 ENCODED_WITH = "encoded-with"  # query.setup: digest of the table schema the stats used ("": none)
 INIT_KEYS = ("kind", "task", "input-shape", "num-outputs", "hidden", "norm", "mean", "std",
              "y-mean", "y-std")
+#: the query.init keys that fix the model's tensors (names, shapes, dtypes); the statistics
+#: (mean, std, y-mean, y-std) only fill values
+MODEL_KEYS = INIT_KEYS[:6]
+#: model check (query.setup / query.stats reply): which tensor holds which statistic, as JSON
+#: {tensor name: one of STATISTIC_SOURCES}; absent when the site's recipe does more than place them
+STATISTICS = "statistics"
+STATISTIC_SOURCES = ("mean", "std", "y-mean", "y-std")
+STD_FLOOR = 1e-6  # a standard deviation at or below it standardises by 1 (`Recipe.set_statistics`)
 SITE_KEYS = ("name", "device", "parallel-mode", "parallel-config")
 TRAIN_LOSS = "train-loss"  # a train reply's mean training loss
 ON_GPU = "on-gpu"  # 1 when the hospital trained on a GPU
@@ -153,16 +163,26 @@ def _rule(type_: str, keys: Sequence[str] | None = None, required: Sequence[str]
     return RecordRule(type_, allowed, need, optional)
 
 
+#: a query.setup or query.stats reply's model check (all three records or none): the model the
+#: site built under the schema it encoded with and its own statistics (`ModelCheck`)
+_CHECK_RULES: dict[str, RecordRule] = {
+    ARRAYS: _rule("arrays", optional=True),
+    MODEL: _rule("config", (MODEL_ID, FEDERATED), (MODEL_ID,), optional=True),
+    CHECK: _rule("config", (*MODEL_KEYS, STATISTICS), MODEL_KEYS, optional=True),
+}
+
 #: kind -> (instruction records, reply records)
 CONTRACT: dict[str, tuple[dict[str, RecordRule], dict[str, RecordRule]]] = {
     SCHEMA_QUERY: ({CONFIG: _rule("config", ())}, {COLUMNS: _rule("config", (REPORT,))}),
     STATS: ({CONFIG: _rule("config", (SCHEMA_KEY,), ())},
-            {STATS_RECORD: _rule("metrics", STATS_KEYS), SCHEMA: _rule("config", SCHEMA_KEYS)}),
+            {STATS_RECORD: _rule("metrics", STATS_KEYS), SCHEMA: _rule("config", SCHEMA_KEYS),
+             **_CHECK_RULES}),
     SETUP_QUERY: ({CONFIG: _rule("config", ())},
                   {COLUMNS: _rule("config", (REPORT,)),
                    STATS_RECORD: _rule("metrics", STATS_KEYS, optional=True),
                    SCHEMA: _rule("config", (*SCHEMA_KEYS, ENCODED_WITH), SCHEMA_KEYS,
-                                 optional=True)}),
+                                 optional=True),
+                   **_CHECK_RULES}),
     INIT: ({CONFIG: _rule("config", INIT_KEYS)},
            {ARRAYS: _rule("arrays"), MODEL: _rule("config", (MODEL_ID, FEDERATED), (MODEL_ID,)),
             SITE: _rule("config", (SITE_NAME,), (), optional=True)}),
@@ -373,11 +393,12 @@ def build_stats_instruction(schema: str | None = None) -> RecordDict:
     return content
 
 
-def build_stats_reply(stats: SiteStats) -> RecordDict:
-    """A site's ``query.stats`` reply."""
+def build_stats_reply(stats: SiteStats, check: Mapping[str, Any] | None = None) -> RecordDict:
+    """A site's ``query.stats`` reply; ``check``: its model check (`build_model_check`)."""
     from flwr.app import MetricRecord
 
     content = _record_dict({
+        **(check or {}),
         STATS_RECORD: MetricRecord({
             "num-examples": int(stats.num_examples),
             "count": np.asarray(stats.count, dtype=np.float64).tolist(),
@@ -399,10 +420,17 @@ def build_stats_reply(stats: SiteStats) -> RecordDict:
 
 
 def parse_stats_reply(msg: Message) -> SiteStats:
-    """Check and read a ``query.stats`` reply."""
+    """Check and read a ``query.stats`` reply (its model check: `parse_stats_check`)."""
     check_content(STATS, msg.content, reply=True)
     return _read_stats(msg.content.metric_records[STATS_RECORD],
                        msg.content.config_records[SCHEMA])
+
+
+def parse_stats_check(msg: Message) -> ModelCheck | None:
+    """The model check a ``query.stats`` reply carries (built under the schema the instruction
+    carried), else None."""
+    stats = parse_stats_reply(msg)
+    return _read_check(msg.content, stats.name, STATS)
 
 
 def _read_stats(s: Any, c: Any) -> SiteStats:
@@ -426,14 +454,16 @@ def build_setup_instruction() -> RecordDict:
 
 
 def build_setup_reply(report: SiteColumns, stats: SiteStats | None = None,
-                      encoded_with: str = "") -> RecordDict:
+                      encoded_with: str = "", check: Mapping[str, Any] | None = None
+                      ) -> RecordDict:
     """A site's ``query.setup`` reply: its column report and, when it could encode its rows on
     its own, its stats and the digest of the schema it encoded them with (``""``: no table
-    schema, e.g. images)."""
+    schema, e.g. images), and, when it could build its model from them, its model check
+    (`build_model_check`)."""
     records = dict(build_schema_reply(report).items())
     if stats is not None:
-        stats_records = build_stats_reply(stats)
-        records[STATS_RECORD] = stats_records.metric_records[STATS_RECORD]
+        stats_records = build_stats_reply(stats, check)
+        records.update(stats_records.items())
         records[SCHEMA] = _config_record({**dict(stats_records.config_records[SCHEMA].items()),
                                           ENCODED_WITH: str(encoded_with)})
     content = _record_dict(records)
@@ -444,11 +474,13 @@ def build_setup_reply(report: SiteColumns, stats: SiteStats | None = None,
 @dataclass(frozen=True)
 class SetupReply:
     """A checked ``query.setup`` reply: the column report, and the stats (None: the site
-    could not encode its rows on its own) with the digest of the schema they used."""
+    could not encode its rows on its own) with the digest of the schema they used, and the
+    model check built from them (None: the site could not build it on its own)."""
 
     report: SiteColumns
     stats: SiteStats | None
     encoded_with: str = ""
+    check: ModelCheck | None = None
 
 
 def parse_setup_reply(msg: Message) -> SetupReply:
@@ -466,7 +498,8 @@ def parse_setup_reply(msg: Message) -> SetupReply:
                          f"records {sorted(msg.content.keys())}")
     schema = msg.content.config_records[SCHEMA]
     stats = _read_stats(msg.content.metric_records[STATS_RECORD], schema)
-    return SetupReply(report, stats, str(schema.get(ENCODED_WITH, "")))
+    return SetupReply(report, stats, str(schema.get(ENCODED_WITH, "")),
+                      _read_check(msg.content, stats.name, SETUP_QUERY))
 
 
 # --- query.init -----------------------------------------------------------------------------
@@ -551,22 +584,186 @@ def parse_init_reply(msg: Message) -> InitialModel:
     """Check and read a ``query.init`` reply; its arrays must be finite floats, and the tensors
     that travel a non-empty subset of them."""
     check_content(INIT, msg.content, reply=True)
-    record = msg.content.array_records[ARRAYS]
+    site = (str(msg.content.config_records[SITE][SITE_NAME])
+            if SITE in msg.content.config_records else None)
+    return _read_initial(msg.content, site)
+
+
+def _read_initial(content: RecordDict, site: str | None) -> InitialModel:
+    record = content.array_records[ARRAYS]
     try:
         check_arrays({k: a.numpy() for k, a in record.items()}, where="initial model")
     except FedsplitError as e:
         raise ReplyError(f"The initial model breaks the wire contract (float arrays only; integer "
                          f"buffers travel as float64): {e}") from e
-    model = msg.content.config_records[MODEL]
+    model = content.config_records[MODEL]
     federated = None
     if FEDERATED in model:
         federated = tuple(str(n) for n in model[FEDERATED])
         if not federated or any(n not in record for n in federated):
             raise ReplyError(f"The initial model's travelling tensors must be a non-empty subset "
                              f"of its arrays. Received: {list(federated)[:8]}")
-    site = (str(msg.content.config_records[SITE][SITE_NAME])
-            if SITE in msg.content.config_records else None)
     return InitialModel(record, str(model[MODEL_ID]), federated, site)
+
+
+# --- the model check in query.setup / query.stats replies -----------------------------------
+#: the built-in recipes: their models keep the short ids (mlp, cnn); any other is a recipe model
+BUILTIN_RECIPES = ("mlp", "cnn")
+RECIPE_KIND = "recipe"  # query.init kind: build the model with the hospitals' own recipe
+
+
+def model_key(request: ModelRequest) -> tuple[Any, ...]:
+    """What fixes a requested model's tensors (names, shapes, dtypes): every field of the
+    request but the statistics, which only fill values (`MODEL_KEYS`)."""
+    return (str(request.kind), str(request.task), tuple(int(d) for d in request.input_shape),
+            int(request.num_outputs), tuple(int(h) for h in request.hidden), str(request.norm))
+
+
+def plan_model(stats: Sequence[SiteStats], *, task: str, model: str, num_classes: int,
+               hidden: Sequence[int], norm: str, schema_task: str | None = None,
+               labels: int = 0, builtin: bool = True) -> ModelRequest:
+    """The model request the sites' stats (in name order) and the run settings give: pooled
+    statistics, task (the run's, else the schema's, else the one every site inferred), the
+    number of outputs (``num_classes``, else the schema's labels or the largest label + 1; at
+    least 2 for classification), the model kind (a built-in by the data, else `RECIPE_KIND`).
+
+    The coordinator plans with every hospital's stats and the agreed schema; a hospital plans
+    its model check with its own stats and the schema it encoded with, so the two agree on
+    `model_key` whenever the hospital's view of the federation is the agreed one. Raises
+    `ConfigError` for undecidable tasks and a ``norm`` the model cannot take."""
+    from fedsplit.protocol.stats import combine_moments
+
+    ref = stats[0]
+    tasks = {s.task for s in stats}
+    chosen = task if task != "auto" else (tasks.pop() if len(tasks) == 1 else None)
+    if schema_task is not None:
+        chosen = schema_task
+    if chosen is None:
+        raise ConfigError(
+            f"Hospitals inferred different tasks from their targets ({sorted(tasks)}); set "
+            f"task=classification or task=regression in the run config. Received: {sorted(tasks)}"
+        )
+    mean, std = combine_moments([(s.count, s.sum, s.sumsq) for s in stats])
+    n = sum(s.num_examples for s in stats)
+    y_mean = sum(s.y_sum for s in stats) / n
+    y_std = float(np.sqrt(max(sum(s.y_sumsq for s in stats) / n - y_mean**2, 0.0)))
+    if chosen == "classification":
+        outputs = num_classes or max(labels, 1 + max(s.label_max for s in stats))
+        outputs = max(outputs, 2)
+    else:
+        outputs = 1
+    kind = (ref.kind if model == "auto" else model) if builtin else RECIPE_KIND
+    if builtin and norm != "none" and kind != "mlp":
+        raise ConfigError(
+            f"norm={norm} adds BatchNorm after the MLP's hidden layers, but the hospitals' "
+            f"data gets a {kind} model. Use norm=none, or model=mlp for tabular data. "
+            f"Received: norm={norm!r}, model kind {kind!r}"
+        )
+    return ModelRequest(kind=kind, task=chosen, input_shape=ref.input_shape,
+                        num_outputs=int(outputs), hidden=tuple(hidden), norm=norm, mean=mean,
+                        std=std, y_mean=float(y_mean), y_std=float(y_std))
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """A site's model built in its ``query.setup`` (or ``query.stats``) reply, before the
+    coordinator pooled any statistics: built as ``query.init`` would build it for the request
+    whose `model_key` is ``key``, with the site's own statistics. It stands for the site's
+    ``query.init`` reply when the coordinator's request has the same key: the models' tensors
+    (names, shapes, dtypes, which travel) are what the majority check compares, and
+    ``statistics`` (tensor name -> one of `STATISTIC_SOURCES`; None: the site's recipe does more
+    than place them) lets the coordinator put the pooled statistics into the starting weights
+    (`place_statistics`) without the ``query.init`` exchange."""
+
+    model: InitialModel
+    key: tuple[Any, ...]
+    statistics: dict[str, str] | None = None
+
+
+def build_model_check(arrays: Mapping[str, np.ndarray], model_id: str,
+                      federated: Sequence[str] | None, request: ModelRequest,
+                      statistics: Mapping[str, str] | None) -> dict[str, Any]:
+    """The records of a model check (for `build_setup_reply` / `build_stats_reply`)."""
+    init = build_init_reply(arrays, model_id, federated)
+    key = model_key(request)
+    values: dict[str, Any] = {
+        "kind": key[0], "task": key[1], "input-shape": list(key[2]), "num-outputs": key[3],
+        "hidden": list(key[4]), "norm": key[5]}
+    if statistics is not None:
+        values[STATISTICS] = json.dumps(_statistics_map(statistics, init.array_records[ARRAYS]),
+                                        sort_keys=True)
+    return {ARRAYS: init.array_records[ARRAYS], MODEL: init.config_records[MODEL],
+            CHECK: _config_record(values)}
+
+
+def _statistics_map(raw: Any, arrays: Mapping[str, Any]) -> dict[str, str]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise ReplyError(f"A model check's statistics name at least one tensor. Received: "
+                         f"{str(raw)[:200]}")
+    out = {str(k): str(v) for k, v in raw.items()}
+    if bad := [f"{k}={v}" for k, v in out.items()
+               if k not in arrays or v not in STATISTIC_SOURCES]:
+        raise ReplyError(f"A model check's statistics map the model's tensors to "
+                         f"{list(STATISTIC_SOURCES)}. Received: {bad[:8]}")
+    return out
+
+
+def _read_check(content: RecordDict, site: str, kind: str) -> ModelCheck | None:
+    present = [name for name in (ARRAYS, MODEL, CHECK) if name in content]
+    if not present:
+        return None
+    if len(present) != 3:
+        raise ReplyError(f"A {kind} reply's model check holds the records arrays, model and "
+                         f"check together. Received: {present}")
+    model = _read_initial(content, site)
+    c = content.config_records[CHECK]
+    key = (str(c["kind"]), str(c["task"]),
+           tuple(int(d) for d in np.atleast_1d(c["input-shape"])), int(c["num-outputs"]),
+           tuple(int(h) for h in np.atleast_1d(c["hidden"])) if len(c["hidden"]) else (),
+           str(c["norm"]))
+    statistics = None
+    if STATISTICS in c:
+        try:
+            raw = json.loads(str(c[STATISTICS]))
+        except ValueError as e:
+            raise ReplyError(f"A model check's statistics are JSON. Received: "
+                             f"{str(c[STATISTICS])[:200]}") from e
+        statistics = _statistics_map(raw, model.arrays)
+    return ModelCheck(model, key, statistics)
+
+
+def statistic_value(source: str, shape: Sequence[int], dtype: Any, mean: np.ndarray,
+                    std: np.ndarray, y_mean: float, y_std: float) -> np.ndarray | None:
+    """The value a tensor of ``shape`` and ``dtype`` holds when it stores ``source`` (one of
+    `STATISTIC_SOURCES`) of these statistics, as the recipes' `set_statistics` stores them:
+    mean and std (floored: at most `STD_FLOOR` becomes 1) reshaped, the target's mean and std
+    filled in. None: the statistic does not fit the tensor's shape."""
+    shape = tuple(int(d) for d in shape)
+    if source in ("y-mean", "y-std"):
+        value = float(y_mean) if source == "y-mean" else (
+            float(y_std) if float(y_std) > STD_FLOOR else 1.0)
+        return np.full(shape, value, dtype=np.float64).astype(dtype)
+    values = np.asarray(mean if source == "mean" else std, dtype=np.float64).reshape(-1)
+    if source == "std":
+        values = np.where(values > STD_FLOOR, values, 1.0)
+    if values.size != int(np.prod(shape, dtype=np.int64)):
+        return None
+    return values.reshape(shape).astype(dtype)
+
+
+def place_statistics(model: InitialModel, statistics: Mapping[str, str],
+                     request: ModelRequest) -> InitialModel | None:
+    """``model`` (a model check) with the request's pooled statistics in the tensors
+    ``statistics`` names: the model ``query.init`` would have built for ``request``. None: a
+    statistic does not fit its tensor (ask ``query.init`` instead)."""
+    arrays = {k: a.numpy() for k, a in model.arrays.items()}
+    for name, source in statistics.items():
+        value = statistic_value(source, arrays[name].shape, arrays[name].dtype, request.mean,
+                                request.std, request.y_mean, request.y_std)
+        if value is None:
+            return None
+        arrays[name] = value
+    return InitialModel(to_array_record(arrays), model.model_id, model.federated, model.site)
 
 
 # --- train and evaluate ---------------------------------------------------------------------

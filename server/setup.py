@@ -37,7 +37,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import (
@@ -48,7 +47,6 @@ from fedsplit.protocol.errors import (
 )
 from fedsplit.protocol.recipe import RecipeIdentity, RecipeModelId, check_same_recipe, is_recipe_id
 from fedsplit.protocol.schema import Schema, SiteColumns, merge_reports, moment_warnings
-from fedsplit.protocol.stats import combine_moments
 from fedsplit.protocol.weights import read_schema, read_weights
 from fedsplit.server.exchange import send_and_receive
 from flwr.app import ArrayRecord, Message, RecordDict
@@ -56,8 +54,8 @@ from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 
-BUILTIN_RECIPES = ("mlp", "cnn")  # their models keep the short ids; any other is a recipe model
-RECIPE_KIND = "recipe"  # query.init kind: build the model with the hospitals' own recipe
+BUILTIN_RECIPES = wire.BUILTIN_RECIPES  # their models keep the short ids; any other is a recipe model
+RECIPE_KIND = wire.RECIPE_KIND  # query.init kind: build the model with the hospitals' own recipe
 
 
 @dataclass
@@ -155,9 +153,12 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
     agreed, warnings, early = agree_setup(grid, nodes, cfg, names)
     schema = agreed.to_json() if agreed is not None else None
     digest = agreed.digest() if agreed is not None else ""
-    # the stats a hospital sent with its report hold if it encoded with the agreed schema
-    by_node = {n: got.stats for n, got in early.items()
-               if got.stats is not None and got.encoded_with == digest}
+    # the stats (and model check) a hospital sent with its report hold if it encoded with the
+    # agreed schema
+    held = {n: got for n, got in early.items()
+            if got.stats is not None and got.encoded_with == digest}
+    by_node = {n: got.stats for n, got in held.items() if got.stats is not None}
+    checks = {n: got.check for n, got in held.items() if got.check is not None}
     if stale := [n for n in nodes if n not in by_node]:
         log.info("Set-up: asking %d of %d hospitals for their statistics under the agreed "
                  "schema", len(stale), len(nodes))
@@ -165,6 +166,8 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
                        cfg.round_timeout, names)
         by_node.update({r.metadata.src_node_id: _parse(wire.parse_stats_reply, r, wire.STATS)
                         for r in replies})
+        checks.update({r.metadata.src_node_id: check for r in replies
+                       if (check := _parse(wire.parse_stats_check, r, wire.STATS)) is not None})
     parsed = sorted(by_node.items(), key=lambda pair: pair[1].name)
     names.update({node: stat.name for node, stat in parsed})
     stats = [stat for _, stat in parsed]  # in name order: the same run whatever the arrival
@@ -186,41 +189,14 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
                 )
     recipe = agree_recipe(stats)
     builtin = recipe.name in BUILTIN_RECIPES
-    tasks = {s.task for s in stats}
-    task = cfg.task if cfg.task != "auto" else (tasks.pop() if len(tasks) == 1 else None)
-    if agreed is not None:
-        task = agreed.task
-    if task is None:
-        raise ConfigError(
-            f"Hospitals inferred different tasks from their targets ({sorted(tasks)}); set "
-            f"task=classification or task=regression in the run config. Received: {sorted(tasks)}"
-        )
-    mean, std = combine_moments([(s.count, s.sum, s.sumsq) for s in stats])
-    n = sum(s.num_examples for s in stats)
-    y_mean = sum(s.y_sum for s in stats) / n
-    y_std = float(np.sqrt(max(sum(s.y_sumsq for s in stats) / n - y_mean**2, 0.0)))
-    if task == "classification":
-        labels = len(agreed.labels) if agreed is not None else 0
-        outputs = cfg.num_classes or max(labels, 1 + max(s.label_max for s in stats))
-        outputs = max(outputs, 2)
-    else:
-        outputs = 1
-    kind = (ref.kind if cfg.model == "auto" else cfg.model) if builtin else RECIPE_KIND
-    if builtin and cfg.norm != "none" and kind != "mlp":
-        raise ConfigError(
-            f"norm={cfg.norm} adds BatchNorm after the MLP's hidden layers, but the hospitals' "
-            f"data gets a {kind} model. Use norm=none, or model=mlp for tabular data. "
-            f"Received: norm={cfg.norm!r}, model kind {kind!r}"
-        )
-    request = wire.ModelRequest(
-        kind=kind, task=task, input_shape=ref.input_shape, num_outputs=int(outputs),
-        hidden=cfg.hidden_widths, norm=cfg.norm, mean=mean, std=std,
-        y_mean=float(y_mean), y_std=float(y_std),
-    )
-    log.info("Model setup: %s (recipe %s), %s, %d rows over %d hospitals", kind, recipe.label(),
-             task, n, len(nodes))
-    initial = agree_model(_ask(grid, nodes, wire.INIT, wire.build_init_instruction(request),
-                               cfg.round_timeout, names), names)
+    request = wire.plan_model(
+        stats, task=cfg.task, model=cfg.model, num_classes=cfg.num_classes,
+        hidden=cfg.hidden_widths, norm=cfg.norm, builtin=builtin,
+        schema_task=agreed.task if agreed is not None else None,
+        labels=len(agreed.labels) if agreed is not None else 0)
+    log.info("Model setup: %s (recipe %s), %s, %d rows over %d hospitals", request.kind,
+             recipe.label(), request.task, sum(s.num_examples for s in stats), len(nodes))
+    initial = _initial_model(grid, nodes, cfg, request, checks, names)
     if not builtin:
         made = (RecipeModelId.from_id(initial.model_id).recipe
                 if is_recipe_id(initial.model_id) else None)
@@ -232,6 +208,44 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
             )
     return ModelSetup(initial.arrays, initial.model_id, schema, warnings, initial.federated,
                       names)
+
+
+def _initial_model(grid: Grid, nodes: list[int], cfg: RunConfig, request: wire.ModelRequest,
+                   checks: dict[int, wire.ModelCheck], names: dict[int, str]) -> wire.InitialModel:
+    """Every hospital's model for ``request``, compared (`agree_models`), and the starting
+    weights: a hospital's model check stands for its ``query.init`` reply when it was built for
+    the same model (`protocol.horizontal_wire.model_key`); only the others are asked
+    ``query.init``. The reference (first by name among the majority) gets the pooled statistics
+    placed into its check's tensors; a reference whose recipe does more than place them is
+    asked ``query.init`` alone."""
+    key = wire.model_key(request)
+    held = {n: c for n, c in checks.items() if c.key == key}
+    models = {n: c.model for n, c in held.items()}
+    instruction = wire.build_init_instruction(request)
+    if missing := [n for n in nodes if n not in held]:
+        log.info("Set-up: asking %d of %d hospitals to build the model (query.init)",
+                 len(missing), len(nodes))
+        models.update({r.metadata.src_node_id: _init_model(r, names)
+                       for r in _ask(grid, missing, wire.INIT, instruction, cfg.round_timeout,
+                                     names)})
+    reference = agree_models([models[n] for n in nodes])
+    node = next(n for n in nodes if models[n] is reference)
+    if node not in held:
+        return reference  # built by query.init with the pooled statistics
+    statistics = held[node].statistics
+    placed = (wire.place_statistics(reference, statistics, request)
+              if statistics is not None else None)
+    if placed is not None:
+        return placed
+    log.info("Set-up: asking hospital %s to build the starting weights (query.init)",
+             reference.site)
+    built = _init_model(_ask(grid, [node], wire.INIT, instruction, cfg.round_timeout,
+                             names)[0], names)
+    if _signature(built) != _signature(reference):
+        raise FederationError(
+            f"Hospital {reference.site} built another model for query.init than in its "
+            f"set-up reply: {_difference(built, reference)}. Received: {built.model_id[:200]}")
+    return built
 
 
 def _signature(model: wire.InitialModel) -> tuple[Any, ...]:
@@ -257,18 +271,26 @@ def _difference(mine: wire.InitialModel, theirs: wire.InitialModel) -> str:
     return "; ".join(out[:4]) + (f" (and {len(out) - 4} more)" if len(out) > 4 else "")
 
 
+def _init_model(reply: Message, names: dict[int, str]) -> wire.InitialModel:
+    """A ``query.init`` reply's model, named by the hospital (else its node)."""
+    model = _parse(wire.parse_init_reply, reply, wire.INIT)
+    site = model.site or names.get(reply.metadata.src_node_id,
+                                   f"node-{reply.metadata.src_node_id}")
+    return wire.InitialModel(model.arrays, model.model_id, model.federated, site)
+
+
 def agree_model(replies: list[Message], names: dict[int, str]) -> wire.InitialModel:
+    """`agree_models` over ``query.init`` replies."""
+    return agree_models([_init_model(reply, names) for reply in replies])
+
+
+def agree_models(models: list[wire.InitialModel]) -> wire.InitialModel:
     """Every hospital's initial model compared before round 1: the majority's state (names,
     shapes, dtypes, travelling tensors) is the federation's; a hospital whose model differs is
     refused with the difference (`ConfigError`), decided by the majority, never by arrival.
-    The first hospital by name among the majority gives the starting weights."""
-    models = []
-    for reply in replies:
-        model = _parse(wire.parse_init_reply, reply, wire.INIT)
-        site = model.site or names.get(reply.metadata.src_node_id,
-                                       f"node-{reply.metadata.src_node_id}")
-        models.append(wire.InitialModel(model.arrays, model.model_id, model.federated, site))
-    models.sort(key=lambda m: str(m.site))
+    Returns the first hospital's model by name among the majority (it gives the starting
+    weights), one of ``models``."""
+    models = sorted(models, key=lambda m: str(m.site))
     groups: dict[tuple[Any, ...], list[wire.InitialModel]] = {}
     for model in models:
         groups.setdefault(_signature(model), []).append(model)
