@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Self
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.horizontal_wire import DP_EPSILON
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 HISTORY_FILE = "history.json"
 SUMMARY_FILE = "summary.json"
@@ -518,8 +518,8 @@ def _first_error(e: ValidationError) -> str:
 # -- run kinds and the vertical run record ---------------------------------------------------------
 
 #: What wrote a ``history.json``: a horizontal Flower run (`RunRecord`), a vertical one
-#: (`VerticalRunRecord`), or ``fedsplit km`` / ``fedsplit cox`` (a status file, loaded as a
-#: `RunRecord` without rounds whose ``mode`` names the analysis).
+#: (`VerticalRunRecord`), or ``fedsplit km`` / ``fedsplit cox`` (a status file without rounds
+#: whose ``mode`` names the analysis: `SurvivalAnalysisRecord`).
 RUN_KINDS = ("horizontal", "vertical", "survival-km", "survival-cox")
 #: Keys of a vertical run's configuration (`protocol.vertical.config.VerticalConfig.to_flower`)
 #: that a horizontal one never has: how a file written before ``kind`` existed is told apart.
@@ -612,12 +612,59 @@ class VerticalRunRecord(_JsonFile):
         return next((r for r in self.rounds if r.round == kept), None)
 
 
-def load_run_record(path: str | Path) -> RunRecord | VerticalRunRecord:
+#: The analyses ``fedsplit km`` / ``fedsplit cox`` run (`SurvivalAnalysisRecord.mode`).
+SURVIVAL_MODES = ("km", "cox")
+
+
+class SurvivalAnalysisRecord(_JsonFile):
+    """``history.json`` of ``fedsplit km`` / ``fedsplit cox`` (`server.survival.app`): the status
+    of the analysis whose result lies beside it (``km.json`` / ``cox.json``); no rounds.
+
+    ``kind``: ``survival-km`` or ``survival-cox`` (written since issue 34; older files hold only
+    ``status``, ``mode`` and on failure ``error``, and load unchanged); ``mode``: ``km`` or
+    ``cox``; times are Unix seconds."""
+
+    _file: ClassVar[str] = "history.json"
+    _kind: ClassVar[str] = "survival analysis status"
+    _fix: ClassVar[str] = " Run fedsplit km or fedsplit cox again."
+
+    kind: str | None = None
+    status: str
+    mode: str
+    error: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @model_validator(mode="after")
+    def _mode_and_kind_agree(self) -> Self:
+        if self.mode not in SURVIVAL_MODES:
+            raise ValueError(f"mode is one of {SURVIVAL_MODES}, got {self.mode!r}")
+        if self.kind is not None and self.kind != f"survival-{self.mode}":
+            raise ValueError(f"kind {self.kind!r} does not match mode {self.mode!r}")
+        return self
+
+    @classmethod
+    def start(cls, mode: str, *, at: float) -> SurvivalAnalysisRecord:
+        """The record of an analysis that has just started (kind, status ``running``, mode)."""
+        return cls(kind=f"survival-{mode}", status="running", mode=mode, started_at=at)
+
+    def end(self, status: str, *, at: float, error: str | None = None) -> None:
+        """Mark the analysis ``finished`` or ``failed`` (with ``error``) at ``at``."""
+        self.status = status
+        self.finished_at = at
+        if error is not None:
+            self.error = error
+
+
+def load_run_record(path: str | Path) -> RunRecord | VerticalRunRecord | SurvivalAnalysisRecord:
     """Read any run's ``history.json`` as the model of its kind (`run_kind`); `ConfigError`
     when it is unreadable or not a run record of that kind."""
     data = _read(Path(path))
-    if isinstance(data, dict) and run_kind(data) == "vertical":
+    kind = run_kind(data) if isinstance(data, dict) else "horizontal"
+    if kind == "vertical":
         return VerticalRunRecord.from_json(data, source=str(path))
+    if kind in ("survival-km", "survival-cox"):
+        return SurvivalAnalysisRecord.from_json(data, source=str(path))
     return RunRecord.from_json(data, source=str(path))
 
 

@@ -13,7 +13,8 @@ pooled curve after the minimum-count rule (`server.survival.km`). Writes ``OUT/k
 With ``secure-aggregation`` on, every summed vector is one SecAgg+ sum (`server.secure.secagg`,
 fresh keys each): the coordinator learns the sum and nothing per hospital; real values travel
 in fixed point (`protocol.survival.encode_fixed`). Without it, each hospital's vector arrives
-in the clear and is summed here. ``OUT/history.json`` records the status for the runner.
+in the clear and is summed here. ``OUT/history.json`` records the status for the runner and the
+web view (`protocol.history.SurvivalAnalysisRecord`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.errors import FederationError, FedsplitError
+from fedsplit.protocol.history import HISTORY_FILE, SurvivalAnalysisRecord
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.protocol.schema import Schema, merge_reports
 from fedsplit.server.secure.secagg import SecureSum
@@ -244,7 +246,8 @@ def main(grid: Grid, context: Context) -> None:
     run = sv.SurvivalRun.from_flower(context.run_config)
     out = Path(run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "history.json", {"status": "running", "mode": run.mode})
+    record = SurvivalAnalysisRecord.start(run.mode, at=time.time())
+    record.save(out / HISTORY_FILE)
     try:
         nodes = wait_for_nodes(grid, run.min_nodes, run.round_timeout)
         coord = Coordinator(grid, nodes, run)
@@ -253,8 +256,9 @@ def main(grid: Grid, context: Context) -> None:
         else:
             write_json_atomic(out / "km.json", fit_km(coord, run))
     except FedsplitError as e:
-        write_json_atomic(out / "history.json", {"status": "failed", "mode": run.mode,
-                                                 "error": f"{type(e).__name__}: {e}"})
+        record.end("failed", at=time.time(), error=f"{type(e).__name__}: {e}")
+        record.save(out / HISTORY_FILE)
         raise
-    write_json_atomic(out / "history.json", {"status": "finished", "mode": run.mode})
+    record.end("finished", at=time.time())
+    record.save(out / HISTORY_FILE)
     log.info("survival %s finished: %s", run.mode, json.dumps({"sums": coord.sums}))

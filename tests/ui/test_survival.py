@@ -286,7 +286,7 @@ def test_km_folder_is_listed_as_a_survival_analysis(ui_app: Callable[..., TestCl
     assert 'role="img"' in km_page and "Minimum-count rule, K = 5" in km_page
     assert "Rounds" not in km_page and "No metric recorded yet" not in km_page
     cox_page = next(p for p in pages.values() if "fedsplit cox)" in p.split("<h2")[0])
-    assert "does not show <code>cox.json</code>" in cox_page
+    assert "No <code>cox.json</code> yet" in cox_page and "Kaplan-Meier" not in cox_page.split("<h2")[1]
 
 
 # --- what a hospital sees --------------------------------------------------------------------------

@@ -11,9 +11,10 @@ carries a path. Files are re-read when their modification time changes.
 
 Survival: ``km.json`` (the pooled Kaplan-Meier curve, `ui.km`) beside ``history.json`` is read
 with the run. ``fedsplit km`` and ``fedsplit cox`` write a status file ``history.json``
-(``{"status": ..., "mode": "km" | "cox"}``, no rounds) beside their output: such a folder is
-listed as a survival analysis (``analysis`` is its mode), its participants being the
-hospitals its ``km.json`` names.
+(`protocol.history.SurvivalAnalysisRecord`: kind, status, mode, no rounds) beside their
+output: such a folder is listed as a survival analysis (``analysis`` is its mode) with its
+``km.json`` curve or its ``cox.json`` fit (`ui.cox`), its participants being the hospitals
+its ``km.json`` names.
 
 Vertical runs (``fedsplit vertical simulate``, `protocol.history.VerticalRunRecord`, told apart
 by `protocol.history.run_kind`, files written before its ``kind`` included) are listed with their
@@ -42,12 +43,14 @@ from fedsplit.protocol.history import (
     Resume,
     RunRecord,
     RunSummary,
+    SurvivalAnalysisRecord,
     VerticalRunRecord,
     VerticalScores,
     VerticalSummary,
     run_kind,
     scalars,
 )
+from fedsplit.server.admin.ui.cox import COX_FILE, CoxView, read_cox
 from fedsplit.server.admin.ui.km import KM_FILE, KMView, read_km
 from fedsplit.server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
 
@@ -138,6 +141,8 @@ class FlowerRun:
     mtime: float = 0.0
     km: KMView | None = None
     analysis: str | None = None
+    #: a ``fedsplit cox`` folder's fit (None: none written, or another kind of run)
+    cox: CoxView | None = None
     #: what a vertical run shows (None: a horizontal run or a survival analysis)
     vertical: VerticalView | None = None
 
@@ -306,22 +311,39 @@ def _load_vertical(name: str, path: Path, data: dict[str, Any]) -> FlowerRun | N
     )
 
 
+def _load_analysis(name: str, path: Path, data: dict[str, Any]) -> FlowerRun | None:
+    """A ``fedsplit km`` / ``fedsplit cox`` folder: its status file and its curve or fit."""
+    try:
+        record = SurvivalAnalysisRecord.from_json(data, source=str(path / HISTORY))
+    except ConfigError:
+        return None
+    return FlowerRun(
+        run_id=run_id_of(path), name=name, path=path.resolve(), status=record.status,
+        strategy=ANALYSES[record.mode], params={}, total_rounds=None, model_id=None,
+        started_at=record.started_at, finished_at=record.finished_at,
+        error=record.error or None, rounds=[], config={}, summary=None,
+        mtime=(path / HISTORY).stat().st_mtime, km=read_km(path), analysis=record.mode,
+        cox=read_cox(path) if record.mode == "cox" else None,
+    )
+
+
 def load_run(name: str, path: Path) -> FlowerRun | None:
     """Read the run in ``path`` through the `protocol.history` model of its kind (`run_kind`:
-    `RunRecord`, `VerticalRunRecord`); None when its history is missing, not JSON, or not a
-    run record."""
+    `RunRecord`, `VerticalRunRecord`, `SurvivalAnalysisRecord`); None when its history is
+    missing, not JSON, or not a run record."""
     data = _read_json(path / HISTORY)
     if data is None:
         return None
-    if run_kind(data) == "vertical":
+    kind = run_kind(data)
+    if kind == "vertical":
         return _load_vertical(name, path, data)
+    if kind in ("survival-km", "survival-cox"):
+        return _load_analysis(name, path, data)
     try:
         history = RunRecord.from_json(data, source=str(path / HISTORY))
     except ConfigError:
         return None
-    mode = data.get("mode")
-    analysis = mode if isinstance(mode, str) and mode in ANALYSES and not history.rounds else None
-    summary = _read_summary(path) if analysis is None else None
+    summary = _read_summary(path)
     config = history.config
     test_by_round = {r.round: dict(r.metrics) for r in summary.rounds} if summary else {}
     rounds: list[FlowerRound] = []
@@ -351,8 +373,7 @@ def load_run(name: str, path: Path) -> FlowerRun | None:
         started_at=history.started_at, finished_at=history.finished_at,
         error=history.error or None,
         rounds=rounds, config=config, summary=summary, resumed=list(history.resumed),
-        mtime=(path / HISTORY).stat().st_mtime,
-        km=read_km(path), analysis=analysis,
+        mtime=(path / HISTORY).stat().st_mtime, km=read_km(path),
     )
 
 
@@ -362,7 +383,7 @@ def _stamp(path: Path) -> float | None:
         stamp = (path / HISTORY).stat().st_mtime
     except OSError:
         return None
-    for other in (path / SUMMARY, path.parent / SUMMARY, path / KM_FILE):
+    for other in (path / SUMMARY, path.parent / SUMMARY, path / KM_FILE, path / COX_FILE):
         with contextlib.suppress(OSError):
             stamp = max(stamp, other.stat().st_mtime)
     return stamp
