@@ -21,18 +21,29 @@ What it protects: whether any one hospital (all its patients at once) took part,
 anyone who sees the global models, as long as the coordinator itself adds the noise honestly.
 Buffers (the agreed standardisation) are not trained: the global value is kept for them. Runs
 with BatchNorm are refused by the runners (its running statistics would travel unnoised).
+
+Computation. The arithmetic over the updates is the backend's (`aggregation.backend`), as for
+every other rule, over the trained tensors only (`TrainedOnly`): one ``squared_distances`` pass
+gives each change's norm ``||w_k - g||``; one ``weighted_sum`` pass over the updates and ``g``
+itself, with weights ``q_k = (n_k / N) min(1, C / ||w_k - g||)`` and ``1 - sum_k q_k`` for ``g``,
+gives ``g + sum_k (n_k / N) d_k`` (the weights sum to 1 and none is negative, so nothing is
+subtracted and nothing cancels). The noise is added per tensor in float64, in the order of the
+model's tensors. The report's ``working_bytes`` is the larger of the two passes' working memory
+and the noise step's (two float64 copies of the largest trained tensor).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
-from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.aggregation import backend
+from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET, Recounted
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports
 from fedsplit.aggregation.errors import AggregationError
-from fedsplit.protocol.update import UpdateSource
+from fedsplit.protocol.update import Update, UpdateHeader, UpdateSource
 
 #: parameter-name endings of trained tensors; everything else is a buffer kept at the global value
 TRAINED = (".weight", ".bias")
@@ -41,6 +52,24 @@ TRAINED = (".weight", ".bias")
 def is_trained(name: str) -> bool:
     """Whether the array called ``name`` is a trained parameter (not a fixed buffer)."""
     return name.endswith(TRAINED)
+
+
+class TrainedOnly(Recounted):
+    """An update seen through its trained tensors only (`is_trained`), for the backend's passes.
+
+    Its header lists only those tensors; reads still reach the update where it lies (a weight
+    file is read in place: `aggregation._blocks.base` unwraps it), and a value watch on it still
+    flags non-finite values."""
+
+    def __init__(self, source: UpdateSource) -> None:
+        super().__init__(source, source.header.num_examples)
+        self.trained: UpdateHeader = replace(
+            source.header, specs=tuple(s for s in source.header.specs if is_trained(s.name)))
+
+    @property
+    def header(self) -> UpdateHeader:
+        """The wrapped header, with the trained tensors only."""
+        return self.trained
 
 
 def plan_sigma(epsilon: float, delta: float, rounds: int) -> float:
@@ -87,7 +116,8 @@ class HospitalDPFedAvg(AggregationStrategy):
 
     def aggregate(self, updates: Sequence[UpdateSource], *,
                   memory_budget: int = DEFAULT_MEMORY_BUDGET) -> AggregateResult:
-        """Clip each change, weight by count, add noise of std ``sigma * C * max share``."""
+        """Clip each change, weight by count, add noise of std ``sigma * C * max share``, with
+        the backend's passes (module docstring)."""
         if self.reference is None:
             raise AggregationError("Hospital-level DP clips each update's change to the round's "
                                    "global model; set_reference was not called. Received: none")
@@ -98,28 +128,37 @@ class HospitalDPFedAvg(AggregationStrategy):
                                    f"Received: {missing[:5]}")
         clip, sigma = float(self.params.clip), float(self.params.sigma)
         shares = inputs.counts / inputs.counts.sum()
-        trained = [n for n in names if is_trained(n)]
-        norms, scales = [], []
-        for u in updates:
-            sq = sum(float(np.sum((u.array(n).astype(np.float64) - self.reference[n]) ** 2))
-                     for n in trained)
-            norms.append(float(np.sqrt(sq)))
-            scales.append(min(1.0, clip / norms[-1]) if norms[-1] > 0 else 1.0)
+        trained = [s for s in inputs.specs if is_trained(s.name)]
+        views = [TrainedOnly(u) for u in updates]
+        # the global model's trained tensors, in the updates' layout
+        start = {s.name: np.asarray(self.reference[s.name], dtype=s.dtype) for s in trained}
+        working = 0
+        norms = [0.0] * len(updates)
+        if trained:
+            dist = backend.squared_distances(views, start, memory_budget=memory_budget)
+            norms = [float(v) for v in dist.values]
+            working = dist.working_bytes
+        scales = [min(1.0, clip / n) if n > 0 else 1.0 for n in norms]
         std = sigma * clip * float(shares.max())
         out: dict[str, np.ndarray] = {}
+        if trained:
+            # g + sum_k q_k (w_k - g) = sum_k q_k w_k + (1 - sum_k q_k) g: one weighted sum
+            kept = shares * np.asarray(scales)
+            weights = [*kept, max(0.0, 1.0 - float(kept.sum()))]
+            mean = backend.weighted_sum([*views, Update(arrays=start, num_examples=1)], weights,
+                                        memory_budget=memory_budget)
+            working = max(working, mean.working_bytes,
+                          2 * 8 * max(s.size for s in trained))  # the noise step, per tensor
         for spec in inputs.specs:
-            ref = self.reference[spec.name].astype(np.float64)
-            if not is_trained(spec.name):
-                out[spec.name] = ref.astype(spec.dtype)
+            if not is_trained(spec.name):  # buffers keep the global value
+                out[spec.name] = np.asarray(self.reference[spec.name], np.float64).astype(spec.dtype)
                 continue
-            acc = np.zeros(spec.shape, dtype=np.float64)
-            for u, p, s in zip(updates, shares, scales, strict=True):
-                acc += p * s * (u.array(spec.name).astype(np.float64) - ref)
-            acc += self._rng.normal(0.0, std, size=spec.shape)
-            out[spec.name] = (ref + acc).astype(spec.dtype)
+            noised = mean.arrays[spec.name].astype(np.float64)
+            noised += self._rng.normal(0.0, std, size=spec.shape)
+            out[spec.name] = noised.astype(spec.dtype)
         sites = site_reports(inputs.headers, shares,
                              flags=[["clipped"] if s < 1 else [] for s in scales])
         details = {"clip": clip, "noise_multiplier": sigma, "noise_std": std,
                    "update_norms": norms, "clipped": int(sum(s < 1 for s in scales))}
         return make_result(self, inputs, out, sites, memory_budget=memory_budget,
-                           working_bytes=0, details=details)
+                           working_bytes=working, details=details)
