@@ -29,7 +29,11 @@ finite values), so excluded updates never make up a quorum.
 `StrategyWrapper` is the base of the wrappers the coordinator's factory (`server.compose`)
 stacks around this loop, as Flower's DP wrappers wrap a strategy: secure aggregation
 (`server.secure.strategy.SecureStrategy`) and the privacy accounting
-(`server.privacy.PrivateStrategy`); each delegates every hook it does not change.
+(`server.privacy.PrivateStrategy`); each delegates every hook it does not change, and reaches
+the loop only through its public hooks (`server.bookkeeping`): the round book ``loop.book``
+(instructions sent, phases skipped, missing hospitals, site names) and the merge step, which a
+wrapper may replace (`RegistryStrategy.use_merge`). Whatever merged the round, the loop steps the
+server optimizer and records the round in the history (`RegistryStrategy.aggregate_train`).
 """
 
 from __future__ import annotations
@@ -124,7 +128,8 @@ class StrategyWrapper(Strategy):
     hook goes to the wrapped ``strategy`` unless the wrapper overrides it.
 
     The innermost strategy is always a `RegistryStrategy` (`loop`): the round loop whose rule,
-    history and round bookkeeping every wrapper shares (`server.compose` builds the stack).
+    history and round bookkeeping (``loop.book``) every wrapper shares (`server.compose` builds
+    the stack). A wrapper uses the loop's public members only (`server.bookkeeping`).
     """
 
     def __init__(self, strategy: Strategy) -> None:
