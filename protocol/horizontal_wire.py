@@ -1,6 +1,6 @@
 """What crosses the network in horizontal training, and the only shapes it may take.
 
-Five Flower message kinds run a horizontal federation. Each instruction (coordinator ->
+Seven Flower message kinds run a horizontal federation. Each instruction (coordinator ->
 hospital) and each reply (hospital -> coordinator) is a ``RecordDict`` whose records and keys
 are listed here, once; `check_content` enforces the lists on both ends, so a bug that tried to
 ship rows, labels or IDs fails loudly instead of leaking, and a reply with an unexpected record
@@ -17,12 +17,17 @@ query.stats    config: schema (optional: the agreed   stats (metrics): num-examp
                                                       schema (config): name, kind, task,
                                                       input-shape, features, recipe (the
                                                       identity of the site's recipe as JSON:
-                                                      `protocol.recipe.RecipeIdentity`)
+                                                      `protocol.recipe.RecipeIdentity`);
+                                                      optional model check: arrays and model
+                                                      (as query.init's) and check (config):
+                                                      kind, task, input-shape, num-outputs,
+                                                      hidden, norm, statistics (optional)
 query.setup    config: {}                             columns (as query.schema's); and, when the
                                                       site could encode its rows on its own, stats
                                                       and schema (as query.stats's, encoded with
                                                       its own file's schema, whose digest the
-                                                      schema record's encoded-with names)
+                                                      schema record's encoded-with names) and
+                                                      the model check (as query.stats's)
 query.init     config: kind, task, input-shape,       arrays: the initial model;
                num-outputs, hidden, norm, mean, std,  model (config): model-id
                y-mean, y-std
@@ -38,6 +43,17 @@ train          arrays: the global model;              arrays: the trained model;
 evaluate       arrays; config: model-id,              metrics: the weight key and numeric
                server-round, schema (optional)        metrics; site (optional): name
 =============  =====================================  =========================================
+
+Set-up in one exchange: a ``query.setup`` reply's model check is the model the site would
+return to ``query.init`` if the federation's statistics were its own (`ModelCheck`): built for
+the request `plan_model` gives from its own stats and schema, with the names of the tensors
+that hold the statistics (``statistics``: JSON {tensor: mean | std | y-mean | y-std}). Where
+the coordinator's request has the same `model_key`, the check stands for the site's
+``query.init`` reply (the majority check compares the checks), and the coordinator puts the
+pooled statistics into the reference's check itself (`place_statistics`), so a federation
+whose hospitals agree on the schema sets up in one exchange. ``query.stats`` carries the check
+built under the agreed schema. The check's arrays hold the site's own mean and std, which its
+stats (count, sum, sum of squares) already give.
 
 One message per hospital per round: a train instruction with ``evaluate-first`` asks the
 hospital to score the model it receives (the previous round's global model) on its validation

@@ -1,33 +1,46 @@
-"""Before round 1: agree on the model and its standardisation without seeing any rows.
+"""Before round 1: agree on the model and its standardisation without seeing any rows, in as few
+exchanges as the hospitals' data allows (one when they agree on the columns; issue 32).
 
-1. ``query.setup`` to every hospital (``query.schema`` and ``query.stats`` in one exchange):
-   its column report (kinds, missing counts, frequent categories, labels; `protocol.schema`)
-   and, speculatively, its statistics (step 2) under its own file's schema. The coordinator
-   merges the reports into one versioned table schema (conflicts stop the run with
-   `ConfigError` naming hospital, column and fix; suspicious columns are logged as warnings).
-   Image (NPZ) sites report no table and skip the schema.
+1. ``query.setup`` to every hospital (``query.schema``, ``query.stats`` and the model check in
+   one exchange): its column report (kinds, missing counts, frequent categories, labels;
+   `protocol.schema`) and, speculatively, under its own file's schema, its statistics (step 2)
+   and its model check (step 3). The coordinator merges the reports into one versioned table
+   schema (conflicts stop the run with `ConfigError` naming hospital, column and fix;
+   suspicious columns are logged as warnings). Image (NPZ) sites report no table and skip
+   the schema.
 2. the statistics: a hospital whose own schema is the agreed one (same digest) already sent
-   them; only the others get ``query.stats`` carrying the schema (so a federation whose
-   hospitals agree on the columns, and every image federation, sets up in two exchanges,
-   query.setup and query.init): input shape, encoded feature names,
-   task and per-feature count / sum / sum of squares. The coordinator checks that they match
-   and pools the moments into one mean and standard deviation (and warns about columns that are
+   them; only the others get ``query.stats`` carrying the schema (they reply with their
+   statistics and their model check under it): input shape, encoded feature names, task and
+   per-feature count / sum / sum of squares. The coordinator checks that they match and pools
+   the moments into one mean and standard deviation (and warns about columns that are
    constant at one site or orders of magnitude off the others).
    Each stats reply also names the recipe the hospital runs (name, version, validated
    parameters: `protocol.recipe`); hospitals that differ are refused here, before round 1,
    with the hospital and the difference named.
-3. ``query.init`` to every hospital: each builds the model with those statistics and replies
-   with it, the names of the tensors that travel every round (`Recipe.federated`) and its
-   name. The coordinator compares the models' states (names, shapes, dtypes, and which
-   tensors travel) before round 1: the majority's defines the federation's model, and a
-   hospital whose model differs (another layer width under the same recipe name, version and
-   parameters) is refused by name with the difference, whatever order the replies came in; no
-   majority (a tie) refuses the run naming the groups. The first hospital by name among the
-   majority gives the shared starting weights (sites must share an initialisation for
-   averaging to work). A recipe's model id must carry the recipe the hospitals agreed on.
+3. the model: the coordinator plans the federation's model from the pooled statistics
+   (`protocol.horizontal_wire.plan_model`). A hospital's model check (its seeded model built
+   for the model its own view gives, with its own statistics, and which tensors hold the
+   statistics: `client.model_check`) stands for its ``query.init`` reply when it was built for
+   the same model (`model_key`: kind, task, input shape, outputs, hidden, norm); only the
+   hospitals without one (a check they could not build, another label count, ...) get
+   ``query.init`` with the pooled statistics, as every hospital did before. The coordinator
+   compares the models' states (names, shapes, dtypes, and which tensors travel) before round
+   1: the majority's defines the federation's model, and a hospital whose model differs
+   (another layer width under the same recipe name, version and parameters) is refused by name
+   with the difference, whatever order the replies came in; no majority (a tie) refuses the
+   run naming the groups. The first hospital by name among the majority gives the shared
+   starting weights (sites must share an initialisation for averaging to work): its check with
+   the pooled statistics placed in the tensors it named (`place_statistics`: the model
+   ``query.init`` returns, to the bit), or, when its recipe does more than place them, its
+   ``query.init`` reply (one more exchange, to it alone). A recipe's model id must carry the
+   recipe the hospitals agreed on.
 
-The coordinator never imports model code: it only routes statistics and arrays. Both
-exchanges are built and checked by `protocol.horizontal_wire`.
+So set-up is one exchange when every hospital's own schema is the agreed one (and every image
+federation whose hospitals hold every class), two when some schema differs (``query.stats`` to
+those hospitals) or the recipe derives tensors from the statistics, three at most.
+
+The coordinator never imports model code: it only routes statistics and arrays. Every
+exchange is built and checked by `protocol.horizontal_wire`.
 """
 
 from __future__ import annotations
@@ -215,14 +228,19 @@ def _initial_model(grid: Grid, nodes: list[int], cfg: RunConfig, request: wire.M
     """Every hospital's model for ``request``, compared (`agree_models`), and the starting
     weights: a hospital's model check stands for its ``query.init`` reply when it was built for
     the same model (`protocol.horizontal_wire.model_key`); only the others are asked
-    ``query.init``. The reference (first by name among the majority) gets the pooled statistics
-    placed into its check's tensors; a reference whose recipe does more than place them is
-    asked ``query.init`` alone."""
+    ``query.init`` (with, in the same exchange, those whose checks name no statistics). The
+    reference (first by name among the majority) gets the pooled statistics placed into its
+    check's tensors; a reference whose recipe does more than place them, when nobody else was
+    asked, is asked ``query.init`` alone."""
     key = wire.model_key(request)
     held = {n: c for n, c in checks.items() if c.key == key}
-    models = {n: c.model for n, c in held.items()}
     instruction = wire.build_init_instruction(request)
     if missing := [n for n in nodes if n not in held]:
+        # in the same exchange, the hospitals whose checks cannot take the pooled statistics
+        missing += [n for n in nodes if n in held and held[n].statistics is None]
+        held = {n: c for n, c in held.items() if n not in missing}
+    models = {n: c.model for n, c in held.items()}
+    if missing:
         log.info("Set-up: asking %d of %d hospitals to build the model (query.init)",
                  len(missing), len(nodes))
         models.update({r.metadata.src_node_id: _init_model(r, names)
