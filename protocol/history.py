@@ -23,6 +23,10 @@ writer, and describe it in docs/run-record.md. The records are written atomicall
 
 Privacy accounting goes through `RunRecord.record_privacy`; the reply metric a hospital reports
 its spent epsilon in is `protocol.horizontal_wire.DP_EPSILON`.
+
+Other run kinds (`RUN_KINDS`, told apart by `run_kind`, read by `load_run_record`): a vertical
+run's `VerticalRunRecord` and `VerticalSummary`, and the status file of ``fedsplit km`` /
+``fedsplit cox`` (`SurvivalAnalysisRecord`).
 """
 
 from __future__ import annotations
