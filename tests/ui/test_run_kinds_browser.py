@@ -5,7 +5,7 @@ overview with its own page; then the vertical run's page in a real Chromium: its
 kept round, and the fused model against the centralized one and each site alone, with the numbers
 of its own summary.json; a hospital's token does not see it.
 
-Marked ``slow`` (the four commands take about two minutes on two cores); the browser test also
+Marked ``slow`` (the four commands take about 100 s on two quiet cores); the browser test also
 ``browser`` (skipped with the reason when Chromium is missing, as tests/ui/test_browser.py).
 """
 
