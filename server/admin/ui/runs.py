@@ -167,6 +167,16 @@ class FlowerRun:
         return self.sites
 
     @property
+    def analysis_hospitals(self) -> list[str]:
+        """The hospitals a survival analysis's output names (``km.json`` or ``cox.json``), for
+        the coordinator's eyes; who may see the analysis is `participants`' (a ``cox`` folder:
+        nobody but the coordinator)."""
+        for view in (self.km, self.cox):
+            if view is not None and view.doc is not None:
+                return sorted(set(view.doc.hospitals))
+        return []
+
+    @property
     def analysis_label(self) -> str | None:
         """What a survival analysis is, in words (None for a Flower run)."""
         return ANALYSES.get(self.analysis) if self.analysis else None
