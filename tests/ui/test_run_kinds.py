@@ -95,6 +95,7 @@ def test_a_cox_folder_shows_its_fit_to_the_coordinator(ui_app: Callable[..., Tes
     assert [name for name, _ in rows] == ["age_at_index", "&lt;b&gt;stage&lt;/b&gt; IIA", "gender_male"]
     first = re.findall(r'<td class="num">(.*?)</td>', rows[0][1], re.S)
     assert first == ["0.01873", "0.007574", "1.019", "1.004 – 1.034", "0.0134"]
+    assert "› Survival analysis</p>" in page and "Flower run" not in page
     for shown in ("866", "119 events", "-418.1621", "-472.2848", "0.7917", "efron",
                   "<dt>Hospitals</dt><dd>north, south</dd>"):
         assert shown in page, shown
