@@ -101,7 +101,7 @@ def run_rounds(strategy: Strategy, grid: Grid, *, initial_arrays: ArrayRecord, n
         train_replies = [r for r in replies if r.metadata.message_type == wire.TRAIN]
         if scored >= 1:
             # every hospital sent model r-1 (train or evaluate) is one awaited evaluation of it
-            loop._sent[("evaluate", scored)] = [*train_msgs, *eval_msgs]
+            loop.book.expect("evaluate", scored, [*train_msgs, *eval_msgs])
             strategy.aggregate_evaluate(server_round - 1, replies)
         new_arrays, _ = strategy.aggregate_train(server_round, train_replies)
         if new_arrays is not None:

@@ -312,12 +312,6 @@ class RegistryStrategy(FedAvg):
         """Node id -> hospital name (`RoundBook.site_names`)."""
         return self.book.site_names
 
-    @property
-    def _sent(self) -> dict[tuple[str, int], list[Message]]:
-        """Deprecated alias of ``book.sent``, kept for `server.rounds` until it calls
-        `RoundBook.expect`; new code uses ``loop.book``."""
-        return self.book.sent
-
     def use_merge(self, step: MergeStep) -> None:
         """Replace the loop's merge step (`merge`) with ``step``: a wrapper that merges a
         round differently (secure aggregation) supplies its own; the loop still steps the

@@ -23,9 +23,8 @@ ALLOWED = {("os", "_exit")}
 
 #: Uses in files another engineer owns right now, each with the public hook that replaces it;
 #: the entry must go (with the alias it uses) once the file stops using it.
-#: - server/rounds.py sets ``loop._sent[("evaluate", r)]``: `RoundBook.expect` (``loop.book``)
-#:   replaces it; `RegistryStrategy._sent` is a deprecated alias of ``book.sent`` until then.
-PENDING = {("rounds.py", "loop._sent")}
+#: (none left: server/rounds.py records its evaluate phase with `RoundBook.expect`)
+PENDING: set[tuple[str, str]] = set()
 
 
 def private_reaches(source: str) -> list[tuple[int, str]]:
