@@ -14,12 +14,12 @@ A missing file gives None; one that is too large, not JSON or not of this shape 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedsplit.server.admin.ui.documents import first_error, read_document
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 COX_FILE = "cox.json"
@@ -100,27 +100,14 @@ def parse_cox(data: Any) -> CoxView:
     try:
         return CoxView(CoxDocument.model_validate(data))
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "the file"
-        return CoxView(None, f"{COX_FILE} is not a Cox model written by fedsplit cox: {where}: "
-                             f"{first.get('msg', 'invalid')}. Write it again with fedsplit cox. "
+        return CoxView(None, f"{COX_FILE} is not a Cox model written by fedsplit cox: "
+                             f"{first_error(e)}. Write it again with fedsplit cox. "
                              f"Received: keys {', '.join(sorted(map(str, data))[:8]) or 'none'}")
 
 
 def read_cox(folder: Path) -> CoxView | None:
     """``folder/cox.json`` checked (`parse_cox`); None when there is none."""
-    path = folder / COX_FILE
-    try:
-        size = path.stat().st_size
-    except OSError:
+    read = read_document(folder / COX_FILE, MAX_COX_BYTES, "a Cox fit is kilobytes")
+    if read is None:
         return None
-    if size > MAX_COX_BYTES:
-        return CoxView(None, f"{COX_FILE} is too large to show (at most "
-                             f"{MAX_COX_BYTES // 2**20} MiB; a Cox fit is kilobytes). "
-                             f"Received: {size:,} bytes")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return CoxView(None, f"{COX_FILE} could not be read as JSON; it may still be being written "
-                             f"(the page retries) or be damaged. Received: {type(e).__name__}")
-    return parse_cox(data)
+    return CoxView(None, read.note) if read.note is not None else parse_cox(read.data)

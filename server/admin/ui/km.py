@@ -13,13 +13,13 @@ A file that is missing gives None; one that is too large, not JSON or not of thi
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 from fedsplit.protocol.survival_summary import KM_FILE
+from fedsplit.server.admin.ui.documents import first_error, read_document
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["KM_FILE", "KMView", "read_km"]
@@ -80,12 +80,6 @@ class KMView:
     note: str | None = None
 
 
-def _first_error(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ())) or "the file"
-    return f"{where}: {first.get('msg', 'invalid')}"
-
-
 def parse_km(data: Any) -> KMView:
     """Check parsed ``km.json`` content; a note (never an exception) when it is not a curve."""
     if not isinstance(data, dict):
@@ -95,23 +89,13 @@ def parse_km(data: Any) -> KMView:
         return KMView(KMDocument.model_validate(data))
     except ValidationError as e:
         return KMView(None, f"{KM_FILE} is not a Kaplan-Meier curve written by fedsplit km: "
-                            f"{_first_error(e)}. Write it again with fedsplit km. "
+                            f"{first_error(e)}. Write it again with fedsplit km. "
                             f"Received: keys {', '.join(sorted(map(str, data))[:8]) or 'none'}")
 
 
 def read_km(folder: Path) -> KMView | None:
     """``folder/km.json`` checked (`parse_km`); None when there is none."""
-    path = folder / KM_FILE
-    try:
-        size = path.stat().st_size
-    except OSError:
+    read = read_document(folder / KM_FILE, MAX_KM_BYTES, "a published curve is kilobytes")
+    if read is None:
         return None
-    if size > MAX_KM_BYTES:
-        return KMView(None, f"{KM_FILE} is too large to show (at most {MAX_KM_BYTES // 2**20} MiB; "
-                            f"a published curve is kilobytes). Received: {size:,} bytes")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return KMView(None, f"{KM_FILE} could not be read as JSON; it may still be being written "
-                            f"(the page retries) or be damaged. Received: {type(e).__name__}")
-    return parse_km(data)
+    return KMView(None, read.note) if read.note is not None else parse_km(read.data)
