@@ -18,8 +18,11 @@ per parameter that has a gradient): the weights are bit-identical step by step
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
+from fedsplit.client.recipes.base import Recipe
+from torch import nn
 from torch.optim.adam import adam
 
 _SCALAR = {False: torch.float32, True: torch.float64}  # torch.optim's _get_scalar_dtype
@@ -74,3 +77,15 @@ class Adam:
                  has_complex=any(torch.is_complex(p) for p in params),
                  amsgrad=False, beta1=self.betas[0], beta2=self.betas[1], lr=self.lr,
                  weight_decay=0.0, eps=self.eps, maximize=False)
+
+
+def training_optimizers(recipe: Recipe, model: nn.Module, lr: float) -> list[Any]:
+    """The optimizers `client.train.fit` steps: the recipe's own when it writes ``optimizers`` or
+    ``train_step``; else the default one Adam, as this module's `Adam` (same steps)."""
+    if _own(recipe, "optimizers") or _own(recipe, "train_step"):
+        return list(recipe.optimizers(model, lr))
+    return [Adam(model.parameters(), lr=lr)]
+
+
+def _own(recipe: Recipe, method: str) -> bool:
+    return getattr(type(recipe), method) is not getattr(Recipe, method)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from fedsplit.client.models import has_batch_norm, recipe_of
+from fedsplit.client.optim import training_optimizers
 from fedsplit.protocol.errors import ConfigError
 from torch import nn
 
@@ -161,7 +162,7 @@ def fit(
     xt = torch.as_tensor(x, dtype=torch.float32)
     yt = recipe.targets(model, y)
     start = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
-    optimizers = list(recipe.optimizers(model, lr))
+    optimizers = training_optimizers(recipe, model, lr)  # default Adam: no torch._dynamo import
 
     def penalty() -> torch.Tensor:
         """FedProx: mu/2 * ||w - w_start||^2 (zero without it)."""

@@ -69,3 +69,32 @@ def test_no_dynamo_import() -> None:
             "torch.optim.Adam(m.parameters())\n"
             "assert 'torch._dynamo' in sys.modules  # the check can fail\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_fit_uses_it_only_for_the_default_step() -> None:
+    """`client.train.fit` on a built-in model trains exactly as before (torch.optim.Adam) without
+    importing torch._dynamo; a recipe with its own train_step still gets torch.optim optimizers."""
+    code = (
+        "import sys, numpy as np, torch\n"
+        "from fedsplit.client.models import ModelSpec, build_model\n"
+        "from fedsplit.client.optim import training_optimizers\n"
+        "from fedsplit.client.train import fit\n"
+        "spec = ModelSpec(kind='mlp', task='classification', input_shape=(5,), num_outputs=2,"
+        " hidden=(8,), norm='batch')\n"
+        "x = np.random.default_rng(0).normal(size=(40, 5)).astype('float32')\n"
+        "y = (x[:, 0] > 0).astype('int64')\n"
+        "model = build_model(spec, seed=1)\n"
+        "fit(model, x, y, epochs=2, lr=0.05, batch_size=8, seed=3)\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n"
+        "from fedsplit.client.models import recipe_of\n"
+        "ref = build_model(spec, seed=1); rec = type(recipe_of(ref))\n"
+        "class Own(rec):\n"
+        "    def train_step(self, *a, **k): return rec.train_step(self, *a, **k)\n"
+        "opts = training_optimizers(Own(), ref, 0.05)\n"
+        "assert isinstance(opts[0], torch.optim.Adam), opts\n"
+        "rec.optimizers = lambda self, m, lr: [torch.optim.Adam(m.parameters(), lr=lr)]\n"
+        "fit(ref, x, y, epochs=2, lr=0.05, batch_size=8, seed=3)\n"
+        "for (k, a), b in zip(model.state_dict().items(), ref.state_dict().values()):\n"
+        "    assert torch.equal(a, b), k\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
