@@ -336,3 +336,10 @@ class RunConfig(BaseModel):
     def to_flower(self) -> dict[str, Any]:
         """Return the kebab-case dict Flower's ``--run-config`` and pyproject expect."""
         return self.model_dump(by_alias=True)
+
+
+def parse_min_count(value: Any) -> int:
+    """``min-count`` (the minimum-count rule's K: a whole number >= 1) read by the one parse of it,
+    `RunConfig.min_count`, for the run configs that are not a `RunConfig` (``fedsplit km`` /
+    ``cox``: `protocol.survival.SurvivalRun`); a `ConfigError` naming ``min-count`` otherwise."""
+    return RunConfig.from_flower({"min-count": value}).min_count

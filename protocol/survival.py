@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from fedsplit.protocol.config import parse_min_count
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.survival_rows import (  # noqa: F401 (re-exported: the reading names)
     EVENT_FALSE,
@@ -128,8 +129,7 @@ class SurvivalRun:
         if not self.penalizer >= 0 or not np.isfinite(self.penalizer):
             raise ConfigError(f"--penalizer is a finite number >= 0 (lifelines' convention). "
                               f"Received: {self.penalizer}")
-        if self.min_count < 1:
-            raise ConfigError(f"--min-count is at least 1. Received: {self.min_count}")
+        parse_min_count(self.min_count)  # read as RunConfig.min_count is: a whole number >= 1
         if not 1 <= self.max_rounds <= 50:
             raise ConfigError(f"Newton rounds lie in [1, 50]. Received: {self.max_rounds}")
         from fedsplit.protocol.privacy import SecureSpec
@@ -161,7 +161,7 @@ class SurvivalRun:
                        na_values=tuple(json.loads(str(config["na-values"]))),
                        penalizer=float(config["penalizer"]),
                        secure_aggregation=str(config["secure-aggregation"]),
-                       min_count=int(config["min-count"]),
+                       min_count=parse_min_count(config["min-count"]),
                        site_names=tuple(json.loads(str(config["site-names"]))),
                        min_nodes=int(config["min-nodes"]),
                        round_timeout=float(config["round-timeout"]),

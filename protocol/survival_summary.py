@@ -68,10 +68,6 @@ STAGE_BITS = {"km-counts": 0, "baseline": 32, "moments": 16, "newton": 32, "conc
 SUMMARY_ROWS = ("train", "all")
 #: the array record of a ``baseline`` instruction: the kept model's arrays
 MODEL = "model"
-#: Flower run-config key of the minimum-count rule (as `fedsplit km --min-count`), and its default
-MIN_COUNT_KEY = "min-count"
-DEFAULT_MIN_COUNT = 5
-
 FORMAT = "fedsplit.baseline"
 FORMAT_VERSION = 1
 KM_FILE = "km.json"
@@ -80,20 +76,6 @@ KM_FILE = "km.json"
 def check_instruction(record: Mapping[str, Any]) -> str:
     """The stage of a summary instruction's config record; unknown stages and keys are refused."""
     return survival.check_instruction(record, STAGES, "survival summary")
-
-
-def read_min_count(run_config: Mapping[str, Any]) -> int:
-    """The run config's ``min-count`` (default 5), an integer >= 1."""
-    value = run_config.get(MIN_COUNT_KEY, DEFAULT_MIN_COUNT)
-    try:
-        number = int(value)
-        if number != float(value) or number < 1:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ConfigError(f"Run config {MIN_COUNT_KEY} is a whole number >= 1 (each published "
-                          f"point of the curve and baseline rests on at least that many events). "
-                          f"Received: {value!r}") from None
-    return number
 
 
 def breslow_increments(events: np.ndarray, risk_sums: np.ndarray) -> np.ndarray:

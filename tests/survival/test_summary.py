@@ -10,8 +10,10 @@ import pytest
 from fedsplit.client.survival.summary import baseline_vector, km_vector
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol import survival_summary as ss
+from fedsplit.protocol.config import RunConfig, parse_min_count
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import SecureSpec
+from fedsplit.protocol.survival import SurvivalRun
 from fedsplit.server.survival import km as kmm
 from fedsplit.server.survival.summary import publish_baseline
 from lifelines import CoxPHFitter
@@ -102,11 +104,21 @@ def test_min_count_publishes_the_baseline_where_the_curve_is_published() -> None
         publish_baseline(grid, at_risk, events, sums[:n] + 1, sums[n:], 5)
 
 
-def test_min_count_key_and_times_are_checked() -> None:
-    assert ss.read_min_count({}) == 5 and ss.read_min_count({"min-count": 3}) == 3
+def test_min_count_is_read_as_run_config_reads_it_and_times_are_checked() -> None:
+    # one parse of min-count (RunConfig.min_count): the km / cox app's config reads it the same way
+    run = SurvivalRun(mode="km", time="t", event="e", out_dir="out")
+    flower = run.to_flower()
+    assert SurvivalRun.from_flower({**flower, "min-count": 3}).min_count == 3
+    assert parse_min_count(3) == RunConfig.from_flower({"min-count": 3}).min_count == 3
     for bad in (0, "x", 2.5):
         with pytest.raises(ConfigError, match="min-count"):
-            ss.read_min_count({"min-count": bad})
+            parse_min_count(bad)
+        with pytest.raises(ConfigError, match="min-count"):
+            SurvivalRun.from_flower({**flower, "min-count": bad})
+        with pytest.raises(ConfigError, match="min-count"):
+            RunConfig.from_flower({"min-count": bad})
+    with pytest.raises(ConfigError, match="min-count"):
+        SurvivalRun(mode="km", time="t", event="e", out_dir="out", min_count=0)
     assert ss.parse_times("365, 730.5") == [365.0, 730.5]
     for bad in ("0", "-3", "abc", "365,", "nan", "inf", "365,365"):
         with pytest.raises(ConfigError, match="--times"):
