@@ -1,15 +1,18 @@
-"""Device maps: which consecutive layers of a `SiteModel` run on which stage (device).
+"""Device maps: which consecutive layers of a model run on which stage (device).
 
-A model's layers, in forward order, are ``norm`` (the input standardisation) and the body's
-children ``body.0`` ... ``body.N``. For the seed's CNN::
+A model's layers, in forward order, are what its recipe's `Recipe.layers` says (docs/recipes.md):
+for the built-in MLP and CNN ``norm`` (the input standardisation) and the body's children
+``body.0`` ... ``body.N``; for a recipe's ``nn.Sequential`` its children ``0`` ... ``N``; for
+another recipe model the layers its ``layers`` hook names. For the seed's CNN::
 
     norm  body.0 Conv2d  body.1 ReLU  body.2 MaxPool  body.3 Flatten  body.4 Linear 128
           body.5 ReLU    body.6 Linear classes
 
 A map lists each stage's layers: stages are separated by ``/``, layers by ``+``, and
-``body.0-2`` stands for ``body.0+body.1+body.2``. ``norm+body.0-2/body.3-6`` puts the
-convolution and pooling on stage 0 and flatten and the dense layers on stage 1. Stages must
-cover every layer exactly once, in forward order, and none may be empty.
+``body.0-2`` stands for ``body.0+body.1+body.2`` (``0-2`` for ``0+1+2``).
+``norm+body.0-2/body.3-6`` puts the convolution and pooling on stage 0 and flatten and the
+dense layers on stage 1. Stages must cover every layer exactly once, in forward order, and none
+may be empty.
 """
 
 from __future__ import annotations
@@ -19,21 +22,43 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from fedsplit.client.models import SiteModel
+from fedsplit.client.models import recipe_of
 from fedsplit.protocol.errors import ConfigError
 from torch import nn
 
-_RANGE = re.compile(r"^(?P<prefix>[a-z_]+)\.(?P<lo>\d+)-(?P<hi>\d+)$")
+_RANGE = re.compile(r"^(?P<prefix>(?:[A-Za-z_]\w*\.)*)(?P<lo>\d+)-(?P<hi>\d+)$")
+_NUMBERED = re.compile(r"^(?P<prefix>(?:[A-Za-z_]\w*\.)*)(?P<index>\d+)$")
 
 
-def layer_names(model: SiteModel) -> list[str]:
-    """The model's layers in forward order: ``norm``, ``body.0``, ..., ``body.N``."""
-    return ["norm"] + [f"body.{i}" for i in range(len(model.body))]
+def model_layers(model: nn.Module, mode: str = "model") -> list[tuple[str, nn.Module]]:
+    """The model's layers in forward order (its recipe's `Recipe.layers`); a model its recipe
+    cannot cut into stages is refused, naming the recipe, the mode and the fix."""
+    recipe = recipe_of(model)
+    layers = recipe.layers(model)
+    if not layers:
+        raise ConfigError(
+            f"In-site {mode} parallelism cuts a model into stages of consecutive layers, but "
+            f"recipe {recipe.identity.label()} builds a {type(model).__name__} that is not an "
+            f"nn.Sequential and its recipe names no layers. Build the model as an nn.Sequential, "
+            f"or give the recipe a layers(model) method returning [(name, module), ...] in forward "
+            f"order (docs/recipes.md); or use parallel=data:replicas=R (any model) or none. "
+            f"Received: recipe {recipe.identity.label()}, parallel mode {mode!r}"
+        )
+    names = [name for name, _ in layers]
+    if len(set(names)) != len(names) or any(not n or "/" in n or "+" in n for n in names):
+        raise ConfigError(f"Recipe {recipe.identity.label()}'s layers(model) must give each layer a "
+                          f"distinct, non-empty name without '/' or '+'. Received: {names}")
+    return [(str(name), module) for name, module in layers]
 
 
-def layer_module(model: SiteModel, name: str) -> nn.Module:
+def layer_names(model: nn.Module) -> list[str]:
+    """The model's layers in forward order (built-ins: ``norm``, ``body.0``, ..., ``body.N``)."""
+    return [name for name, _ in model_layers(model)]
+
+
+def layer_module(model: nn.Module, name: str) -> nn.Module:
     """The module behind a layer name from `layer_names`."""
-    return model.norm if name == "norm" else model.body[int(name.split(".")[1])]
+    return dict(model_layers(model))[name]
 
 
 @dataclass(frozen=True)
@@ -49,9 +74,10 @@ class DeviceMap:
         """The compact form, e.g. ``norm+body.0-2/body.3-6``."""
         return "/".join("+".join(_compress(stage)) for stage in self.stages)
 
-    def build(self, model: SiteModel) -> list[nn.Sequential]:
+    def build(self, model: nn.Module) -> list[nn.Sequential]:
         """One `nn.Sequential` per stage, sharing (not copying) the model's modules."""
-        return [nn.Sequential(*(layer_module(model, n) for n in stage)) for stage in self.stages]
+        layers = dict(model_layers(model))
+        return [nn.Sequential(*(layers[n] for n in stage)) for stage in self.stages]
 
     def owner(self) -> dict[str, int]:
         """Layer name -> stage index."""
@@ -59,23 +85,27 @@ class DeviceMap:
 
 
 def _compress(names: tuple[str, ...]) -> list[str]:
+    """Runs of consecutive numbered layers as ranges: ``body.0+body.1+body.2`` -> ``body.0-2``."""
     out: list[str] = []
     run: list[int] = []
+    prefix = ""
 
     def flush() -> None:
         if run:
-            out.append(f"body.{run[0]}" if len(run) == 1 else f"body.{run[0]}-{run[-1]}")
+            out.append(f"{prefix}{run[0]}" if len(run) == 1 else f"{prefix}{run[0]}-{run[-1]}")
             run.clear()
 
     for name in names:
-        if name.startswith("body.") and (not run or int(name[5:]) == run[-1] + 1):
-            run.append(int(name[5:]))
+        match = _NUMBERED.match(name)
+        if match and run and match["prefix"] == prefix and int(match["index"]) == run[-1] + 1:
+            run.append(int(match["index"]))
+            continue
+        flush()
+        if match:
+            prefix = match["prefix"]
+            run.append(int(match["index"]))
         else:
-            flush()
-            if name.startswith("body."):
-                run.append(int(name[5:]))
-            else:
-                out.append(name)
+            out.append(name)
     flush()
     return out
 
@@ -84,7 +114,7 @@ def _expand(token: str, known: list[str], text: str) -> list[str]:
     match = _RANGE.match(token)
     if match:
         lo, hi = int(match["lo"]), int(match["hi"])
-        names = [f"{match['prefix']}.{i}" for i in range(lo, hi + 1)]
+        names = [f"{match['prefix']}{i}" for i in range(lo, hi + 1)]
         if lo > hi or not names:
             raise ConfigError(f"Layer range {token!r} must go from low to high (e.g. body.0-2). "
                               f"Received: {text!r}")
@@ -99,7 +129,7 @@ def _expand(token: str, known: list[str], text: str) -> list[str]:
     return names
 
 
-def parse_device_map(text: str | dict[str, int], model: SiteModel) -> DeviceMap:
+def parse_device_map(text: str | dict[str, int], model: nn.Module) -> DeviceMap:
     """Parse and validate a map against ``model``.
 
     ``text`` is the string form (``norm+body.0-2/body.3-6``) or a dict ``{layer: stage}``.
@@ -165,7 +195,7 @@ def parse_device_map(text: str | dict[str, int], model: SiteModel) -> DeviceMap:
     return DeviceMap(tuple(tuple(s) for s in stages))
 
 
-def default_device_map(model: SiteModel, stages: int) -> DeviceMap:
+def default_device_map(model: nn.Module, stages: int) -> DeviceMap:
     """A balanced map into ``stages`` stages.
 
     Layers are grouped in blocks that start at each layer with weights or at ``Flatten`` (the
@@ -174,7 +204,8 @@ def default_device_map(model: SiteModel, stages: int) -> DeviceMap:
     pooling on stage 0, flatten and dense layers on stage 1. With more stages than blocks,
     single layers are shared out instead.
     """
-    known = layer_names(model)
+    layers = dict(model_layers(model))
+    known = list(layers)
     if stages > len(known):
         raise ConfigError(
             f"Cannot split a model of {len(known)} layers ({', '.join(known)}) into {stages} "
@@ -182,10 +213,10 @@ def default_device_map(model: SiteModel, stages: int) -> DeviceMap:
         )
     blocks: list[list[str]] = []
     for name in known:
-        module = layer_module(model, name)
+        module = layers[name]
         starts = any(True for _ in module.parameters()) or isinstance(module, nn.Flatten)
         if not blocks or (starts and any(
-            any(True for _ in layer_module(model, n).parameters()) for n in blocks[-1]
+            any(True for _ in layers[n].parameters()) for n in blocks[-1]
         )):
             blocks.append([name])
         else:
@@ -199,7 +230,7 @@ def default_device_map(model: SiteModel, stages: int) -> DeviceMap:
     return DeviceMap(tuple(out))
 
 
-def resolve_device_map(model: SiteModel, device_map: str | dict[str, int] | None,
+def resolve_device_map(model: nn.Module, device_map: str | dict[str, int] | None,
                        stages: int) -> DeviceMap:
     """The map to use: ``device_map`` when given (its stage count wins), else the default."""
     if device_map is None:

@@ -8,6 +8,7 @@ to start two workers here instead of about 9 s with ``spawn``); with CUDA they u
 
 from __future__ import annotations
 
+import copy
 import datetime
 import multiprocessing
 import os
@@ -22,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from fedsplit.client.models import SiteModel
 from fedsplit.protocol.errors import ParallelRunError
+from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 
 
@@ -120,15 +121,17 @@ class WorkerRun:
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def launch(model: SiteModel, worker: Callable[..., None], devices: list[torch.device],
+def launch(model: nn.Module, worker: Callable[..., None], devices: list[torch.device],
            *args: Any, start_method: str, timeout_s: float, what: str) -> dict[int, dict[str, Any]]:
-    """Run ``worker(rank, world, out_dir, model_id, state, *args)`` on one process per device."""
+    """Run ``worker(rank, world, out_dir, template, *args)`` on one process per device;
+    ``template`` is a CPU copy of ``model`` (its recipe and attributes included), which each
+    worker copies again before training it (forked workers share it; spawned ones unpickle it)."""
     uses_cuda = devices[0].type == "cuda"
-    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    template = copy.deepcopy(model).cpu()
     return run_workers(
         worker,
         len(devices),
-        (model.spec.to_id(), state, *args),
+        (template, *args),
         backend="nccl" if uses_cuda else "gloo",
         start_method=pick_start_method(start_method, uses_cuda),
         timeout_s=timeout_s,
@@ -136,7 +139,7 @@ def launch(model: SiteModel, worker: Callable[..., None], devices: list[torch.de
     )
 
 
-def collect(model: SiteModel, results: dict[int, dict[str, Any]]) -> WorkerRun:
+def collect(model: nn.Module, results: dict[int, dict[str, Any]]) -> WorkerRun:
     """Load the workers' weights into ``model`` (on the CPU) and gather loss, time and grads."""
     merged = {k: v.clone() for k, v in model.state_dict().items()}
     grads: dict[str, torch.Tensor] = {}

@@ -1,9 +1,11 @@
 """``model`` mode: the model's layers spread over devices by a device map, in one process.
 
-`LayerSplit` wraps a `SiteModel` without copying it: stage ``i``'s layers are moved to
-``devices[i]`` and ``forward`` hands the activation to the next stage's device, so
-activations cross forward once per boundary and autograd sends gradients back once.
-The caller still runs one ordinary train step (forward, loss, backward, optimizer step).
+`LayerSplit` wraps a model without copying it: stage ``i``'s layers (the recipe's
+`Recipe.layers`) are moved to ``devices[i]`` and ``forward`` hands the activation to the next
+stage's device, so activations cross forward once per boundary and autograd sends gradients
+back once. Training is fit's own loop: the recipe's ``train_step`` with its optimizers, called
+with a `ModelView` whose forward is the split, so one step is the step fit takes (BatchNorm,
+several optimizers and gradient clipping included), only spread over devices.
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ import time
 
 import numpy as np
 import torch
-from fedsplit.client.models import SiteModel
+from fedsplit.client.models import has_batch_norm, recipe_of
 from fedsplit.client.parallel.device_map import DeviceMap
-from fedsplit.client.parallel.loop import batch_order, loss_sum, targets
+from fedsplit.client.parallel.loop import batch_order, proximal_penalty
+from fedsplit.client.recipes.base import ModelView
 from torch import nn
 
 
 class LayerSplit(nn.Module):
-    """A `SiteModel` whose stages live on their own devices (shares the model's modules)."""
+    """A model whose stages live on their own devices (shares the model's modules)."""
 
-    def __init__(self, model: SiteModel, device_map: DeviceMap, devices: list[torch.device]) -> None:
+    def __init__(self, model: nn.Module, device_map: DeviceMap, devices: list[torch.device]) -> None:
         super().__init__()
         if len(devices) != len(device_map):
             raise ValueError(f"one device per stage needed: {len(device_map)} stages, {len(devices)} devices")
@@ -33,7 +36,7 @@ class LayerSplit(nn.Module):
 
     @property
     def output_device(self) -> torch.device:
-        """Where the logits land (compute the loss there)."""
+        """Where the outputs land (compute the loss there)."""
         return self.devices[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,7 +49,7 @@ class LayerSplit(nn.Module):
 
 
 def fit_layer_split(
-    model: SiteModel,
+    model: nn.Module,
     x: np.ndarray,
     y: np.ndarray,
     *,
@@ -60,27 +63,21 @@ def fit_layer_split(
 ) -> tuple[float, float]:
     """Train ``model`` in place across ``devices``; return (last-epoch mean loss, train seconds)."""
     model.train()
+    recipe = recipe_of(model)
     split = LayerSplit(model, device_map, devices)
+    view = ModelView(split, model)
     xt = torch.as_tensor(x, dtype=torch.float32)
-    yt = targets(model, y)
-    params = list(model.parameters())
-    start = [p.detach().clone() for p in params] if proximal_mu > 0 else []
-    optimizer = torch.optim.Adam(params, lr=lr)
-    task = model.spec.task
+    yt = recipe.targets(model, y)
+    optimizers = list(recipe.optimizers(model, lr))
+    penalty = proximal_penalty(model, proximal_mu, split.output_device)
     totals: dict[int, list[float]] = {}
     began = time.perf_counter()
-    for epoch, idx in batch_order(len(xt), epochs=epochs, batch_size=batch_size, seed=seed):
+    for epoch, idx in batch_order(len(xt), epochs=epochs, batch_size=batch_size, seed=seed,
+                                  merge_single=has_batch_norm(model)):
         xb, yb = xt[idx].to(devices[0]), yt[idx].to(split.output_device)
-        optimizer.zero_grad()
-        loss = loss_sum(task, split(xb), yb) / len(idx)
-        objective = loss
-        if start:
-            prox = sum(((p - s) ** 2).sum() for p, s in zip(params, start, strict=True))
-            objective = loss + proximal_mu / 2 * prox
-        objective.backward()
-        optimizer.step()
+        loss = recipe.train_step(view, xb, yb, optimizers, penalty)
         total = totals.setdefault(epoch, [0.0, 0])
-        total[0] += float(loss.detach()) * len(idx)
+        total[0] += float(loss) * len(idx)
         total[1] += len(idx)
     seconds = time.perf_counter() - began
     model.cpu()

@@ -32,6 +32,9 @@ selection by accuracy; ``regression``: mean squared error on standardised target
                              or frozen parameters); the rest stays at each hospital
 ``local_batch_norm``         True: FedBN, every BatchNorm layer (weights and statistics) stays
                              at each hospital
+``layers(model)``            optional: the model's layers in forward order, for in-site layer
+                             split and pipeline training (default: an ``nn.Sequential``'s
+                             children; None: the model cannot be cut into stages)
 ===========================  ====================================================================
 
 `Standardize` (federated feature standardisation as buffers that travel with the weights) is for
@@ -266,6 +269,18 @@ class Recipe:
         return np.asarray(data.x, dtype=np.float32), [str(i) for i in range(len(data.x))]
 
     # --- training ---------------------------------------------------------------------------
+    def layers(self, model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+        """The model's layers in forward order, as ``(name, module)`` pairs whose composition is
+        the model's ``forward`` (``model(x) == layer_n(... layer_1(x))``): what in-site ``model``
+        and ``pipeline`` training (`client.parallel`) cut into stages, and what a device map
+        names. Default: an ``nn.Sequential``'s children, named by their index (``0``, ``1``,
+        ...); None for any other model (it trains on one device, or with ``data`` replicas).
+        Override for a model whose forward is a chain of sub-modules (e.g. ``features`` then
+        ``head``); every trained parameter must belong to one layer."""
+        if isinstance(model, nn.Sequential):
+            return list(model.named_children())
+        return None
+
     def optimizers(self, model: nn.Module, lr: float) -> Sequence[torch.optim.Optimizer]:
         """The optimizers `train_step` uses: one Adam at the run's learning rate."""
         return [torch.optim.Adam(model.parameters(), lr=lr)]
@@ -281,6 +296,62 @@ class Recipe:
         for opt in optimizers:
             opt.step()
         return float(loss.item())
+
+
+class ModelView(nn.Module):
+    """The model a recipe built, as its code sees it while fedsplit runs it through a wrapper
+    (data-parallel replicas, layers on several devices, Opacus's per-sample gradients).
+
+    ``view(x)`` runs the wrapper; everything else is the model's own: its attributes
+    (``spec``, custom ones), parameters, buffers, modules and state under their own names. So a
+    recipe's `Recipe.train_step`, `Recipe.loss` and `Recipe.optimizers` take the view where they
+    take the model, and a step through it is the wrapper's step (its gradient all-reduce, its
+    per-sample gradients) on the model's own tensors.
+    """
+
+    def __init__(self, runner: nn.Module, model: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "_runner", runner)
+        object.__setattr__(self, "_model", model)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapper's forward."""
+        return self._runner(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_model"), name)
+
+    def parameters(self, recurse: bool = True) -> Any:  # type: ignore[override]
+        return self._model.parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._model.named_parameters(*args, **kwargs)
+
+    def buffers(self, recurse: bool = True) -> Any:  # type: ignore[override]
+        return self._model.buffers(recurse)
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._model.named_buffers(*args, **kwargs)
+
+    def modules(self) -> Any:  # type: ignore[override]
+        return self._model.modules()
+
+    def named_modules(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._model.named_modules(*args, **kwargs)
+
+    def children(self) -> Any:  # type: ignore[override]
+        return self._model.children()
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._model.state_dict(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> ModelView:
+        self._runner.train(mode)
+        self._model.train(mode)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._runner.zero_grad(set_to_none)
 
 
 def model_task(model: nn.Module) -> str:

@@ -110,6 +110,10 @@ class MLP(Recipe):
         """The `SiteModel` MLP."""
         return SiteModel(self.model_spec(inputs))
 
+    def layers(self, model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+        """``norm``, ``body.0`` ... ``body.N`` (`site_model_layers`)."""
+        return site_model_layers(model)
+
 
 class CNN(Recipe):
     """The lecture's CNN: Conv2d 32 (3x3) -> ReLU -> max-pool 2 -> dense 128 -> outputs."""
@@ -126,6 +130,18 @@ class CNN(Recipe):
     def build_model(self, inputs: ModelInputs) -> nn.Module:
         """The `SiteModel` CNN."""
         return SiteModel(self.model_spec(inputs))
+
+    def layers(self, model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+        """``norm``, ``body.0`` ... ``body.N`` (`site_model_layers`)."""
+        return site_model_layers(model)
+
+
+def site_model_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """A `SiteModel`'s layers in forward order: ``norm``, then ``body.0`` ... ``body.N`` (the
+    names device maps use, docs/site-parallel.md)."""
+    if not isinstance(model, SiteModel):
+        return None
+    return [("norm", model.norm), *((f"body.{i}", m) for i, m in enumerate(model.body))]
 
 
 BUILTINS: dict[str, type[Recipe]] = {"mlp": MLP, "cnn": CNN}
