@@ -62,7 +62,6 @@ from fedsplit.orchestration.personalize import (  # noqa: E402
 )
 from fedsplit.protocol.config import RunConfig  # noqa: E402
 from fedsplit.protocol.errors import ConfigError  # noqa: E402
-from fedsplit.protocol.history import RunSummary  # noqa: E402
 
 #: FLamby (du Terrail et al. 2022), Fed-Heart-Disease, 5 seeds, mean per-client accuracy.
 FLAMBY = {"pooled": 0.735, "fedavg": 0.685, "fedprox": 0.685, "fedadam": 0.726, "fedyogi": 0.731,
@@ -122,10 +121,10 @@ def run(args: argparse.Namespace) -> dict:
                             val_fraction=0.05, resume=False, keep="last",  # FLamby: last round
                             **RUNS[strategy])
             began = time.perf_counter()
-            summary = RunSummary.from_json(run_experiment(Experiment(
+            summary = run_experiment(Experiment(
                 cfg=cfg, out=out / strategy / f"seed-{seed}", site_files=sources,
                 test_fraction=args.test_fraction, personalize=args.personalize,
-                personalize_scope=args.personalize_scope)))
+                personalize_scope=args.personalize_scope))
             took = time.perf_counter() - began
             fed, central = summary.federated, summary.centralized
             assert fed is not None and central is not None, "run_experiment writes both"
@@ -148,7 +147,8 @@ def run(args: argparse.Namespace) -> dict:
                     "personalized_pooled": tuned.metrics["accuracy"],
                     "personalized_steps": tuned.steps_per_site or None,
                     "personalized_scope": tuned.scope,
-                    "prior_test": tuned.prior_test})
+                    "prior_test": None if tuned.prior_test is None else {
+                        name: test.to_json() for name, test in tuned.prior_test.items()}})
             print(f"{strategy} seed {seed}: mean per hospital {fed.mean_per_site['accuracy']:.3f}"
                   + (f", fine-tuned {tuned.mean_per_site['accuracy']:.3f}" if tuned else "")
                   + f" ({took:.0f} s)", flush=True)

@@ -55,7 +55,7 @@ from fedsplit.orchestration.datasets import table_keys  # noqa: E402
 from fedsplit.orchestration.experiment import Experiment, run_experiment  # noqa: E402
 from fedsplit.orchestration.survival.run import run_survival  # noqa: E402
 from fedsplit.protocol.config import RunConfig  # noqa: E402
-from fedsplit.protocol.history import RunSummary  # noqa: E402
+from fedsplit.protocol.history import HISTORY_FILE, RunRecord  # noqa: E402
 from fedsplit.protocol.survival import SurvivalRun  # noqa: E402
 from lifelines import CoxPHFitter  # noqa: E402
 from lifelines.utils import concordance_index  # noqa: E402
@@ -103,18 +103,17 @@ def federated_runs(args: argparse.Namespace, out: Path) -> dict[str, list[dict]]
                             server_opt=SERVER_OPT[strategy],
                             server_lr=args.server_lr if SERVER_OPT[strategy] != "none" else 0.0)
             began = time.monotonic()
-            summary = RunSummary.from_json(run_experiment(Experiment(
-                cfg=cfg, out=out / strategy / f"seed-{seed}", dataset=DATASET)))
+            summary = run_experiment(Experiment(
+                cfg=cfg, out=out / strategy / f"seed-{seed}", dataset=DATASET))
             fed = summary.federated
             assert fed is not None
-            history = json.loads((out / strategy / f"seed-{seed}" / "federation" /
-                                  "history.json").read_text())
-            exact = any((r.get("aggregation") or {}).get("strategy") == "newton-cox"
-                        for r in history["rounds"])
+            history = RunRecord.load(out / strategy / f"seed-{seed}" / "federation" / HISTORY_FILE)
+            exact = any(r.aggregation is not None and r.aggregation.strategy == "newton-cox"
+                        for r in history.rounds)
             runs.setdefault(strategy, []).append({
                 "seed": seed, "seconds": time.monotonic() - began,
-                "path": f"exact Newton, {len(history['rounds'])} rounds" if exact else
-                f"local steps, {len(history['rounds'])} rounds",
+                "path": f"exact Newton, {len(history.rounds)} rounds" if exact else
+                f"local steps, {len(history.rounds)} rounds",
                 "per_site": {k: v["c_index"] for k, v in fed.per_site.items()},
                 "mean": fed.mean_per_site["c_index"], "pooled": fed.metrics["c_index"]})
             print(f"  {strategy} seed {seed}: mean per region {runs[strategy][-1]['mean']:.3f}, "

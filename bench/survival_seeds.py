@@ -125,6 +125,7 @@ def one_run(dataset: str, sites: list[str], seed: int, rounds: int, out: Path,
     from fedsplit.orchestration.experiment import Experiment, prepare_tables, run_simulation
     from fedsplit.protocol import survival_summary as ss
     from fedsplit.protocol.config import RunConfig
+    from fedsplit.protocol.history import HISTORY_FILE, RunRecord
     from lifelines import CoxPHFitter
 
     keys = (table_keys("tcga-brca", hidden=hidden) if dataset == "tcga-brca" else
@@ -168,16 +169,16 @@ def one_run(dataset: str, sites: list[str], seed: int, rounds: int, out: Path,
     fed_ibs = integrated_brier(baseline.survival(risk, times), test, times)
     ll_surv = plain.predict_survival_function(test[names], times=times).to_numpy().T
     ll_ibs = integrated_brier(ll_surv, test, times)
-    fed = summary["federated"]["mean_per_site"]["c_index"]
-    central = summary["centralized"]["mean_per_site"]["c_index"]
+    assert summary.federated is not None and summary.centralized is not None
+    fed = summary.federated.mean_per_site["c_index"]
+    central = summary.centralized.mean_per_site["c_index"]
     return {"dataset": dataset, "seed": seed, "hidden": hidden, "server_opt": server_opt, "lr": lr,
             "federated": fed, "centralized": central,
             "lifelines_pooled": lifelines_mean, "coef_rel_diff": rel,
-            "federated_round": summary["federated"].get("rounds_kept"),
+            "federated_round": summary.federated.rounds_kept,
             # the last round's model (FLamby's protocol keeps it), beside the kept one
-            "federated_last": summary["rounds"][-1]["mean_per_site"]["c_index"],
-            "rounds": len(json.loads((out / "federation" / "history.json").read_text())
-                                 ["rounds"]),
+            "federated_last": summary.rounds[-1].mean_per_site["c_index"],
+            "rounds": len(RunRecord.load(out / "federation" / HISTORY_FILE).rounds),
             "ibs_federated": fed_ibs, "ibs_lifelines": ll_ibs, "seconds": seconds,
             "train_rows": len(pooled), "test_rows": len(test)}
 

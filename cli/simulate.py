@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from fedsplit.orchestration.datasets import SIMULATE_DATASETS, table_keys
 from fedsplit.orchestration.tables import summary_tables
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.history import RunRecord, RunSummary, scalars
+from fedsplit.protocol.history import SUMMARY_FILE, PrivacyAudit, RunRecord, RunSummary, scalars
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -19,10 +19,8 @@ from fedsplit import aggregation
 console = Console()
 
 
-def print_summary(summary: RunSummary | dict[str, Any]) -> None:
+def print_summary(summary: RunSummary) -> None:
     """Print each model's score on every hospital's test patients, their mean and the pooled test."""
-    if not isinstance(summary, RunSummary):
-        summary = RunSummary.from_json(summary)
     tuned = summary.personalized
     prior = tuned is not None and tuned.prior_test is not None
     tuned_label = "federated + prior" if prior else "federated + fine-tuned"
@@ -32,7 +30,7 @@ def print_summary(summary: RunSummary | dict[str, Any]) -> None:
         console.print("federated + prior: each hospital refits the global model's final bias "
                       "on its own training rows and keeps it when a likelihood-ratio test rejects "
                       "the global bias (p < 0.05): " + ", ".join(
-                          f"{name} {'refitted' if t['adopted'] else 'global'} (p={t['p_value']:.2g})"
+                          f"{name} {'refitted' if t.adopted else 'global'} (p={t.p_value:.2g})"
                           for name, t in tuned.prior_test.items()))
     elif tuned is not None:
         budget = ("as many mini-batches as alone: "
@@ -240,20 +238,19 @@ def simulate(
         progress.update(bar, completed=rounds, status="done")
     print_summary(summary)
     dp_spec = DPSpec.parse(cfg.dp)
-    record = RunSummary.from_json(summary, source=str(out / "summary.json"))
-    if dp_spec is not None and record.privacy is not None:
-        audit = record.privacy.audit or {}
-        for name, site_eps in record.privacy.per_site.items():
-            auc = audit.get("per_site", {}).get(name, {}).get("auc")
+    if dp_spec is not None and summary.privacy is not None:
+        audit = summary.privacy.audit or PrivacyAudit()
+        for name, site_eps in summary.privacy.per_site.items():
+            group = audit.per_site.get(name)
             console.print(f"{name}: epsilon {site_eps.epsilon:.3f} of {dp_spec.epsilon}"
-                          + (f", membership AUC {auc:.3f}" if auc is not None else ""))
-        head = audit.get("headline")
-        if head:
-            console.print(f"membership AUC (federation, {head['attack']}): {head['auc']:.3f} "
-                          f"[{head['ci95'][0]:.3f}, {head['ci95'][1]:.3f}]")
-    console.print(f"wrote {out / 'summary.json'}, {out / 'rounds.png'}, global model "
-                  f"{record.federated.model if record.federated else '-'}")
-    if survival := summary.get("survival"):
-        console.print(f"survival: pooled Kaplan-Meier curve {survival['km_plot']} (and .json), "
-                      f"the kept model's Breslow baseline {survival['baseline']} (for "
-                      f"`fedsplit predict --times`)")
+                          + (f", membership AUC {group.auc:.3f}" if group is not None else ""))
+        head = audit.headline
+        if head is not None:
+            console.print(f"membership AUC (federation, {head.attack}): {head.auc:.3f} "
+                          f"[{head.ci95[0]:.3f}, {head.ci95[1]:.3f}]")
+    console.print(f"wrote {out / SUMMARY_FILE}, {out / 'rounds.png'}, global model "
+                  f"{summary.federated.model if summary.federated else '-'}")
+    if summary.survival is not None:
+        console.print(f"survival: pooled Kaplan-Meier curve {summary.survival.km_plot} (and "
+                      f".json), the kept model's Breslow baseline {summary.survival.baseline} "
+                      f"(for `fedsplit predict --times`)")

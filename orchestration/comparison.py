@@ -16,7 +16,7 @@ from fedsplit.orchestration.experiment import Experiment, check_attack, run_expe
 from fedsplit.orchestration.plots import metric_key, plot_comparison
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.history import SUMMARY_FILE, RunSummary
+from fedsplit.protocol.history import RunSummary
 
 
 @dataclass
@@ -70,7 +70,7 @@ def run_comparison(
         folder = comp.out / label.replace(" ", "-").replace(":", "")
         exp = Experiment(cfg=cfg, out=folder, dataset=comp.dataset, num_sites=comp.sites,
                          partition=comp.partition)
-        results[label] = RunSummary.from_json(run_experiment(exp), source=str(folder / SUMMARY_FILE))
+        results[label] = run_experiment(exp)
 
     key = metric_key(str(next(iter(results.values())).task))
     comparison = {

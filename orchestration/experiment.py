@@ -26,7 +26,7 @@ import json
 import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,23 @@ from fedsplit.orchestration.personalize import ALONE, PRIOR, parse_budget, perso
 from fedsplit.orchestration.plots import plot_rounds
 from fedsplit.orchestration.selection import BestRound
 from fedsplit.orchestration.survival_baselines import exact_baseline, fitted_exactly
-from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, HospitalFailure
-from fedsplit.protocol.history import HISTORY_FILE, RunRecord
+from fedsplit.protocol.history import (
+    HISTORY_FILE,
+    SUMMARY_FILE,
+    AttackSummary,
+    Baseline,
+    FederatedScores,
+    Personalized,
+    RecipeSummary,
+    RunRecord,
+    RunSummary,
+    SchemaSummary,
+    ServerOptSettings,
+    SummaryRound,
+    SurvivalFiles,
+)
 from fedsplit.protocol.privacy import DPSpec
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
@@ -156,7 +169,6 @@ class Experiment:
     #: what personalization fine-tunes: ``all`` weights or the final layer's ``bias``; ``auto``:
     #: ``all`` for a step budget, ``bias`` for ``prior``
     personalize_scope: str = "auto"
-    summary_extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Cross-field checks (each a `ConfigError` that says how to fix it); fills ``num_sites``."""
@@ -583,8 +595,9 @@ def run_experiment(
     *,
     on_progress: Callable[[RunRecord], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run the federation and the baselines; write summary.json and rounds.png into ``exp.out``.
+) -> RunSummary:
+    """Run the federation and the baselines; write summary.json (`RunSummary`) and rounds.png
+    into ``exp.out``; return the summary.
 
     ``on_progress`` gets the coordinator's run record each time it is rewritten."""
     stage = on_stage or (lambda _msg: None)
@@ -611,8 +624,8 @@ def run_experiment(
     for entry in history.model_rounds:
         scored = evaluate(load_model(fed_dir / str(entry.model)), tests,
                           local_states(out, joined, entry.round))
-        rounds.append({"round": entry.round, **scored,
-                       "site_evaluation": dict(entry.evaluate.metrics) if entry.evaluate else {}})
+        rounds.append(SummaryRound(round=entry.round, **scored, site_evaluation=dict(
+            entry.evaluate.metrics) if entry.evaluate else {}))
     if not rounds:
         raise ConfigError("The federation produced no global model (every round failed); see "
                           f"{fed_dir / 'history.json'}. Received: 0 models")
@@ -623,7 +636,7 @@ def run_experiment(
         # Kaplan-Meier curve and the kept model's Breslow baseline, from the hospitals' sums
         from fedsplit.orchestration.survival_summary import write_plots
 
-        survival = {key: str(path) for key, path in write_plots(fed_dir).items()}
+        survival = SurvivalFiles(**{key: str(path) for key, path in write_plots(fed_dir).items()})
 
     stage("baselines: centralized and each hospital alone (same model, same optimizer steps)")
     # the rows each agent trains on: its file minus its own held-out evaluation rows
@@ -636,8 +649,8 @@ def run_experiment(
 
     failures: list[str] = []  # one line per party whose own code failed (HospitalFailure)
 
-    def baseline(who: str, train: Dataset, own_vals: Sequence[Dataset], steps: int
-                 ) -> dict[str, Any] | None:
+    def baseline(who: str, train: Dataset, own_vals: Sequence[Dataset], steps: int,
+                 site: str | None = None) -> Baseline | None:
         """A baseline's record, or None (its failure named in ``failures``): the recipe's
         own code runs here too, and may raise on the pooled rows or one hospital's.
         ``own_vals``: the validation rows of each hospital whose rows it trains on."""
@@ -654,15 +667,15 @@ def run_experiment(
         except HospitalFailure as e:
             failures.append(str(e))
             return None
-        return {"num_examples": len(train), "steps": steps, "rounds_kept": chosen.round,
-                "val_metric": chosen.scores, "val_examples": len(val), **scored}
+        return Baseline(**({} if site is None else {"site": site}), num_examples=len(train),
+                        steps=steps, rounds_kept=chosen.round, val_metric=chosen.scores,
+                        val_examples=len(val), **scored)
 
     centralized = baseline("the centralized baseline", _concat(list(trains.values())),
                            list(vals.values()), central_steps)
-    local_only = [{"site": name, **entry} for (name, train), steps in zip(trains.items(),
-                                                                          site_steps, strict=True)
+    local_only = [entry for (name, train), steps in zip(trains.items(), site_steps, strict=True)
                   if (entry := baseline(f"hospital {name} alone (baseline)", train, [vals[name]],
-                                        steps)) is not None]
+                                        steps, site=name)) is not None]
     # rows behind the kept model: excluded (e.g. hostile) sites do not count
     kept = history.round(history.selection.rounds_kept or 0) if history.selection else None
     fed_examples = (kept.aggregation.num_examples if kept is not None and kept.aggregation
@@ -678,58 +691,57 @@ def run_experiment(
               f"personalization: each hospital fine-tunes the global model for "
               f"{'its hospital-alone step budget' if budget == ALONE else budget} mini-batches "
               f"on its own training rows")
-        personalized = {"steps": budget, **personalize(final, own, tests, cfg, steps, scope),
-                        "num_examples": fed_examples}
+        personalized = Personalized(steps=budget, **personalize(final, own, tests, cfg, steps,
+                                                                scope), num_examples=fed_examples)
     names = [t.name for t in joined]
     hostile = names[len(names) - cfg.attackers:] if cfg.attackers else []
-    summary = {
-        "task": final.spec.task,
-        "recipe": final.spec.identity.model_dump(),
-        "metric_names": list(recipe_of(final).metric_names(final.spec.task)),
-        "selection_metric": recipe_of(final).selection_metric(final.spec.task),
-        "attack": {"kind": cfg.attack, "hostile_sites": hostile} if hostile else None,
-        "dataset": exp.dataset or [str(parse_site(s).train) for s in exp.site_files],
-        "strategy": cfg.strategy,
-        "strategy_params": cfg.params,
-        "server_opt": None if cfg.server_opt == "none" else {
-            "name": cfg.server_opt, "lr": cfg.server_lr, "beta1": cfg.server_beta1,
-            "beta2": cfg.server_beta2, "tau": cfg.server_tau, "momentum": cfg.server_momentum},
-        "sites": len(joined),
-        "site_names": names,
-        "partition": exp.partition if exp.dataset and exp.dataset != HEART else "files"
+    summary = RunSummary(
+        task=final.spec.task,
+        recipe=RecipeSummary(**final.spec.identity.model_dump()),
+        metric_names=list(recipe_of(final).metric_names(final.spec.task)),
+        selection_metric=recipe_of(final).selection_metric(final.spec.task),
+        attack=AttackSummary(kind=cfg.attack, hostile_sites=hostile) if hostile else None,
+        dataset=exp.dataset or [str(parse_site(s).train) for s in exp.site_files],
+        strategy=cfg.strategy,
+        strategy_params=cfg.params,
+        server_opt=None if cfg.server_opt == "none" else ServerOptSettings(
+            name=cfg.server_opt, lr=cfg.server_lr, beta1=cfg.server_beta1,
+            beta2=cfg.server_beta2, tau=cfg.server_tau, momentum=cfg.server_momentum),
+        sites=len(joined),
+        site_names=names,
+        partition=exp.partition if exp.dataset and exp.dataset != HEART else "files"
         if not exp.dataset else "hospitals",
-        "left_out": list(exp.leave_out),
-        "model_id": final.spec.to_id(),
-        "schema": None if schema is None else {
-            "digest": schema.digest(), "columns": len(schema.columns),
-            "features": len(schema.feature_names), "labels": list(schema.labels),
-            "warnings": list(history.schema_warnings)},
-        "test_examples": sum(len(t) for _, t in tests),
-        "test_examples_per_site": {name: len(t) for name, t in tests},
-        "steps_per_round": {name: steps_per_round(len(t), cfg, recipe)
-                            for name, t in trains.items()},
-        "step_rows": {name: step_batch_size(recipe, len(t), cfg.batch_size)
-                      for name, t in trains.items()},
-        "config": cfg.to_flower(),
-        "centralized": centralized,
-        "local_only": local_only,
-        "federated": {**evaluate(final, tests, local_states(
-                          out, joined, history.selection.rounds_kept if history.selection else None)),
-                      "num_examples": fed_examples,
-                      "model": str(fed_dir / "global.h5"), **kept_round(history, fed_dir)},
-        "personalized": personalized,
-        "survival": survival,
-        "rounds": rounds,
-        "failures": _left_out(history, [t.name for t in joined]) + failures,
-        **exp.summary_extra,
-    }
-    write_json_atomic(out / "summary.json", summary)
+        left_out=list(exp.leave_out),
+        model_id=final.spec.to_id(),
+        table_schema=None if schema is None else SchemaSummary(
+            digest=schema.digest(), columns=len(schema.columns),
+            features=len(schema.feature_names), labels=list(schema.labels),
+            warnings=list(history.schema_warnings)),
+        test_examples=sum(len(t) for _, t in tests),
+        test_examples_per_site={name: len(t) for name, t in tests},
+        steps_per_round={name: steps_per_round(len(t), cfg, recipe)
+                         for name, t in trains.items()},
+        step_rows={name: step_batch_size(recipe, len(t), cfg.batch_size)
+                   for name, t in trains.items()},
+        config=cfg.to_flower(),
+        centralized=centralized,
+        local_only=local_only,
+        federated=FederatedScores(
+            **evaluate(final, tests, local_states(
+                out, joined, history.selection.rounds_kept if history.selection else None)),
+            num_examples=fed_examples, model=str(fed_dir / "global.h5"),
+            **kept_round(history, fed_dir)),
+        personalized=personalized,
+        survival=survival,
+        rounds=rounds,
+        failures=_left_out(history, [t.name for t in joined]) + failures,
+    )
+    summary.save(out / SUMMARY_FILE)
     plot_rounds(summary, out / "rounds.png")
-    if summary["failures"]:  # written and plotted; the command still says what failed, and fails
+    if summary.failures:  # written and plotted; the command still says what failed, and fails
+        first, *more = summary.failures
         raise HospitalFailure.from_line(
-            f"{summary['failures'][0]}"
-            + (f" (and {len(summary['failures']) - 1} more failure(s))"
-               if len(summary["failures"]) > 1 else "")
+            first + (f" (and {len(more)} more failure(s))" if more else "")
             + f". The federated model and summary were written to {out}; see its 'failures'")
     return summary
 
@@ -759,9 +771,9 @@ def _left_out(history: RunRecord, names: Sequence[str]) -> list[str]:
     return lines
 
 
-def load_summary(path: Path) -> dict[str, Any]:
-    """Read a summary.json written by `run_experiment`."""
-    return json.loads(Path(path).read_text())
+def load_summary(path: Path) -> RunSummary:
+    """Read a summary.json written by `run_experiment` (`RunSummary.load`)."""
+    return RunSummary.load(path)
 
 
 def prepare_partitions(out: Path, dataset: str, sites: int, partition: str = "iid",
@@ -787,7 +799,7 @@ def run_simulation(
     *,
     on_progress: Callable[[RunRecord], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """``fedsplit simulate``: `run_experiment` with one torch thread per process (the cores are
     shared with the simulated hospitals); under ``dp``, then the summary's privacy section and
     the membership-inference audit (`orchestration.privacy_audit.add_privacy`)."""

@@ -49,12 +49,14 @@ from fedsplit.client.data import Dataset, feature_stats
 from fedsplit.client.models import SiteModel, load_model
 from fedsplit.client.site import DATA_SUFFIXES
 from fedsplit.client.train import fit, score, set_statistics
-from fedsplit.protocol.atomic import atomic_path, write_json_atomic
+from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.history import (
     HISTORY_FILE,
+    PRIVACY_FILE,
     SUMMARY_FILE,
+    AuditResult,
     RunRecord,
     RunSummary,
     SummaryPrivacy,
@@ -261,7 +263,7 @@ def run_sites(run_dir: Path, cfg: RunConfig) -> list[AuditSite]:
     return sites
 
 
-def plot_roc(result: dict[str, Any], path: Path) -> None:
+def plot_roc(result: AuditResult, path: Path) -> None:
     """ROC curve of every hospital's and the federation's reported attack, atomically to ``path``."""
     import matplotlib
 
@@ -270,14 +272,14 @@ def plot_roc(result: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
     try:
-        groups = [(name, site, 1.0) for name, site in result["per_site"].items()]
-        if "federation" in result:
-            groups.append(("all hospitals", result["federation"], 2.2))
+        groups = [(name, site, 1.0) for name, site in result.per_site.items()]
+        if result.federation is not None:
+            groups.append(("all hospitals", result.federation, 2.2))
         for name, group, width in groups:
-            roc = group["attacks"][group["attack"]]["roc"]
-            low, high = group["ci95"]
+            roc = group.attacks[str(group.attack)].roc
+            low, high = group.ci95
             ax.plot(roc["fpr"], roc["tpr"], lw=width,
-                    label=f"{name} ({group['attack']}, AUC {group['auc']:.3f} "
+                    label=f"{name} ({group.attack}, AUC {group.auc:.3f} "
                           f"[{low:.2f}, {high:.2f}])")
         ax.plot([0, 1], [0, 1], "k--", lw=0.8, label="chance")
         ax.set_xlabel("false-positive rate (held-out rows called members)")
@@ -291,8 +293,9 @@ def plot_roc(result: dict[str, Any], path: Path) -> None:
         plt.close(fig)
 
 
-def privacy_audit(run_dir: Path, *, references: int = 2) -> dict[str, Any]:
-    """Audit ``run_dir``'s final global model; write ``privacy.json`` and ``privacy-roc.png``."""
+def privacy_audit(run_dir: Path, *, references: int = 2) -> AuditResult:
+    """Audit ``run_dir``'s final global model; write ``privacy.json`` (`AuditResult`) and
+    ``privacy-roc.png``."""
     run_dir = Path(run_dir)
     summary_path = run_dir / SUMMARY_FILE
     model_path = run_dir / "federation" / "global.h5"
@@ -303,16 +306,15 @@ def privacy_audit(run_dir: Path, *, references: int = 2) -> dict[str, Any]:
     summary = RunSummary.load(summary_path)
     cfg = RunConfig.from_flower(summary.config)
     torch.manual_seed(cfg.seed)
-    result = audit_model(load_model(model_path), run_sites(run_dir, cfg), cfg,
-                         references=references)
-    result["run"] = str(run_dir)
-    result["dp"] = summary.privacy.dp if summary.privacy else None
-    write_json_atomic(run_dir / "privacy.json", result)
+    result = AuditResult.from_json({
+        **audit_model(load_model(model_path), run_sites(run_dir, cfg), cfg, references=references),
+        "run": str(run_dir), "dp": summary.privacy.dp if summary.privacy else None})
+    result.save(run_dir / PRIVACY_FILE)
     plot_roc(result, run_dir / "privacy-roc.png")
     return result
 
 
-def privacy_summary(run_dir: Path, dp_spec: str) -> dict[str, Any]:
+def privacy_summary(run_dir: Path, dp_spec: str) -> SummaryPrivacy:
     """``summary.json``'s ``privacy`` section: the budget and each hospital's last spent epsilon."""
     from fedsplit.protocol.privacy import DPSpec
 
@@ -321,23 +323,17 @@ def privacy_summary(run_dir: Path, dp_spec: str) -> dict[str, Any]:
     return privacy_section(history, dp=spec.to_spec() if spec else None,
                            level=spec.level if spec else None,
                            epsilon_budget=spec.epsilon if spec else None,
-                           delta=spec.delta if spec else None).to_json()
+                           delta=spec.delta if spec else None)
 
 
-def add_privacy(run_dir: Path, *, audit: bool, references: int = 2) -> dict[str, Any]:
-    """Add the ``privacy`` section (and, with ``audit``, the audit's AUCs) to summary.json."""
+def add_privacy(run_dir: Path, *, audit: bool, references: int = 2) -> RunSummary:
+    """Add the ``privacy`` section (and, with ``audit``, the audit's AUCs:
+    `AuditResult.brief`) to summary.json; return the summary."""
     path = Path(run_dir) / SUMMARY_FILE
     summary = RunSummary.load(path)
-    summary.privacy = SummaryPrivacy.model_validate(
-        privacy_summary(run_dir, str(summary.config.get("dp", ""))))
+    summary.privacy = privacy_summary(run_dir, RunConfig.from_flower(summary.config).dp)
     summary.save(path)
     if audit:
-        result = privacy_audit(run_dir, references=references)
-        keys = ("auc", "ci95", "attack", "tpr_at_1pct_fpr", "members", "non_members")
-        summary.privacy.audit = {
-            "headline": result["headline"], "worst_site": result["worst_site"],
-            "federation": {k: result["federation"][k] for k in keys},
-            "max_auc": result["max_auc"], "mean_auc": result["mean_auc"],
-            "per_site": {name: {k: v[k] for k in keys} for name, v in result["per_site"].items()}}
+        summary.privacy.audit = privacy_audit(run_dir, references=references).brief()
         summary.save(path)
-    return summary.to_json()
+    return summary

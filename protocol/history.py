@@ -401,6 +401,18 @@ class FederatedScores(Scores):
     last_model: str | None = None
 
 
+class PriorTest(_Part):
+    """One hospital's likelihood-ratio test of ``--personalize prior``: the ``statistic`` (may be
+    infinite), its degrees of freedom, ``p_value``, whether the refitted bias was ``adopted`` and
+    ``bias_shift`` (refitted minus global bias, per output, adopted or not)."""
+
+    statistic: float | None = None
+    df: int | None = None
+    p_value: float | None = None
+    adopted: bool = False
+    bias_shift: list[float] = Field(default_factory=list)
+
+
 class Personalized(Scores):
     """Each hospital's fine-tuned copy of the final model (``--personalize``): ``steps`` is
     the step budget (a number, ``alone`` or ``prior``), ``scope`` the weights tuned (``all``
@@ -410,7 +422,7 @@ class Personalized(Scores):
     steps: int | str | None = None
     scope: str | None = None
     steps_per_site: dict[str, int] = Field(default_factory=dict)
-    prior_test: dict[str, Any] | None = None
+    prior_test: dict[str, PriorTest] | None = None
     fine_tune_examples: dict[str, int] = Field(default_factory=dict)
     num_examples: int | None = None
 
@@ -429,6 +441,101 @@ class SitePrivacy(_Part):
     round: int
 
 
+class MembershipAUC(_Part):
+    """A membership-inference AUC (0.5: the attacker learns nothing) with its 95% interval
+    (``ci95``: low, high) and the ``attack`` that gave it (the stronger one)."""
+
+    auc: float
+    ci95: list[float] = Field(default_factory=list)
+    attack: str | None = None
+
+
+class AttackScores(_Part):
+    """One attack on one group of rows (``privacy.json``): its AUC and interval, true-positive
+    rate at 1% false positives (empirical and ``_interpolated``), the rows and its ROC curve."""
+
+    auc: float
+    ci95: list[float] = Field(default_factory=list)
+    tpr_at_1pct_fpr: float | None = None
+    tpr_at_1pct_fpr_interpolated: float | None = None
+    members: int | None = None
+    non_members: int | None = None
+    roc: dict[str, list[float]] = Field(default_factory=dict)
+
+
+class MembershipGroup(MembershipAUC):
+    """The audit of one group (a hospital's rows, or the federation's): the stronger attack's
+    AUC, interval, TPR at 1% FPR and rows. In ``privacy.json`` also every attack's scores
+    (``attacks``) and, for a hospital, the model's ``accuracy`` on its held-out rows."""
+
+    tpr_at_1pct_fpr: float | None = None
+    members: int | None = None
+    non_members: int | None = None
+    attacks: dict[str, AttackScores] = Field(default_factory=dict)
+    accuracy: float | None = None
+
+    #: the keys summary.json keeps of a group (`PrivacyAudit.brief`)
+    BRIEF: ClassVar[tuple[str, ...]] = ("auc", "ci95", "attack", "tpr_at_1pct_fpr", "members",
+                                        "non_members")
+
+    def brief(self) -> MembershipGroup:
+        """The group as summary.json records it: the stronger attack's numbers only."""
+        return MembershipGroup.model_validate(
+            {k: v for k, v in self.to_json().items() if k in self.BRIEF})
+
+
+class AuditHeadline(MembershipAUC):
+    """The audit's headline number: the federation's (``scope``)."""
+
+    scope: str | None = None
+
+
+class WorstSite(MembershipAUC):
+    """The largest per-hospital AUC (a maximum of noisy estimates: biased upwards)."""
+
+    site: str | None = None
+
+
+class PrivacyAudit(_Part):
+    """The membership-inference audit (``fedsplit privacy-audit``, after a DP ``simulate``) as
+    summary.json's ``privacy.audit`` holds it: ``headline`` (the federation's AUC), the
+    ``worst_site``, the ``federation`` and each hospital's group (``per_site``), and the largest
+    and mean per-hospital AUC."""
+
+    headline: AuditHeadline | None = None
+    worst_site: WorstSite | None = None
+    federation: MembershipGroup | None = None
+    max_auc: float | None = None
+    mean_auc: float | None = None
+    per_site: dict[str, MembershipGroup] = Field(default_factory=dict)
+
+
+#: the whole membership-inference audit of a simulated run, beside its summary.json
+PRIVACY_FILE = "privacy.json"
+
+
+class AuditResult(_JsonFile, PrivacyAudit):
+    """``privacy.json``: the whole audit (`orchestration.privacy_audit`): the attacks run, the
+    reference models per hospital and bootstrap resamples, every group with each attack's scores
+    and ROC curve, the run folder and its DP spec."""
+
+    _file: ClassVar[str] = PRIVACY_FILE
+    _kind: ClassVar[str] = "privacy audit"
+
+    attacks: list[str] = Field(default_factory=list)
+    references: int | None = None
+    resamples: int | None = None
+    run: str | None = None
+    dp: str | None = None
+
+    def brief(self) -> PrivacyAudit:
+        """What summary.json's ``privacy.audit`` keeps: the groups without the attacks' curves."""
+        return PrivacyAudit(headline=self.headline, worst_site=self.worst_site,
+                            federation=self.federation.brief() if self.federation else None,
+                            max_auc=self.max_auc, mean_auc=self.mean_auc,
+                            per_site={name: g.brief() for name, g in self.per_site.items()})
+
+
 class SummaryPrivacy(_Part):
     """``summary.json``'s privacy section: the DP spec, budget, each hospital's last epsilon
     and, after ``fedsplit privacy-audit``, the membership-inference ``audit``."""
@@ -438,7 +545,7 @@ class SummaryPrivacy(_Part):
     epsilon_budget: float | None = None
     delta: float | None = None
     per_site: dict[str, SitePrivacy] = Field(default_factory=dict)
-    audit: dict[str, Any] | None = None
+    audit: PrivacyAudit | None = None
 
 
 class ServerOptSettings(_Part):
@@ -463,35 +570,76 @@ class SchemaSummary(_Part):
     warnings: list[str] = Field(default_factory=list)
 
 
+class RecipeSummary(_Part):
+    """The recipe every hospital trained (`protocol.recipe.RecipeIdentity`): name, version and
+    validated parameters."""
+
+    name: str | None = None
+    version: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class AttackSummary(_Part):
+    """A simulated attack (``--attack``, ``--attackers``): its kind and the hostile hospitals."""
+
+    kind: str | None = None
+    hostile_sites: list[str] = Field(default_factory=list)
+
+
+class SurvivalFiles(_Part):
+    """A survival run's summary files (paths as written): the pooled
+    Kaplan-Meier curve (``km``, JSON; ``km_plot``, PNG) and the kept model's Breslow
+    ``baseline``."""
+
+    km: str | None = None
+    km_plot: str | None = None
+    baseline: str | None = None
+
+
 class RunSummary(_JsonFile):
     """``summary.json`` of ``fedsplit simulate``: baselines and the federated model's scores.
 
-    ``selection_metric``: the metric models are kept and compared by; ``test_examples`` and
-    ``test_examples_per_site``: the held-out test rows, pooled and per hospital."""
+    The run: ``task``, ``recipe``, ``dataset`` (a bundled name, or each ``--site`` file),
+    ``partition``, the hospitals (``sites``, ``site_names``, ``left_out``: indices partitioned
+    but not run), ``attack``. ``metric_names``: what the recipe scores; ``selection_metric``: the
+    metric models are kept and compared by; ``test_examples`` and ``test_examples_per_site``:
+    the held-out test rows, pooled and per hospital; ``steps_per_round`` and ``step_rows``: each
+    hospital's optimizer steps per round and rows per step; ``survival``: a survival run's files.
+    """
 
     _file: ClassVar[str] = "summary.json"
     _kind: ClassVar[str] = "run summary"
 
     task: str | None = None
+    recipe: RecipeSummary | None = None
+    metric_names: list[str] = Field(default_factory=list)
     config: dict[str, Any] = Field(default_factory=dict)
+    dataset: str | list[str] | None = None
     strategy: str | None = None
     strategy_params: dict[str, Any] = Field(default_factory=dict)
     server_opt: ServerOptSettings | None = None
+    attack: AttackSummary | None = None
+    sites: int | None = None
+    site_names: list[str] = Field(default_factory=list)
+    partition: str | None = None
+    left_out: list[int] = Field(default_factory=list)
     selection_metric: str | None = None
     model_id: str | None = None
     test_examples: int | None = None
     test_examples_per_site: dict[str, int] = Field(default_factory=dict)
+    steps_per_round: dict[str, int] = Field(default_factory=dict)
+    step_rows: dict[str, int] = Field(default_factory=dict)
     table_schema: SchemaSummary | None = Field(default=None, alias="schema")
     centralized: Baseline | None = None
     local_only: list[Baseline] = Field(default_factory=list)
     federated: FederatedScores | None = None
     personalized: Personalized | None = None
+    survival: SurvivalFiles | None = None
     rounds: list[SummaryRound] = Field(default_factory=list)
     privacy: SummaryPrivacy | None = None
     #: one line per party whose own data or code failed (a hospital left out of every round,
     #: a baseline that could not train): the run wrote what it could and exited non-zero
     failures: list[str] = Field(default_factory=list)
-
 
     def round_metric(self, key: str) -> list[float]:
         """Metric ``key`` of the federated model on the pooled test rows, round by round."""
@@ -546,10 +694,23 @@ def run_kind(data: dict[str, Any]) -> str:
     return "horizontal"
 
 
+class VerticalEvaluation(_Part):
+    """The fused model scored on held-out (or validation) rows
+    (`server.vertical.coordinator.VerticalCoordinator.evaluate`): ``metrics`` on all
+    ``num_examples`` rows, ``complete_rows`` of which every site holds, and
+    ``metrics_complete_rows`` on those when some rows lack a site (absent when none does)."""
+
+    num_examples: int
+    metrics: dict[str, Metric] = Field(default_factory=dict)
+    complete_rows: int | None = None
+    metrics_complete_rows: dict[str, Metric] | None = None
+
+
 class VerticalRound(_Part):
     """One round of a vertical run: the fused model's training loss and steps, its held-out
-    ``metrics`` (on ``num_examples`` test rows; ``metrics_complete_rows`` when some rows lack a
-    site) and its validation scores."""
+    ``metrics`` (on ``num_examples`` test rows, ``complete_rows`` of which every site holds;
+    ``metrics_complete_rows`` when some rows lack a site) and its validation scores
+    (``val_metrics`` on ``val_examples`` rows; None without validation rows)."""
 
     round: int
     train_loss: float | None = None
@@ -560,6 +721,17 @@ class VerticalRound(_Part):
     metrics_complete_rows: dict[str, Metric] | None = None
     val_metrics: dict[str, Metric] | None = None
     val_examples: int | None = None
+    complete_rows: int | None = None
+
+    @classmethod
+    def of(cls, number: int, *, train_loss: float, steps: int, seconds: float,
+           test: VerticalEvaluation, val: VerticalEvaluation | None,
+           val_examples: int) -> VerticalRound:
+        """The round as the coordinator records it: its training, its held-out evaluation
+        (``test``, with exactly the keys it was evaluated with) and its validation one."""
+        return cls(round=number, train_loss=train_loss, steps=steps, seconds=seconds,
+                   **test.model_dump(exclude_unset=True),
+                   val_metrics=None if val is None else dict(val.metrics), val_examples=val_examples)
 
 
 class VerticalSelection(_Part):
@@ -573,15 +745,46 @@ class VerticalSelection(_Part):
     val_metric: list[float | None] = Field(default_factory=list)
 
 
+class SiteOverlap(_Part):
+    """One site's ID alignment (PSI) with the label holder: the site's rows, the label holder's
+    (``label_rows``), the patients both hold (``shared``) as a share of each, and ``status``:
+    ``ok``, or ``low`` under 30% of the label holder's patients."""
+
+    site: str
+    site_rows: int | None = None
+    label_rows: int | None = None
+    shared: int | None = None
+    share_of_labels: float | None = None
+    share_of_site: float | None = None
+    status: str | None = None
+
+
+class ArrayShape(_Part):
+    """An array a vertical message carried: its dtype and its width (shape after the rows)."""
+
+    dtype: str
+    width: list[int] = Field(default_factory=list)
+
+
+class MessageInventory(_Part):
+    """What one vertical message type carried in one direction (``"<type> to-site"`` /
+    ``"<type> from-site"``): its arrays by name and its config keys, checked against
+    `protocol.vertical.wire.ALLOWED`."""
+
+    arrays: dict[str, ArrayShape] = Field(default_factory=dict)
+    config: list[str] = Field(default_factory=list)
+
+
 class VerticalRunRecord(_JsonFile):
     """``history.json`` of a vertical run (``fedsplit vertical simulate`` / the vertical
     coordinator, `server.vertical.app`), written after every phase.
 
-    ``overlap``: the ID alignment (PSI) counts; ``psi_seconds``; the label ``task``; the train,
-    test and validation row counts; each site's ``input_widths``; ``rounds``
-    (`VerticalRound`); ``selection`` (`VerticalSelection`); where the kept round's site models
-    (``site_models``) and the last round's (``last_site_models``) were saved; the message
-    ``inventory`` and traffic. Files written before ``kind`` existed load unchanged.
+    ``overlap``: each site's ID alignment (`SiteOverlap`); ``psi_seconds``; the label
+    ``task``; the train, test and validation row counts; each site's ``input_widths``;
+    ``rounds`` (`VerticalRound`); ``selection`` (`VerticalSelection`); where the kept round's
+    site models (``site_models``) and the last round's (``last_site_models``) were saved; the
+    message ``inventory`` (`MessageInventory` per message type and direction) and traffic. Files
+    written before ``kind`` existed load unchanged.
     """
 
     _file: ClassVar[str] = "history.json"
@@ -594,7 +797,7 @@ class VerticalRunRecord(_JsonFile):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
-    overlap: list[dict[str, Any]] | dict[str, Any] | None = None
+    overlap: list[SiteOverlap] | None = None
     psi_seconds: float | None = None
     task: str | None = None
     train_rows: int | None = None
@@ -605,7 +808,7 @@ class VerticalRunRecord(_JsonFile):
     selection: VerticalSelection | None = None
     site_models: list[str] | None = None
     last_site_models: list[str] | None = None
-    inventory: dict[str, Any] | None = None
+    inventory: dict[str, MessageInventory] | None = None
     messages: int | None = None
     bytes_to_sites: int | None = None
     bytes_from_sites: int | None = None
@@ -674,26 +877,89 @@ def load_run_record(path: str | Path) -> RunRecord | VerticalRunRecord | Surviva
 
 class VerticalScores(_Part):
     """One model of a vertical run scored on the held-out test rows: the fused federation's
-    kept round, the centralized model (every site's columns pooled) or one site alone
-    (``site``), with its rows, the round kept by validation and the validation scores."""
+    kept round (``summary.json``'s ``federated``), the centralized model (every site's columns
+    pooled) or one site alone (``site``); the baselines are `orchestration.vertical.local.train_kept`'s.
+
+    Every model: ``metrics`` (``metrics_complete_rows``: on the rows every site holds, when some
+    do not), ``keep``, ``rounds_kept`` (chosen on ``val_rows`` validation rows; ``val_metric``:
+    each round's validation score, None when not scored) and ``final_metrics`` (its last
+    round's). ``num_examples`` is the fused model's test rows but a baseline's training rows (a
+    baseline's test rows: ``test_examples``; its every round's metrics: ``per_round``). The fused
+    model adds where its kept and last heads and site branches were saved (``model``,
+    ``site_models``, ``last_model``, ``last_site_models``), the federation's ``seconds`` and
+    ``messages``."""
 
     site: str | None = None
     metrics: dict[str, Metric] = Field(default_factory=dict)
     num_examples: int | None = None
+    test_examples: int | None = None
+    metrics_complete_rows: dict[str, Metric] | None = None
+    keep: str | None = None
     rounds_kept: int | None = None
     val_metric: list[float | None] = Field(default_factory=list)
+    val_rows: int | None = None
+    final_metrics: dict[str, Metric] | None = None
+    per_round: list[dict[str, Metric]] | None = None
+    model: str | None = None
+    site_models: list[str] | None = None
+    last_model: str | None = None
+    last_site_models: list[str] | None = None
+    seconds: float | None = None
+    messages: int | None = None
+
+
+class VerticalSummaryRound(_Part):
+    """A round of the federation in ``summary.json``: its held-out ``metrics``, training loss,
+    steps so far and validation scores (None without validation rows)."""
+
+    round: int
+    metrics: dict[str, Metric] = Field(default_factory=dict)
+    train_loss: float | None = None
+    steps: int | None = None
+    val_metrics: dict[str, Metric] | None = None
 
 
 class VerticalSummary(_JsonFile):
-    """``summary.json`` of ``fedsplit vertical simulate``: the fused model (``federated``), the
-    ``centralized`` baseline and each site alone (``local_only``), on the same test rows."""
+    """``summary.json`` of ``fedsplit vertical simulate`` (`orchestration.vertical.experiment`):
+    the fused model (``federated``), the ``centralized`` baseline and each site alone
+    (``local_only``), on the same test rows (``test_examples``); the run's ``task``, fusion
+    ``params`` (`protocol.vertical.config.FusionParams` as a JSON object), ``dataset`` (a
+    bundled name or the site files), ``sites``, ``fill``, each site's ``overlap``,
+    ``psi_seconds``, ``train_rows``, the fused model's ``keep`` rule, each round
+    (`VerticalSummaryRound`) and the message ``inventory``."""
 
     _file: ClassVar[str] = "summary.json"
     _kind: ClassVar[str] = "vertical run summary"
 
     task: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    dataset: str | list[str] | None = None
     sites: int | None = None
+    fill: str | None = None
+    overlap: list[SiteOverlap] = Field(default_factory=list)
+    psi_seconds: float | None = None
+    train_rows: int | None = None
+    test_examples: int | None = None
     keep: str | None = None
     federated: VerticalScores | None = None
     centralized: VerticalScores | None = None
     local_only: list[VerticalScores] = Field(default_factory=list)
+    rounds: list[VerticalSummaryRound] = Field(default_factory=list)
+    inventory: dict[str, MessageInventory] = Field(default_factory=dict)
+
+
+class VerticalFill(VerticalEvaluation):
+    """One fill in ``fills.json`` (``fedsplit vertical compare-fills``): its name, the training
+    rows, and the held-out evaluation (`VerticalEvaluation`)."""
+
+    fill: str
+    train_rows: int | None = None
+
+
+class VerticalFills(_JsonFile):
+    """``fills.json`` of ``fedsplit vertical compare-fills``: every fill on the same split."""
+
+    _file: ClassVar[str] = "fills.json"
+    _kind: ClassVar[str] = "vertical fill comparison"
+
+    fills: list[VerticalFill] = Field(default_factory=list)

@@ -175,14 +175,15 @@ def test_simulate_records_the_prior_test_in_the_summary(tmp_path: Path) -> None:
     # Execute
     summary = run_experiment(exp)
     # Assert: every hospital's test is recorded; a kept bias scores as the global model
-    tuned = summary["personalized"]
-    assert tuned["steps"] == PRIOR and tuned["scope"] == "bias"
-    assert set(tuned["prior_test"]) == set(summary["site_names"])
-    for name, record in tuned["prior_test"].items():
-        assert record["df"] == 2 and len(record["bias_shift"]) == 3
-        assert record["adopted"] == (record["p_value"] < PRIOR_TEST_LEVEL)
-        if not record["adopted"]:
-            assert tuned["per_site"][name] == summary["federated"]["per_site"][name]
+    tuned, federated = summary.personalized, summary.federated
+    assert tuned is not None and federated is not None and tuned.prior_test is not None
+    assert tuned.steps == PRIOR and tuned.scope == "bias"
+    assert set(tuned.prior_test) == set(summary.site_names)
+    for name, record in tuned.prior_test.items():
+        assert record.df == 2 and len(record.bias_shift) == 3
+        assert record.adopted == (record.p_value < PRIOR_TEST_LEVEL)
+        if not record.adopted:
+            assert tuned.per_site[name] == federated.per_site[name]
     assert (tmp_path / "run" / "rounds.png").stat().st_size > 0
 
 
