@@ -230,17 +230,6 @@ def test_personalize_fine_tunes_a_recipe_model(on_path: Path) -> None:
     assert bias["scope"] == "bias" and bias["mean_per_site"]["accuracy"] > 0.8
 
 
-def test_in_site_parallelism_refuses_a_recipe_model(on_path: Path) -> None:
-    """Data/model/pipeline splits are for the built-in models: a recipe model is told why."""
-    from fedsplit.client.parallel import fit_parallel
-
-    x = np.random.default_rng(0).normal(size=(40, 5)).astype(np.float32)
-    model = _focal_model(x)
-    with pytest.raises(ConfigError, match=r"Use parallel=none\. Received: recipe focal-mlp version 1\.0"):
-        fit_parallel(model, x, (x[:, 0] > 0).astype(np.int64), epochs=1, lr=0.01, batch_size=8,
-                     seed=0, parallel="data:replicas=2")
-
-
 def test_a_folder_without_a_reader_points_to_recipes(png_hospitals: dict[str, Path]) -> None:
     """A hospital folder and no recipe that reads it: the error names --recipe."""
     from fedsplit.client.data import load_site_file
