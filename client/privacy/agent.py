@@ -7,7 +7,13 @@ import warnings
 import numpy as np
 import torch
 from fedsplit.client.models import SiteModel, recipe_of
-from fedsplit.client.privacy.dpsgd import check_budget, check_private_model, fit_private, plan_noise
+from fedsplit.client.privacy.dpsgd import (
+    check_budget,
+    check_private_model,
+    fit_private,
+    plan_noise,
+    private_optimizer,
+)
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import DPSpec
@@ -23,12 +29,14 @@ def check_dp_model(model: SiteModel, spec: DPSpec, cfg: RunConfig, proximal_mu: 
                    ) -> None:
     """Refuse, before any training, a model or run that patient-level DP-SGD cannot serve: in-site
     parallelism, layers Opacus cannot compute per-patient gradients for (BatchNorm: use
-    GroupNorm), the FedProx term, and a recipe whose loss is not a sum over patients. The
+    GroupNorm), the FedProx term, a recipe whose loss is not a sum over patients, and one whose
+    step uses several optimizers (Opacus makes one private). The
     hospitals run it when they build the initial model, so the run stops before round 1."""
     if cfg.parallel.split(":", 1)[0].strip() != "none":
         raise ConfigError(f"Patient-level DP trains with Opacus on one device; use parallel=none. "
                           f"Received: parallel={cfg.parallel!r}")
     check_private_model(model, cfg.proximal_mu if proximal_mu is None else proximal_mu)
+    private_optimizer(model, cfg.lr)  # one optimizer, else refused naming the recipe
     recipe = recipe_of(model)
     if not recipe.per_sample_loss:
         raise ConfigError(
@@ -69,16 +77,10 @@ def train_private(model: SiteModel, x: np.ndarray, y: np.ndarray, spec: DPSpec, 
     check_dp_model(model, spec, cfg, proximal_mu)
     plan = plan_noise(spec, len(x), cfg.batch_size, steps)
     epsilon = check_budget(plan, server_round, site)
-    recipe = recipe_of(model)
-    targets = recipe.targets(model, y)
-
-    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return recipe.loss(model, output, target)
-
+    targets = recipe_of(model).targets(model, y)
     with warnings.catch_warnings():  # Opacus's notes on secure RNG and backward hooks
         warnings.simplefilter("ignore", UserWarning)
-        loss = fit_private(model, x, targets, plan, loss_fn=loss_fn, lr=cfg.lr, seed=seed,
-                           device=device)
+        loss = fit_private(model, x, targets, plan, lr=cfg.lr, seed=seed, device=device)
     for p in model.parameters():  # drop Opacus's per-sample gradients
         p.grad_sample = None
         p.grad = None

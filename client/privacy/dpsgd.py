@@ -19,6 +19,10 @@ reason for the round.
 
 Models must allow per-sample gradients: BatchNorm mixes the rows of a batch and is refused
 (``norm=none``); the FedProx term is not a per-sample loss and is refused too.
+
+Training (`fit_private`) is the model's recipe's own step (`Recipe.train_step`, with its loss)
+on Opacus's private module and optimizer; the recipe must use one optimizer
+(`private_optimizer`; several are refused, naming the recipe).
 """
 
 from __future__ import annotations
@@ -115,46 +119,73 @@ def check_private_model(model: torch.nn.Module, proximal_mu: float) -> None:
                           f"proximal_mu={proximal_mu}")
 
 
-def fit_private(model: torch.nn.Module, x: np.ndarray, y: torch.Tensor, plan: DPPlan, *,
-                loss_fn: torch.nn.Module, lr: float, seed: int,
-                device: torch.device | None = None) -> float:
-    """Train ``model`` in place with DP-SGD (Adam, Opacus); return the round's mean loss.
+def private_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The one optimizer Opacus makes private: the model's recipe's `Recipe.optimizers` (default
+    one Adam at ``lr``). A recipe whose step uses several optimizers is refused, naming it: Opacus
+    clips and noises the per-sample gradients of one optimizer's parameters."""
+    from fedsplit.client.models import recipe_of
 
-    ``y`` holds the training targets as the loss expects them. Exactly
+    recipe = recipe_of(model)
+    optimizers = list(recipe.optimizers(model, lr))
+    if len(optimizers) != 1:
+        raise ConfigError(
+            f"Patient-level DP (DP-SGD) makes one optimizer private (Opacus make_private clips "
+            f"and noises its parameters' per-sample gradients), but recipe "
+            f"{recipe.identity.label()}'s optimizers(model, lr) returns {len(optimizers)}. Return "
+            f"one optimizer (with parameter groups for different learning rates), or use dp "
+            f"level=hospital. Received: {[type(o).__name__ for o in optimizers]}"
+        )
+    return optimizers[0]
+
+
+def fit_private(model: torch.nn.Module, x: np.ndarray, y: torch.Tensor, plan: DPPlan, *,
+                lr: float, seed: int, device: torch.device | None = None) -> float:
+    """Train ``model`` in place with DP-SGD (Opacus) and its recipe's step; return the round's
+    mean loss.
+
+    ``y`` holds the training targets as the loss expects them (`Recipe.targets`). Exactly
     ``plan.steps_per_round`` steps, each on a Poisson-sampled batch at ``plan.sample_rate``.
+    Every non-empty batch is one call of the recipe's `Recipe.train_step` with Opacus's private
+    module (through a `ModelView`, so the step sees the model's own attributes and tensors) and
+    its private optimizer (the recipe's one optimizer, `private_optimizer`): its loss, its
+    forward, its extra work (e.g. gradient clipping, which the private optimizer's per-sample
+    clipping then supersedes) run under DP. An empty batch (Poisson sampling can draw one) is a
+    step with noise only.
     """
+    from fedsplit.client.models import recipe_of
+    from fedsplit.client.recipes.base import ModelView, no_penalty
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
 
     device = device or torch.device("cpu")
     check_private_model(model, 0.0)
+    recipe = recipe_of(model)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     data = TensorDataset(torch.as_tensor(x, dtype=torch.float32), y)
     batch = max(1, round(plan.sample_rate * len(data)))
     loader = DataLoader(data, batch_size=batch, generator=gen)
     model.to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = private_optimizer(model, lr)
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     private, optimizer, loader = engine.make_private(
         module=model, optimizer=optimizer, data_loader=loader,
         noise_multiplier=plan.noise_multiplier, max_grad_norm=plan.clip,
         poisson_sampling=True,
     )
+    view = ModelView(private, model)
     total, seen, steps = 0.0, 0, 0
     while steps < plan.steps_per_round:
         for xb, yb in loader:
             if steps == plan.steps_per_round:
                 break
             steps += 1
-            optimizer.zero_grad()
             if len(xb) == 0:  # Poisson sampling can draw an empty batch: a step with noise only
+                optimizer.zero_grad()
                 optimizer.step()
                 continue
-            loss = loss_fn(private(xb.to(device)), yb.to(device))
-            loss.backward()
-            optimizer.step()
-            total += float(loss.item()) * len(xb)
+            loss = recipe.train_step(view, xb.to(device), yb.to(device), [optimizer], no_penalty)
+            total += float(loss) * len(xb)
             seen += len(xb)
     private.remove_hooks()
     model.cpu()
