@@ -148,11 +148,11 @@ def up(
     from fedsplit.orchestration.survival_summary import up_dataset, up_report
 
     survival = up_dataset(dataset, site)  # tcga-brca: its regions as hospitals, FLamby's columns
-    sites = survival.get("sites", sites)
+    sites = survival.sites if survival.sites is not None else sites
     work = work.resolve()
     out = (out or work / "out").resolve()
     cfg = RunConfig.from_flower(dict(  # validated: a bad value is a ConfigError naming it
-        **table_keys(survival.get("dataset"), time=time_column, event=event,
+        **table_keys(survival.dataset, time=time_column, event=event,
                      id_column=id_column, task=task, penalizer=penalizer),
         num_server_rounds=rounds, strategy=strategy,
         strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import RunSummary
+from fedsplit.protocol.history import RunSummary, VerticalSummary
 
 if TYPE_CHECKING:  # importing client.parallel loads torch; only drawing a table needs it
     from fedsplit.client.parallel.schedule import GPipeTable
@@ -114,27 +114,31 @@ def plot_comparison(results: Mapping[str, RunSummary | Mapping[str, Any]], path:
             ax.plot(rounds, summary.round_metric(key), style, label=label, lw=2)
 
 
-def plot_vertical(summary: dict[str, Any], path: Path) -> None:
+def plot_vertical(summary: VerticalSummary | Mapping[str, Any], path: Path) -> None:
     """Fused per round against each site alone and centralized (``fedsplit vertical simulate``);
     a marker on each line shows the round that model keeps (chosen on validation rows)."""
-    key = metric_key(summary["task"])
-    rounds = [r["round"] for r in summary["rounds"]]
-    title = f"fedsplit vertical: {len(summary['local_only'])} sites, fill={summary['fill']}"
+    if not isinstance(summary, VerticalSummary):
+        summary = VerticalSummary.from_json(dict(summary))
+    key = metric_key(str(summary.task))
+    rounds = [r.round for r in summary.rounds]
+    title = f"fedsplit vertical: {len(summary.local_only)} sites, fill={summary.fill}"
     with round_axes(path, ylabel=f"held-out {key}", title=title) as ax:
-        ax.plot(rounds, [r["metrics"][key] for r in summary["rounds"]], "o-", lw=2,
+        ax.plot(rounds, [r.metrics[key] for r in summary.rounds], "o-", lw=2,
                 label="fused (federated)")
-        fed = summary["federated"]
-        if fed.get("rounds_kept"):  # the round its validation kept
-            ax.plot([fed["rounds_kept"]], [fed["metrics"][key]], "s", color="C0", ms=9,
+        fed = summary.federated
+        if fed is not None and fed.rounds_kept:  # the round its validation kept
+            ax.plot([fed.rounds_kept], [fed.metrics[key]], "s", color="C0", ms=9,
                     mfc="none", mew=2)
-        central = summary["centralized"]
-        ax.plot(rounds, [m[key] for m in central["per_round"]], "k--",
-                label="centralized, all columns")
-        ax.plot([central["rounds_kept"]], [central["metrics"][key]], "ks", ms=7)
-        for i, s in enumerate(summary["local_only"]):
-            ax.plot(rounds, [m[key] for m in s["per_round"]], ":", color=f"C{i + 1}",
-                    label=f"{s['site']} alone")
-            ax.plot([s["rounds_kept"]], [s["metrics"][key]], "s", color=f"C{i + 1}", ms=6)
+        central = summary.centralized
+        if central is not None and central.per_round is not None:
+            ax.plot(rounds, [m[key] for m in central.per_round], "k--",
+                    label="centralized, all columns")
+            ax.plot([central.rounds_kept], [central.metrics[key]], "ks", ms=7)
+        for i, s in enumerate(summary.local_only):
+            if s.per_round is not None:
+                ax.plot(rounds, [m[key] for m in s.per_round], ":", color=f"C{i + 1}",
+                        label=f"{s.site} alone")
+                ax.plot([s.rounds_kept], [s.metrics[key]], "s", color=f"C{i + 1}", ms=6)
 
 
 def draw_gpipe(table: GPipeTable, path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +57,23 @@ def km_plot(doc: dict[str, Any], path: Path) -> None:
         ax.legend(fontsize=8)
 
 
-def up_dataset(dataset: str, site_files: Sequence[str] | None) -> dict[str, Any]:
-    """For `fedsplit up --dataset tcga-brca`: {"dataset": name, "sites": 6} (its regions are the
-    hospitals; `orchestration.datasets.table_keys` gives its columns); else {}."""
+@dataclass(frozen=True)
+class UpDataset:
+    """What a bundled survival dataset fixes for `fedsplit up`: its name (``dataset``, for
+    `orchestration.datasets.table_keys`'s columns) and its hospitals (``sites``); None: nothing."""
+
+    dataset: str | None = None
+    sites: int | None = None
+
+
+def up_dataset(dataset: str, site_files: Sequence[str] | None) -> UpDataset:
+    """For `fedsplit up --dataset tcga-brca`: its name and 6 sites (its regions are the
+    hospitals); else an `UpDataset` that fixes nothing."""
     from fedsplit.client.survival.tcga import DATASET, REGIONS
 
     if dataset != DATASET or site_files:
-        return {}
-    return {"dataset": DATASET, "sites": len(REGIONS)}
+        return UpDataset()
+    return UpDataset(dataset=DATASET, sites=len(REGIONS))
 
 
 def tcga_partitions(folder: Path) -> dict[str, Path]:

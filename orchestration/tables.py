@@ -73,7 +73,7 @@ def _rounds_kept(entry: Scores, summary: RunSummary) -> str:
     elif isinstance(entry, FederatedScores) and (entry.val_rounds or summary.rounds):
         total = max([*entry.val_rounds, *(r.round for r in summary.rounds)])
     else:
-        total = summary.config.get("num-server-rounds")
+        total = summary.num_rounds
     return f"{kept} of {total}" if total else str(kept)
 
 

@@ -7,7 +7,7 @@ One model per part, read and written only through these classes:
   schema, resumes and `RoundEntry` list;
 - `RoundEntry`: one round's `Phase` for training and for evaluation (each a list of
   `SiteEntry` plus the aggregated metrics), the aggregation report (`AggregationReport`,
-  with one `ReportSite` per update), the saved model, the server optimizer's step
+  with one `SiteReport` per update), the saved model, the server optimizer's step
   (`ServerOptStep`), the privacy accounting (`RoundPrivacy`) and timings;
 - `RunSummary` (``summary.json``): the `Scores` of the centralized and hospital-alone
   `Baseline` models, of the federated model per round (`SummaryRound`) and at the end, and the
@@ -71,12 +71,21 @@ def _number(value: Any) -> float | None:
 
 # --- history.json ---------------------------------------------------------------------------
 class SiteEntry(_Part):
-    """One hospital in one round's training or evaluation phase.
+    """One hospital in one round's training or evaluation phase: what it sent, or why it sent
+    nothing usable.
 
-    A reply: ``site``, ``num_examples``, ``metrics`` (every metric it sent, the weight key
-    included) and for training ``info`` (device, parallel mode). A hospital left out:
-    ``excluded`` with ``reason`` (and ``late`` when it did not answer in time). ``epsilon``:
-    its spent privacy budget after this round, when DP is on (`RunRecord.record_privacy`).
+    A reply: ``site``, ``num_examples`` (the count it reported), ``metrics`` (every metric it
+    sent, the weight key included) and for training ``info`` (device, parallel mode); under
+    secure aggregation ``secure`` (its count and weights travelled masked). A hospital left out:
+    ``excluded`` with ``reason`` (and ``late`` when it did not answer in time). ``epsilon``: its
+    spent privacy budget after this round, when DP is on (`RunRecord.record_privacy`).
+
+    Not the same facts as `SiteReport`, the aggregation report's line for the hospital: this is
+    the hospital's side of the exchange (its reply, metrics, device, lateness, privacy spent),
+    recorded for evaluation phases and for rounds that aggregated nothing too; the report line
+    is what the rule made of its update (the count used after a cohort cap, its weight,
+    trimming, Krum's choice, its distance), and exists for REST rounds, which have no phase
+    entries. The web view joins the two by ``site`` (`server.admin.ui.siterows`).
     """
 
     site: str | None = None
@@ -87,12 +96,18 @@ class SiteEntry(_Part):
     late: bool = False
     reason: str | None = None
     epsilon: float | None = None
+    secure: bool = False
 
     def spent_epsilon(self) -> float | None:
         """The recorded epsilon, else an ``epsilon`` metric (runs written by other tools)."""
         if self.epsilon is not None:
             return self.epsilon
         return _number(self.metrics.get("epsilon"))
+
+    @property
+    def replied(self) -> bool:
+        """Whether this is a usable reply (not a hospital left out)."""
+        return not self.excluded
 
 
 class Phase(_Part):
@@ -101,9 +116,42 @@ class Phase(_Part):
     sites: list[SiteEntry] = Field(default_factory=list)
     metrics: dict[str, Metric] = Field(default_factory=dict)
 
+    @property
+    def examples(self) -> int:
+        """Rows behind the phase: the counts of the hospitals not left out."""
+        return sum(s.num_examples or 0 for s in self.sites if not s.excluded)
 
-class ReportSite(_Part):
-    """One update in the aggregation report (`aggregation.base.SiteReport`)."""
+
+class _Whole(_Part):
+    """A part that states every declared field whenever it exists (null when it has no value):
+    the aggregation report has always been written whole, by the rules and in history.json, so
+    every key is written whether it was set or read. Undeclared keys are kept as for any part."""
+
+    @model_validator(mode="after")
+    def _every_field_stated(self) -> Self:
+        self.__pydantic_fields_set__.update(type(self).model_fields)
+        return self
+
+
+class SiteReport(_Whole):
+    """How one update took part in an aggregation: one line of `AggregationReport`, built by the
+    rules (`aggregation.building_blocks.site_reports`, the input checks of `aggregation.guard`,
+    the coordinator's exclusions) and read by the coordinator, the admin API and the web view.
+
+    ``num_examples`` is the count used (after any cohort cap); ``claimed_examples`` is what the
+    site sent when a cap changed it. ``weight`` is the update's share of the aggregate (0 when
+    excluded or not selected). ``excluded`` with ``reason``: the update was left out (input
+    checks, a failed or malformed reply). ``flags``: notes on the update (a clipped count,
+    hidden under secure aggregation). ``trimmed_fraction`` (median, trimmed mean): share of
+    coordinates at which this update's value was dropped (fractional weight counts for the
+    weighted variants); ``trimmed_most`` marks the update(s) dropped most often. ``selected``
+    and ``score`` (Krum, multi-Krum): whether the update was chosen and its Krum score.
+    ``l2_to_aggregate``: Euclidean distance from this update to the aggregate, all parameters.
+
+    Not `SiteEntry` (the hospital's own side of a round: see there). ``site``, ``num_examples``
+    and ``weight`` are always set by the rules; they may be absent only in a hospital's view of
+    a report (`server.admin.services.isolation`).
+    """
 
     site: str | None = None
     num_examples: int | None = None
@@ -118,18 +166,43 @@ class ReportSite(_Part):
     score: float | None = None
     l2_to_aggregate: float | None = None
 
+    @property
+    def used(self) -> bool:
+        """Whether the update went into the aggregate (not excluded, not left out by Krum)."""
+        return not self.excluded and self.selected is not False
 
-class AggregationReport(_Part):
-    """What the aggregation rule did in a round (`aggregation.base.AggregationReport`);
-    also written beside the round's model as ``models/round-NNN.report.json``."""
+
+class AggregationReport(_Whole):
+    """What an aggregation did, per update: the one report type, built by every rule
+    (`aggregation.building_blocks.make_result`, secure aggregation, the exact Cox fit) and
+    written unchanged as history.json's round ``aggregation``, as ``models/round-NNN.report.json``
+    beside the round's model (`server.history.RunHistory`), beside ``fedsplit aggregate``'s
+    output (`aggregation.files`) and in the admin database's round (REST rounds).
+
+    ``sites``: one `SiteReport` per update, in input order (then the replies the coordinator
+    excluded before aggregating). ``num_examples``: the total count of the updates aggregated.
+    ``memory_budget``: the working-memory budget the aggregation ran under (bytes), when it is
+    bounded; ``working_bytes``: the working memory the rule's passes actually planned for, at
+    most the budget; ``details``: rule-specific summary (geometric median: iterations run,
+    objective, why it stopped; ``secure_aggregation``).
+    """
 
     strategy: str | None = None
     params: dict[str, Any] | str = Field(default_factory=dict)
     num_examples: int | None = None
-    sites: list[ReportSite] = Field(default_factory=list)
+    sites: list[SiteReport] = Field(default_factory=list)
     memory_budget: int | None = None
     working_bytes: int | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def excluded(self) -> list[SiteReport]:
+        """Sites whose update was left out, with their reasons."""
+        return [s for s in self.sites if s.excluded]
+
+    def site(self, name: str) -> SiteReport | None:
+        """The first line for hospital ``name``, if any."""
+        return next((s for s in self.sites if s.site == name), None)
 
 
 class ServerOptStep(_Part):
@@ -644,6 +717,12 @@ class RunSummary(_JsonFile):
     def round_metric(self, key: str) -> list[float]:
         """Metric ``key`` of the federated model on the pooled test rows, round by round."""
         return [r.metrics.get(key, math.nan) for r in self.rounds]
+
+    @property
+    def num_rounds(self) -> int | None:
+        """The rounds the run was configured for (its config's ``num-server-rounds``)."""
+        value = self.config.get("num-server-rounds")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def privacy_section(record: RunRecord, *, dp: str | None, level: str | None,

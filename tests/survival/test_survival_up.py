@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from fedsplit.orchestration.flower_runtime import flower_env
 from fedsplit.orchestration.local_federation import fedsplit_command
-from fedsplit.orchestration.survival_summary import up_dataset
+from fedsplit.orchestration.survival_summary import UpDataset, up_dataset
 from lifelines import CoxPHFitter
 
 
@@ -42,9 +42,9 @@ def write_hospitals(folder: Path, seed: int = 0) -> dict[str, Path]:
 
 
 def test_tcga_brca_is_a_dataset_of_up() -> None:
-    assert up_dataset("tcga-brca", None) == {"dataset": "tcga-brca", "sites": 6}
-    assert up_dataset("tcga-brca", ["a=x.csv"]) == {}  # --site tables come with their columns
-    assert up_dataset("breast-cancer", None) == {}
+    assert up_dataset("tcga-brca", None) == UpDataset(dataset="tcga-brca", sites=6)
+    assert up_dataset("tcga-brca", ["a=x.csv"]) == UpDataset()  # --site tables come with their columns
+    assert up_dataset("breast-cancer", None) == UpDataset()
 
 
 def _run_up(args: list[str], log: Path, env: dict[str, str], timeout: float) -> int:
