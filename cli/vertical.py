@@ -10,39 +10,49 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from fedsplit.protocol.history import VerticalSummary
 
 console = Console()
 app = typer.Typer(help="Vertical federated learning: same patients, different columns per site.",
                   no_args_is_help=True)
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: VerticalSummary) -> None:
     """Each site alone, fused, centralized."""
-    keys = ["accuracy"] if summary["task"] == "classification" else ["r2", "rmse"]
-    rounds = len(summary["rounds"])
-    table = Table(title=f"Held-out split ({summary['test_examples']} rows)")
+    keys = ["accuracy"] if summary.task == "classification" else ["r2", "rmse"]
+    rounds = len(summary.rounds)
+
+    def cells(metrics: dict[str, Any], style: str = "") -> list[str]:
+        end = "[/]" if style else ""
+        return [f"{style}{metrics[k]:.4f}{end}" for k in keys]
+
+    table = Table(title=f"Held-out split ({summary.test_examples} rows)")
     table.add_column("model")
     table.add_column("training rows", justify="right")
     table.add_column("rounds kept", justify="right")
     for k in keys:
         table.add_column(k, justify="right")
-    for s in summary["local_only"]:
-        table.add_row(f"{s['site']} alone", str(s["num_examples"]), f"{s['rounds_kept']} of {rounds}",
-                      *[f"{s['metrics'][k]:.4f}" for k in keys])
-    fed = summary["federated"]
-    table.add_row("[bold]fused (federated)[/]", str(summary["train_rows"]),
-                  f"{fed.get('rounds_kept', rounds)} of {rounds}",
-                  *[f"[bold]{fed['metrics'][k]:.4f}[/]" for k in keys])
-    c = summary["centralized"]
-    table.add_row("centralized (all columns)", str(c["num_examples"]), f"{c['rounds_kept']} of {rounds}",
-                  *[f"{c['metrics'][k]:.4f}" for k in keys])
+    for s in summary.local_only:
+        table.add_row(f"{s.site} alone", str(s.num_examples), f"{s.rounds_kept} of {rounds}",
+                      *cells(s.metrics))
+    fed = summary.federated
+    if fed is not None:
+        kept = fed.rounds_kept if fed.rounds_kept is not None else rounds
+        table.add_row("[bold]fused (federated)[/]", str(summary.train_rows), f"{kept} of {rounds}",
+                      *cells(fed.metrics, "[bold]"))
+    c = summary.centralized
+    if c is not None:
+        table.add_row("centralized (all columns)", str(c.num_examples), f"{c.rounds_kept} of {rounds}",
+                      *cells(c.metrics))
     console.print(table)
-    if summary.get("keep", "best-val") == "last":
+    if (summary.keep or "best-val") == "last":
         console.print("the fused model keeps its last round (--keep last); the baselines (the "
                       "federation's steps) the round that scores best on validation rows cut from "
                       "the label holder's training rows (docs/vertical.md)")
@@ -50,9 +60,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         console.print("every model, fused and baselines (the federation's steps), keeps the round "
                       "that scores best on validation rows cut from the label holder's training "
                       "rows, ties to the later round (--keep best-val; docs/vertical.md)")
-    for o in summary["overlap"]:
-        console.print(f"overlap {o['site']}: {o['shared']} of {o['label_rows']} labelled patients "
-                      f"({o['share_of_labels']:.0%}){' [yellow]LOW[/]' if o['status'] == 'low' else ''}")
+    for o in summary.overlap:
+        console.print(f"overlap {o.site}: {o.shared} of {o.label_rows} labelled patients "
+                      f"({o.share_of_labels or 0:.0%}){' [yellow]LOW[/]' if o.status == 'low' else ''}")
 
 
 @app.command("simulate")
@@ -139,9 +149,10 @@ def compare_fills(
     for col in ("fill", "training rows", "all held-out rows", "rows every site holds"):
         table.add_column(col, justify="right")
     key = "accuracy" if task == "classification" else "r2"
-    for r in results["fills"]:
-        table.add_row(r["fill"], str(r["train_rows"]), f"{r['metrics'][key]:.4f} (n={r['num_examples']})",
-                      f"{r.get('metrics_complete_rows', r['metrics'])[key]:.4f} (n={r['complete_rows']})")
+    for r in results.fills:
+        complete = r.metrics_complete_rows if r.metrics_complete_rows is not None else r.metrics
+        table.add_row(r.fill, str(r.train_rows), f"{r.metrics[key]:.4f} (n={r.num_examples})",
+                      f"{complete[key]:.4f} (n={r.complete_rows})")
     console.print(table)
 
 
@@ -160,8 +171,8 @@ def predict(
 
     torch.set_num_threads(1)
     result = predict_rows(model, site, id_column, labels, target)
-    result["frame"].to_csv(out, index=False)
-    console.print(f"wrote {len(result['frame'])} predictions to {out} ({result['skipped']} rows of site-0 "
+    result.frame.to_csv(out, index=False)
+    console.print(f"wrote {len(result.frame)} predictions to {out} ({result.skipped} rows of site-0 "
                   f"not held by every site were skipped)")
-    if result.get("metrics"):
-        console.print(f"metrics against {labels}: {result['metrics']}")
+    if result.metrics:
+        console.print(f"metrics against {labels}: {result.metrics}")

@@ -19,6 +19,7 @@ from fedsplit.client.vertical.data import Preprocessor, SiteTable, read_site_tab
 from fedsplit.client.vertical.model import Branch, build_branch
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.vertical.psi import PsiSession
+from fedsplit.protocol.vertical.saved import BranchSpec, SiteModelMeta
 from fedsplit.protocol.vertical.wire import Payload, check_payload, pack_points, unpack_points
 
 MEAN_ROW = -1  # position that stands for the site's mean (training) row: the "mean" fill
@@ -195,9 +196,7 @@ class SiteAgent:
         folder = Path(self.out_dir) / slot if slot else Path(self.out_dir)
         branch = self._branch(state)
         branch.save(folder / "branch.npz")
-        (folder / "site.json").write_text(json.dumps({
-            "site": self.name, "branch": json.loads(state.config["branch"]),
-            "prep": json.loads(state.config["prep"]), "id_column": self.id_column,
-            "tag": str(payload.config.get("tag", "")),
-        }, indent=2))
+        SiteModelMeta(site=self.name, branch=BranchSpec.model_validate_json(state.config["branch"]),
+                      prep=json.loads(state.config["prep"]), id_column=self.id_column,
+                      tag=str(payload.config.get("tag", ""))).save(folder / "site.json")
         return Payload(config={"saved": str(folder)})

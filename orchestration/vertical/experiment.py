@@ -19,14 +19,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fedsplit.orchestration.flower_runtime import VERTICAL_COMPONENTS, simulation
 from fedsplit.orchestration.plots import plot_vertical
 from fedsplit.orchestration.vertical.datasets import write_bundled
-from fedsplit.orchestration.vertical.local import baselines, train_local
-from fedsplit.protocol.atomic import write_json_atomic
+from fedsplit.orchestration.vertical.local import Baselines, baselines, train_local
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import (
+    HISTORY_FILE,
+    SUMMARY_FILE,
+    VerticalFills,
+    VerticalRunRecord,
+    VerticalScores,
+    VerticalSummary,
+    VerticalSummaryRound,
+)
 from fedsplit.protocol.vertical.config import FusionParams, VerticalConfig
 from fedsplit.server.vertical.coordinator import LabelTable, read_label_file
 
@@ -59,9 +66,46 @@ def resolve_inputs(*, dataset: str | None, site_files: Sequence[Path], labels: P
     return VerticalInputs([Path(p).resolve() for p in site_files], labels.resolve(), id_column, target)
 
 
-def run_flower(cfg: VerticalConfig, num_sites: int, work: Path, timeout: float = 3600) -> dict[str, Any]:
-    """Run the vertical app in Flower's simulation engine with ``num_sites`` site nodes."""
-    return simulation(cfg, num_sites, work, timeout=timeout, components=VERTICAL_COMPONENTS)
+def run_flower(cfg: VerticalConfig, num_sites: int, work: Path,
+               timeout: float = 3600) -> VerticalRunRecord:
+    """Run the vertical app in Flower's simulation engine with ``num_sites`` site nodes; its
+    finished run record."""
+    path = Path(cfg.out_dir) / HISTORY_FILE
+    return VerticalRunRecord.from_json(
+        simulation(cfg, num_sites, work, timeout=timeout, components=VERTICAL_COMPONENTS),
+        source=str(path))
+
+
+def summarize(history: VerticalRunRecord, federation: Path, *, params: FusionParams,
+              dataset: str | list[str], sites: int, base: Baselines,
+              seconds: float) -> VerticalSummary:
+    """``summary.json`` from the federation's finished record (``federation``: its output
+    folder) and the baselines: the fused model's kept round beside the centralized model and
+    each site alone, every round, the overlap and the message inventory."""
+    chosen, final = history.selection, history.kept_round()
+    if chosen is None or final is None or not history.rounds:
+        raise ConfigError(f"The vertical federation finished without a kept round; its record "
+                          f"{federation / HISTORY_FILE} has no selection. Received: "
+                          f"{len(history.rounds)} rounds")
+    federated = VerticalScores(
+        metrics=dict(final.metrics), num_examples=final.num_examples,
+        model=str(federation / "head"), site_models=history.site_models,
+        last_model=str(federation / "last" / "head"), last_site_models=history.last_site_models,
+        keep=chosen.keep, rounds_kept=chosen.rounds_kept, val_metric=list(chosen.val_metric),
+        val_rows=history.val_rows, final_metrics=dict(history.rounds[-1].metrics),
+        seconds=round(seconds, 1), messages=history.messages)
+    if final.metrics_complete_rows is not None:
+        federated.metrics_complete_rows = final.metrics_complete_rows
+    return VerticalSummary(
+        task=history.task, params=params.model_dump(), dataset=dataset, sites=sites,
+        fill=params.fill, overlap=list(history.overlap or []), psi_seconds=history.psi_seconds,
+        train_rows=history.train_rows, test_examples=history.test_rows,
+        centralized=base.centralized, local_only=base.local_only, federated=federated,
+        keep=chosen.keep,
+        rounds=[VerticalSummaryRound(round=r.round, metrics=r.metrics, train_loss=r.train_loss,
+                                     steps=r.steps, val_metrics=r.val_metrics)
+                for r in history.rounds],
+        inventory=dict(history.inventory or {}))
 
 
 def run_vertical(
@@ -76,7 +120,7 @@ def run_vertical(
     dataset: str | None = None,
     on_stage: Callable[[str], None] | None = None,
     keep: str = "best-val",
-) -> dict[str, Any]:
+) -> VerticalSummary:
     """Run the federation in Flower and the baselines in-process; write summary.json and rounds.png."""
     stage = on_stage or (lambda _msg: None)
     out = out.resolve()
@@ -99,52 +143,28 @@ def run_vertical(
     stage("baselines: each site alone and centralized (same steps, in-process)")
     base = baselines(label_table, files, inputs.id_column, params, rounds, seed=seed,
                      test_fraction=test_fraction)
-    chosen = history["selection"]
-    final = history["rounds"][chosen["rounds_kept"] - 1]
-    summary = {
-        "task": history["task"], "params": params.model_dump(),
-        "dataset": dataset or [str(p) for p in files], "sites": len(files), "fill": params.fill,
-        "overlap": history["overlap"], "psi_seconds": history["psi_seconds"],
-        "train_rows": history["train_rows"], "test_examples": history["test_rows"],
-        "centralized": base["centralized"], "local_only": base["local_only"],
-        "federated": {"metrics": final["metrics"], "num_examples": final["num_examples"],
-                      **({"metrics_complete_rows": final["metrics_complete_rows"]}
-                         if "metrics_complete_rows" in final else {}),
-                      "model": str(out / "federation" / "head"), "site_models": history["site_models"],
-                      "last_model": str(out / "federation" / "last" / "head"),
-                      "last_site_models": history["last_site_models"],
-                      "keep": chosen["keep"], "rounds_kept": chosen["rounds_kept"],
-                      "val_metric": chosen["val_metric"], "val_rows": history["val_rows"],
-                      "final_metrics": history["rounds"][-1]["metrics"],
-                      "seconds": round(fed_seconds, 1), "messages": history["messages"]},
-        "keep": chosen["keep"],
-        "rounds": [{"round": r["round"], "metrics": r["metrics"], "train_loss": r["train_loss"],
-                    "steps": r["steps"], "val_metrics": r.get("val_metrics")}
-                   for r in history["rounds"]],
-        "inventory": history["inventory"],
-    }
-    write_json_atomic(out / "summary.json", summary)
-    plot_vertical(summary, out / "rounds.png")
+    summary = summarize(history, out / "federation", params=params,
+                        dataset=dataset or [str(p) for p in files], sites=len(files), base=base,
+                        seconds=fed_seconds)
+    summary.save(out / SUMMARY_FILE)
+    plot_vertical(summary.to_json(), out / "rounds.png")
     return summary
 
 
 def compare_fills(labels: LabelTable, files: Sequence[Path], id_column: str, rounds: int,
-                  params: FusionParams, seed: int) -> dict[str, Any]:
+                  params: FusionParams, seed: int) -> VerticalFills:
     """Run every fill on the same split (in-process); return their held-out metrics."""
-    fills = []
-    for fill in FILLS:
-        r = train_local(labels, files, id_column, params.model_copy(update={"fill": fill}), rounds,
-                        seed=seed)
-        r.pop("per_round")
-        fills.append({"fill": fill, **r})
-    return {"fills": fills}
+    return VerticalFills(fills=[
+        train_local(labels, files, id_column, params.model_copy(update={"fill": fill}), rounds,
+                    seed=seed)
+        for fill in FILLS])
 
 
 def run_compare_fills(inputs: VerticalInputs, params: FusionParams, out: Path, *, rounds: int,
-                      seed: int) -> tuple[dict[str, Any], str]:
+                      seed: int) -> tuple[VerticalFills, str]:
     """``fedsplit vertical compare-fills``: every fill on the same split (`compare_fills`),
     written to OUT/fills.json; returns (the results, the label holder's task)."""
     label_table = read_label_file(str(inputs.labels), inputs.id_column, inputs.target, None)
     results = compare_fills(label_table, inputs.sites, inputs.id_column, rounds, params, seed)
-    write_json_atomic(out / "fills.json", results)
+    results.save(out / "fills.json")
     return results, label_table.task

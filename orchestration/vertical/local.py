@@ -10,6 +10,7 @@ so what is exchanged is exactly what the Flower app exchanges.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsplit.client.vertical.site import SiteAgent, SiteState
+from fedsplit.protocol.history import VerticalFill, VerticalScores
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.table import id_column_values, read_frame
 from fedsplit.protocol.vertical.wire import Payload, check_payload, from_record, to_record
@@ -66,20 +68,18 @@ def local_coordinator(labels: LabelTable, site_files: Sequence[str | Path], id_c
 
 def train_local(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
                 params: FusionParams, rounds: int, *, seed: int = 0,
-                test_fraction: float = 0.2) -> dict[str, Any]:
-    """Align, prepare, train ``rounds`` rounds and evaluate; return the final evaluation."""
+                test_fraction: float = 0.2) -> VerticalFill:
+    """Align, prepare, train ``rounds`` rounds and evaluate on the held-out rows: the result
+    under ``params.fill`` (``fills.json``'s entry), with the training rows."""
     coordinator, _ = local_coordinator(labels, site_files, id_column, params, seed=seed,
                                        test_fraction=test_fraction)
     coordinator.align()
     coordinator.prepare()
-    per_round = []
     for _ in range(rounds):
         coordinator.train_round()
-        per_round.append(coordinator.evaluate()["metrics"])
     final = coordinator.evaluate()
-    final["train_rows"] = len(coordinator.train_rows)
-    final["per_round"] = per_round
-    return final
+    return VerticalFill(fill=params.fill, **final.model_dump(exclude_unset=True),
+                        train_rows=len(coordinator.train_rows))
 
 
 def joined_table(site_files: Sequence[str | Path], id_column: str, folder: Path) -> Path:
@@ -98,9 +98,13 @@ def joined_table(site_files: Sequence[str | Path], id_column: str, folder: Path)
     return path
 
 
+def _scored(value: float) -> float | None:
+    return None if math.isnan(value) else value  # NaN: the round was not scored
+
+
 def train_kept(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
                params: FusionParams, rounds: int, *, seed: int = 0, test_fraction: float = 0.2,
-               keep: str = "best-val", val_fraction: float = VAL_FRACTION) -> dict[str, Any]:
+               keep: str = "best-val", val_fraction: float = VAL_FRACTION) -> VerticalScores:
     """Train ``rounds`` rounds and keep one by the rule every model follows.
 
     With ``keep="best-val"`` a seeded ``val_fraction`` of the training label rows becomes
@@ -108,8 +112,10 @@ def train_kept(labels: LabelTable, site_files: Sequence[str | Path], id_column: 
     whose model scores best on them by the task metric is kept, ties to the later round
     (`protocol.selection`); ``keep="last"`` trains on every training row and keeps the last
     round. The same code (`VerticalCoordinator.train_and_keep`) runs in the Flower app.
-    Returns the kept round's held-out ``metrics``, ``rounds_kept``, ``val_metric`` (per round)
-    and ``val_rows``, ``final_metrics`` and ``per_round`` (every round's held-out metrics).
+    Returns (`VerticalScores`) the training rows (``num_examples``), the kept round's held-out
+    ``metrics`` (on ``test_examples`` rows), ``rounds_kept``, ``val_metric`` (per round; None:
+    not scored) and ``val_rows``, ``final_metrics`` and ``per_round`` (every round's held-out
+    metrics).
     """
     coordinator, _ = local_coordinator(labels, site_files, id_column, params, seed=seed,
                                        test_fraction=test_fraction,
@@ -117,38 +123,48 @@ def train_kept(labels: LabelTable, site_files: Sequence[str | Path], id_column: 
     coordinator.align()
     coordinator.prepare()
     rule, entries = coordinator.train_and_keep(rounds, keep)
-    per_round = [e["metrics"] for e in entries]
+    per_round = [dict(e.metrics) for e in entries]
     kept = entries[rule.round - 1]
-    return {"num_examples": len(coordinator.train_rows), "test_examples": kept["num_examples"],
-            "metrics": kept["metrics"], "rounds_kept": rule.round, "keep": rule.keep,
-            "val_rows": len(coordinator.val_rows), "val_metric": list(rule.scores),
-            "final_metrics": per_round[-1], "per_round": per_round,
-            **({"metrics_complete_rows": kept["metrics_complete_rows"]}
-               if "metrics_complete_rows" in kept else {})}
+    scores = VerticalScores(
+        num_examples=len(coordinator.train_rows), test_examples=kept.num_examples,
+        metrics=dict(kept.metrics), rounds_kept=rule.round, keep=rule.keep,
+        val_rows=len(coordinator.val_rows), val_metric=[_scored(v) for v in rule.scores],
+        final_metrics=per_round[-1], per_round=per_round)
+    if kept.metrics_complete_rows is not None:
+        scores.metrics_complete_rows = kept.metrics_complete_rows
+    return scores
 
 
 def best_round(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
                params: FusionParams, rounds: int, *, seed: int = 0, test_fraction: float = 0.2,
-               val_fraction: float = VAL_FRACTION) -> dict[str, Any]:
-    """The round `train_kept` keeps: ``round`` (1-based), ``val_metric`` per round, ``val_rows``."""
-    result = train_kept(labels, site_files, id_column, params, rounds, seed=seed,
-                        test_fraction=test_fraction, val_fraction=val_fraction)
-    return {"round": result["rounds_kept"], "val_metric": result["val_metric"],
-            "val_rows": result["val_rows"]}
+               val_fraction: float = VAL_FRACTION) -> VerticalScores:
+    """What `train_kept` keeps with ``keep="best-val"``: ``rounds_kept`` (1-based),
+    ``val_metric`` per round, ``val_rows`` (and the kept round's scores)."""
+    return train_kept(labels, site_files, id_column, params, rounds, seed=seed,
+                      test_fraction=test_fraction, val_fraction=val_fraction)
 
 
 def train_baseline(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
                    params: FusionParams, rounds: int, *, seed: int = 0,
-                   test_fraction: float = 0.2, keep: str = "best-val") -> dict[str, Any]:
+                   test_fraction: float = 0.2, keep: str = "best-val") -> VerticalScores:
     """A baseline trained to the federation's steps and kept by the federation's rule
     (`train_kept`): it loses to the federation neither by under- nor by over-training."""
     return train_kept(labels, site_files, id_column, params, rounds, seed=seed,
                       test_fraction=test_fraction, keep=keep)
 
 
+@dataclass
+class Baselines:
+    """Each site alone (``local_only``, in site order, each with its ``site``) and the
+    centralized model on every column (``centralized``)."""
+
+    local_only: list[VerticalScores]
+    centralized: VerticalScores
+
+
 def baselines(labels: LabelTable, site_files: Sequence[str | Path], id_column: str,
               params: FusionParams, rounds: int, *, seed: int = 0,
-              test_fraction: float = 0.2, keep: str = "best-val") -> dict[str, Any]:
+              test_fraction: float = 0.2, keep: str = "best-val") -> Baselines:
     """Each site alone (its columns with the labels) and one model on all columns pooled.
 
     Same optimiser, batch size and number of steps as the federation, each kept by the
@@ -156,10 +172,12 @@ def baselines(labels: LabelTable, site_files: Sequence[str | Path], id_column: s
     is one branch over every column (width K x embedding) and the same head.
     """
     alone_params = params.model_copy(update={"min_overlap": 0.0, "fill": "drop"})
-    local_only = [
-        {"site": f"site-{i}", **train_baseline(labels, [path], id_column, alone_params, rounds,
-                                               seed=seed, test_fraction=test_fraction, keep=keep)}
-        for i, path in enumerate(site_files)]
+    local_only = []
+    for i, path in enumerate(site_files):
+        alone = train_baseline(labels, [path], id_column, alone_params, rounds, seed=seed,
+                               test_fraction=test_fraction, keep=keep)
+        alone.site = f"site-{i}"
+        local_only.append(alone)
     k = len(site_files)
     central_params = alone_params.model_copy(update={
         "embedding_dim": params.embedding_dim * k, "branch_hidden": params.branch_hidden * k})
@@ -167,4 +185,4 @@ def baselines(labels: LabelTable, site_files: Sequence[str | Path], id_column: s
         joined = joined_table(site_files, id_column, Path(tmp))
         central = train_baseline(labels, [joined], id_column, central_params, rounds, seed=seed,
                                  test_fraction=test_fraction, keep=keep)
-    return {"local_only": local_only, "centralized": central}
+    return Baselines(local_only=local_only, centralized=central)

@@ -21,10 +21,16 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from fedsplit.protocol.errors import FederationError, FedsplitError
-from fedsplit.protocol.history import HISTORY_FILE, VerticalRound, VerticalRunRecord, VerticalSelection
+from fedsplit.protocol.history import (
+    HISTORY_FILE,
+    ArrayShape,
+    MessageInventory,
+    VerticalRound,
+    VerticalRunRecord,
+    VerticalSelection,
+)
 from fedsplit.protocol.selection import BestRound, selection_metric
 from fedsplit.protocol.vertical.config import VerticalConfig
 from fedsplit.protocol.vertical.wire import Payload, check_payload, from_record, to_record
@@ -44,16 +50,17 @@ class GridTransport:
     def __init__(self, grid: Grid, timeout: float) -> None:
         self.grid = grid
         self.timeout = timeout
-        self.inventory: dict[str, dict[str, Any]] = {}
+        self.inventory: dict[str, MessageInventory] = {}
         self.messages = 0
         self.bytes_up = 0
         self.bytes_down = 0
 
     def _note(self, message_type: str, direction: str, payload: Payload) -> None:
-        entry = self.inventory.setdefault(f"{message_type} {direction}", {"arrays": {}, "config": []})
+        entry = self.inventory.setdefault(f"{message_type} {direction}",
+                                          MessageInventory(arrays={}, config=[]))
         for name, arr in payload.arrays.items():
-            entry["arrays"][name] = {"dtype": str(arr.dtype), "width": list(arr.shape[1:])}
-        entry["config"] = sorted(set(entry["config"]) | set(payload.config))
+            entry.arrays[name] = ArrayShape(dtype=str(arr.dtype), width=list(arr.shape[1:]))
+        entry.config = sorted(set(entry.config) | set(payload.config))
 
     def __call__(self, message_type: str, payloads: dict[int, Payload]) -> dict[int, Payload]:
         msgs = []
@@ -107,9 +114,9 @@ def train_and_save(coordinator: VerticalCoordinator, rounds: int, keep: str, out
         coordinator.head.save(out / slot / "head" if slot else out / "head", coordinator.head_meta())
         return coordinator.save_sites(tag=str(out), slot=slot)
 
-    def after_round(entry: dict[str, Any], rule: BestRound) -> None:
-        history.rounds.append(VerticalRound.model_validate(entry))
-        if rule.keep == "best-val" and rule.round == entry["round"]:
+    def after_round(entry: VerticalRound, rule: BestRound) -> None:
+        history.rounds.append(entry)
+        if rule.keep == "best-val" and rule.round == entry.round:
             history.site_models = save("")  # the kept round's model, as it is now
         history.selection = selection_record(rule, metric)
         write()

@@ -16,13 +16,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import SiteOverlap, VerticalEvaluation, VerticalRound
 from fedsplit.protocol.selection import BestRound, selection_metric
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.psi import PsiSession
+from fedsplit.protocol.vertical.saved import HeadMeta
 from fedsplit.protocol.vertical.table import id_column_values, infer_task, read_frame
 from fedsplit.protocol.vertical.wire import Payload, pack_points, unpack_points
 from fedsplit.server.vertical.head import FusionHead
@@ -137,7 +138,7 @@ class VerticalCoordinator:
         self._auto_names = names is None
         self.names = names or {s: f"node-{s}" for s in self.sites}
         self.present = np.full((len(labels.ids), len(self.sites)), MISSING, dtype=np.int64)
-        self.overlap: list[dict[str, Any]] = []
+        self.overlap: list[SiteOverlap] = []
         self.head: FusionHead | None = None
         self.step_count = 0
         self._pending: dict[int, Payload] = {}
@@ -147,7 +148,7 @@ class VerticalCoordinator:
         self.y_mean, self.y_std = 0.0, 1.0
 
     # --- 1. private ID alignment ------------------------------------------------------------
-    def align(self) -> list[dict[str, Any]]:
+    def align(self) -> list[SiteOverlap]:
         """PSI with every site; fill `present`; refuse below the overlap floor."""
         sessions = {s: PsiSession(self.labels.ids) for s in self.sites}
         mine_single = {s: sessions[s].outgoing() for s in self.sites}
@@ -170,6 +171,7 @@ class VerticalCoordinator:
         done = self.send("query.psi_finish", finish)
         n = len(self.labels.ids)
         self.overlap = []
+        low: list[tuple[str, float]] = []
         for k, s in enumerate(self.sites):
             shared = int((self.present[:, k] >= 0).sum())
             if int(done[s].config["shared"]) != shared:
@@ -177,23 +179,24 @@ class VerticalCoordinator:
                                   f"{done[s].config['shared']} shared IDs, the label holder {shared}. "
                                   f"Re-run the alignment. Received: {done[s].config['shared']}")
             share = shared / n
-            self.overlap.append({"site": self.names[s], "site_rows": site_rows[s], "label_rows": n,
-                                 "shared": shared, "share_of_labels": round(share, 4),
-                                 "share_of_site": round(shared / max(1, site_rows[s]), 4),
-                                 "status": "ok" if share >= WARN_OVERLAP else "low"})
+            self.overlap.append(SiteOverlap(
+                site=self.names[s], site_rows=site_rows[s], label_rows=n, shared=shared,
+                share_of_labels=round(share, 4), share_of_site=round(shared / max(1, site_rows[s]), 4),
+                status="ok" if share >= WARN_OVERLAP else "low"))
+            if round(share, 4) < self.p.min_overlap:
+                low.append((self.names[s], round(share, 4)))
             if share < WARN_OVERLAP:
                 log.warning("%s shares only %.1f%% of the label holder's patients (< %d%%): "
                             "fills will lean on few linked patients", self.names[s], 100 * share,
                             int(100 * WARN_OVERLAP))
-        low = [o for o in self.overlap if o["share_of_labels"] < self.p.min_overlap]
         if low:
             raise OverlapError(
-                f"Too little overlap to fuse: {', '.join(o['site'] for o in low)} share(s) fewer than "
+                f"Too little overlap to fuse: {', '.join(site for site, _ in low)} share(s) fewer than "
                 f"{self.p.min_overlap:.0%} of the label holder's patients. A joint model learns how a "
                 f"site's columns relate to the others' only from patients seen by both; with so few "
                 f"linked patients it has little to stand on and filling missing views becomes noise. "
                 f"Train those sites separately, add linked patients, or lower min_overlap knowingly. "
-                f"Received: {[(o['site'], o['share_of_labels']) for o in low]}"
+                f"Received: {low}"
             )
         return self.overlap
 
@@ -351,7 +354,7 @@ class VerticalCoordinator:
         return out
 
     # --- 4. evaluation ------------------------------------------------------------------------
-    def evaluate(self, rows: np.ndarray | None = None) -> dict[str, Any]:
+    def evaluate(self, rows: np.ndarray | None = None) -> VerticalEvaluation:
         """Score the fused model on held-out rows (all, and those every site holds)."""
         assert self.head is not None, "prepare() first"
         self.flush()
@@ -360,22 +363,23 @@ class VerticalCoordinator:
         embeddings, _ = self._gather(rows, neighbours, "query.embed")
         out = self.head.outputs(embeddings)
         complete = (self.present[rows] >= 0).all(axis=1)
-        result = {"num_examples": len(rows), "metrics": self._metrics(out, rows),
-                  "complete_rows": int(complete.sum())}
+        result = VerticalEvaluation(num_examples=len(rows), metrics=self._metrics(out, rows),
+                                    complete_rows=int(complete.sum()))
         if complete.any() and not complete.all():
-            result["metrics_complete_rows"] = self._metrics(out[complete], rows[complete])
+            result.metrics_complete_rows = self._metrics(out[complete], rows[complete])
         return result
 
     def train_and_keep(self, rounds: int, keep: str = "best-val", *,
-                       on_round: Callable[[dict[str, Any], BestRound], None] | None = None,
-                       ) -> tuple[BestRound, list[dict[str, Any]]]:
+                       on_round: Callable[[VerticalRound, BestRound], None] | None = None,
+                       ) -> tuple[BestRound, list[VerticalRound]]:
         """Train ``rounds`` rounds; after each, score the model on the validation rows and
         on the held-out rows, and offer the validation score to the selection rule.
 
         ``keep``: ``best-val`` (the best validation round by the task metric, ties to the
         later: `protocol.selection`) or ``last``; without validation rows the last round is
-        kept. Per round: ``round``, ``train_loss``, ``steps``, ``seconds``, the held-out
-        evaluation (``metrics``, ``num_examples``, ...), ``val_metrics`` and ``val_examples``.
+        kept. Per round a `VerticalRound`: ``round``, ``train_loss``, ``steps``, ``seconds``,
+        the held-out evaluation (``metrics``, ``num_examples``, ...), ``val_metrics`` and
+        ``val_examples``.
         ``on_round(entry, rule)`` runs after each round (``rule.round`` is the kept one).
         """
         if not len(self.val_rows) and keep != "last":
@@ -390,11 +394,11 @@ class VerticalCoordinator:
             loss = self.train_round()
             val = self.evaluate(self.val_rows) if len(self.val_rows) else None
             test = self.evaluate()
-            rule.offer(val["metrics"][metric] if val else None)
-            entry = {"round": rnd, "train_loss": loss, "steps": self.step_count,
-                     "seconds": round(time.monotonic() - t, 3), **test,
-                     "val_metrics": val["metrics"] if val else None,
-                     "val_examples": len(self.val_rows)}
+            score = val.metrics[metric] if val else None
+            rule.offer(score if isinstance(score, float | int) else None)
+            entry = VerticalRound.of(rnd, train_loss=loss, steps=self.step_count,
+                                     seconds=round(time.monotonic() - t, 3), test=test, val=val,
+                                     val_examples=len(self.val_rows))
             entries.append(entry)
             if on_round is not None:
                 on_round(entry, rule)
@@ -417,9 +421,8 @@ class VerticalCoordinator:
         replies = self.send("query.save", {s: Payload(config=dict(config)) for s in self.sites})
         return [str(replies[s].config["saved"]) for s in self.sites]
 
-    def head_meta(self) -> dict[str, Any]:
+    def head_meta(self) -> HeadMeta:
         """What `fedsplit vertical predict` needs besides the head's weights."""
-        return {"task": self.labels.task, "classes": self.labels.classes, "y_mean": self.y_mean,
-                "y_std": self.y_std, "sites": [self.names[s] for s in self.sites],
-                "params": self.p.model_dump(), "num_outputs": self.labels.num_outputs,
-                "seed": self.seed}
+        return HeadMeta(task=self.labels.task, classes=self.labels.classes, y_mean=self.y_mean,
+                        y_std=self.y_std, sites=[self.names[s] for s in self.sites],
+                        params=self.p, num_outputs=self.labels.num_outputs, seed=self.seed)

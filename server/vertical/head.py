@@ -18,14 +18,13 @@ squared error on the standardised target. `server.vertical.coordinator` trains i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from fedsplit.protocol.errors import ConfigError, ReplyError
+from fedsplit.protocol.vertical.saved import HeadMeta
 
 
 class FusionHead:
@@ -85,22 +84,22 @@ class FusionHead:
         with torch.no_grad():
             return float(self._loss(out, torch.from_numpy(np.asarray(y))).item())
 
-    def save(self, folder: Path, meta: dict[str, Any]) -> None:
+    def save(self, folder: Path, meta: HeadMeta) -> None:
         """Write the parameters (``head.npz``) and what predict needs (``head.json``)."""
         folder.mkdir(parents=True, exist_ok=True)
         np.savez(folder / "head.npz", **{k: v.detach().numpy() for k, v in self.module.state_dict().items()})
-        (folder / "head.json").write_text(json.dumps(meta, indent=2))
+        meta.save(folder / "head.json")
 
     @classmethod
-    def load(cls, folder: Path) -> tuple[FusionHead, dict[str, Any]]:
-        """A head saved by `save`, and its metadata (task, classes, sites, params, ...)."""
+    def load(cls, folder: Path) -> tuple[FusionHead, HeadMeta]:
+        """A head saved by `save`, and its metadata (`protocol.vertical.saved.HeadMeta`)."""
         if not (folder / "head.json").is_file() or not (folder / "head.npz").is_file():
             raise ConfigError(f"{folder} holds no saved fusion head (head.json + head.npz from "
                               f"`fedsplit vertical simulate`). Received: {folder}")
-        meta = json.loads((folder / "head.json").read_text())
-        p = meta["params"]
-        head = cls([p["embedding_dim"]] * len(meta["sites"]), meta["num_outputs"], meta["task"],
-                   p["head_hidden"], p["lr"], meta["seed"])
+        meta = HeadMeta.load(folder / "head.json")
+        p = meta.params
+        head = cls([p.embedding_dim] * len(meta.sites), meta.num_outputs, meta.task,
+                   p.head_hidden, p.lr, meta.seed)
         with np.load(folder / "head.npz", allow_pickle=False) as npz:
             head.module.load_state_dict({k: torch.from_numpy(npz[k]) for k in npz.files})
         return head, meta

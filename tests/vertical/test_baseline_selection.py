@@ -42,30 +42,32 @@ def test_the_kept_round_scores_best_on_validation_and_is_blind_to_test_labels(
     chosen = best_round(labels, sites, "patient_id", PARAMS, ROUNDS, seed=0)
     again = best_round(blind, sites, "patient_id", PARAMS, ROUNDS, seed=0)
     # Assert
-    scores = chosen["val_metric"]
+    scores = chosen.val_metric
     assert len(scores) == ROUNDS
-    assert scores[chosen["round"] - 1] == max(scores)
-    assert all(s < max(scores) for s in scores[chosen["round"]:])  # ties go to the later round
-    assert chosen["val_rows"] == round((len(labels.ids) - len(test)) * 0.2)
-    assert again == chosen  # held-out labels play no part in the choice
+    assert scores[chosen.rounds_kept - 1] == max(scores)
+    assert all(s < max(scores) for s in scores[chosen.rounds_kept:])  # ties go to the later round
+    assert chosen.val_rows == round((len(labels.ids) - len(test)) * 0.2)
+    # held-out labels play no part in the choice
+    assert (again.rounds_kept, again.val_metric, again.val_rows) == (
+        chosen.rounds_kept, chosen.val_metric, chosen.val_rows)
 
 
 def test_a_baseline_reports_the_chosen_round_and_still_shows_every_round(
         diabetes: tuple[list[Path], LabelTable]) -> None:
     sites, labels = diabetes
     result = train_baseline(labels, sites, "patient_id", PARAMS, ROUNDS, seed=0)
-    assert len(result["per_round"]) == ROUNDS
-    assert result["val_metric"][result["rounds_kept"] - 1] == max(result["val_metric"])
-    assert result["metrics"] == result["per_round"][result["rounds_kept"] - 1]
-    assert result["final_metrics"] == result["per_round"][-1]
-    assert set(result["metrics"]) == {"r2", "rmse"}
+    assert len(result.per_round) == ROUNDS
+    assert result.val_metric[result.rounds_kept - 1] == max(result.val_metric)
+    assert result.metrics == result.per_round[result.rounds_kept - 1]
+    assert result.final_metrics == result.per_round[-1]
+    assert set(result.metrics) == {"r2", "rmse"}
 
 
 def test_every_baseline_is_selected(diabetes: tuple[list[Path], LabelTable]) -> None:
     sites, labels = diabetes
     base = baselines(labels, sites, "patient_id", PARAMS.model_copy(update={"fill": "nearest"}),
                      ROUNDS, seed=0)
-    for entry in [base["centralized"], *base["local_only"]]:
-        assert 1 <= entry["rounds_kept"] <= ROUNDS
-        assert entry["metrics"] == entry["per_round"][entry["rounds_kept"] - 1]
-    assert [s["site"] for s in base["local_only"]] == ["site-0", "site-1"]
+    for entry in [base.centralized, *base.local_only]:
+        assert 1 <= entry.rounds_kept <= ROUNDS
+        assert entry.metrics == entry.per_round[entry.rounds_kept - 1]
+    assert [s.site for s in base.local_only] == ["site-0", "site-1"]

@@ -15,7 +15,7 @@ def test_each_fill_trains_and_scores_all_held_out_rows(bc_partial, fill: str) ->
     params = FusionParams(fill=fill, steps_per_round=15, embedding_dim=8)
     coord, transport = local_coordinator(labels, files.sites, files.id_column, params, keep=True)
     report = coord.align()
-    assert [o["share_of_labels"] for o in report] == pytest.approx([0.8, 0.8], abs=0.05)
+    assert [o.share_of_labels for o in report] == pytest.approx([0.8, 0.8], abs=0.05)
     coord.prepare()
     complete = (coord.present >= 0).all(axis=1)
     if fill == "drop":
@@ -25,8 +25,8 @@ def test_each_fill_trains_and_scores_all_held_out_rows(bc_partial, fill: str) ->
     for _ in range(3):
         coord.train_round()
     result = coord.evaluate()
-    assert result["num_examples"] == len(coord.test_rows) > result["complete_rows"] > 0
-    assert result["metrics"]["accuracy"] > 0.85
+    assert result.num_examples == len(coord.test_rows) > (result.complete_rows or 0) > 0
+    assert result.metrics["accuracy"] > 0.85
     asked = [rec for t, d, _, rec in transport.log if t == "train.step" and d == "to-site"]
     positions = np.concatenate([r.array_records["arrays"]["positions"].numpy() for r in asked
                                 if "positions" in r.array_records["arrays"]])

@@ -39,6 +39,6 @@ def test_vertical_simulate_with_flower_then_predict(tmp_path: Path) -> None:
     data = out / "data"
     result = predict_rows(out, [data / "site-0.csv", data / "site-1.csv"], "patient_id",
                           data / "labels.csv", "target")
-    assert len(result["frame"]) == 569 and result["skipped"] == 0
-    assert result["metrics"]["accuracy"] > 0.85
-    assert set(pd.unique(result["frame"]["prediction"].astype(str))) <= {"0", "1"}
+    assert len(result.frame) == 569 and result.skipped == 0
+    assert result.metrics is not None and result.metrics["accuracy"] > 0.85
+    assert set(pd.unique(result.frame["prediction"].astype(str))) <= {"0", "1"}

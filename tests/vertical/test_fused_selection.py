@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from fedsplit.client.vertical.site import SiteAgent
 from fedsplit.orchestration.vertical.local import LocalTransport, baselines, train_kept
-from fedsplit.protocol.history import VerticalRunRecord
+from fedsplit.protocol.history import VerticalEvaluation, VerticalRunRecord
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.server.vertical.app import train_and_save
 from fedsplit.server.vertical.coordinator import LabelTable, VerticalCoordinator, read_label_file
@@ -60,10 +60,10 @@ class Scripted(VerticalCoordinator):
         self.local = transport
         self.snapshots: list[dict[str, np.ndarray]] = []
 
-    def evaluate(self, rows: np.ndarray | None = None) -> dict[str, Any]:
+    def evaluate(self, rows: np.ndarray | None = None) -> VerticalEvaluation:
         result = super().evaluate(rows)
         if rows is self.val_rows:
-            result["metrics"]["r2"] = self.script.pop(0)
+            result.metrics["r2"] = self.script.pop(0)
             assert self.head is not None
             state = {f"head.{k}": v.detach().numpy().copy()
                      for k, v in self.head.module.state_dict().items()}
@@ -149,13 +149,13 @@ def test_fused_and_baselines_keep_rounds_by_the_same_rule_and_rows(tmp_path: Pat
     fused = train_kept(labels, sites, "id", PARAMS, 5)
     last = train_kept(labels, sites, "id", PARAMS, 5, keep="last")
     # Assert: the kept round scores best on validation (ties later) and its test score is reported
-    scores = fused["val_metric"]
-    assert fused["rounds_kept"] == max(r for r, s in enumerate(scores, 1) if s == max(scores))
-    assert fused["metrics"] == fused["per_round"][fused["rounds_kept"] - 1]
-    assert last["rounds_kept"] == 5 and last["val_rows"] == 0 and last["val_metric"] == [
-        pytest.approx(float("nan"), nan_ok=True)] * 5
-    assert last["num_examples"] > fused["num_examples"]  # keep=last trains on the validation rows too
-    assert fused["val_rows"] == round((len(labels.ids) - fused["test_examples"]) * 0.2)
+    scores = fused.val_metric
+    assert fused.rounds_kept == max(r for r, s in enumerate(scores, 1) if s == max(scores))
+    assert fused.per_round is not None and fused.rounds_kept is not None
+    assert fused.metrics == fused.per_round[fused.rounds_kept - 1]
+    assert last.rounds_kept == 5 and last.val_rows == 0 and last.val_metric == [None] * 5
+    assert last.num_examples > fused.num_examples  # keep=last trains on the validation rows too
+    assert fused.val_rows == round((len(labels.ids) - (fused.test_examples or 0)) * 0.2)
 
 
 @pytest.mark.slow
@@ -169,7 +169,8 @@ def test_on_the_diabetes_case_the_fused_model_is_as_good_as_centralized(tmp_path
     fused = train_kept(labels, sites, "id", params, 20)
     base = baselines(labels, sites, "id", params, 20)
     # Assert
-    central = base["centralized"]
-    assert fused["rounds_kept"] < 20 and central["rounds_kept"] < 20
-    assert fused["metrics"]["r2"] >= central["metrics"]["r2"] - 0.03
-    assert fused["metrics"]["r2"] > fused["final_metrics"]["r2"]  # the last round over-trained
+    central = base.centralized
+    assert fused.rounds_kept < 20 and central.rounds_kept < 20
+    assert fused.metrics["r2"] >= central.metrics["r2"] - 0.03
+    assert fused.final_metrics is not None
+    assert fused.metrics["r2"] > fused.final_metrics["r2"]  # the last round over-trained

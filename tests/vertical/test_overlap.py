@@ -36,13 +36,13 @@ def test_warns_under_30_percent_and_reports_every_site(tmp_path: Path, caplog) -
     coord, _ = local_coordinator(labels, files, "pid", FusionParams())
     with caplog.at_level(logging.WARNING):
         report = coord.align()
-    assert [(o["site"], o["shared"], o["status"]) for o in report] == [("site-0", 100, "ok"),
+    assert [(o.site, o.shared, o.status) for o in report] == [("site-0", 100, "ok"),
                                                                        ("site-1", 25, "low")]
-    assert report[1]["share_of_site"] == pytest.approx(25 / 75, abs=1e-3)
+    assert report[1].share_of_site == pytest.approx(25 / 75, abs=1e-3)
     assert "site-1 shares only 25.0%" in caplog.text
 
 
 def test_floor_is_configurable(tmp_path: Path) -> None:
     files, labels = _files(tmp_path, 15)
     coord, _ = local_coordinator(labels, files, "pid", FusionParams(min_overlap=0.1))
-    assert coord.align()[1]["shared"] == 15
+    assert coord.align()[1].shared == 15

@@ -21,8 +21,8 @@ def test_titanic_fusion_beats_each_branch_alone(tmp_path: Path) -> None:
     params = FusionParams()
     fused = train_kept(labels, files.sites, files.id_column, params, rounds=8)
     base = baselines(labels, files.sites, files.id_column, params, rounds=8)
-    alone = [s["metrics"]["accuracy"] for s in base["local_only"]]
-    assert fused["test_examples"] == 178  # 20% of 891 held out, every passenger at both sites
+    alone = [s.metrics["accuracy"] for s in base.local_only]
+    assert fused.test_examples == 178  # 20% of 891 held out, every passenger at both sites
     # every model keeps its best round on the same validation cut of the training rows
-    assert fused["metrics"]["accuracy"] > max(alone)
-    assert fused["metrics"]["accuracy"] >= base["centralized"]["metrics"]["accuracy"] - 0.02
+    assert fused.metrics["accuracy"] > max(alone)
+    assert fused.metrics["accuracy"] >= base.centralized.metrics["accuracy"] - 0.02
