@@ -54,15 +54,15 @@ def main() -> None:
             fused = train_kept(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
             base = baselines(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
             key = "accuracy" if labels.task == "classification" else "r2"
-            central = base["centralized"]
-            row = {"seed": seed, "metric": key, "fused": fused["metrics"][key],
-                   "centralized": central["metrics"][key],
-                   "alone": [s["metrics"][key] for s in base["local_only"]],
-                   "rounds_kept": {"fused": fused["rounds_kept"],
-                                   "centralized": central["rounds_kept"],
-                                   "alone": [s["rounds_kept"] for s in base["local_only"]]},
-                   "fused_last_round": fused["final_metrics"][key],
-                   "centralized_last_round": central["final_metrics"][key]}
+            central = base.centralized
+            row = {"seed": seed, "metric": key, "fused": fused.metrics[key],
+                   "centralized": central.metrics[key],
+                   "alone": [s.metrics[key] for s in base.local_only],
+                   "rounds_kept": {"fused": fused.rounds_kept,
+                                   "centralized": central.rounds_kept,
+                                   "alone": [s.rounds_kept for s in base.local_only]},
+                   "fused_last_round": (fused.final_metrics or {})[key],
+                   "centralized_last_round": (central.final_metrics or {})[key]}
             rows.append(row)
             print(json.dumps(row), flush=True)
     mean = {k: float(np.mean([r[k] for r in rows]))
