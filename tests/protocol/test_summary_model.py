@@ -141,3 +141,24 @@ def test_undeclared_finds_an_unknown_key() -> None:
     data["local_only"][1]["surprise"] = 1
     data["novel"] = True
     assert undeclared(RunSummary.from_json(data)) == ["novel", "local_only.1.surprise"]
+
+
+def test_the_audit_written_before_intervals_still_loads() -> None:
+    """Before the bootstrap intervals (commit ee04da3) the audit kept per hospital only the
+    stronger attack's AUC, name and TPR, and privacy.json had no headline: both still load."""
+    audit = {"max_auc": 0.61, "mean_auc": 0.55, "per_site": {
+        "site-0": {"auc": 0.61, "attack": "calibrated", "tpr_at_1pct_fpr": 0.02},
+        "site-1": {"auc": 0.49, "attack": "loss-threshold", "tpr_at_1pct_fpr": 0.0}}}
+    data = {"task": "classification", "privacy": {"dp": "epsilon=5", "audit": audit}}
+    summary = RunSummary.from_json(data)
+    assert summary.to_json() == data
+    assert summary.privacy is not None and summary.privacy.audit is not None
+    assert summary.privacy.audit.headline is None
+    assert summary.privacy.audit.per_site["site-0"].attack == "calibrated"
+    roc = {"fpr": [0.0, 1.0], "tpr": [0.0, 1.0]}
+    old = {"attacks": ["loss-threshold"], "references": 2, "max_auc": 0.5, "mean_auc": 0.5,
+           "per_site": {"site-0": {"auc": 0.5, "attack": "loss-threshold", "members": 4,
+                                   "non_members": 2, "accuracy": None, "attacks": {
+                                       "loss-threshold": {"auc": 0.5, "roc": roc}}}}}
+    result = AuditResult.from_json(old)
+    assert result.to_json() == old and result.brief().federation is None
