@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from fedsplit.client.data import feature_stats, local_state_path
 from fedsplit.client.failures import answered, hospital_stage
-from fedsplit.client.models import KINDS, RECIPE_KIND, ModelSpec, build_model, recipe_of
-from fedsplit.client.recipes import ModelInputs, Recipe, builtin_recipe
+from fedsplit.client.models import ModelSpec, build_model, recipe_of
+from fedsplit.client.recipes import ModelInputs, Recipe, recipe_to_build
 from fedsplit.client.site import (
     SiteData,
     effective_recipe,
@@ -56,6 +56,7 @@ from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import SECAGG, DPSpec
+from fedsplit.protocol.recipe import requested_recipe
 from fedsplit.protocol.update import (
     Update,
     arrays_to_state_dict,
@@ -158,11 +159,10 @@ def _model_check(site: SiteData, stats: wire.SiteStats, context: Context,
 
     try:
         schema = site.train.schema
-        builtin = (effective_recipe(context.node_config, cfg, site.train.kind).identity.name
-                   in wire.BUILTIN_RECIPES)
         request = wire.plan_model(
             [stats], task=cfg.task, model=cfg.model, num_classes=cfg.num_classes,
-            hidden=cfg.hidden_widths, norm=cfg.norm, builtin=builtin,
+            hidden=cfg.hidden_widths, norm=cfg.norm,
+            recipe=effective_recipe(context.node_config, cfg, site.train.kind).identity,
             schema_task=schema.task if schema is not None else None,
             labels=len(schema.labels) if schema is not None else 0)
         model, spec, federated = _initial_model(request, _init_recipe(request, context, cfg), cfg)
@@ -205,14 +205,9 @@ def init(msg: Message, context: Context) -> Message:
 
 def _init_recipe(request: wire.ModelRequest, context: Context, cfg: RunConfig) -> Recipe:
     """The recipe that builds the requested model: the built-in one it names, else this
-    hospital's own."""
-    if request.kind in KINDS:  # a built-in model, as the coordinator describes it
-        return builtin_recipe(request.kind, hidden=request.hidden, norm=request.norm)
-    if (recipe := site_recipe(context.node_config, cfg)) is None:
-        raise ConfigError("The coordinator asks for the federation's recipe model, but this "
-                          "hospital runs no recipe. Start it with --recipe (node config recipe). "
-                          f"Received: kind={request.kind!r}")
-    return recipe
+    hospital's own (`client.recipes.recipe_to_build`)."""
+    return recipe_to_build(requested_recipe(request.kind, request.hidden, request.norm),
+                           site_recipe(context.node_config, cfg), where="The federation's model")
 
 
 def _initial_model(request: wire.ModelRequest, recipe: Recipe, cfg: RunConfig
@@ -252,16 +247,9 @@ def _global_model(instruction: wire.ModelInstruction, context: Context,
     e.g. FedBN's BatchNorm layers, counters) put back; a recipe model must be this hospital's
     own recipe (same name, version and parameters), else it is refused with the difference."""
     spec = ModelSpec.from_id(instruction.model_id)
-    recipe = None
-    if spec.kind == RECIPE_KIND:
-        recipe = site_recipe(context.node_config, cfg)
-        if recipe is None:
-            raise ConfigError(
-                f"The federation's model was built by recipe {spec.identity.label()}, but this "
-                f"hospital runs no recipe. Start it with --recipe (node config recipe). "
-                f"Received: {spec.identity.to_json()}"
-            )
     with hospital_stage(_name(context), "loading the global model"):
+        recipe = recipe_to_build(spec.identity, site_recipe(context.node_config, cfg),
+                                 where=spec.where)
         model = build_model(spec, recipe=recipe, strict=True)
         arrays = dict(instruction.arrays)
         if LOCAL in context.state.array_records:

@@ -42,8 +42,7 @@ def build_model(spec: ModelSpec | str, *, seed: int | None = None, recipe: Recip
     """
     if isinstance(spec, str):
         spec = ModelSpec.from_id(spec)
-    where = "The model" if spec.kind == RECIPE_KIND else f"Model {spec.to_id()}"
-    impl = recipe_for(spec.identity, recipe, strict=strict, where=where)
+    impl = recipe_for(spec.identity, recipe, strict=strict, where=spec.where)
     if seed is not None:
         with torch.random.fork_rng():
             torch.manual_seed(seed)

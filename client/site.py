@@ -31,7 +31,8 @@ from fedsplit.client.data import (
     read_with_recipe,
     split_indices,
 )
-from fedsplit.client.recipes import Recipe, builtin_recipe, load_recipe
+from fedsplit.client.recipes import Recipe, load_recipe
+from fedsplit.client.recipes.builtin import builtin_for_data
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import Schema, SiteColumns, column_report
@@ -79,8 +80,7 @@ def effective_recipe(node_config: dict[str, Any], cfg: RunConfig, data_kind: str
     recipe = site_recipe(node_config, cfg)
     if recipe is not None:
         return recipe
-    kind = cfg.model if cfg.model != "auto" else ("mlp" if data_kind == "mlp" else "cnn")
-    return builtin_recipe(kind, hidden=cfg.hidden_widths, norm=cfg.norm)
+    return builtin_for_data(cfg.model, data_kind, hidden=cfg.hidden_widths, norm=cfg.norm)
 
 
 def raw_data_path(node_config: dict[str, Any], cfg: RunConfig) -> Path:

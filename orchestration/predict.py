@@ -34,11 +34,11 @@ from typing import Any
 from fedsplit.client.data import TABLE_SUFFIXES, read_table
 from fedsplit.client.failures import describe
 from fedsplit.client.models import load_model, recipe_of
-from fedsplit.client.recipes import Recipe, load_recipe
+from fedsplit.client.recipes import Recipe, load_recipe, recipe_to_score
 from fedsplit.protocol import survival_summary as ss
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
+from fedsplit.protocol.recipe import describe_model
 from fedsplit.protocol.schema import Schema, encode_frame
 from fedsplit.protocol.weights import read_schema, read_weights
 
@@ -118,10 +118,11 @@ def survival_baseline(model_path: Path, model_id: str, times: Sequence[float],
                       baseline: Path | None = None) -> ss.Baseline:
     """The baseline that turns ``model_path``'s risk into survival at ``times``; refused for a
     model that is not a survival model, a missing or mismatched baseline, or times past it."""
-    task = RecipeModelId.from_id(model_id).task if is_recipe_id(model_id) else ""
+    found_model = describe_model(model_id)
+    task = found_model.task if found_model is not None else ""
     if task != SURVIVAL:
         raise ConfigError(f"--times gives survival probabilities of a survival model (fedsplit "
-                          f"simulate --task survival); {model_path} is a {task or 'built-in'} "
+                          f"simulate --task survival); {model_path} is a {task or 'unknown'} "
                           f"model. Leave --times out. Received: model {model_id[:80]!r}")
     path = Path(baseline) if baseline is not None else ss.baseline_path(Path(model_path))
     if not path.exists():
@@ -160,15 +161,8 @@ def predict_file(model_path: Path, table: Path, output: Path, *, recipe: str = "
                           f"Received: {table}")
     model_id = read_weights(Path(model_path)).model or ""
     found = survival_baseline(Path(model_path), model_id, times, baseline) if times else None
-    if impl is None and is_recipe_id(model_id):
-        rid = RecipeModelId.from_id(model_id)
-        if rid.task == SURVIVAL and rid.recipe.name == "cox":  # the bundled Cox recipe
-            impl = load_recipe(COX_RECIPE)
-    if impl is None and is_recipe_id(model_id):
-        made = RecipeModelId.from_id(model_id).recipe
-        raise ConfigError(f"{model_path} was trained with recipe {made.label()}; pass --recipe "
-                          f"with that recipe (installed here) to rebuild and score it. Received: "
-                          f"no --recipe")
+    if (made := describe_model(model_id)) is not None:  # --recipe, bundled (cox) or built-in
+        impl = recipe_to_score(made.recipe, impl, where=str(model_path))
     if impl is not None and (table.suffix.lower() not in TABLE_SUFFIXES
                              or read_schema(Path(model_path)) is None):  # the recipe read its tables
         result = predict_inputs(Path(model_path), table, impl)

@@ -86,6 +86,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fedsplit.protocol.arrays import check_arrays, check_num_examples
 from fedsplit.protocol.errors import ConfigError, FedsplitError, ReplyError, one_line
+from fedsplit.protocol.recipe import RECIPE_KIND, RecipeIdentity, request_kind
 from fedsplit.protocol.schema import SiteColumns
 from fedsplit.protocol.survival import CONCORDANT_RATE, PAIRS_RATE
 from fedsplit.protocol.update import Update, to_array_record
@@ -623,9 +624,8 @@ def _read_initial(content: RecordDict, site: str | None) -> InitialModel:
 
 
 # --- the model check in query.setup / query.stats replies -----------------------------------
-#: the built-in recipes: their models keep the short ids (mlp, cnn); any other is a recipe model
-BUILTIN_RECIPES = ("mlp", "cnn")
-RECIPE_KIND = "recipe"  # query.init kind: build the model with the hospitals' own recipe
+# which recipes keep the short ids, and query.init's kind for any other, are the recipe
+# registry's (`protocol.recipe`: BUILTIN_RECIPES, RECIPE_KIND, request_kind)
 
 
 def model_key(request: ModelRequest) -> tuple[Any, ...]:
@@ -637,11 +637,13 @@ def model_key(request: ModelRequest) -> tuple[Any, ...]:
 
 def plan_model(stats: Sequence[SiteStats], *, task: str, model: str, num_classes: int,
                hidden: Sequence[int], norm: str, schema_task: str | None = None,
-               labels: int = 0, builtin: bool = True) -> ModelRequest:
+               labels: int = 0, recipe: RecipeIdentity | None = None) -> ModelRequest:
     """The model request the sites' stats (in name order) and the run settings give: pooled
     statistics, task (the run's, else the schema's, else the one every site inferred), the
     number of outputs (``num_classes``, else the schema's labels or the largest label + 1; at
-    least 2 for classification), the model kind (a built-in by the data, else `RECIPE_KIND`).
+    least 2 for classification), the model kind (`protocol.recipe.request_kind`: for the
+    hospitals' ``recipe`` a built-in's kind by the data or ``model``, else `RECIPE_KIND`; no
+    recipe: the built-in one).
 
     The coordinator plans with every hospital's stats and the agreed schema; a hospital plans
     its model check with its own stats and the schema it encoded with, so the two agree on
@@ -668,8 +670,8 @@ def plan_model(stats: Sequence[SiteStats], *, task: str, model: str, num_classes
         outputs = max(outputs, 2)
     else:
         outputs = 1
-    kind = (ref.kind if model == "auto" else model) if builtin else RECIPE_KIND
-    if builtin and norm != "none" and kind != "mlp":
+    kind = request_kind(recipe, ref.kind if model == "auto" else model)
+    if kind != RECIPE_KIND and norm != "none" and kind != "mlp":
         raise ConfigError(
             f"norm={norm} adds BatchNorm after the MLP's hidden layers, but the hospitals' "
             f"data gets a {kind} model. Use norm=none, or model=mlp for tabular data. "

@@ -18,6 +18,12 @@ Model ids (weight-file attribute ``model``, Flower config ``model-id``):
   (`RecipeModelId`). So a weight file records the recipe it was trained with, and anyone with
   that recipe installed rebuilds the model from the file alone.
 
+**One identity for every model** (`model_identity`): any model id, short or ``recipe:``, reads
+as the same `ModelIdentity` (the recipe's identity, the task, the input shape, the outputs and
+the selection metric), so callers ask it what they need (`model_selection`, `describe_model`)
+instead of telling built-ins from recipes themselves. Which recipes keep the short form is
+decided here too (`BUILTIN_RECIPES`, `builtin_identity`, `request_kind`).
+
 A recipe is referenced by its users as ``module:attribute`` or by the name of an entry point in
 the ``fedsplit.recipes`` group (`parse_reference`); this module only parses the reference, it
 imports nothing (the coordinator never runs recipe code).
@@ -38,6 +44,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 ENTRY_POINT_GROUP = "fedsplit.recipes"
 #: Prefix of a model id built by a recipe other than the built-in MLP and CNN.
 RECIPE_ID_PREFIX = "recipe:"
+#: The built-in recipes: their models keep the short ids (``mlp/...``, ``cnn/...``).
+BUILTIN_RECIPES = ("mlp", "cnn")
+#: The built-in recipes' version.
+BUILTIN_VERSION = "1"
+#: ``query.init``'s model kind for any other recipe: the hospitals build it with their own.
+RECIPE_KIND = "recipe"
+#: The tasks a short id may name (a recipe may define others).
+BUILTIN_TASKS = ("classification", "regression")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODULE_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -166,6 +180,110 @@ class RecipeModelId:
 def is_recipe_id(model_id: str) -> bool:
     """Whether ``model_id`` names a recipe model (not the built-in short form)."""
     return model_id.startswith(RECIPE_ID_PREFIX)
+
+
+def builtin_identity(kind: str, hidden: tuple[int, ...] | list[int] = (),
+                     norm: str = "none") -> RecipeIdentity:
+    """The identity of a built-in recipe (``mlp`` with its hidden widths and norm, or ``cnn``)."""
+    params = {"hidden": [int(h) for h in hidden], "norm": norm} if kind == "mlp" else {}
+    return RecipeIdentity(name=kind, version=BUILTIN_VERSION, params=params)
+
+
+def keeps_short_id(recipe: RecipeIdentity) -> bool:
+    """Whether ``recipe``'s models keep the short id form (the built-in MLP and CNN)."""
+    return recipe.name in BUILTIN_RECIPES
+
+
+def request_kind(recipe: RecipeIdentity | None, builtin_kind: str) -> str:
+    """The model kind ``query.init`` asks for: ``builtin_kind`` (``mlp``/``cnn``, by the run
+    config or the data) when the hospitals run a built-in recipe (or report none), else
+    `RECIPE_KIND` (each hospital builds it with its own recipe)."""
+    return builtin_kind if recipe is None or keeps_short_id(recipe) else RECIPE_KIND
+
+
+def requested_recipe(kind: str, hidden: tuple[int, ...] | list[int] = (),
+                     norm: str = "none") -> RecipeIdentity | None:
+    """The recipe a ``query.init`` request names: a built-in's identity, or None for
+    `RECIPE_KIND` (the hospital's own recipe)."""
+    return builtin_identity(kind, hidden, norm) if kind in BUILTIN_RECIPES else None
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What any model id says, whichever recipe built the model.
+
+    Attributes
+    ----------
+    recipe : RecipeIdentity
+        The recipe that builds it (``mlp``/``cnn`` version 1 for a short id).
+    task, input_shape, num_outputs
+        The model's task, one row's shape and its outputs.
+    selection : str
+        The metric (higher is better) its rounds are kept by: the recipe's own, or for a short
+        id ``accuracy`` (classification) / ``r2`` (regression).
+    """
+
+    recipe: RecipeIdentity
+    task: str
+    input_shape: tuple[int, ...]
+    num_outputs: int
+    selection: str
+
+    @property
+    def short_id(self) -> bool:
+        """Whether the model's id has the short form (`keeps_short_id`)."""
+        return keeps_short_id(self.recipe)
+
+
+def model_identity(model_id: str) -> ModelIdentity:
+    """Read any model id: ``recipe:{...}`` (`RecipeModelId`) or the built-ins' short form
+    ``kind/task/shape/outputs/hidden[/norm]``; anything else raises `ConfigError`."""
+    if is_recipe_id(model_id):
+        ref = RecipeModelId.from_id(model_id)
+        return ModelIdentity(ref.recipe, ref.task, ref.input_shape, ref.num_outputs, ref.selection)
+    parts = str(model_id).split("/")
+    try:
+        if len(parts) not in (5, 6) or parts[0] not in BUILTIN_RECIPES:
+            raise ValueError(f"{len(parts)} parts, kind {parts[0]!r}")
+        kind, task, shape, outputs, hidden = parts[:5]
+        norm = parts[5] if len(parts) == 6 else "none"
+        widths = tuple(int(h) for h in hidden.split("-")) if hidden != "-" else ()
+        dims = tuple(int(d) for d in shape.split("x"))
+        count = int(outputs)
+    except ValueError as e:
+        raise ConfigError(
+            f"Not a fedsplit model id (expected kind/task/shape/outputs/hidden[/norm], e.g. "
+            f"'mlp/classification/30/2/64-32', or 'recipe:' + JSON). Received: {model_id[:120]!r}"
+        ) from e
+    from fedsplit.protocol.selection import selection_metric
+
+    return ModelIdentity(builtin_identity(kind, widths if kind == "mlp" else (), norm), task,
+                         dims, count, selection_metric(task))
+
+
+def describe_model(model_id: str | None) -> ModelIdentity | None:
+    """`model_identity`, or None for no id or one that is not a model id (old or foreign files)."""
+    if not model_id:
+        return None
+    try:
+        return model_identity(model_id)
+    except ConfigError:
+        return None
+
+
+def model_selection(model_id: str | None) -> str | None:
+    """The metric a model's rounds are kept by, for any model id (a recipe's own, ``accuracy``
+    or ``r2`` for the built-ins); None when there is no id or it says no task fedsplit knows. A
+    short id is read by its task alone (``kind/task/...``), as older runs wrote them."""
+    found = describe_model(model_id)
+    if found is not None:
+        return found.selection
+    parts = str(model_id or "").split("/")
+    if not is_recipe_id(str(model_id or "")) and len(parts) > 1 and parts[1] in BUILTIN_TASKS:
+        from fedsplit.protocol.selection import selection_metric
+
+        return selection_metric(parts[1])
+    return None
 
 
 @dataclass(frozen=True)

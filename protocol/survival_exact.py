@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
+from fedsplit.protocol.recipe import describe_model
 
 #: the Cox recipe's ``solver`` parameter
 SOLVERS = ("auto", "newton", "sgd")
@@ -38,10 +38,10 @@ NEWTON_STRATEGY = "newton-cox"
 
 def cox_params(model_id: str | None) -> dict[str, Any] | None:
     """The Cox recipe's parameters from a model id; None for any other model."""
-    if not model_id or not is_recipe_id(model_id):
+    found = describe_model(model_id)
+    if found is None or found.recipe.name != COX_RECIPE_NAME:
         return None
-    recipe = RecipeModelId.from_id(model_id).recipe
-    return dict(recipe.params) if recipe.name == COX_RECIPE_NAME else None
+    return dict(found.recipe.params)
 
 
 def newton_solver(model_id: str | None, *, strategy: str, server_opt: str, dp: str,

@@ -58,7 +58,12 @@ from fedsplit.protocol.errors import (
     FedsplitError,
     error_from_record,
 )
-from fedsplit.protocol.recipe import RecipeIdentity, RecipeModelId, check_same_recipe, is_recipe_id
+from fedsplit.protocol.recipe import (
+    RecipeIdentity,
+    check_same_recipe,
+    describe_model,
+    keeps_short_id,
+)
 from fedsplit.protocol.schema import Schema, SiteColumns, merge_reports, moment_warnings
 from fedsplit.protocol.weights import read_schema, read_weights
 from fedsplit.server.exchange import send_and_receive
@@ -67,8 +72,6 @@ from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 
-BUILTIN_RECIPES = wire.BUILTIN_RECIPES  # their models keep the short ids; any other is a recipe model
-RECIPE_KIND = wire.RECIPE_KIND  # query.init kind: build the model with the hospitals' own recipe
 
 
 @dataclass
@@ -201,19 +204,17 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
                     f"{_head(mine)} vs {_head(theirs)}"
                 )
     recipe = agree_recipe(stats)
-    builtin = recipe.name in BUILTIN_RECIPES
     request = wire.plan_model(
         stats, task=cfg.task, model=cfg.model, num_classes=cfg.num_classes,
-        hidden=cfg.hidden_widths, norm=cfg.norm, builtin=builtin,
+        hidden=cfg.hidden_widths, norm=cfg.norm, recipe=recipe,
         schema_task=agreed.task if agreed is not None else None,
         labels=len(agreed.labels) if agreed is not None else 0)
     log.info("Model setup: %s (recipe %s), %s, %d rows over %d hospitals", request.kind,
              recipe.label(), request.task, sum(s.num_examples for s in stats), len(nodes))
     initial = _initial_model(grid, nodes, cfg, request, checks, names)
-    if not builtin:
-        made = (RecipeModelId.from_id(initial.model_id).recipe
-                if is_recipe_id(initial.model_id) else None)
-        if made is None or made.differences(recipe):
+    if not keeps_short_id(recipe):  # the built-ins' ids are planned from the run config
+        made = describe_model(initial.model_id)
+        if made is None or made.recipe.differences(recipe):
             raise FederationError(
                 f"Hospital {initial.site} built the initial model with another recipe "
                 f"than the one every hospital reported ({recipe.to_json()}). Received: "

@@ -14,7 +14,14 @@ from fedsplit.client.recipes.base import (
     model_task,
 )
 from fedsplit.client.recipes.builtin import BUILTINS, CNN, MLP, builtin_recipe
-from fedsplit.client.recipes.registry import load_recipe, recipe_class, recipe_for, remember
+from fedsplit.client.recipes.registry import (
+    load_recipe,
+    recipe_class,
+    recipe_for,
+    recipe_to_build,
+    recipe_to_score,
+    remember,
+)
 from fedsplit.client.recipes.spec import ModelInputs, ModelSpec
 
 __all__ = [
@@ -33,5 +40,7 @@ __all__ = [
     "model_task",
     "recipe_class",
     "recipe_for",
+    "recipe_to_build",
+    "recipe_to_score",
     "remember",
 ]

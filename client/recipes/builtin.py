@@ -158,3 +158,11 @@ def builtin_recipe(kind: str, *, hidden: tuple[int, ...] | list[int] = (64, 32),
                               f"has none. Use norm=none. Received: norm={norm!r}")
         return CNN()
     raise ConfigError(f"Built-in models are {', '.join(BUILTINS)}. Received: {kind!r}")
+
+
+def builtin_for_data(model: str, data_kind: str, *, hidden: tuple[int, ...] | list[int] = (64, 32),
+                     norm: str = "none") -> Recipe:
+    """The built-in recipe a hospital without a recipe trains: the run config's ``model``, or
+    with ``auto`` the MLP for tables (data kind ``mlp``) and the CNN for anything else."""
+    kind = model if model != "auto" else ("mlp" if data_kind == "mlp" else "cnn")
+    return builtin_recipe(kind, hidden=hidden, norm=norm)

@@ -19,6 +19,7 @@ from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.recipe import (
     ENTRY_POINT_GROUP,
     RecipeIdentity,
+    keeps_short_id,
     parse_params,
     parse_reference,
 )
@@ -120,3 +121,41 @@ def recipe_for(identity: RecipeIdentity, given: Recipe | None = None, *,
                           f"{cls.name} is version {cls.version}. Install version "
                           f"{identity.version}. Received: {cls.version!r}")
     return cls(identity.params)
+
+
+def recipe_to_build(identity: RecipeIdentity | None, own: Recipe | None, *,
+                    where: str = "The federation's model") -> Recipe:
+    """The recipe with which this hospital builds a model the coordinator names: a built-in
+    recipe from its identity (whatever this hospital runs); any other (``identity`` None: the
+    hospitals' own recipe, as ``query.init`` asks) is this hospital's own recipe ``own``, which
+    must have the same name, version and parameters; a hospital that runs none is refused with
+    the fix."""
+    if identity is not None and keeps_short_id(identity):
+        return recipe_for(identity, where=where)
+    if own is None:
+        named = f"recipe {identity.label()}" if identity is not None else "the hospitals' recipe"
+        raise ConfigError(
+            f"{where} is built by {named}, but this hospital runs no recipe. Start it with "
+            f"--recipe (node config recipe). Received: "
+            f"{identity.to_json() if identity is not None else 'kind=recipe'}"
+        )
+    return own if identity is None else recipe_for(identity, own, strict=True, where=where)
+
+
+#: Recipes fedsplit bundles beyond the built-ins, found by name without --recipe (by name:
+#: their code loads only when a model names them)
+BUNDLED = {"cox": "fedsplit.client.survival.recipe:Cox"}
+
+
+def recipe_to_score(identity: RecipeIdentity, given: Recipe | None, *, where: str) -> Recipe | None:
+    """The recipe ``fedsplit predict`` scores a saved model with: ``given`` (--recipe); else a
+    bundled recipe the model names (`BUNDLED`); None for a built-in (`client.models.build_model`
+    finds it); any other recipe is refused, naming it and the fix (--recipe)."""
+    if given is not None:
+        return given
+    if keeps_short_id(identity):
+        return None
+    if identity.name in BUNDLED:
+        return load_recipe(BUNDLED[identity.name])
+    raise ConfigError(f"{where} was trained with recipe {identity.label()}; pass --recipe with "
+                      f"that recipe (installed here) to rebuild and score it. Received: no --recipe")

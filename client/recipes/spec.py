@@ -10,13 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.recipe import RecipeIdentity, RecipeModelId, is_recipe_id
+from fedsplit.protocol.recipe import (
+    BUILTIN_RECIPES,
+    BUILTIN_TASKS,
+    BUILTIN_VERSION,
+    RECIPE_KIND,
+    RecipeIdentity,
+    RecipeModelId,
+    builtin_identity,
+    is_recipe_id,
+)
 
-KINDS = ("mlp", "cnn")  # the built-in recipes' models; any other recipe's spec has kind "recipe"
-RECIPE_KIND = "recipe"
-TASKS = ("classification", "regression")  # the built-ins' tasks; a recipe may define others
+KINDS = BUILTIN_RECIPES  # the built-in recipes' models; any other recipe's spec has kind "recipe"
+TASKS = BUILTIN_TASKS  # the built-ins' tasks; a recipe may define others
 NORMS = ("none", "batch")
-BUILTIN_VERSION = "1"  # the built-in recipes' version
+__all__ = ["BUILTIN_VERSION", "KINDS", "NORMS", "RECIPE_KIND", "TASKS", "ModelInputs", "ModelSpec"]
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,13 @@ class ModelSpec:
         if self.kind == RECIPE_KIND:
             assert self.recipe is not None
             return self.recipe
-        params = {"hidden": list(self.hidden), "norm": self.norm} if self.kind == "mlp" else {}
-        return RecipeIdentity(name=self.kind, version=BUILTIN_VERSION, params=params)
+        return builtin_identity(self.kind, self.hidden, self.norm)
+
+    @property
+    def where(self) -> str:
+        """How messages name the model: ``Model <short id>``, or ``The model`` (a recipe's id is
+        long JSON; messages name its recipe instead)."""
+        return "The model" if self.kind == RECIPE_KIND else f"Model {self.to_id()}"
 
     @property
     def inputs(self) -> ModelInputs:
