@@ -2,78 +2,33 @@
 
 A rule is one class with one hook, `AggregationStrategy.aggregate`, registered with
 `aggregation.registry.register`; how to write one is in docs/aggregation.md, "Writing a
-strategy" (worked example: `aggregation/geometric_median.py`).
+strategy" (worked example: `aggregation/geometric_median.py`). Its report is the run record's
+own type, `protocol.history.AggregationReport` with one `protocol.history.SiteReport` per
+update (re-exported here), so what a rule builds is what history.json, the report files, the
+admin API and the web view read.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.protocol.history import AggregationReport, SiteReport
 from fedsplit.protocol.update import Update, UpdateSource
 from pydantic import BaseModel, ConfigDict
+
+__all__ = ["AggregateResult", "AggregationReport", "AggregationStrategy", "SiteReport",
+           "StrategyParams"]
 
 
 class StrategyParams(BaseModel):
     """Base of every strategy's parameter model: unknown keys are refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-@dataclass
-class SiteReport:
-    """How one update took part in an aggregation.
-
-    ``num_examples`` is the count used (after any cohort cap); ``claimed_examples`` is what the
-    site sent when a cap changed it. ``weight`` is the update's share of the aggregate (0 when
-    excluded or not selected). ``trimmed_fraction`` (median, trimmed mean): share of
-    coordinates at which this update's value was dropped (fractional weight counts for the
-    weighted variants); ``trimmed_most`` marks the update(s) dropped most often. ``selected``
-    and ``score`` (Krum, multi-Krum): whether the update was chosen and its Krum score.
-    ``l2_to_aggregate``: Euclidean distance from this update to the aggregate, all parameters.
-    """
-
-    site: str
-    num_examples: int
-    weight: float
-    excluded: bool = False
-    reason: str | None = None
-    claimed_examples: int | None = None
-    flags: list[str] = field(default_factory=list)
-    trimmed_fraction: float | None = None
-    trimmed_most: bool = False
-    selected: bool | None = None
-    score: float | None = None
-    l2_to_aggregate: float | None = None
-
-
-@dataclass
-class AggregationReport:
-    """What an aggregation did, per site; saved beside the model as JSON."""
-
-    strategy: str
-    params: dict[str, Any]
-    num_examples: int
-    sites: list[SiteReport] = field(default_factory=list)
-    #: working-memory budget the aggregation ran under (bytes), when it is bounded
-    memory_budget: int | None = None
-    #: working memory the rule's passes actually planned for (bytes), at most the budget
-    working_bytes: int | None = None
-    #: rule-specific summary (geometric-median: iterations run, objective, why it stopped)
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def excluded(self) -> list[SiteReport]:
-        """Sites whose update was left out, with their reasons."""
-        return [s for s in self.sites if s.excluded]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-friendly dict."""
-        return asdict(self)
 
 
 @dataclass

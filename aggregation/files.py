@@ -141,5 +141,5 @@ def aggregate_files(
         )
         model = model_id(files, [not s.excluded for s in result.report.sites])
     write_weights(result.to_update(site="aggregate", round=round_id, model=model), target)
-    write_json_atomic(report_target, result.report.to_dict())
+    write_json_atomic(report_target, result.report.to_json())
     return FilesAggregate(result=result, model=model, weights_path=target, report_path=report_target)

@@ -23,10 +23,11 @@ from collections.abc import Mapping, Sequence
 from fedsplit.aggregation import backend
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET, ValueWatch, check_budget
 from fedsplit.aggregation._device import current, using
-from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, SiteReport
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy
 from fedsplit.aggregation.building_blocks import require_updates
 from fedsplit.aggregation.errors import NotEnoughUpdatesError
 from fedsplit.aggregation.guard import Expected, guard_updates
+from fedsplit.protocol.history import SiteReport
 from fedsplit.protocol.update import UpdateSource
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import TableSettings
@@ -28,6 +28,13 @@ class RunConfig(BaseModel):
     """Every knob of a horizontal federation, documented once."""
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    #: The fields a resumed run (same out-dir) may change (`server.history.find_resume_point`):
+    #: none of them alters a trained round. ``min_count`` acts only on the survival summary after
+    #: the last round, so a run whose summary published too little ("Lower min-count") is rerun
+    #: with a lower one and only the summary is redone. `resumable_keys` gives their run-config keys.
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("num_server_rounds", "round_timeout", "resume",
+                                            "quorum", "min_nodes", "device", "keep", "min_count")
 
     num_server_rounds: int = Field(3, ge=1, alias="num-server-rounds",
                                    description="Federation rounds to run.")
@@ -332,6 +339,11 @@ class RunConfig(BaseModel):
             received = ("" if all("Received:" in m for m in messages)
                         else f" Received: {dict(run_config)}")
             raise ConfigError(f"Invalid run configuration: {problems}.{known}{received}") from e
+
+    @classmethod
+    def resumable_keys(cls) -> frozenset[str]:
+        """The run-config keys (kebab-case) of `RESUMABLE`: what a resumed run may change."""
+        return frozenset(cls.model_fields[name].alias or name for name in cls.RESUMABLE)
 
     def to_flower(self) -> dict[str, Any]:
         """Return the kebab-case dict Flower's ``--run-config`` and pyproject expect."""

@@ -35,6 +35,7 @@ from typing import Any
 from fedsplit.aggregation.base import AggregateResult
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.arrays import ArraySpec
+from fedsplit.protocol.history import SiteEntry
 from fedsplit.protocol.horizontal_wire import reply_site
 from flwr.app import Message
 
@@ -95,7 +96,7 @@ class RoundBook:
         return self.site_names.get(node, f"node-{node}")
 
     def missing(self, phase: str, server_round: int, replies: list[Message]
-                ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+                ) -> tuple[dict[str, int], list[SiteEntry]]:
         """Close the phase's awaited instructions against its ``replies``: (message id -> node,
         one history entry per hospital sent an instruction that did not answer in time)."""
         sent = self.sent.pop((phase, server_round), [])
@@ -105,13 +106,14 @@ class RoundBook:
                     for r in replies}
         limit = f"{self.deadline:.0f} s" if self.deadline is not None else "the deadline"
         missing = [
-            {"site": self.site_names.get(m.metadata.dst_node_id, f"node-{m.metadata.dst_node_id}"),
-             "excluded": True, "late": True,
-             "reason": f"no {phase} reply within round-timeout ({limit})"}
+            SiteEntry(site=self.site_names.get(m.metadata.dst_node_id,
+                                               f"node-{m.metadata.dst_node_id}"),
+                      excluded=True, late=True,
+                      reason=f"no {phase} reply within round-timeout ({limit})")
             for m in sent if m.metadata.dst_node_id not in answered
         ]
         for entry in missing:
-            log.warning("Round %s: %s: %s", server_round, entry["site"], entry["reason"])
+            log.warning("Round %s: %s: %s", server_round, entry.site, entry.reason)
         return senders, missing
 
 
@@ -133,12 +135,12 @@ class RoundReplies:
 class Merge:
     """What a merge step makes of a round's training replies.
 
-    ``sites`` holds one history entry per reply (the loop adds the missing hospitals after
+    ``sites`` holds one history entry (`SiteEntry`) per reply (the loop adds the missing hospitals after
     them). Either ``result`` is the aggregate (over the tensors that travel; the server
     optimizer steps on it) and ``metrics`` the averaged training metrics, or ``error`` says
     why the global model stays as it was (a short round; ``result`` is None)."""
 
-    sites: list[dict[str, Any]]
+    sites: list[SiteEntry]
     result: AggregateResult | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None

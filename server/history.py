@@ -34,14 +34,13 @@ import numpy as np
 from fedsplit.aggregation.base import AggregateResult
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol.atomic import atomic_path, write_json_atomic
+from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, ResumeMismatchError
 from fedsplit.protocol.history import (
     HISTORY_FILE,
-    AggregationReport,
     Phase,
     Resume,
     RunRecord,
-    Selection,
     ServerOptStep,
     SiteEntry,
 )
@@ -54,18 +53,12 @@ from fedsplit.server.selection import select
 if TYPE_CHECKING:
     from flwr.app import ArrayRecord
 
-#: Run-config keys a resumed run (same out-dir) may change: none of them alters a trained round. ``min-count``
-#: acts only on the survival summary after the last round, so a run whose summary published too
-#: little ("Lower min-count") is rerun with a lower one and only the summary is redone.
-RESUMABLE_CHANGES = frozenset({"num-server-rounds", "round-timeout", "resume", "quorum", "min-nodes",
-                               "device", "keep", "min-count"})
+#: Run-config keys a resumed run (same out-dir) may change: none of them alters a trained round
+#: (declared once, `protocol.config.RunConfig.RESUMABLE`, where each is explained).
+RESUMABLE_CHANGES = RunConfig.resumable_keys()
 FINGERPRINT_KEY = "data-fingerprint"
 START_OVER = ("use a new out-dir (--out), or start over in this one with run config resume=false "
               "(`fedsplit simulate --no-resume`, `fedsplit up --no-resume`)")
-
-
-def _entries(sites: Sequence[SiteEntry | Mapping[str, Any]]) -> list[SiteEntry]:
-    return [s if isinstance(s, SiteEntry) else SiteEntry.model_validate(s) for s in sites]
 
 
 class RunHistory:
@@ -131,21 +124,23 @@ class RunHistory:
         self,
         server_round: int,
         result: AggregateResult | None,
-        sites: Sequence[SiteEntry | Mapping[str, Any]],
+        sites: Sequence[SiteEntry],
         metrics: dict[str, float],
         error: str | None = None,
         *,
         arrays: dict[str, np.ndarray] | None = None,
         server_opt: ServerOptimizer | None = None,
     ) -> None:
-        """Record a round's training replies, aggregation report and saved model.
+        """Record a round's training replies (one `SiteEntry` per hospital), the rule's
+        aggregation report and the saved model. The report is recorded as the rule built it: the
+        same object is history.json's round ``aggregation`` and ``models/round-NNN.report.json``.
 
         ``arrays``: the new global model when it is not the rule's aggregate (a server
         optimizer stepped it, or the aggregate covers only the tensors that travel and the
         rest was kept); ``server_opt``: that optimizer, whose state is saved first.
         """
         entry = self.record.round_entry(server_round)
-        entry.train = Phase(sites=_entries(sites), metrics=metrics)
+        entry.train = Phase(sites=list(sites), metrics=metrics)
         if error is not None:
             entry.error = error
         if result is not None:
@@ -168,10 +163,10 @@ class RunHistory:
                        model=self.record.model_id, site="global"),
                 model_path, schema=self.schema,
             )
-            write_json_atomic(model_path.with_suffix(".report.json"), result.report.to_dict())
+            entry.aggregation = result.report
+            write_json_atomic(model_path.with_suffix(".report.json"), result.report.to_json())
             with atomic_path(self.out_dir / "last.h5") as tmp:
                 shutil.copyfile(model_path, tmp)
-            entry.aggregation = AggregationReport.model_validate(result.report.to_dict())
             entry.model = str(model_path.relative_to(self.out_dir))
             self._keep()
         entry.train_seconds = round(time.monotonic() - self._round_started, 3)
@@ -181,13 +176,12 @@ class RunHistory:
         self.save()
 
     def record_evaluate(
-        self, server_round: int, sites: Sequence[SiteEntry | Mapping[str, Any]],
-        metrics: dict[str, float],
+        self, server_round: int, sites: Sequence[SiteEntry], metrics: dict[str, float],
     ) -> None:
         """Record the federated evaluation of a round's global model (with one message per
         round it arrives with the next round's replies, or the closing exchange's)."""
         entry = self.record.round_entry(server_round)
-        entry.evaluate = Phase(sites=_entries(sites), metrics=metrics)
+        entry.evaluate = Phase(sites=list(sites), metrics=metrics)
         if not self.one_message:
             entry.seconds = round(time.monotonic() - self._round_started, 3)
             self._round_started = time.monotonic()
@@ -207,8 +201,7 @@ class RunHistory:
     def _keep(self) -> None:
         """Choose the kept round from the recorded ones; copy its model to global.h5 when the
         choice moved (or global.h5 is missing)."""
-        chosen = Selection.model_validate(
-            select(self.data["rounds"], self.keep, self.record.model_id))
+        chosen = select(self.record.rounds, self.keep, self.record.model_id)
         before = self.record.selection.rounds_kept if self.record.selection else None
         self.record.selection = chosen
         target = self.out_dir / "global.h5"

@@ -7,8 +7,9 @@ the hospitals' task metric (accuracy, or r2) decides; ties go to the later round
 config ``keep=last`` the last round's model is kept. Only rounds that produced a new global model
 (``models/round-NNN.h5``) are candidates.
 
-The choice is recomputed from the rounds recorded in ``history.json`` (`select`), so a restarted
-coordinator that continues a run keeps the round and score the first one had kept.
+The choice is recomputed from the rounds recorded in ``history.json`` (`select`: the record's
+`RoundEntry` list in, its `Selection` out), so a restarted coordinator that continues a run keeps
+the round and score the first one had kept.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fedsplit.protocol.history import Metric, RoundEntry, Selection, ValScore
 from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
 from fedsplit.protocol.selection import BestRound, selection_metric
 from fedsplit.protocol.survival import pooled_concordance
 
+#: the metrics a run's evaluations are searched for when its model id names no task
+TASK_METRICS = ("accuracy", "r2")
 
-def task_metric(model_id: str | None, rounds: Iterable[Mapping[str, Any]] = ()) -> str:
+
+def task_metric(model_id: str | None, rounds: Iterable[RoundEntry] = ()) -> str:
     """The selection metric of a run: from the model id's task (``kind/task/...``), else from
     the metric its evaluations report (``accuracy``, else ``r2``)."""
     if model_id and is_recipe_id(model_id):  # a recipe names its own selection metric
@@ -30,38 +35,49 @@ def task_metric(model_id: str | None, rounds: Iterable[Mapping[str, Any]] = ()) 
     if len(parts) > 1 and parts[1] in ("classification", "regression"):
         return selection_metric(parts[1])
     for entry in rounds:
-        metrics = entry.get("evaluate", {}).get("metrics", {})
-        for key in ("accuracy", "r2"):
-            if key in metrics:
+        reported = entry.evaluate.metrics if entry.evaluate is not None else {}
+        for key in TASK_METRICS:
+            if key in reported:
                 return key
     return "accuracy"
 
 
-def round_score(entry: Mapping[str, Any], metric: str) -> float | None:
-    """The round's federated validation score, or None (not evaluated, or no such metric).
-    A survival C-index is the one over the hospitals' summed concordance pairs when they sent
-    them (`protocol.survival.pooled_concordance`), not the mean of their C-indices."""
-    metrics = entry.get("evaluate", {}).get("metrics", {})
+def metrics_score(metrics: Mapping[str, Metric], metric: str) -> float | None:
+    """The score ``metric`` of a federated evaluation's aggregated ``metrics``, or None (no such
+    metric). A survival C-index is the one over the hospitals' summed concordance pairs when
+    they sent them (`protocol.survival.pooled_concordance`), not the mean of their C-indices."""
     if metric == "c_index" and (pooled := pooled_concordance(metrics)) is not None:
         return pooled
     value = metrics.get(metric)
     return float(value) if isinstance(value, int | float) else None
 
 
-def select(rounds: Iterable[Mapping[str, Any]], keep: str, model_id: str | None) -> dict[str, Any]:
-    """The kept round over the recorded ``rounds`` (in order): ``keep``, ``metric``,
-    ``rounds_kept`` (0: no model yet), ``val_score`` (the kept round's) and per round
-    ``val_metric`` (``{"round", "score", "examples"}``; score None when not scored)."""
-    rounds = [r for r in rounds if "model" in r]
-    metric = task_metric(model_id, rounds)
+def round_score(entry: RoundEntry | Mapping[str, Any], metric: str) -> float | None:
+    """The round's federated validation score, or None (not evaluated, or no such metric):
+    `metrics_score` of its evaluation.
+
+    A mapping is read as a round's JSON through `RoundEntry` (its ``round`` may be left out);
+    `orchestration.experiment.validation_score` still scores a baseline's evaluation that way."""
+    if not isinstance(entry, RoundEntry):
+        entry = RoundEntry.model_validate({"round": 0, **entry})
+    return metrics_score(entry.evaluate.metrics, metric) if entry.evaluate is not None else None
+
+
+def select(rounds: Iterable[RoundEntry], keep: str, model_id: str | None) -> Selection:
+    """The kept round over the recorded ``rounds`` (in any order): ``keep``, ``metric``,
+    ``rounds_kept`` (0: no model yet), ``val_score`` (the kept round's) and per candidate round
+    a `ValScore` (score None when not scored; ``examples``: the validation rows of the hospitals
+    not left out)."""
+    candidates = sorted((r for r in rounds if r.model is not None), key=lambda r: r.round)
+    metric = task_metric(model_id, candidates)
     picker = BestRound(keep)
-    scored = []
-    for entry in sorted(rounds, key=lambda r: int(r["round"])):
+    scored: list[ValScore] = []
+    for entry in candidates:
         value = round_score(entry, metric)
-        picker.offer(value, round=int(entry["round"]))
-        examples = sum(int(s.get("num_examples", 0)) for s in entry.get("evaluate", {}).get("sites", [])
-                       if not s.get("excluded"))
-        scored.append({"round": int(entry["round"]), "score": value, "examples": examples})
-    return {"keep": keep, "metric": metric, "rounds_kept": picker.round,
-            "val_score": picker.score if picker.round and picker.score == picker.score else None,
-            "val_metric": scored}
+        picker.offer(value, round=entry.round)
+        examples = entry.evaluate.examples if entry.evaluate is not None else 0
+        scored.append(ValScore(round=entry.round, score=value, examples=examples))
+    kept_score = picker.score if picker.round else None
+    return Selection(keep=keep, metric=metric, rounds_kept=picker.round,
+                     val_score=kept_score if kept_score == kept_score else None,
+                     val_metric=scored)

@@ -44,11 +44,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from fedsplit.aggregation.base import AggregationStrategy, SiteReport
+from fedsplit.aggregation.base import AggregationStrategy
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.arrays import ArraySpec
 from fedsplit.protocol.errors import ConfigError, FedsplitError
+from fedsplit.protocol.history import SiteEntry, SiteReport
 from fedsplit.protocol.horizontal_wire import reply_site
 from fedsplit.protocol.update import Update
 from fedsplit.server.bookkeeping import Merge, MergeStep, RoundBook, RoundReplies
@@ -379,7 +380,7 @@ class RegistryStrategy(FedAvg):
         """Flower's sampling for evaluation, once a quorum is connected."""
         return self._configure("evaluate", server_round + self.round_offset, arrays, config, grid)
 
-    def record_short(self, server_round: int, sites: list[dict[str, Any]], error: str,
+    def record_short(self, server_round: int, sites: list[SiteEntry], error: str,
                      ) -> tuple[None, None]:
         """Record a short round (the global model stays as it was; ``error`` says why) and
         return Flower's "no new model" answer."""
@@ -402,7 +403,7 @@ class RegistryStrategy(FedAvg):
         expected = self._expected.pop(server_round, None)
         if (skipped := self.book.take_skip("train", server_round)) is not None:
             # nothing was sent; a stray reply is named, and left out with the reason
-            sites = [{"site": self.book.site(m, senders), "excluded": True, "reason": skipped}
+            sites = [SiteEntry(site=self.book.site(m, senders), excluded=True, reason=skipped)
                      for m in replies]
             self._full.pop(server_round, None)
             self.history.record_train(server_round, None, [*sites, *missing], {}, error=skipped)
@@ -454,13 +455,11 @@ class RegistryStrategy(FedAvg):
                 continue
             contents.append(_without_evaluation(msg.content))
         # one entry per parsed reply first, in order (aligned with the aggregation report)
-        sites: list[dict[str, Any]] = [
-            {"site": r.site, "num_examples": r.update.num_examples, "metrics": r.metrics,
-             "info": r.info} for r in parsed
-        ]
+        sites = [SiteEntry(site=r.site, num_examples=r.update.num_examples, metrics=r.metrics,
+                           info=r.info) for r in parsed]
         for rep in excluded:
             log.warning("Round %s: excluded %s: %s", server_round, rep.site, rep.reason)
-            sites.append({"site": rep.site, "excluded": True, "reason": rep.reason})
+            sites.append(SiteEntry(site=rep.site, excluded=True, reason=rep.reason))
         if not parsed:
             return Merge(sites, error="no usable training replies; global model unchanged")
         if len(parsed) < self.quorum:
@@ -478,7 +477,7 @@ class RegistryStrategy(FedAvg):
         usable = []
         for k, rep in enumerate(result.report.sites):
             if rep.excluded:
-                sites[k].update(excluded=True, reason=rep.reason)
+                sites[k].excluded, sites[k].reason = True, rep.reason
             else:
                 usable.append(k)
         result.report.sites.extend(excluded)
@@ -513,24 +512,24 @@ class RegistryStrategy(FedAvg):
         valid, failed = self._check_and_log_replies(replies, is_train=False, validate=False)
         rows: list[tuple[float, Mapping[str, Metric]]] = []
         contents: list[RecordDict] = []
-        sites: list[dict[str, Any]] = []
+        sites: list[SiteEntry] = []
         for msg in valid:  # evaluate replies, and train replies carrying an evaluation
             self.book.site(msg, senders)
             try:
                 parsed = wire.parse_evaluation(msg, weight_key=self.weighted_by_key)
             except FedsplitError as e:
-                sites.append({"site": reply_site(msg), "excluded": True, "reason": str(e)})
+                sites.append(SiteEntry(site=reply_site(msg), excluded=True, reason=str(e)))
                 continue
             rows.append((parsed.num_examples, parsed.metrics))
             contents.append(wire.evaluation_content(msg))
-            sites.append({"site": parsed.site, "num_examples": parsed.num_examples,
-                          "metrics": parsed.metrics})
+            sites.append(SiteEntry(site=parsed.site, num_examples=parsed.num_examples,
+                                   metrics=parsed.metrics))
         for msg in failed:
-            sites.append({"site": self.book.site(msg, senders), "excluded": True,
-                          "reason": wire.failure_reason(msg.error.reason)})
+            sites.append(SiteEntry(site=self.book.site(msg, senders), excluded=True,
+                                   reason=wire.failure_reason(msg.error.reason)))
         sites.extend(missing)
         if (skipped := self.book.take_skip("evaluate", server_round)) is not None:
-            sites.append({"excluded": True, "reason": skipped})
+            sites.append(SiteEntry(excluded=True, reason=skipped))
         metrics = self._aggregate_metrics(self._evaluate_aggr, "evaluate_metrics_aggr_fn",
                                           rows, contents)
         self.history.record_evaluate(server_round, sites, metrics)

@@ -35,17 +35,13 @@ import time
 from typing import Any
 
 import numpy as np
-from fedsplit.aggregation.base import (
-    AggregateResult,
-    AggregationReport,
-    AggregationStrategy,
-    SiteReport,
-)
+from fedsplit.aggregation.base import AggregateResult, AggregationStrategy
 from fedsplit.aggregation.geometric_median import WeiszfeldStop
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import secure_vector as sv
 from fedsplit.protocol.errors import ConfigError, FedsplitError
+from fedsplit.protocol.history import AggregationReport, SiteEntry, SiteReport
 from fedsplit.protocol.horizontal_wire import reply_site
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.server.bookkeeping import Merge, RoundReplies
@@ -218,16 +214,16 @@ class SecureStrategy(StrategyWrapper):
         rule's iteration from it). The loop then steps the server optimizer and records it."""
         loop = self.loop
         r = replies.server_round
-        sites: list[dict[str, Any]] = []
+        sites: list[SiteEntry] = []
         masked: dict[int, np.ndarray] = {}
         rows: list[tuple[float, dict[str, Any]]] = []
         for msg in replies.replies:
             site = loop.book.site(msg, replies.senders)
             if not msg.has_content() or pv.MASKED not in msg.content.array_records:
                 reason = msg.error.reason if msg.has_error() else "no masked vector"
-                sites.append({"site": site, "excluded": True,
-                              "reason": wire.failure_reason(reason) if msg.has_error()
-                              else f"dropped out of secure aggregation: {reason}"})
+                sites.append(SiteEntry(site=site, excluded=True,
+                                       reason=wire.failure_reason(reason) if msg.has_error()
+                                       else f"dropped out of secure aggregation: {reason}"))
                 continue
             metrics = {k: float(v) for k, v in msg.content.metric_records["metrics"].items()
                        if not isinstance(v, list)}
@@ -235,8 +231,7 @@ class SecureStrategy(StrategyWrapper):
             rows.append((1.0, metrics))
             info = {k: str(v) for k, v in msg.content.config_records.get("site", {}).items()
                     if k != "name"}
-            sites.append({"site": reply_site(msg), "metrics": metrics, "info": info,
-                          "secure": True})
+            sites.append(SiteEntry(site=reply_site(msg), metrics=metrics, info=info, secure=True))
         run, start = self._runs.pop(r)
         t0 = time.monotonic()
         try:
@@ -259,9 +254,9 @@ class SecureStrategy(StrategyWrapper):
         report = AggregationReport(
             strategy=self.aggregator.name, params={"secure": self.secure.to_spec()},
             num_examples=count,
-            sites=[SiteReport(site=s["site"], num_examples=0, weight=0.0,
+            sites=[SiteReport(site=s.site, num_examples=0, weight=0.0,
                               flags=["secure: count and weight hidden"])
-                   for s in sites if not s.get("excluded")],
+                   for s in sites if not s.excluded],
             details={"secure_aggregation": {
                 "hospitals": len(masked), "dropped": len(run.u1) - len(run.u2),
                 "share_num": run.share_num, "threshold": run.threshold,

@@ -28,13 +28,14 @@ import time
 from typing import Any
 
 import numpy as np
-from fedsplit.aggregation.base import AggregateResult, AggregationReport, SiteReport
+from fedsplit.aggregation.base import AggregateResult
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol import survival_exact as se
 from fedsplit.protocol import survival_summary as ss
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import FederationError
+from fedsplit.protocol.history import AggregationReport, SiteEntry, SiteReport
 from fedsplit.protocol.schema import Schema
 from fedsplit.server.history import RunHistory
 from fedsplit.server.setup import ModelSetup, wait_for_nodes
@@ -55,9 +56,9 @@ def uses_newton(cfg: RunConfig, model_id: str | None) -> bool:
 
 
 def _sites(coord: Coordinator, counts: dict[str, float], metrics: dict[str, dict[str, float]]
-           ) -> list[dict[str, Any]]:
+           ) -> list[SiteEntry]:
     """History entries per hospital (none under secure aggregation: only sums are known)."""
-    return [{"site": name, "num_examples": int(counts[name]), "metrics": metrics.get(name, {})}
+    return [SiteEntry(site=name, num_examples=int(counts[name]), metrics=metrics.get(name, {}))
             for name in sorted(counts)] if coord.secure is None else []
 
 

@@ -16,6 +16,7 @@ import pytest
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol import read_weights
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import Phase, RoundEntry
 from fedsplit.server.history import RunHistory, find_resume_point
 from fedsplit.server.selection import select, task_metric
 from fedsplit.server.strategy import RegistryStrategy
@@ -177,9 +178,10 @@ def test_a_bad_keep_value_says_what_to_use(tmp_path: Path) -> None:
 def test_the_metric_follows_the_task() -> None:
     assert task_metric(CLASSIFIER) == "accuracy" and task_metric(REGRESSOR) == "r2"
     # ids without the task: the metric the evaluations report
-    assert task_metric("mlp:x", [{"evaluate": {"metrics": {"r2": 0.1}}}]) == "r2"
+    scored = RoundEntry(round=1, evaluate=Phase(metrics={"r2": 0.1}))
+    assert task_metric("mlp:x", [scored]) == "r2"
     empty = select([], "best-val", CLASSIFIER)
-    assert empty["rounds_kept"] == 0 and empty["val_score"] is None
+    assert empty.rounds_kept == 0 and empty.val_score is None
 
 
 def test_scores_equal_but_for_rounding_are_a_tie() -> None:

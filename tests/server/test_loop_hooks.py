@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedsplit.aggregation.base import AggregateResult, AggregationReport
+from fedsplit.aggregation.base import AggregateResult
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol import read_weights
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import AggregationReport, SiteEntry
 from fedsplit.server.bookkeeping import Merge, RoundBook, RoundReplies
 from fedsplit.server.history import RunHistory
 from fedsplit.server.strategy import RegistryStrategy
@@ -50,7 +51,7 @@ def test_a_supplied_merge_step_is_stepped_and_recorded_by_the_loop(tmp_path: Pat
     def merge(replies: RoundReplies) -> Merge:
         seen.append(replies)
         report = AggregationReport(strategy="mine", params={}, num_examples=7, sites=[])
-        return Merge([{"site": "a", "metrics": {"loss": 1.0}}],
+        return Merge([SiteEntry(site="a", metrics={"loss": 1.0})],
                      result=AggregateResult({"w": np.full(2, 3.0, np.float32)}, 7, report),
                      metrics={"loss": 1.0})
 
@@ -75,7 +76,7 @@ def test_a_supplied_merge_step_is_stepped_and_recorded_by_the_loop(tmp_path: Pat
 
 def test_a_short_merge_keeps_the_model_and_the_loop_records_why(tmp_path: Path) -> None:
     loop = _loop(tmp_path)
-    loop.use_merge(lambda replies: Merge([{"site": "a", "excluded": True, "reason": "x"}],
+    loop.use_merge(lambda replies: Merge([SiteEntry(site="a", excluded=True, reason="x")],
                                          error="too few; global model unchanged"))
     assert loop.aggregate_train(1, []) == (None, None)
     entry = json.loads((tmp_path / "history.json").read_text())["rounds"][0]
@@ -104,8 +105,8 @@ def test_the_book_names_replies_and_the_hospitals_that_did_not_answer() -> None:
     failed = Message(Error(code=1, reason="boom"), reply_to=sent[1])
     senders, missing = book.missing("train", 4, [named, failed])
     assert ("train", 4) not in book.sent
-    assert [m["site"] for m in missing] == ["east"]
-    assert missing[0]["late"] and "round-timeout (30 s)" in missing[0]["reason"]
+    assert [m.site for m in missing] == ["east"]
+    assert missing[0].late and "round-timeout (30 s)" in (missing[0].reason or "")
     assert book.site(named, senders) == "north-2" and book.site_names[1] == "north-2"
     assert book.site(failed, senders) == "south"
     book.skip("evaluate", 4, "no quorum")

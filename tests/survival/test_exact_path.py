@@ -168,6 +168,7 @@ def test_round_is_selected_by_the_summed_pairs_not_the_mean_of_c_indices() -> No
     row-weighted mean of C-indices prefers round 1 (b has more rows); the C over the summed
     pairs (what `select` uses) prefers round 2, which orders more pairs correctly."""
     from fedsplit.client.survival.cox import concordance_counts
+    from fedsplit.protocol.history import Phase, RoundEntry
     from fedsplit.server.selection import select
     from fedsplit.server.strategy import weighted_mean
 
@@ -183,10 +184,10 @@ def test_round_is_selected_by_the_summed_pairs_not_the_mean_of_c_indices() -> No
             sites.append((len(t), {"c_index": (c + tied / 2) / pairs,
                                    **sv.pair_rates(c, tied, pairs, len(t))}))
         expected.append((summed[0] + summed[1] / 2) / summed[2])
-        rounds.append({"round": number, "model": f"models/round-{number:03d}.h5",
-                       "evaluate": {"metrics": weighted_mean(sites), "sites": []}})
+        rounds.append(RoundEntry(round=number, model=f"models/round-{number:03d}.h5",
+                                 evaluate=Phase(metrics=weighted_mean(sites))))
     chosen = select(rounds, "best-val", model_id())
-    np.testing.assert_allclose([s["score"] for s in chosen["val_metric"]], expected, rtol=1e-12)
-    assert chosen["rounds_kept"] == 2
-    mean_c = [r["evaluate"]["metrics"]["c_index"] for r in rounds]
+    np.testing.assert_allclose([s.score for s in chosen.val_metric], expected, rtol=1e-12)
+    assert chosen.rounds_kept == 2
+    mean_c = [r.evaluate.metrics["c_index"] for r in rounds]
     assert mean_c[0] > mean_c[1]  # the mean of C-indices would have kept round 1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import AggregationReport, SiteEntry, SiteReport
 from fedsplit.server.admin.ui import check_runs_dirs, view_url
 from fedsplit.server.admin.ui.activity import summary_line
 from fedsplit.server.admin.ui.charts import Series, line_chart
@@ -46,9 +47,10 @@ def test_every_hospital_status_is_derived_from_history_and_report(tmp_path: Path
 def test_trimmed_share_is_a_status() -> None:
     """A median/trimmed-mean report's trimmed_fraction > 0 tags the row 'trimmed'."""
     rows = rows_from_round(
-        [{"site": "a", "num_examples": 3}, {"site": "b", "num_examples": 4}],
-        {"sites": [{"site": "a", "num_examples": 3, "weight": 0.5, "trimmed_fraction": 0.25},
-                   {"site": "b", "num_examples": 4, "weight": 0.5, "trimmed_fraction": 0.0}]},
+        [SiteEntry(site="a", num_examples=3), SiteEntry(site="b", num_examples=4)],
+        AggregationReport(sites=[
+            SiteReport(site="a", num_examples=3, weight=0.5, trimmed_fraction=0.25),
+            SiteReport(site="b", num_examples=4, weight=0.5, trimmed_fraction=0.0)]),
     )
     assert [r.tags for r in rows] == [["replied", "trimmed"], ["replied"]]
     assert rows[0].trimmed_fraction == 0.25

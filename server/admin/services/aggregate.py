@@ -48,7 +48,7 @@ def aggregate_round(ctx: AdminContext, round_id: int) -> Round:
         )
         seconds = time.perf_counter() - started
         result = done.result
-        report = result.report.to_dict()
+        report = result.report.to_json()
         rnd.status = AGGREGATED
         rnd.model_file = ctx.files.relative(done.weights_path)
         rnd.report = report

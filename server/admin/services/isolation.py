@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedsplit.protocol.history import AggregationReport, SiteReport
 from fedsplit.server.admin.auth import ADMIN, Principal
 from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.errors import PermissionDeniedError
@@ -40,6 +41,9 @@ AGGREGATE_REPORT_KEYS = ("strategy", "params")
 #: the others' counts and updates).
 OWN_REPORT_KEYS = ("site", "num_examples", "claimed_examples", "excluded", "reason", "flags")
 OTHER_HOSPITAL = "another hospital"
+#: A round's aggregation report: the model, or the JSON the admin database stores of it
+#: (`aggregation.files.aggregate_files` writes it; read through `stored_report`).
+ReportLike = AggregationReport | Mapping[str, Any] | None
 
 
 def is_admin(principal: Principal) -> bool:
@@ -56,21 +60,43 @@ def sees_site(principal: Principal, *, site_id: int | None = None, site_name: st
     return site_name is not None and site_name == principal.site_name
 
 
-def report_for(principal: Principal, report: dict[str, Any] | None,
-               other_names: Iterable[str] = ()) -> dict[str, Any] | None:
+def stored_report(report: ReportLike) -> AggregationReport | None:
+    """A round's report as the model (`protocol.history.AggregationReport`); None when there is
+    none, or the stored JSON does not read as one (it then counts as no report: no hospital is
+    known to be in the aggregate)."""
+    if report is None or isinstance(report, AggregationReport):
+        return report
+    try:
+        return AggregationReport.model_validate(dict(report))
+    except (TypeError, ValueError):
+        return None
+
+
+def visible_report(principal: Principal, report: ReportLike,
+                   other_names: Iterable[str] = ()) -> AggregationReport | None:
     """The aggregation report as ``principal`` may see it: a hospital gets the aggregate-level
-    fields and its own line, with other hospitals' names taken out of its reason."""
+    fields (`AGGREGATE_REPORT_KEYS`) and its own line (`OWN_REPORT_KEYS`), with other
+    hospitals' names taken out of its reason; every other field is left unset."""
+    report = stored_report(report)
     if report is None or is_admin(principal):
         return report
-    own = [
-        {k: entry.get(k) for k in OWN_REPORT_KEYS if k in entry}
-        for entry in report.get("sites", []) or []
-        if isinstance(entry, dict) and entry.get("site") == principal.site_name
-    ]
-    for entry in own:
-        if entry.get("reason"):
-            entry["reason"] = redact_names(str(entry["reason"]), other_names, principal)
-    return {**{k: report[k] for k in AGGREGATE_REPORT_KEYS if k in report}, "sites": own}
+    own = [SiteReport(**line.model_dump(include=set(OWN_REPORT_KEYS)))
+           for line in report.sites if line.site == principal.site_name]
+    for line in own:
+        if line.reason:
+            line.reason = redact_names(line.reason, other_names, principal)
+    return AggregationReport(**report.model_dump(include=set(AGGREGATE_REPORT_KEYS)), sites=own)
+
+
+def report_for(principal: Principal, report: ReportLike,
+               other_names: Iterable[str] = ()) -> dict[str, Any] | None:
+    """`visible_report` as the API's JSON: for a hospital only the keys it may see."""
+    seen = visible_report(principal, report, other_names)
+    if seen is None or is_admin(principal):
+        return seen.to_json() if seen is not None else None
+    return {**seen.model_dump(mode="json", include=set(AGGREGATE_REPORT_KEYS)),
+            "sites": [line.model_dump(mode="json", include=set(OWN_REPORT_KEYS))
+                      for line in seen.sites]}
 
 
 @dataclass(frozen=True)
@@ -98,23 +124,24 @@ def release_rule(settings: AdminSettings) -> ReleaseRule:
                        min_own_share=settings.min_own_share)
 
 
-def shares_in_model(report: dict[str, Any] | None) -> dict[str, float]:
+def shares_in_model(report: ReportLike) -> dict[str, float]:
     """Each hospital's share of an aggregate's weight, from its report (excluded updates and
     Krum's unselected ones hold none). The report's ``weight`` when every used update has one,
     else equal shares."""
-    if not isinstance(report, dict):
+    report = stored_report(report)
+    if report is None:
         return {}
     weights: dict[str, float | None] = {}
-    for entry in report.get("sites", []) or []:
-        if not isinstance(entry, dict) or entry.get("excluded") or entry.get("selected") is False:
+    for line in report.sites:
+        if not line.used:
             continue
-        weight = entry.get("weight")
-        if isinstance(weight, int | float) and not isinstance(weight, bool):
+        name, weight = str(line.site), line.weight
+        if weight is not None:
             if not math.isfinite(weight) or weight <= 0:
                 continue
-            weights[str(entry.get("site"))] = weights.get(str(entry.get("site")), 0.0) + float(weight)
+            weights[name] = weights.get(name, 0.0) + weight
         else:
-            weights.setdefault(str(entry.get("site")), None)
+            weights.setdefault(name, None)
     if not weights:
         return {}
     if any(w is None for w in weights.values()):
@@ -123,12 +150,12 @@ def shares_in_model(report: dict[str, Any] | None) -> dict[str, float]:
     return {site: (w or 0.0) / total for site, w in weights.items()}
 
 
-def sites_in_model(report: dict[str, Any] | None) -> int:
+def sites_in_model(report: ReportLike) -> int:
     """How many hospitals' updates went into an aggregate, from its report (0 if unknown)."""
     return len(shares_in_model(report))
 
 
-def release_refusal(principal: Principal, report: dict[str, Any] | None, rule: ReleaseRule, *,
+def release_refusal(principal: Principal, report: ReportLike, rule: ReleaseRule, *,
                     contributor: bool = True) -> str | None:
     """Why ``principal`` may not download the aggregate ``report`` describes: ``too_few_sites``,
     ``dominated`` or ``own_share``; None when it may. ``contributor=False`` (a start model, which
@@ -147,13 +174,13 @@ def release_refusal(principal: Principal, report: dict[str, Any] | None, rule: R
     return None
 
 
-def may_download_model(principal: Principal, report: dict[str, Any] | None, rule: ReleaseRule, *,
+def may_download_model(principal: Principal, report: ReportLike, rule: ReleaseRule, *,
                        contributor: bool = True) -> bool:
     """Whether ``principal`` may download the aggregate described by ``report``."""
     return release_refusal(principal, report, rule, contributor=contributor) is None
 
 
-def check_model_download(principal: Principal, report: dict[str, Any] | None, rule: ReleaseRule,
+def check_model_download(principal: Principal, report: ReportLike, rule: ReleaseRule,
                          what: str, *, contributor: bool = True) -> None:
     """Refuse (403) a hospital an aggregate `release_refusal` holds back; the text says why
     without naming or counting the other hospitals."""

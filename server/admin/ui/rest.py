@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from fedsplit.protocol.history import SiteEntry
 from fedsplit.server.admin.auth import Principal
 from fedsplit.server.admin.errors import NotFoundError
 from fedsplit.server.admin.services import isolation, refusals
@@ -101,10 +102,11 @@ def rest_round(rnd: Round, principal: Principal, refusals: list[RefusedUpload],
     admin = isolation.is_admin(principal)
     current = [u for u in rnd.uploads if u.current]
     names = [u.site.name for u in rnd.uploads]
+    report = isolation.stored_report(rnd.report)
     rows = rows_from_round(
-        [{"site": u.site.name, "num_examples": u.num_examples} for u in current
+        [SiteEntry(site=u.site.name, num_examples=u.num_examples) for u in current
          if isolation.sees_site(principal, site_id=u.site_id)],
-        isolation.report_for(principal, rnd.report, names), sent_tag="uploaded",
+        isolation.visible_report(principal, report, names), sent_tag="uploaded",
     )
     items = [upload_item(u) for u in rnd.uploads] + [refusal_item(r) for r in refusals]
     items.sort(key=lambda i: (i.at is None, i.at), reverse=True)
@@ -115,7 +117,7 @@ def rest_round(rnd: Round, principal: Principal, refusals: list[RefusedUpload],
         num_examples=rnd.num_examples if admin else None,
         aggregation_seconds=rnd.aggregation_seconds,
         has_model=rnd.model_file is not None
-        and isolation.may_download_model(principal, rnd.report, rule),
+        and isolation.may_download_model(principal, report, rule),
         has_keras=rnd.keras_layout is not None,
         rows=[r for r in rows if admin or r.site == principal.site_name],
         uploads=[i for i in items if _visible(principal, i)],

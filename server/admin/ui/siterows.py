@@ -1,8 +1,10 @@
-"""One hospital's part in one round, from an aggregation report entry and/or a history entry.
+"""One hospital's part in one round, from the run record's types: its `protocol.history.SiteEntry`
+(what it sent, or why nothing usable came) and/or its line of the aggregation report
+(`protocol.history.SiteReport`: what the rule made of its update).
 
-Both federation kinds end up in the same `SiteRow`: REST rounds (an upload plus, once
-aggregated, the report's entry) and Flower rounds (``history.json``'s train entry plus the
-report's). Status tags, in the order shown:
+Both federation kinds end up in the same `SiteRow`: REST rounds (an upload, as a `SiteEntry`,
+plus, once aggregated, the report's line) and Flower rounds (``history.json``'s train entry plus
+the report's). Status tags, in the order shown:
 
 - ``replied`` / ``uploaded``: the site sent an update (Flower reply / REST upload);
 - ``late``: no reply within the round timeout; ``failed``: its ClientApp crashed;
@@ -14,11 +16,10 @@ report's). Status tags, in the order shown:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from fedsplit.protocol.history import AggregationReport, ReportSite, SiteEntry, scalars
+from fedsplit.protocol.history import AggregationReport, SiteEntry, SiteReport, scalars
 from fedsplit.protocol.horizontal_wire import NUM_EXAMPLES
 
 FAILED_PREFIX = "the site's ClientApp failed"
@@ -88,8 +89,8 @@ def apply_history(row: SiteRow, entry: SiteEntry, *, sent_tag: str = "replied") 
     row.epsilon = entry.spent_epsilon()
 
 
-def apply_report(row: SiteRow, report: ReportSite) -> None:
-    """Fill ``row`` from an aggregation report's site entry (`aggregation.base.SiteReport`)."""
+def apply_report(row: SiteRow, report: SiteReport) -> None:
+    """Fill ``row`` from the hospital's line of the aggregation report."""
     if report.excluded:
         if not {"late", "failed", "excluded"} & set(row.tags):
             row.tags.append("excluded")
@@ -111,18 +112,13 @@ def apply_report(row: SiteRow, report: ReportSite) -> None:
     row.score = report.score
 
 
-def rows_from_round(train_sites: Sequence[SiteEntry | Mapping[str, Any]],
-                    report: AggregationReport | Mapping[str, Any] | None,
-                    eval_sites: Sequence[SiteEntry | Mapping[str, Any]] | None = None,
-                    *, sent_tag: str = "replied") -> list[SiteRow]:
-    """Every hospital of one round, sorted by name: run-record entries merged with the report.
-
-    Entries and report are `protocol.history` models (a mapping is read through them first).
-    """
-    if isinstance(report, Mapping):
-        report = AggregationReport.model_validate(report)
+def rows_from_round(train_sites: Sequence[SiteEntry], report: AggregationReport | None,
+                    eval_sites: Sequence[SiteEntry] = (), *, sent_tag: str = "replied",
+                    ) -> list[SiteRow]:
+    """Every hospital of one round, sorted by name: its training entry merged with its line of
+    the report and its evaluation entry's metrics."""
     rows: dict[str, SiteRow] = {}
-    for entry in map(_site_entry, train_sites):
+    for entry in train_sites:
         name = entry.site or "(unnamed)"
         row = rows.setdefault(name, SiteRow(site=name))
         apply_history(row, entry, sent_tag=sent_tag)
@@ -134,14 +130,10 @@ def rows_from_round(train_sites: Sequence[SiteEntry | Mapping[str, Any]],
             if not site.excluded:
                 row.tags.append(sent_tag)
         apply_report(row, site)
-    for entry in map(_site_entry, eval_sites or []):
+    for entry in eval_sites:
         if entry.site is None or entry.site not in rows or entry.excluded:
             continue
         if entry.metrics:
             rows[entry.site].eval_metrics = {
                 k: v for k, v in scalars(entry.metrics).items() if k != NUM_EXAMPLES}
     return [rows[name] for name in sorted(rows)]
-
-
-def _site_entry(entry: SiteEntry | Mapping[str, Any]) -> SiteEntry:
-    return entry if isinstance(entry, SiteEntry) else SiteEntry.model_validate(entry)
