@@ -104,11 +104,6 @@ class SiteEntry(_Part):
             return self.epsilon
         return _number(self.metrics.get("epsilon"))
 
-    @property
-    def replied(self) -> bool:
-        """Whether this is a usable reply (not a hospital left out)."""
-        return not self.excluded
-
 
 class Phase(_Part):
     """A round's training or evaluation: every hospital's entry and the aggregated metrics."""
