@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -47,6 +48,7 @@ from fedsplit.orchestration.flower_runtime import (
     wait_http,
     write_connection,
 )
+from fedsplit.protocol.history import RunRecord
 
 BARE_APP = Path(__file__).resolve().parent / "deploy_bare"
 
@@ -131,8 +133,8 @@ def run_fedsplit(work: Path, sites: int, rounds: int) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"fedsplit up failed (exit {done.returncode}): {done.stdout[-800:]}"
                            f"{done.stderr[-800:]}")
-    history = json.loads((work / "out" / "history.json").read_text())
-    seconds = [float(r["seconds"]) for r in sorted(history["rounds"], key=lambda r: r["round"])]
+    history = RunRecord.load(work / "out" / "history.json")
+    seconds = [float(r.seconds or math.nan) for r in sorted(history.rounds, key=lambda r: r.round)]
     return {"rounds": seconds, "wall": wall}
 
 

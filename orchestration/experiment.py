@@ -453,12 +453,12 @@ def train_baseline(train: Dataset, val: Dataset | Sequence[Dataset], num_outputs
 def validation_score(model: SiteModel, vals: Sequence[Dataset], key: str) -> float:
     """A baseline's score on the validation rows ``vals`` (one per hospital), by the rule the
     federation's round selection applies to the hospitals' evaluations
-    (`server.selection.round_score`): a survival ``c_index`` is Harrell's C over the hospitals'
+    (`server.selection.metrics_score`): a survival ``c_index`` is Harrell's C over the hospitals'
     **summed** concordant and comparable pairs (each hospital's pairs among its own patients,
     from its `protocol.survival.pair_rates`; never a pair of patients of two hospitals), else
     the count-weighted mean of their C-indices; any other metric is scored on the pooled rows
     (accuracy: the same as the federation's count-weighted mean)."""
-    from fedsplit.server.selection import round_score
+    from fedsplit.server.selection import metrics_score
 
     vals = [v for v in vals if len(v)]
     if not vals:
@@ -469,7 +469,7 @@ def validation_score(model: SiteModel, vals: Sequence[Dataset], key: str) -> flo
         total = sum(n for n, _ in scored)
         names = set.intersection(*(set(m) for _, m in scored))
         mean = {k: sum(n * m[k] for n, m in scored) / total for k in names}
-        value = round_score({"evaluate": {"metrics": mean}}, key)
+        value = metrics_score(mean, key)
         if value is not None:
             return value
     rows = vals[0] if len(vals) == 1 else _concat(vals)

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FlowerRunError, error_from_record
-from fedsplit.protocol.history import HISTORY_FILE, RunRecord
+from fedsplit.protocol.history import HISTORY_FILE, RunRecord, run_record_from_json
 from fedsplit.protocol.vertical.config import VerticalConfig
 
 # What the staged Flower app ships under fedsplit/: everything the ServerApps and ClientApps import.
@@ -282,8 +282,9 @@ def run_app(
     ``on_silence`` gets the seconds since submitting, every `SILENCE_NOTE_S`, while this run has
     written no history yet (no coordinator has started its ServerApp).
 
-    Any app's history qualifies (horizontal, vertical, survival): only ``status`` and ``error``
-    are read here, and the parsed JSON is returned for the caller to read through its own model
+    Any app's history qualifies (horizontal, vertical, survival): its ``status`` and ``error``
+    are read here through its model (`protocol.history.run_record_from_json`), and the parsed
+    JSON is returned for the caller to read through its own model
     (horizontal: `protocol.history.RunRecord`, as `attach` and `run_experiment` do)."""
     cmd = [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream"]
     if federation_config:
@@ -292,6 +293,8 @@ def run_app(
     deadline = time.monotonic() + timeout
     submitted = time.time() - 1.0
     history: dict[str, Any] = {}
+    status: str | None = None  # the record's, read through its model (any run kind)
+    error: str | None = None
     started = time.monotonic()
     next_note = started + SILENCE_NOTE_S
     try:
@@ -301,9 +304,11 @@ def run_app(
             if history_path.exists() and history_path.stat().st_mtime >= submitted:
                 with contextlib.suppress(json.JSONDecodeError, OSError):
                     history = json.loads(history_path.read_text())
+                    record = run_record_from_json(history, source=str(history_path))
+                    status, error = record.status, record.error
                     if on_progress:
                         on_progress(history)
-            if history.get("status") in ("finished", "failed") or done:
+            if status in ("finished", "failed") or done:
                 break
             if on_silence is not None and not history and time.monotonic() >= next_note:
                 on_silence(time.monotonic() - started)
@@ -314,14 +319,13 @@ def run_app(
             time.sleep(0.5)
     finally:
         stop(proc, grace=15)
-    if history.get("status") == "failed" and (
-            recorded := error_from_record(history.get("error"))) is not None:
+    if status == "failed" and (recorded := error_from_record(error)) is not None:
         raise recorded  # the coordinator's own error, one line, with its exit code
-    if history.get("status") != "finished":
-        reason = history.get("error") or "the run ended without finishing its rounds"
+    if status != "finished":
+        reason = error or "the run ended without finishing its rounds"
         raise FlowerRunError(f"Flower run failed: {reason}. Its log {log_path} ends: "
                              f"{log_tail(log_path)}. Received: status "
-                             f"{history.get('status') or 'none (no history written)'}")
+                             f"{status or 'none (no history written)'}")
     return history
 
 

@@ -937,16 +937,24 @@ class SurvivalAnalysisRecord(_JsonFile):
             self.error = error
 
 
-def load_run_record(path: str | Path) -> RunRecord | VerticalRunRecord | SurvivalAnalysisRecord:
+AnyRunRecord = RunRecord | VerticalRunRecord | SurvivalAnalysisRecord
+
+
+def load_run_record(path: str | Path) -> AnyRunRecord:
     """Read any run's ``history.json`` as the model of its kind (`run_kind`); `ConfigError`
     when it is unreadable or not a run record of that kind."""
-    data = _read(Path(path))
+    return run_record_from_json(_read(Path(path)), source=str(path))
+
+
+def run_record_from_json(data: Any, *, source: str = HISTORY_FILE) -> AnyRunRecord:
+    """Parsed ``history.json`` content as the model of its kind (`run_kind`); every kind has
+    ``status`` and ``error``. `ConfigError` names what is wrong."""
     kind = run_kind(data) if isinstance(data, dict) else "horizontal"
     if kind == "vertical":
-        return VerticalRunRecord.from_json(data, source=str(path))
+        return VerticalRunRecord.from_json(data, source=source)
     if kind in ("survival-km", "survival-cox"):
-        return SurvivalAnalysisRecord.from_json(data, source=str(path))
-    return RunRecord.from_json(data, source=str(path))
+        return SurvivalAnalysisRecord.from_json(data, source=source)
+    return RunRecord.from_json(data, source=source)
 
 
 class VerticalScores(_Part):

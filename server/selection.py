@@ -15,11 +15,10 @@ the round and score the first one had kept.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from fedsplit.protocol.history import Metric, RoundEntry, Selection, ValScore
-from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
-from fedsplit.protocol.selection import BestRound, selection_metric
+from fedsplit.protocol.recipe import model_selection
+from fedsplit.protocol.selection import BestRound
 from fedsplit.protocol.survival import pooled_concordance
 
 #: the metrics a run's evaluations are searched for when its model id names no task
@@ -29,11 +28,8 @@ TASK_METRICS = ("accuracy", "r2")
 def task_metric(model_id: str | None, rounds: Iterable[RoundEntry] = ()) -> str:
     """The selection metric of a run: from the model id's task (``kind/task/...``), else from
     the metric its evaluations report (``accuracy``, else ``r2``)."""
-    if model_id and is_recipe_id(model_id):  # a recipe names its own selection metric
-        return RecipeModelId.from_id(model_id).selection
-    parts = str(model_id or "").split("/")
-    if len(parts) > 1 and parts[1] in ("classification", "regression"):
-        return selection_metric(parts[1])
+    if (metric := model_selection(model_id)) is not None:  # a recipe's own, or by the task
+        return metric
     for entry in rounds:
         reported = entry.evaluate.metrics if entry.evaluate is not None else {}
         for key in TASK_METRICS:
@@ -52,14 +48,9 @@ def metrics_score(metrics: Mapping[str, Metric], metric: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def round_score(entry: RoundEntry | Mapping[str, Any], metric: str) -> float | None:
+def round_score(entry: RoundEntry, metric: str) -> float | None:
     """The round's federated validation score, or None (not evaluated, or no such metric):
-    `metrics_score` of its evaluation.
-
-    A mapping is read as a round's JSON through `RoundEntry` (its ``round`` may be left out);
-    `orchestration.experiment.validation_score` still scores a baseline's evaluation that way."""
-    if not isinstance(entry, RoundEntry):
-        entry = RoundEntry.model_validate({"round": 0, **entry})
+    `metrics_score` of its evaluation."""
     return metrics_score(entry.evaluate.metrics, metric) if entry.evaluate is not None else None
 
 

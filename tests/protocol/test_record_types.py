@@ -127,7 +127,7 @@ def test_a_history_written_before_loads_and_keeps_its_selection() -> None:
 
 def test_selection_is_typed_and_ignores_rounds_without_a_model() -> None:
     """Rounds in, `Selection` out; a round that saved no model is not a candidate; ties go to
-    the later round; a mapping round (orchestration's baseline scorer) reads the same."""
+    the later round."""
     def scored(n: int, acc: float, model: bool = True) -> RoundEntry:
         return RoundEntry(round=n, model=f"models/round-{n:03d}.h5" if model else None,
                           evaluate=Phase(metrics={"accuracy": acc},
@@ -138,7 +138,8 @@ def test_selection_is_typed_and_ignores_rounds_without_a_model() -> None:
                     "mlp/classification/2/2/none")
     assert chosen.rounds_kept == 3 and chosen.val_score == 0.7
     assert [(v.round, v.score, v.examples) for v in chosen.val_metric] == [(1, 0.7, 3), (3, 0.7, 3)]
-    assert round_score({"evaluate": {"metrics": {"accuracy": 0.5}}}, "accuracy") == 0.5
+    assert round_score(RoundEntry(round=2, evaluate=Phase(metrics={"accuracy": 0.5})),
+                       "accuracy") == 0.5
     assert round_score(RoundEntry(round=1), "accuracy") is None
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.history import SummaryPrivacy
 from fedsplit.protocol.horizontal_wire import TRAIN_LOSS
-from fedsplit.protocol.recipe import RecipeModelId, is_recipe_id
+from fedsplit.protocol.recipe import model_selection
 from fedsplit.server.admin.ui.baselines import metric_label
 from fedsplit.server.admin.ui.charts import Chart, Series, line_chart, survival_chart
 from fedsplit.server.admin.ui.runs import FlowerRun
@@ -28,13 +27,8 @@ def primary_metric(run: FlowerRun) -> str | None:
     keys: set[str] = set()
     for rnd in run.rounds:
         keys |= set(rnd.metrics) | set(rnd.test_metrics)
-    if run.model_id and is_recipe_id(run.model_id):
-        try:
-            selection = RecipeModelId.from_id(run.model_id).selection
-        except ConfigError:
-            selection = None
-        if selection in keys:
-            return selection
+    if (selection := model_selection(run.model_id)) in keys:
+        return selection
     return next((k for k in PREFERRED if k in keys), min(keys) if keys else None)
 
 
