@@ -120,7 +120,7 @@ def run_bare(work: Path, sites: int, rounds: int, evaluate: bool) -> dict:
     t0 = next(n["t"] for n in notes if n.get("start"))
     ends = [n["t"] for n in notes if "round" in n]
     seconds = [b - a for a, b in zip([t0, *ends[:-1]], ends, strict=True)]
-    return {"rounds": seconds, "wall": wall}
+    return {"round_seconds": seconds, "wall": wall}
 
 
 def run_fedsplit(work: Path, sites: int, rounds: int) -> dict:
@@ -135,11 +135,11 @@ def run_fedsplit(work: Path, sites: int, rounds: int) -> dict:
                            f"{done.stderr[-800:]}")
     history = RunRecord.load(work / "out" / "history.json")
     seconds = [float(r.seconds or math.nan) for r in sorted(history.rounds, key=lambda r: r.round)]
-    return {"rounds": seconds, "wall": wall}
+    return {"round_seconds": seconds, "wall": wall}
 
 
 def summary(run: dict) -> dict:
-    rounds = run["rounds"]
+    rounds = run["round_seconds"]
     return {"first": rounds[0], "median": statistics.median(rounds[1:]), "total": sum(rounds),
             "wall": run["wall"]}
 
@@ -167,7 +167,8 @@ def main() -> None:
         run["load"] = f"{before} -> {load()}"
         results[side].append(run)
         s = summary(run)
-        print(f"{side:9s} run {n + 1}: rounds {', '.join(f'{x:.1f}' for x in run['rounds'])} s | "
+        times = ", ".join(f"{x:.1f}" for x in run["round_seconds"])
+        print(f"{side:9s} run {n + 1}: rounds {times} s | "
               f"first {s['first']:.1f} s, median 2..{args.rounds} {s['median']:.1f} s, "
               f"rounds total {s['total']:.1f} s, wall {s['wall']:.1f} s | load (1/5 min) "
               f"{run['load']}", flush=True)
