@@ -83,7 +83,6 @@ from fedsplit.protocol.history import (
     SchemaSummary,
     ServerOptSettings,
     SummaryRound,
-    SurvivalFiles,
 )
 from fedsplit.protocol.privacy import DPSpec
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
@@ -636,7 +635,7 @@ def run_experiment(
         # Kaplan-Meier curve and the kept model's Breslow baseline, from the hospitals' sums
         from fedsplit.orchestration.survival_summary import write_plots
 
-        survival = SurvivalFiles(**{key: str(path) for key, path in write_plots(fed_dir).items()})
+        survival = write_plots(fed_dir)
 
     stage("baselines: centralized and each hospital alone (same model, same optimizer steps)")
     # the rows each agent trains on: its file minus its own held-out evaluation rows

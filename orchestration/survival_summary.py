@@ -20,11 +20,11 @@ from typing import Any
 from fedsplit.orchestration.plots import figure
 from fedsplit.protocol import survival_summary as ss
 from fedsplit.protocol.errors import FederationError
-from fedsplit.protocol.history import RunRecord
+from fedsplit.protocol.history import RunRecord, SurvivalFiles
 from fedsplit.protocol.survival import pooled_concordance
 
 
-def write_plots(out_dir: Path) -> dict[str, Path]:
+def write_plots(out_dir: Path) -> SurvivalFiles:
     """Draw ``km.png`` from ``OUT_DIR/km.json`` (as `fedsplit km` does); return the summary's
     files: ``km`` (json), ``km_plot`` (png), ``baseline`` (the kept model's baseline)."""
     out_dir = Path(out_dir)
@@ -36,7 +36,7 @@ def write_plots(out_dir: Path) -> dict[str, Path]:
                               f"summary after the last round did not finish (see history.json's "
                               f"error). Received: {sorted(p.name for p in out_dir.iterdir())}")
     km_plot(json.loads(km.read_text()), out_dir / "km.png")
-    return {"km": km, "km_plot": out_dir / "km.png", "baseline": baseline}
+    return SurvivalFiles(km=str(km), km_plot=str(out_dir / "km.png"), baseline=str(baseline))
 
 
 def km_plot(doc: dict[str, Any], path: Path) -> None:
@@ -107,6 +107,6 @@ def up_report(out_dir: Path, history: RunRecord) -> list[str]:
         if isinstance(pooled, int | float):
             lines.append(f"all hospitals (summed pairs): C-index {float(pooled):.4f}, round "
                          f"{kept}")
-    lines.append(f"Kaplan-Meier {files['km']} ({files['km_plot'].name}), Breslow baseline "
-                 f"{files['baseline']}")
+    lines.append(f"Kaplan-Meier {files.km} ({Path(str(files.km_plot)).name}), Breslow baseline "
+                 f"{files.baseline}")
     return lines
