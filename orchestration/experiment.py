@@ -76,7 +76,6 @@ from fedsplit.protocol.history import (
     AttackSummary,
     Baseline,
     FederatedScores,
-    Personalized,
     RecipeSummary,
     RunRecord,
     RunSummary,
@@ -690,8 +689,8 @@ def run_experiment(
               f"personalization: each hospital fine-tunes the global model for "
               f"{'its hospital-alone step budget' if budget == ALONE else budget} mini-batches "
               f"on its own training rows")
-        personalized = Personalized(steps=budget, **personalize(final, own, tests, cfg, steps,
-                                                                scope), num_examples=fed_examples)
+        personalized = personalize(final, own, tests, cfg, steps, scope)
+        personalized.steps, personalized.num_examples = budget, fed_examples  # set: written
     names = [t.name for t in joined]
     hostile = names[len(names) - cfg.attackers:] if cfg.attackers else []
     summary = RunSummary(

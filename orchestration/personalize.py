@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -50,6 +50,7 @@ from fedsplit.client.models import SiteModel
 from fedsplit.client.train import fit_steps, loss_function, score, training_targets
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.history import Personalized, PriorTest
 from torch import nn
 
 #: ``--personalize alone``: each hospital's hospital-alone step budget
@@ -155,14 +156,14 @@ def fine_tune(model: SiteModel, train: Dataset, cfg: RunConfig, steps: int, seed
     return tuned
 
 
-def prior_test(model: SiteModel, train: Dataset) -> tuple[SiteModel, dict[str, Any]]:
+def prior_test(model: SiteModel, train: Dataset) -> tuple[SiteModel, PriorTest]:
     """``--personalize prior`` at one hospital: the final bias refitted to ``train`` by maximum
     likelihood, kept when the likelihood-ratio test rejects the global bias (p <
     `PRIOR_TEST_LEVEL`).
 
     Returns the hospital's model (a copy of ``model``; its bias refitted or not) and the test's
-    record: ``statistic``, ``df``, ``p_value``, ``adopted`` and ``bias_shift`` (the refitted
-    minus the global bias, per output, whether adopted or not)."""
+    record (`PriorTest`): ``statistic``, ``df``, ``p_value``, ``adopted`` and ``bias_shift``
+    (the refitted minus the global bias, per output, whether adopted or not)."""
     from scipy.stats import chi2
 
     if len(train) == 0:
@@ -210,8 +211,8 @@ def prior_test(model: SiteModel, train: Dataset) -> tuple[SiteModel, dict[str, A
             raise ConfigError(f"--personalize prior shifts the outputs through the final bias "
                               f"{name!r}, but this model transforms them after that layer; use "
                               f"a step budget (--personalize alone). Received: {type(model).__name__}")
-    return tuned, {"statistic": statistic, "df": df, "p_value": p_value, "adopted": adopted,
-                   "bias_shift": [float(v) for v in shift.detach()]}
+    return tuned, PriorTest(statistic=statistic, df=df, p_value=p_value, adopted=adopted,
+                            bias_shift=[float(v) for v in shift.detach()])
 
 
 def pooled_metrics(per_site: Mapping[str, Mapping[str, float]],
@@ -242,15 +243,15 @@ def pooled_metrics(per_site: Mapping[str, Mapping[str, float]],
 def personalize(model: SiteModel, trains: Mapping[str, Dataset],
                 tests: Sequence[tuple[str, Dataset]], cfg: RunConfig,
                 steps: int | Mapping[str, int] | Literal["prior"],
-                scope: str = "auto") -> dict[str, Any]:
+                scope: str = "auto") -> Personalized:
     """Personalize ``model`` at every hospital of ``tests`` on its ``trains`` rows; score each on
     its own test patients. ``steps``: the same mini-batches everywhere, ``{name: steps}``, or
     ``"prior"`` (`prior_test`); ``scope``: ``auto``, ``all`` or ``bias``.
 
-    Returns the summary entry (``scope``, ``metrics``, ``per_site``, ``mean_per_site``,
-    ``fine_tune_examples``: ``{name: rows fine-tuned on}``, and ``steps_per_site`` for a step
-    budget or ``prior_test`` (``{name: its test's record}``) for ``prior``); the caller adds
-    ``steps``, the budget as asked."""
+    Returns the summary entry (`Personalized`, with ``scope``, ``metrics``, ``per_site``,
+    ``mean_per_site``, ``fine_tune_examples``: ``{name: rows fine-tuned on}``, and
+    ``steps_per_site`` for a step budget or ``prior_test`` (``{name: its test's record}``) for
+    ``prior``); the caller sets ``steps``, the budget as asked, and ``num_examples``."""
     prior = steps == PRIOR
     scope = resolve_scope(PRIOR if prior else 1, scope)
     if scope == "bias":
@@ -270,13 +271,15 @@ def personalize(model: SiteModel, trains: Mapping[str, Dataset],
                               seed=cfg.seed * 100_003 + 50_021 + i, scope=scope)
         per_site[name] = score(tuned, test.x, test.y)
     keys = sorted({k for m in per_site.values() for k in m})
-    entry: dict[str, Any] = {"scope": scope}
+    entry = Personalized(
+        scope=scope,
+        metrics=pooled_metrics(per_site, tests, model.spec.task),
+        per_site=per_site,
+        mean_per_site={k: float(np.mean([m[k] for m in per_site.values()])) for k in keys},
+        fine_tune_examples={name: len(trains[name]) for name, _ in tests})
+    # only the budget's own record is set, so only it is written to summary.json
     if prior:
-        entry["prior_test"] = tested
+        entry.prior_test = tested
     else:
-        entry["steps_per_site"] = {name: budget[name] for name, _ in tests}
-    return {**entry,
-            "metrics": pooled_metrics(per_site, tests, model.spec.task),
-            "per_site": per_site,
-            "mean_per_site": {k: float(np.mean([m[k] for m in per_site.values()])) for k in keys},
-            "fine_tune_examples": {name: len(trains[name]) for name, _ in tests}}
+        entry.steps_per_site = {name: budget[name] for name, _ in tests}
+    return entry

@@ -41,7 +41,6 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -56,10 +55,14 @@ from fedsplit.protocol.history import (
     HISTORY_FILE,
     PRIVACY_FILE,
     SUMMARY_FILE,
+    AttackScores,
+    AuditHeadline,
     AuditResult,
+    MembershipGroup,
     RunRecord,
     RunSummary,
     SummaryPrivacy,
+    WorstSite,
     privacy_section,
 )
 from fedsplit.protocol.stats import combine_moments
@@ -92,8 +95,9 @@ def example_losses(model: SiteModel, data: Dataset) -> np.ndarray:
     return ((out.reshape(-1) - scaled) ** 2).numpy().astype(np.float64)
 
 
-def attack_metrics(member_scores: np.ndarray, non_member_scores: np.ndarray) -> dict[str, Any]:
-    """ROC AUC, TPR at 1% FPR and the ROC curve of scores where members should score higher."""
+def attack_metrics(member_scores: np.ndarray, non_member_scores: np.ndarray) -> AttackScores:
+    """ROC AUC, TPR at 1% FPR and the ROC curve of scores where members should score higher
+    (``ci95`` is left unset: `membership_metrics` bootstraps it)."""
     from sklearn.metrics import roc_auc_score, roc_curve
 
     labels = np.r_[np.ones(len(member_scores)), np.zeros(len(non_member_scores))]
@@ -102,11 +106,11 @@ def attack_metrics(member_scores: np.ndarray, non_member_scores: np.ndarray) -> 
     at = float(np.interp(0.01, fpr, tpr))
     # the empirical curve's TPR among thresholds whose FPR is at most 1%
     strict = float(tpr[fpr <= 0.01].max()) if np.any(fpr <= 0.01) else 0.0
-    return {"auc": float(roc_auc_score(labels, scores)), "tpr_at_1pct_fpr": strict,
-            "tpr_at_1pct_fpr_interpolated": at,
-            "members": len(member_scores), "non_members": len(non_member_scores),
-            "roc": {"fpr": [round(float(v), 5) for v in fpr],
-                    "tpr": [round(float(v), 5) for v in tpr]}}
+    return AttackScores(auc=float(roc_auc_score(labels, scores)), tpr_at_1pct_fpr=strict,
+                        tpr_at_1pct_fpr_interpolated=at,
+                        members=len(member_scores), non_members=len(non_member_scores),
+                        roc={"fpr": [round(float(v), 5) for v in fpr],
+                             "tpr": [round(float(v), 5) for v in tpr]})
 
 
 def auc_intervals(members: Sequence[np.ndarray], non_members: Sequence[np.ndarray], *,
@@ -137,18 +141,20 @@ def auc_intervals(members: Sequence[np.ndarray], non_members: Sequence[np.ndarra
     return np.stack([res.confidence_interval.low, res.confidence_interval.high], axis=1)
 
 
-def membership_metrics(scores: Mapping[str, Scores], *, seed: int) -> dict[str, Any]:
+def membership_metrics(scores: Mapping[str, Scores], *, seed: int) -> MembershipGroup:
     """Every attack's metrics with its interval, and the stronger attack's as ``auc``, ``ci95``,
     ``tpr_at_1pct_fpr``, ``attack`` (its interval bootstraps the maximum over the attacks)."""
     names = list(scores)
     ci = auc_intervals([scores[a][0] for a in names], [scores[a][1] for a in names], seed=seed)
-    attacks = {a: {**attack_metrics(*scores[a]), "ci95": [float(v) for v in ci[j]]}
-               for j, a in enumerate(names)}
-    best = max(names, key=lambda a: attacks[a]["auc"])
-    return {"auc": attacks[best]["auc"], "ci95": [float(v) for v in ci[-1]],
-            "tpr_at_1pct_fpr": attacks[best]["tpr_at_1pct_fpr"], "attack": best,
-            "members": attacks[best]["members"], "non_members": attacks[best]["non_members"],
-            "attacks": attacks}
+    attacks = {}
+    for j, a in enumerate(names):
+        attacks[a] = attack_metrics(*scores[a])
+        attacks[a].ci95 = [float(v) for v in ci[j]]
+    best = max(names, key=lambda a: attacks[a].auc)
+    return MembershipGroup(auc=attacks[best].auc, ci95=[float(v) for v in ci[-1]],
+                           tpr_at_1pct_fpr=attacks[best].tpr_at_1pct_fpr, attack=best,
+                           members=attacks[best].members, non_members=attacks[best].non_members,
+                           attacks=attacks)
 
 
 def _concat(parts: Sequence[Dataset]) -> Dataset:
@@ -191,15 +197,16 @@ def reference_losses(like: SiteModel, site: AuditSite, others: Sequence[Dataset]
 
 
 def audit_model(model: SiteModel, sites: Sequence[AuditSite], cfg: RunConfig, *,
-                references: int = 2) -> dict[str, Any]:
-    """Run both attacks against ``model`` for every site and pooled; the ``privacy.json`` content."""
+                references: int = 2) -> AuditResult:
+    """Run both attacks against ``model`` for every site and pooled; the ``privacy.json`` content
+    (the caller sets ``run`` and ``dp``)."""
     if not sites:
         raise ConfigError("The privacy audit needs at least one hospital. Received: 0 sites")
     if references < 2 or references % 2:
         raise ConfigError(f"The calibrated attack trains reference models in pairs (one per half "
                           f"of a hospital's training rows): give an even number, at least 2. "
                           f"Received: references={references}")
-    per_site: dict[str, Any] = {}
+    per_site: dict[str, MembershipGroup] = {}
     pooled: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {a: ([], []) for a in ATTACKS}
     for k, site in enumerate(sites):
         if len(site.members) < 2 or len(site.non_members) < 2:
@@ -215,21 +222,21 @@ def audit_model(model: SiteModel, sites: Sequence[AuditSite], cfg: RunConfig, *,
         for a, (s_in, s_out) in scores.items():
             pooled[a][0].append(s_in)
             pooled[a][1].append(s_out)
-        per_site[site.name] = {
-            **membership_metrics(scores, seed=cfg.seed + k),
-            "accuracy": score(model, site.non_members.x, site.non_members.y).get("accuracy"),
-        }
+        group = membership_metrics(scores, seed=cfg.seed + k)
+        group.accuracy = score(model, site.non_members.x, site.non_members.y).get("accuracy")
+        per_site[site.name] = group
     federation = membership_metrics({a: (np.concatenate(i), np.concatenate(o))
                                      for a, (i, o) in pooled.items()}, seed=cfg.seed)
-    worst = max(per_site, key=lambda name: per_site[name]["auc"])
-    aucs = [s["auc"] for s in per_site.values()]
-    return {"attacks": list(ATTACKS), "references": references, "resamples": RESAMPLES,
-            "headline": {"scope": "federation", "auc": federation["auc"],
-                         "ci95": federation["ci95"], "attack": federation["attack"]},
-            "federation": federation,
-            "worst_site": {"site": worst, **{key: per_site[worst][key]
-                                            for key in ("auc", "ci95", "attack")}},
-            "max_auc": max(aucs), "mean_auc": float(np.mean(aucs)), "per_site": per_site}
+    worst = max(per_site, key=lambda name: per_site[name].auc)
+    aucs = [s.auc for s in per_site.values()]
+    return AuditResult(
+        attacks=list(ATTACKS), references=references, resamples=RESAMPLES,
+        headline=AuditHeadline(scope="federation", auc=federation.auc, ci95=federation.ci95,
+                               attack=federation.attack),
+        federation=federation,
+        worst_site=WorstSite(site=worst, auc=per_site[worst].auc, ci95=per_site[worst].ci95,
+                             attack=per_site[worst].attack),
+        max_auc=max(aucs), mean_auc=float(np.mean(aucs)), per_site=per_site)
 
 
 def _site_file(folder: Path) -> Path:
@@ -306,9 +313,9 @@ def privacy_audit(run_dir: Path, *, references: int = 2) -> AuditResult:
     summary = RunSummary.load(summary_path)
     cfg = RunConfig.from_flower(summary.config)
     torch.manual_seed(cfg.seed)
-    result = AuditResult.from_json({
-        **audit_model(load_model(model_path), run_sites(run_dir, cfg), cfg, references=references),
-        "run": str(run_dir), "dp": summary.privacy.dp if summary.privacy else None})
+    result = audit_model(load_model(model_path), run_sites(run_dir, cfg), cfg,
+                         references=references)
+    result.run, result.dp = str(run_dir), summary.privacy.dp if summary.privacy else None
     result.save(run_dir / PRIVACY_FILE)
     plot_roc(result, run_dir / "privacy-roc.png")
     return result

@@ -91,21 +91,21 @@ def test_every_hospital_scores_its_own_fine_tuned_model_on_its_own_patients(tmp_
     entry = personalize(model, trains, tests, cfg, steps=30)
     # Assert: the summary entry's shape
     names = [name for name, _ in tests]
-    assert entry["steps_per_site"] == dict.fromkeys(names, 30)
-    assert list(entry["per_site"]) == names
-    assert entry["fine_tune_examples"] == {name: len(trains[name]) for name in names}
-    assert set(entry["metrics"]) == {"loss", "accuracy"}
+    assert entry.steps_per_site == dict.fromkeys(names, 30)
+    assert list(entry.per_site) == names
+    assert entry.fine_tune_examples == {name: len(trains[name]) for name in names}
+    assert set(entry.metrics) == {"loss", "accuracy"}
     for key in ("loss", "accuracy"):
-        assert entry["mean_per_site"][key] == pytest.approx(
-            np.mean([entry["per_site"][n][key] for n in names]))
+        assert entry.mean_per_site[key] == pytest.approx(
+            np.mean([entry.per_site[n][key] for n in names]))
     sizes = np.array([len(t) for _, t in tests])
-    assert entry["metrics"]["accuracy"] == pytest.approx(
-        np.dot(sizes, [entry["per_site"][n]["accuracy"] for n in names]) / sizes.sum())
+    assert entry.metrics["accuracy"] == pytest.approx(
+        np.dot(sizes, [entry.per_site[n]["accuracy"] for n in names]) / sizes.sum())
     # each hospital's number is its own model's, not the global model's
     plain = {name: score(model, t.x, t.y) for name, t in tests}
-    assert all(entry["per_site"][n]["loss"] != pytest.approx(plain[n]["loss"]) for n in names)
+    assert all(entry.per_site[n]["loss"] != pytest.approx(plain[n]["loss"]) for n in names)
     # reproducible from the seed
-    assert personalize(model, trains, tests, cfg, steps=30)["per_site"] == entry["per_site"]
+    assert personalize(model, trains, tests, cfg, steps=30).per_site == entry.per_site
 
 
 @pytest.mark.parametrize("dataset,num_outputs", [("wine", 3), ("diabetes", 1)])
@@ -158,10 +158,10 @@ def test_a_budget_per_hospital_fine_tunes_each_for_its_own_steps(tmp_path: Path)
     entry = personalize(model, trains, tests, cfg, steps=budget)
     # Assert: each hospital's number is that of its own budget (site-1: 30 steps, as a uniform
     # 30 gives it), and another budget gives another model
-    assert entry["steps_per_site"] == budget
+    assert entry.steps_per_site == budget
     uniform = personalize(model, trains, tests, cfg, steps=30)
-    assert entry["per_site"]["site-1"] == uniform["per_site"]["site-1"]
-    assert entry["per_site"]["site-0"]["loss"] != pytest.approx(uniform["per_site"]["site-0"]["loss"])
+    assert entry.per_site["site-1"] == uniform.per_site["site-1"]
+    assert entry.per_site["site-0"]["loss"] != pytest.approx(uniform.per_site["site-0"]["loss"])
     with pytest.raises(ConfigError, match="site-2"):
         personalize(model, trains, tests, cfg, steps={"site-0": 5, "site-1": 5})
 
@@ -217,8 +217,8 @@ def test_bias_scope_through_personalize_records_its_scope(tmp_path: Path) -> Non
     entry = personalize(model, trains, tests, cfg, steps=30, scope="bias")
     plain = personalize(model, trains, tests, cfg, steps=30)
     # Assert
-    assert entry["scope"] == "bias" and plain["scope"] == "all"
-    assert all(entry["per_site"][n]["loss"] != pytest.approx(plain["per_site"][n]["loss"])
+    assert entry.scope == "bias" and plain.scope == "all"
+    assert all(entry.per_site[n]["loss"] != pytest.approx(plain.per_site[n]["loss"])
                for n, _ in tests)
 
 

@@ -66,15 +66,15 @@ def test_a_hospital_whose_label_mix_differs_refits_only_its_bias(tmp_path: Path)
     # Execute
     tuned, test = prior_test(model, hospital)
     # Assert: the test rejects the global bias, and only the final bias moved
-    assert test["adopted"] and test["p_value"] < PRIOR_TEST_LEVEL and test["df"] == 1
-    assert test["p_value"] == pytest.approx(chi2.sf(test["statistic"], 1))
+    assert test.adopted and test.p_value < PRIOR_TEST_LEVEL and test.df == 1
+    assert test.p_value == pytest.approx(chi2.sf(test.statistic, 1))
     bias = final_bias(model)
     after = tensors(tuned)
     assert all(np.array_equal(before[k], after[k]) for k in before if k != bias)
     assert all(np.array_equal(before[k], v) for k, v in tensors(model).items())  # global untouched
     shift = after[bias] - before[bias]
     assert shift[1] - shift[0] > 0  # towards the hospital's majority class
-    np.testing.assert_allclose(shift, test["bias_shift"], atol=1e-6)
+    np.testing.assert_allclose(shift, test.bias_shift, atol=1e-6)
     # the maximum-likelihood condition: the mean predicted probability of each class equals
     # its share of the hospital's rows
     with torch.no_grad():
@@ -91,14 +91,14 @@ def test_a_bias_already_at_its_optimum_is_kept(tmp_path: Path) -> None:
     trains, _ = hospitals("wine", tmp_path, cfg)
     model = pooled_model(trains, cfg, num_outputs=3)
     refitted, first = prior_test(model, trains["site-1"])
-    if not first["adopted"]:  # the global bias was kept: it is the one to test again
+    if not first.adopted:  # the global bias was kept: it is the one to test again
         refitted = model
     # Execute
     again, second = prior_test(refitted, trains["site-1"])
     # Assert: nothing left to gain, so the test keeps the bias and the model is unchanged
-    assert second["df"] == 2
-    assert not second["adopted"] and second["p_value"] > 0.5
-    assert second["statistic"] == pytest.approx(0.0, abs=1e-3) or not first["adopted"]
+    assert second.df == 2
+    assert not second.adopted and second.p_value > 0.5
+    assert second.statistic == pytest.approx(0.0, abs=1e-3) or not first.adopted
     assert all(np.array_equal(a, b) for a, b in zip(tensors(refitted).values(),
                                                     tensors(again).values(), strict=True))
 
@@ -116,10 +116,10 @@ def test_a_regression_shifts_by_the_mean_residual(tmp_path: Path) -> None:
     with torch.no_grad():
         out = model(torch.as_tensor(hospital.x)).numpy()[:, 0].astype(np.float64)
     scaled = (hospital.y - float(model.target_mean)) / float(model.target_std)
-    assert test["adopted"] and test["df"] == 1
-    assert test["bias_shift"][0] == pytest.approx(float(np.mean(scaled - out)), abs=1e-4)
+    assert test.adopted and test.df == 1
+    assert test.bias_shift[0] == pytest.approx(float(np.mean(scaled - out)), abs=1e-4)
     mse = np.mean((scaled - out) ** 2), np.mean((scaled - out - np.mean(scaled - out)) ** 2)
-    assert test["statistic"] == pytest.approx(len(hospital) * np.log(mse[0] / mse[1]), rel=1e-4)
+    assert test.statistic == pytest.approx(len(hospital) * np.log(mse[0] / mse[1]), rel=1e-4)
     assert score(tuned, hospital.x, hospital.y)["rmse"] < score(model, hospital.x, hospital.y)["rmse"]
 
 
@@ -129,13 +129,13 @@ def test_personalize_prior_records_every_hospitals_test(tmp_path: Path) -> None:
     model = pooled_model(trains, cfg, num_outputs=2)
     entry = personalize(model, trains, tests, cfg, steps=PRIOR)
     names = [name for name, _ in tests]
-    assert entry["scope"] == "bias" and "steps_per_site" not in entry
-    assert list(entry["prior_test"]) == names
+    assert entry.scope == "bias" and "steps_per_site" not in entry.to_json()
+    assert list(entry.prior_test) == names
     for name, test in tests:
-        record = entry["prior_test"][name]
-        assert record["adopted"] == (record["p_value"] < PRIOR_TEST_LEVEL)
-        if not record["adopted"]:  # a kept bias scores exactly as the global model
-            assert entry["per_site"][name] == score(model, test.x, test.y)
+        record = entry.prior_test[name]
+        assert record.adopted == (record.p_value < PRIOR_TEST_LEVEL)
+        if not record.adopted:  # a kept bias scores exactly as the global model
+            assert entry.per_site[name] == score(model, test.x, test.y)
 
 
 def test_prior_is_a_budget_and_refuses_the_all_scope() -> None:
@@ -199,9 +199,9 @@ def test_a_hospital_of_one_class_gets_a_large_finite_shift(tmp_path: Path) -> No
     # Execute
     tuned, test = prior_test(model, hospital)
     # Assert
-    assert np.all(np.isfinite(test["bias_shift"])) and np.isfinite(test["statistic"])
-    assert test["bias_shift"][1] - test["bias_shift"][0] > 0
+    assert np.all(np.isfinite(test.bias_shift)) and np.isfinite(test.statistic)
+    assert test.bias_shift[1] - test.bias_shift[0] > 0
     assert all(np.all(np.isfinite(v)) for v in tensors(tuned).values())
-    assert test["adopted"] and test["p_value"] < 1e-3
+    assert test.adopted and test.p_value < 1e-3
     with torch.no_grad():
         assert (tuned(torch.as_tensor(hospital.x)).argmax(1) == 1).all()

@@ -223,11 +223,11 @@ def test_personalize_fine_tunes_a_recipe_model(on_path: Path) -> None:
              for i, name in enumerate(("north", "south", "east"))]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     tuned = personalize(model, sets, tests, RunConfig(), 20, "all")
-    assert set(tuned["per_site"]) == {"north", "south", "east"}
-    assert set(tuned["mean_per_site"]) == {"loss", "accuracy", "balanced-accuracy"}
+    assert set(tuned.per_site) == {"north", "south", "east"}
+    assert set(tuned.mean_per_site) == {"loss", "accuracy", "balanced-accuracy"}
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # copies tuned
     bias = personalize(model, sets, tests, RunConfig(), 20, "bias")
-    assert bias["scope"] == "bias" and bias["mean_per_site"]["accuracy"] > 0.8
+    assert bias.scope == "bias" and bias.mean_per_site["accuracy"] > 0.8
 
 
 def test_a_folder_without_a_reader_points_to_recipes(png_hospitals: dict[str, Path]) -> None:
