@@ -3,7 +3,7 @@
 A rule is one class with one hook, `AggregationStrategy.aggregate`, registered with
 `aggregation.registry.register`; how to write one is in docs/aggregation.md, "Writing a
 strategy" (worked example: `aggregation/geometric_median.py`). Its report is the run record's
-own type, `protocol.history.AggregationReport` with one `protocol.history.SiteReport` per
+own type, `protocol.aggregation_report.AggregationReport` with one `SiteReport` per
 update (re-exported here), so what a rule builds is what history.json, the report files, the
 admin API and the web view read.
 """
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from fedsplit.protocol.history import AggregationReport, SiteReport
+from fedsplit.protocol.aggregation_report import AggregationReport, SiteReport
 from fedsplit.protocol.update import Update, UpdateSource
 from pydantic import BaseModel, ConfigDict
 

@@ -24,8 +24,8 @@ from fedsplit.aggregation._interface import OrderPass
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy
 from fedsplit.aggregation.compat import check_compatible
 from fedsplit.aggregation.errors import AggregationError, NotEnoughUpdatesError
+from fedsplit.protocol.aggregation_report import AggregationReport, SiteReport
 from fedsplit.protocol.arrays import ArraySpec
-from fedsplit.protocol.history import AggregationReport, SiteReport
 from fedsplit.protocol.update import UpdateHeader, UpdateSource
 
 # --------------------------------------------------------------------------------------------

@@ -38,9 +38,9 @@ from fedsplit.aggregation._blocks import (
 from fedsplit.aggregation._threads import map_threads, threads_for
 from fedsplit.aggregation.compat import VERTICAL_HINT, check_compatible
 from fedsplit.aggregation.errors import AggregationError, IncompatibleUpdatesError
+from fedsplit.protocol.aggregation_report import SiteReport
 from fedsplit.protocol.arrays import ArraySpec, check_num_examples, layout_difference
 from fedsplit.protocol.errors import FedsplitError
-from fedsplit.protocol.history import SiteReport
 from fedsplit.protocol.update import UpdateHeader, UpdateSource
 
 CapPolicy = Literal["clip", "refuse"]

@@ -27,7 +27,7 @@ from fedsplit.aggregation.base import AggregateResult, AggregationStrategy
 from fedsplit.aggregation.building_blocks import require_updates
 from fedsplit.aggregation.errors import NotEnoughUpdatesError
 from fedsplit.aggregation.guard import Expected, guard_updates
-from fedsplit.protocol.history import SiteReport
+from fedsplit.protocol.aggregation_report import SiteReport
 from fedsplit.protocol.update import UpdateSource
 
 
