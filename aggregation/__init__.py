@@ -4,7 +4,8 @@ Importing this package registers every built-in strategy. Look one up with
 `get_strategy(name, params)`; list them with `describe_strategies()`; run one with
 `aggregate_updates`. The rules are built from six operations of `aggregation.backend`, which
 runs each pass on the numpy reference, compiled kernels (C through cffi, numba) or a CUDA GPU
-(torch), as its `select` decides (``FEDSPLIT_AGG_BACKEND``); importing this package imports
+(torch), as the `BackendSettings` passed in decide (built once at start-up, e.g. from
+``FEDSPLIT_AGG_BACKEND`` by `BackendSettings.from_environ`); importing this package imports
 none of numba, cffi or torch.
 """
 
@@ -14,7 +15,6 @@ from fedsplit.aggregation import krum as _krum  # noqa: F401  (registers "krum",
 from fedsplit.aggregation import median as _median  # noqa: F401  (registers "median")
 from fedsplit.aggregation import trimmed_mean as _trimmed_mean  # noqa: F401  (registers "trimmed-mean")
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
-from fedsplit.aggregation._device import using as on_device
 from fedsplit.aggregation.base import (
     AggregateResult,
     AggregationReport,
@@ -38,6 +38,7 @@ from fedsplit.aggregation.registry import (
     strategy_names,
 )
 from fedsplit.aggregation.run import aggregate_updates
+from fedsplit.aggregation.settings import BackendSettings
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -45,6 +46,7 @@ __all__ = [
     "AggregationError",
     "AggregationReport",
     "AggregationStrategy",
+    "BackendSettings",
     "IncompatibleUpdatesError",
     "NotEnoughUpdatesError",
     "SiteReport",
@@ -55,7 +57,6 @@ __all__ = [
     "check_compatible",
     "describe_strategies",
     "get_strategy",
-    "on_device",
     "parse_param_pairs",
     "register",
     "strategy_names",

@@ -443,9 +443,11 @@ def iter_stacks(
     specs: Sequence[ArraySpec],
     plan: BlockPlan,
     *,
+    workers: int,
     rows: bool = False,
 ) -> Iterator[tuple[Block, np.ndarray | Rows]]:
-    """Yield ``(block, stack)`` for every block; ``stack`` is ``(N, block.size)``, C-contiguous.
+    """Yield ``(block, stack)`` for every block; ``stack`` is ``(N, block.size)``, C-contiguous,
+    its rows filled by up to ``workers`` threads.
 
     Row k holds update k's values in ``plan.dtype``. The buffer is reused: a reducer must
     finish with (or copy) a stack before asking for the next one. With ``rows``, a block whose
@@ -472,7 +474,7 @@ def iter_stacks(
             buffer = np.empty(plan.num_updates * plan.values_per_block, dtype=plan.dtype)
         stack = buffer[: plan.num_updates * block.size].reshape(plan.num_updates, block.size)
         # rows are filled by the worker threads, a contiguous share of updates each
-        threads = threads_for(stack.size, len(readers))
+        threads = threads_for(stack.size, len(readers), workers)
         share = -(-len(readers) // threads)
         firsts = range(0, len(readers), share)
         map_threads(
@@ -523,9 +525,11 @@ def run_stacked(
     reducer: StackReducer,
     *,
     memory_budget: int,
+    workers: int,
     outputs: dict[str, np.ndarray] | None = None,
 ) -> BlockPlan:
-    """Feed every stacked block of ``updates`` to ``reducer``; return the plan it ran under.
+    """Feed every stacked block of ``updates`` to ``reducer``; return the plan it ran under
+    (the stacks filled by up to ``workers`` threads).
 
     With ``outputs`` (from `empty_like_specs`), the reducer gets the block's flat output range.
     When the reducer `takes_rows`, blocks that can be read in place come as `Rows`; their
@@ -541,7 +545,7 @@ def run_stacked(
     )
     rows = reducer.takes_rows(plan)
     in_place = False
-    for block, stack in iter_stacks(updates, specs, plan, rows=rows):
+    for block, stack in iter_stacks(updates, specs, plan, workers=workers, rows=rows):
         in_place = in_place or isinstance(stack, Rows)
         reducer(block, stack, flat_view(outputs, block) if outputs is not None else None)
     if in_place:

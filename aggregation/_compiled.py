@@ -320,8 +320,8 @@ class CompiledBackend(NumpyBackend):
 
     name = "compiled"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
         self._gram_scratch: list[Any] | None = None
 
     # ------------------------------------------------------------------ streamed passes
@@ -329,7 +329,7 @@ class CompiledBackend(NumpyBackend):
     @property
     def c(self) -> _ckernels.StreamedKernels:
         kernels = c_kernels()
-        assert kernels is not None  # `select` chose this backend because they load
+        assert kernels is not None  # `BackendSettings.select` chose this backend because they load
         return kernels
 
     def block_sum(
@@ -358,7 +358,7 @@ class CompiledBackend(NumpyBackend):
         per_coordinate, per_thread = self.mean_bytes(specs, len(updates), reads_files(updates))
         if per_thread + per_coordinate > memory_budget:
             # a budget too small for the C calls' rows: numpy's buffers instead
-            return NumpyBackend().weighted_sum(
+            return NumpyBackend(self.workers).weighted_sum(
                 updates, specs, share, arrays, memory_budget=memory_budget, distances=distances
             )
         return super().weighted_sum(
@@ -390,7 +390,7 @@ class CompiledBackend(NumpyBackend):
     @property
     def nb(self) -> ModuleType:
         kernels = numba_kernels()
-        assert kernels is not None  # `select` chose this backend because numba loads
+        assert kernels is not None  # `BackendSettings.select` chose this backend because numba loads
         return kernels
 
     def _in_kernel(self, values: np.ndarray | Rows, out: np.ndarray) -> np.ndarray | None:

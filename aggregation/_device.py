@@ -1,8 +1,8 @@
 """The GPU backend: the six aggregation operations in torch on a CUDA device.
 
-`GpuBackend` is what `aggregation.backend.select` returns for a pass on the GPU; where the
-passes run is set per call (`using`: ``aggregate_updates(..., device=...)``,
-``fedsplit aggregate --device``) and read by `select` with ``FEDSPLIT_AGG_BACKEND``:
+`GpuBackend` is what `aggregation.backend.BackendSettings.select` returns for a pass on the
+GPU; where the passes run is the settings' ``device`` (``fedsplit aggregate --device``,
+``BackendSettings(device=...)``), read with their ``mode`` (``FEDSPLIT_AGG_BACKEND``):
 
 - ``cpu``: never the GPU (numpy or the compiled kernels);
 - ``cuda`` / ``cuda:N``: every pass on that device (an error when torch has no CUDA device);
@@ -24,12 +24,10 @@ against the numpy reference on machines without a GPU.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import importlib.util
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,15 +154,17 @@ class TorchDevice:
         share: np.ndarray,
         arrays: dict[str, np.ndarray],
         memory_budget: int,
+        workers: int,
     ) -> int:
-        """``arrays = sum_k share_k w_k`` (float64 sums on the device); return working bytes."""
+        """``arrays = sum_k share_k w_k`` (float64 sums on the device); return working bytes.
+        ``workers`` threads fill each block's stack on the host."""
         torch = self.torch
         plan = plan_stack(
             len(updates), specs, memory_budget=memory_budget, bytes_per_value=8,
             bytes_per_coordinate=3 * 8,
         )
         weights = self._to(share.astype(np.float64))
-        for block, stack in iter_stacks(updates, specs, plan):
+        for block, stack in iter_stacks(updates, specs, plan, workers=workers):
             x = self._to(stack)
             acc = torch.zeros(block.size, dtype=torch.float64, device=self.device)
             for k in range(len(updates)):
@@ -179,6 +179,7 @@ class TorchDevice:
         specs: Sequence[ArraySpec],
         arrays: dict[str, np.ndarray],
         memory_budget: int,
+        workers: int,
     ) -> tuple[np.ndarray, int]:
         """Each update's L2 distance to ``arrays`` (differences in the working precision)."""
         torch = self.torch
@@ -187,7 +188,7 @@ class TorchDevice:
             bytes_per_coordinate=8,
         )
         total = torch.zeros(len(updates), dtype=torch.float64, device=self.device)
-        for block, stack in iter_stacks(updates, specs, plan):
+        for block, stack in iter_stacks(updates, specs, plan, workers=workers):
             x = self._to(stack)
             ref = np.asarray(arrays[block.name]).reshape(-1)[block.start : block.stop]
             diff = x - self._to(ref).to(x.dtype)
@@ -199,17 +200,26 @@ class TorchDevice:
 
 
 @dataclass(frozen=True)
-class _Choice:
+class Choice:
+    """A resolved device setting (`resolve`)."""
+
     device: TorchDevice | None
     forced: bool  # a device named explicitly: every pass uses it, whatever its size
-    spec: str = "auto"  # as the call named it: auto, cpu, cuda, cuda:N (or a TorchDevice)
+    spec: str = "auto"  # as the settings name it: auto, cpu, cuda, cuda:N (or a TorchDevice)
 
-
-_CURRENT: contextvars.ContextVar[_Choice | None] = contextvars.ContextVar(
-    "fedsplit_agg_device", default=None
-)
 
 _SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def check_spec(spec: str) -> str:
+    """``spec`` normalised, if it is ``auto``, ``cpu``, ``cuda`` or ``cuda:N``; else the error."""
+    text = str(spec).strip().lower()
+    if not _SPEC.fullmatch(text):
+        raise AggregationError(
+            f"The aggregation device is 'auto' (the GPU when there is one), 'cpu', 'cuda' or "
+            f"'cuda:N'. Received: {spec!r}"
+        )
+    return text
 
 
 def _may_have_cuda() -> bool:
@@ -218,23 +228,18 @@ def _may_have_cuda() -> bool:
     return driver and importlib.util.find_spec("torch") is not None
 
 
-def resolve(spec: str | TorchDevice | None) -> _Choice:
+def resolve(spec: str | TorchDevice) -> Choice:
     """Turn ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (or a `TorchDevice`) into a choice."""
     if isinstance(spec, TorchDevice):
-        return _Choice(spec, True, str(spec.device))
-    text = "auto" if spec is None else str(spec).strip().lower()
-    if not _SPEC.fullmatch(text):
-        raise AggregationError(
-            f"The aggregation device is 'auto' (the GPU when there is one), 'cpu', 'cuda' or "
-            f"'cuda:N'. Received: {spec!r}"
-        )
+        return Choice(spec, True, str(spec.device))
+    text = check_spec(spec)
     if text == "cpu" or (text == "auto" and not _may_have_cuda()):
-        return _Choice(None, False, text)
+        return Choice(None, False, text)
     import torch
 
     if not torch.cuda.is_available():
         if text == "auto":
-            return _Choice(None, False, text)
+            return Choice(None, False, text)
         raise AggregationError(
             f"--device {text} asks for a CUDA GPU, but torch sees none (torch "
             f"{torch.__version__}, CUDA build: {torch.version.cuda is not None}). Use --device "
@@ -246,36 +251,16 @@ def resolve(spec: str | TorchDevice | None) -> _Choice:
             f"There are {torch.cuda.device_count()} CUDA device(s), numbered from 0. "
             f"Received: {spec!r}"
         )
-    return _Choice(TorchDevice(f"cuda:{index}"), text != "auto", text)
+    return Choice(TorchDevice(f"cuda:{index}"), text != "auto", text)
 
 
-@contextlib.contextmanager
-def using(spec: str | TorchDevice | None) -> Iterator[TorchDevice | None]:
-    """Run the passes inside the block on ``spec`` (see `resolve`); yield the device or None."""
-    choice = resolve(spec)
-    token = _CURRENT.set(choice)
-    try:
-        yield choice.device
-    finally:
-        _CURRENT.reset(token)
-
-
-def current() -> TorchDevice | bool | None:
-    """The device set by an enclosing `using` block (None outside one; False: the CPU)."""
-    choice = _CURRENT.get()
-    if choice is None:
-        return None
-    return choice.device if choice.device is not None else False
-
-
-def gpu_for(mode: str, values: int, threshold: int) -> TorchDevice | None:
+def gpu_for(mode: str, choice: Choice, values: int, threshold: int) -> TorchDevice | None:
     """The GPU a pass over ``values`` values runs on, None for the CPU (the policy:
-    `aggregation.backend.select`; ``mode`` is ``FEDSPLIT_AGG_BACKEND``)."""
-    choice = _CURRENT.get()
+    `aggregation.backend.BackendSettings.select`; ``choice`` is its resolved device)."""
     if mode == "gpu":
-        if choice is not None and choice.device is not None:
+        if choice.device is not None:
             return choice.device
-        if choice is not None and choice.spec == "cpu":
+        if choice.spec == "cpu":
             raise AggregationError(
                 "FEDSPLIT_AGG_BACKEND=gpu runs every pass on a CUDA GPU, but the call asks for "
                 "the CPU. Drop --device cpu (or device='cpu'), or unset FEDSPLIT_AGG_BACKEND. "
@@ -287,7 +272,7 @@ def gpu_for(mode: str, values: int, threshold: int) -> TorchDevice | None:
             raise AggregationError(
                 f"FEDSPLIT_AGG_BACKEND=gpu runs every pass on a CUDA GPU, but there is none: {e}"
             ) from e
-    if choice is None or choice.device is None:
+    if choice.device is None:
         return None
     if choice.forced or (mode == "auto" and values >= threshold):
         return choice.device
@@ -300,20 +285,23 @@ class GpuBackend(Backend):
     name = "gpu"
     device_bytes_per_value = DEVICE_BYTES_PER_VALUE
 
-    def __init__(self, device: TorchDevice) -> None:
-        super().__init__()
+    def __init__(self, device: TorchDevice, workers: int) -> None:
+        super().__init__(workers)
         self.device = device
 
     def weighted_sum(self, updates, specs, share, arrays, *, memory_budget, distances):
-        working = self.device.weighted_mean(updates, specs, share, arrays, memory_budget)
+        working = self.device.weighted_mean(updates, specs, share, arrays, memory_budget,
+                                            self.workers)
         dist = None
         if distances:  # a second pass over the updates
-            dist, used = self.device.distances(updates, specs, arrays, memory_budget)
+            dist, used = self.device.distances(updates, specs, arrays, memory_budget,
+                                               self.workers)
             working = max(working, used)
         return MeanPass(arrays=arrays, working_bytes=working, distances=dist)
 
     def squared_distances(self, updates, specs, arrays, *, memory_budget) -> DistancePass:
-        return DistancePass(*self.device.distances(updates, specs, arrays, memory_budget))
+        return DistancePass(*self.device.distances(updates, specs, arrays, memory_budget,
+                                                   self.workers))
 
     def trimmed_mean(self, values, out, cut) -> OrderResults:
         return [self.device.trim(values, out, cut)]

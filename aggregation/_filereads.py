@@ -9,8 +9,10 @@ for parameters stored as they lie (`WeightFile.storage_offset`) of a file opened
 (`WeightFile.vfd_handle`); otherwise the passes read through `WeightFile.read_into`.
 
 The switch is `ReadSettings` (``FEDSPLIT_MMAP=0`` turns mapping and positional reads off),
-read from the environment once, at start-up (`SETTINGS`; `configure` replaces it), and given to
-each file's engine when it is made (`reads_of`): nothing reads the environment during a pass.
+part of `aggregation.settings.BackendSettings` (``reads``): built once where a command or service
+starts and passed in; each backend operation makes its files' engines with it (`reads_of`)
+before the pass, and a file keeps the engine it was first read with. Nothing reads the
+environment during a pass.
 """
 
 from __future__ import annotations
@@ -44,19 +46,6 @@ class ReadSettings:
         """The settings the environment names (``FEDSPLIT_MMAP``: "0" off, anything else on)."""
         env = os.environ if environ is None else environ
         return cls(mmap=env.get(MMAP_ENV, "1").strip() != "0")
-
-
-#: Built once, when aggregation is first imported (a process's start-up); see `configure`.
-SETTINGS = ReadSettings.from_environ()
-
-
-def configure(settings: ReadSettings) -> ReadSettings:
-    """Use ``settings`` for files first read from now on; return the ones they replace."""
-    global SETTINGS
-    if not isinstance(settings, ReadSettings):
-        raise TypeError(f"configure takes a ReadSettings. Received: {type(settings).__name__}")
-    previous, SETTINGS = SETTINGS, settings
-    return previous
 
 
 #: Pages of values a pass is done with are dropped from the process in runs of this many
@@ -315,15 +304,15 @@ _ENGINES_LOCK = threading.Lock()
 
 
 def reads_of(file: WeightFile, settings: ReadSettings | None = None) -> FileReads:
-    """``file``'s engine, made on first use with ``settings`` (default: `SETTINGS`) and kept
-    until the file closes."""
+    """``file``'s engine, made on first use with ``settings`` (default: `ReadSettings()`,
+    mapping on) and kept until the file closes; a later call's settings do not change it."""
     engine = _ENGINES.get(file)
     if engine is not None:
         return engine
     with _ENGINES_LOCK:
         engine = _ENGINES.get(file)
         if engine is None:
-            engine = _ENGINES[file] = FileReads(file, settings if settings is not None else SETTINGS)
+            engine = _ENGINES[file] = FileReads(file, settings or ReadSettings())
             file.on_close(engine.close)
             file.on_close(lambda: _ENGINES.pop(file, None))
         return engine

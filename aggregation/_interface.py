@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 import numpy as np
 from fedsplit.aggregation._blocks import BlockPlan, Rows
-from fedsplit.aggregation._threads import worker_count
 from fedsplit.protocol.arrays import ArraySpec
 from fedsplit.protocol.update import UpdateSource
 
@@ -84,9 +83,9 @@ class Backend:
     #: memory on the device per stacked value beyond the stack (the GPU's copies), budgeted
     device_bytes_per_value = 0
 
-    def __init__(self) -> None:
-        #: worker threads of the pass (``FEDSPLIT_AGG_THREADS``)
-        self.workers = worker_count()
+    def __init__(self, workers: int) -> None:
+        #: worker threads of the pass (`aggregation.backend.BackendSettings.threads`)
+        self.workers = workers
 
     def weighted_sum(
         self,

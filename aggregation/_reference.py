@@ -94,6 +94,7 @@ def plan_stream(
     *,
     bytes_per_coordinate: int,
     memory_budget: int,
+    workers: int,
     bytes_per_thread: int = 0,
 ) -> StreamPlan:
     """Cut the model into blocks so each thread's buffers fit the budget: ``bytes_per_thread``
@@ -112,7 +113,7 @@ def plan_stream(
         )
     size = sum(s.size for s in specs)
     largest = max((s.size for s in specs), default=0)
-    threads = threads_for(num_updates * size, len(plan_blocks(specs, BLOCK)))
+    threads = threads_for(num_updates * size, len(plan_blocks(specs, BLOCK)), workers)
     threads = max(1, min(threads, memory_budget // one))
     room = memory_budget // threads - bytes_per_thread
     length = max(1, min(BLOCK, largest, room // bytes_per_coordinate))
@@ -387,8 +388,8 @@ class NumpyBackend(Backend):
 
     name = "numpy"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
         self._pool: queue.SimpleQueue[Scratch] | None = None
 
     # ------------------------------------------------------------------ streamed passes
@@ -422,7 +423,7 @@ class NumpyBackend(Backend):
         per_coordinate, per_thread = self.mean_bytes(specs, len(updates), files)
         plan = plan_stream(
             specs, len(updates), bytes_per_coordinate=per_coordinate,
-            bytes_per_thread=per_thread, memory_budget=memory_budget,
+            bytes_per_thread=per_thread, memory_budget=memory_budget, workers=self.workers,
         )
         per_dtype = {s.dtype: share.astype(work_dtype(s.dtype)) for s in specs}
         sums = [self.block_sum(updates, per_dtype, distances, files) for _ in range(plan.threads)]
@@ -450,7 +451,8 @@ class NumpyBackend(Backend):
     ) -> DistancePass:
         work = max((work_dtype(s.dtype) for s in specs), key=lambda d: d.itemsize)
         plan = plan_stream(
-            specs, len(updates), bytes_per_coordinate=work.itemsize, memory_budget=memory_budget
+            specs, len(updates), bytes_per_coordinate=work.itemsize, memory_budget=memory_budget,
+            workers=self.workers,
         )
         length = max((b.size for b in plan.blocks), default=1)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -14,19 +14,30 @@ from fedsplit.aggregation.errors import AggregationError
 T = TypeVar("T")
 
 
-def worker_count() -> int:
-    """Threads an aggregation uses: ``FEDSPLIT_AGG_THREADS``, default the CPU count (at most 8).
+#: The environment variable of the worker threads (`worker_count`).
+THREADS_ENV = "FEDSPLIT_AGG_THREADS"
+
+
+def cpu_threads() -> int:
+    """The default thread count: the CPU count, at most 8."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def worker_count(environ: Mapping[str, str] | None = None) -> int:
+    """Threads an aggregation uses as ``FEDSPLIT_AGG_THREADS`` says (default `cpu_threads`),
+    read by `aggregation.backend.BackendSettings.from_environ` once at start-up.
 
     numpy's sort and element-wise loops release the GIL, so blocks or tiles run in parallel
     threads. On a coordinator whose cores are busy with other work, set
     ``FEDSPLIT_AGG_THREADS=1``.
     """
-    raw = os.environ.get("FEDSPLIT_AGG_THREADS", "").strip()
+    env = os.environ if environ is None else environ
+    raw = env.get(THREADS_ENV, "").strip()
     if not raw:
-        return max(1, min(8, os.cpu_count() or 1))
+        return cpu_threads()
     if not raw.isdigit() or int(raw) < 1:
         raise AggregationError(
-            f"FEDSPLIT_AGG_THREADS must be a whole number >= 1 (threads an aggregation uses). "
+            f"{THREADS_ENV} must be a whole number >= 1 (threads an aggregation uses). "
             f"Received: {raw!r}"
         )
     return int(raw)
@@ -50,11 +61,12 @@ def _executor(workers: int, pid: int) -> ThreadPoolExecutor:
 THREADED_FROM = 1 << 20
 
 
-def threads_for(values: int, tasks: int) -> int:
-    """Threads for a pass over ``values`` input values split into ``tasks`` independent parts."""
+def threads_for(values: int, tasks: int, workers: int) -> int:
+    """Threads for a pass over ``values`` input values split into ``tasks`` independent parts,
+    at most ``workers`` (the settings' `threads`)."""
     if values < THREADED_FROM:
         return 1
-    return max(1, min(worker_count(), tasks))
+    return max(1, min(workers, tasks))
 
 
 def round_robin(items: Sequence[T], threads: int) -> list[Sequence[T]]:

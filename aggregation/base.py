@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol.aggregation_report import AggregationReport, SiteReport
 from fedsplit.protocol.update import Update, UpdateSource
 from pydantic import BaseModel, ConfigDict
@@ -92,13 +93,16 @@ class AggregationStrategy(ABC):
 
     @abstractmethod
     def aggregate(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
+        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        settings: BackendSettings = DEFAULT_SETTINGS,
     ) -> AggregateResult:
         """Merge ``updates`` (same names, shapes and dtypes) into one model.
 
         Working memory beyond the output stays under ``memory_budget`` bytes (rules that need
         more for even one coordinate refuse with `AggregationError`). The report holds one
-        `SiteReport` per update, in order.
+        `SiteReport` per update, in order. Every pass over the updates is a call of
+        `aggregation.backend` with ``settings`` (default: `BackendSettings()`, the library's
+        defaults; `aggregate_updates` passes those of the command or service that started).
         """
 
     def min_updates(self) -> int:

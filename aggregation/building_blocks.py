@@ -3,8 +3,9 @@
 A rule's `aggregate` is usually::
 
     inputs = inputs_of(self, updates)                     # count, layout, min_updates checked
-    mean = backend.weighted_sum(updates, weights, memory_budget=memory_budget)
-    dist = backend.squared_distances(updates, mean.arrays, memory_budget=memory_budget)
+    mean = backend.weighted_sum(updates, weights, settings=settings, memory_budget=memory_budget)
+    dist = backend.squared_distances(updates, mean.arrays, settings=settings,
+                                     memory_budget=memory_budget)
     sites = site_reports(inputs.headers, shares, l2_to_aggregate=dist.values)
     return make_result(self, inputs, mean.arrays, sites, memory_budget=memory_budget,
                        working_bytes=max(mean.working_bytes, dist.working_bytes))

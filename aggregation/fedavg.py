@@ -8,7 +8,7 @@ from where it lies (a view of an in-memory update; for a weight file, one positi
 the block's bytes from the page cache, or an HDF5 hyperslab read when the values need
 converting). Nothing is stacked or cast-copied first (`bench/aggregation.py` measures the
 share of the machine's read bandwidth reached). Which implementation runs (C kernels where a
-C compiler built them, else numpy; torch on a GPU) is `aggregation.backend.select`'s choice.
+C compiler built them, else numpy; torch on a GPU) is `BackendSettings.select`'s choice.
 
 Called through `aggregation.aggregate_updates`, the same pass also gives the report's
 distances: each block's distances are taken right after its sum, while the updates' values
@@ -30,6 +30,7 @@ from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports
 from fedsplit.aggregation.registry import register
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol.update import UpdateSource
 
 
@@ -54,6 +55,7 @@ class FedAvg(AggregationStrategy):
         updates: Sequence[UpdateSource],
         *,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        settings: BackendSettings = DEFAULT_SETTINGS,
         distances: bool = False,
     ) -> AggregateResult:
         """Return sum(n_k * w_k) / sum(n_k), block by block (float64 across groups).
@@ -63,7 +65,8 @@ class FedAvg(AggregationStrategy):
         """
         inputs = inputs_of(self, updates)
         mean = backend.weighted_sum(
-            updates, inputs.counts, memory_budget=memory_budget, distances=distances
+            updates, inputs.counts, settings=settings, memory_budget=memory_budget,
+            distances=distances,
         )
         columns = {} if mean.distances is None else {"l2_to_aggregate": mean.distances}
         sites = site_reports(inputs.headers, inputs.counts / inputs.total, **columns)

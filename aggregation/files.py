@@ -25,6 +25,7 @@ from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.aggregation.run import aggregate_updates
+from fedsplit.aggregation.settings import BackendSettings
 from fedsplit.protocol.arrays import ArraySpec
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.weights import WeightFile, open_weights, write_weights
@@ -67,7 +68,7 @@ def aggregate_files(
     cap_policy: str = "clip",
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     round_id: int | None = None,
-    device: str | None = None,
+    settings: BackendSettings | None = None,
 ) -> FilesAggregate:
     """Aggregate the weight files ``inputs`` with ``strategy``; write the model and its report.
 
@@ -90,12 +91,10 @@ def aggregate_files(
     expected, reference : the round's model, optional (at most one)
         Its layout as specs, or a weight file holding it. Default: the layout shared by more
         than half the inputs (a minority layout is excluded and reported).
-    cohort_caps, cap_policy, memory_budget
+    cohort_caps, cap_policy, memory_budget, settings
         As in `aggregation.aggregate_updates`.
     round_id : int, optional
         Round number written into the aggregate's file (attribute ``round``).
-    device : str, optional
-        ``auto``, ``cpu`` or ``cuda[:N]``, as in `aggregation.aggregate_updates`.
     """
     paths = [Path(p) for p in inputs]
     if labels is not None and len(labels) != len(paths):
@@ -137,7 +136,7 @@ def aggregate_files(
             cohort_caps=cohort_caps,
             cap_policy=cap_policy,
             memory_budget=memory_budget,
-            device=device,
+            settings=settings,
         )
         model = model_id(files, [not s.excluded for s in result.report.sites])
     write_weights(result.to_update(site="aggregate", round=round_id, model=model), target)

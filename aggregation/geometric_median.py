@@ -54,6 +54,7 @@ from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from fedsplit.aggregation.building_blocks import inputs_of, make_result, shares_of, site_reports
 from fedsplit.aggregation.registry import register
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol.update import UpdateSource
 from pydantic import Field
 
@@ -160,7 +161,8 @@ class GeometricMedian(AggregationStrategy):
     Params = GeometricMedianParams
 
     def aggregate(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
+        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        settings: BackendSettings = DEFAULT_SETTINGS,
     ) -> AggregateResult:
         """Return the smoothed-Weiszfeld geometric median, streamed within the budget."""
         inputs = inputs_of(self, updates)
@@ -169,19 +171,21 @@ class GeometricMedian(AggregationStrategy):
         # the weight shares that produced the returned z (count shares when no step ran) and
         # every site's distance to it, for the report
         last: dict[str, np.ndarray] = {"share": shares_of(counts, len(counts))}
-        mean = backend.weighted_sum(updates, counts, memory_budget=memory_budget)
+        mean = backend.weighted_sum(updates, counts, settings=settings, memory_budget=memory_budget)
         z, working = mean.arrays, mean.working_bytes
 
         def step(point: dict[str, np.ndarray]) -> tuple[float, Callable[[], dict[str, np.ndarray]]]:
             nonlocal working
-            dist = backend.squared_distances(updates, point, memory_budget=memory_budget)
+            dist = backend.squared_distances(updates, point, settings=settings,
+                                             memory_budget=memory_budget)
             working = max(working, dist.working_bytes)
             last["dist"] = dist.values
 
             def advance() -> dict[str, np.ndarray]:
                 alpha = counts / np.maximum(nu, dist.values)
                 last["share"] = shares_of(alpha, len(alpha))
-                backend.weighted_sum(updates, alpha, memory_budget=memory_budget, out=point)
+                backend.weighted_sum(updates, alpha, settings=settings, memory_budget=memory_budget,
+                                     out=point)
                 return point  # the iterate is the output buffer itself
 
             return float(counts @ dist.values), advance

@@ -140,8 +140,10 @@ def guard_updates(
     cap_policy: str = "clip",
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     watch: ValueWatch | None = None,
+    workers: int = 1,
 ) -> GuardResult:
     """Check every update (layout, count, cap, finite values); exclude failures with a reason.
+    The value scans run in up to ``workers`` threads (`BackendSettings.threads`).
 
     With ``watch``, values are not scanned here: the accepted updates are wrapped in `Watched`
     so the rule's pass checks them as it reads them (see the module docstring).
@@ -206,7 +208,8 @@ def guard_updates(
             result.accepted_index.append(k)
         return result
     # the value scans are independent: one update per worker thread, the budget shared out
-    threads = threads_for(sum(sum(s.size for s in c[2].specs) for c in candidates), len(candidates))
+    threads = threads_for(sum(sum(s.size for s in c[2].specs) for c in candidates), len(candidates),
+                          workers)
 
     def scan(candidate: tuple[int, UpdateSource, UpdateHeader, int]) -> str | None:
         try:

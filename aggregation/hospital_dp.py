@@ -43,6 +43,7 @@ from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET, Recounted
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports
 from fedsplit.aggregation.errors import AggregationError
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol.update import Update, UpdateHeader, UpdateSource
 
 #: parameter-name endings of trained tensors; everything else is a buffer kept at the global value
@@ -115,7 +116,8 @@ class HospitalDPFedAvg(AggregationStrategy):
         self.reference = {k: np.asarray(v) for k, v in arrays.items()}
 
     def aggregate(self, updates: Sequence[UpdateSource], *,
-                  memory_budget: int = DEFAULT_MEMORY_BUDGET) -> AggregateResult:
+                  memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                  settings: BackendSettings = DEFAULT_SETTINGS) -> AggregateResult:
         """Clip each change, weight by count, add noise of std ``sigma * C * max share``, with
         the backend's passes (module docstring)."""
         if self.reference is None:
@@ -135,7 +137,8 @@ class HospitalDPFedAvg(AggregationStrategy):
         working = 0
         norms = [0.0] * len(updates)
         if trained:
-            dist = backend.squared_distances(views, start, memory_budget=memory_budget)
+            dist = backend.squared_distances(views, start, settings=settings,
+                                             memory_budget=memory_budget)
             norms = [float(v) for v in dist.values]
             working = dist.working_bytes
         scales = [min(1.0, clip / n) if n > 0 else 1.0 for n in norms]
@@ -146,7 +149,7 @@ class HospitalDPFedAvg(AggregationStrategy):
             kept = shares * np.asarray(scales)
             weights = [*kept, max(0.0, 1.0 - float(kept.sum()))]
             mean = backend.weighted_sum([*views, Update(arrays=start, num_examples=1)], weights,
-                                        memory_budget=memory_budget)
+                                        settings=settings, memory_budget=memory_budget)
             working = max(working, mean.working_bytes,
                           2 * 8 * max(s.size for s in trained))  # the noise step, per tensor
         for spec in inputs.specs:

@@ -30,6 +30,7 @@ from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from fedsplit.aggregation.building_blocks import inputs_of, make_result, site_reports
 from fedsplit.aggregation.registry import register
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol.update import UpdateSource
 from pydantic import Field
 
@@ -107,17 +108,19 @@ class Krum(AggregationStrategy):
         return 1
 
     def aggregate(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
+        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        settings: BackendSettings = DEFAULT_SETTINGS,
     ) -> AggregateResult:
         """Score every update via the blockwise Gram matrix; return the selection's (mean)."""
         inputs = inputs_of(self, updates)
         n, f = len(inputs.headers), int(self.params.f)
-        pairs = backend.gram(updates, memory_budget=memory_budget)
+        pairs = backend.gram(updates, settings=settings, memory_budget=memory_budget)
         gram = pairs.gram
         scores = krum_scores(squared_distances(gram), f)
         chosen = np.sort(np.argsort(scores, kind="stable")[: self._select(n)])
         mean = backend.weighted_sum(
-            [updates[int(i)] for i in chosen], inputs.counts[chosen], memory_budget=memory_budget
+            [updates[int(i)] for i in chosen], inputs.counts[chosen], settings=settings,
+            memory_budget=memory_budget,
         )
         weights = np.zeros(n, dtype=np.float64)
         weights[chosen] = inputs.counts[chosen] / inputs.counts[chosen].sum()

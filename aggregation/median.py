@@ -23,6 +23,7 @@ from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from fedsplit.aggregation.building_blocks import inputs_of, order_result
 from fedsplit.aggregation.registry import register
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol.update import UpdateSource
 from pydantic import Field
 
@@ -54,13 +55,15 @@ class Median(AggregationStrategy):
     Params = MedianParams
 
     def aggregate(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
+        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        settings: BackendSettings = DEFAULT_SETTINGS,
     ) -> AggregateResult:
         """Return the coordinate-wise (weighted) median, working in blocks within the budget."""
         inputs = inputs_of(self, updates)
         weighted = bool(self.params.weighted)
         if weighted:
-            stat = backend.weighted_median(updates, inputs.counts, memory_budget=memory_budget)
+            stat = backend.weighted_median(updates, inputs.counts, settings=settings,
+                                           memory_budget=memory_budget)
         else:
-            stat = backend.median(updates, memory_budget=memory_budget)
+            stat = backend.median(updates, settings=settings, memory_budget=memory_budget)
         return order_result(self, inputs, stat, weighted=weighted, memory_budget=memory_budget)

@@ -17,16 +17,15 @@ redone with the full scan. Results and reports are those of the scan either way.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 
 from fedsplit.aggregation import backend
 from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET, ValueWatch, check_budget
-from fedsplit.aggregation._device import current, using
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy
 from fedsplit.aggregation.building_blocks import require_updates
 from fedsplit.aggregation.errors import NotEnoughUpdatesError
 from fedsplit.aggregation.guard import Expected, guard_updates
+from fedsplit.aggregation.settings import BackendSettings
 from fedsplit.protocol.aggregation_report import SiteReport
 from fedsplit.protocol.update import UpdateSource
 
@@ -39,7 +38,7 @@ def aggregate_updates(
     cohort_caps: Mapping[str, int] | None = None,
     cap_policy: str = "clip",
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    device: str | None = None,
+    settings: BackendSettings | None = None,
 ) -> AggregateResult:
     """Guard ``updates``, merge the accepted ones with ``strategy``, and report per site.
 
@@ -57,27 +56,27 @@ def aggregate_updates(
         What happens to a count above its site's cap; the site is flagged either way.
     memory_budget : int (default: 512 MiB)
         Working memory (bytes) the strategy may use beyond its output (on the GPU too).
-    device : {"auto", "cpu", "cuda", "cuda:N"}, optional
-        Where the passes run: ``auto`` uses the first CUDA GPU when the machine has one (torch
-        is imported only then) for passes over at least 1M values, else the CPU (numpy or the
-        compiled kernels); ``cuda`` refuses when there is no GPU. With
-        ``FEDSPLIT_AGG_BACKEND`` it decides each pass's backend (`aggregation.backend.select`).
-        Default: the device of an enclosing `aggregation.on_device` block, else ``auto``.
+    settings : BackendSettings, optional
+        How the passes run (backend mode, device, threads; `aggregation.settings`), built once
+        where the command or service starts (``BackendSettings.from_environ(device=...)``) and
+        used for every pass of this aggregation. Default: built from the environment now
+        (``FEDSPLIT_AGG_BACKEND``, ``FEDSPLIT_AGG_THREADS``; device ``auto``).
     """
     if not updates:
         raise NotEnoughUpdatesError("No updates to aggregate. Received: 0 updates")
     check_budget(memory_budget)
-    args = (strategy, updates, expected, cohort_caps, cap_policy, memory_budget)
-    with using(device) if device is not None or current() is None else contextlib.nullcontext():
-        if getattr(strategy, "checks_values_in_pass", False):
-            watch = ValueWatch()
-            try:
-                result = _guarded(*args, watch=watch)
-            except Exception:  # redone below with the full scan, which decides
-                watch.flag()
-            if not watch.flagged:
-                return result
-        return _guarded(*args, watch=None)
+    settings = settings if settings is not None else BackendSettings.from_environ()
+    settings.prepare_reads(updates)  # the guard's scans read the files too
+    args = (strategy, updates, expected, cohort_caps, cap_policy, memory_budget, settings)
+    if getattr(strategy, "checks_values_in_pass", False):
+        watch = ValueWatch()
+        try:
+            result = _guarded(*args, watch=watch)
+        except Exception:  # redone below with the full scan, which decides
+            watch.flag()
+        if not watch.flagged:
+            return result
+    return _guarded(*args, watch=None)
 
 
 def _guarded(
@@ -87,6 +86,7 @@ def _guarded(
     cohort_caps: Mapping[str, int] | None,
     cap_policy: str,
     memory_budget: int,
+    settings: BackendSettings,
     *,
     watch: ValueWatch | None,
 ) -> AggregateResult:
@@ -97,6 +97,7 @@ def _guarded(
         cap_policy=cap_policy,
         memory_budget=memory_budget,
         watch=watch,
+        workers=settings.threads,
     )
     if not guard.accepted:
         reasons = "; ".join(f"{r.site}: {r.reason}" for r in guard.reports)
@@ -113,11 +114,13 @@ def _guarded(
         if excluded else "",
     )
     fused = {"distances": True} if strategy.fuses_distances else {}  # in the rule's own pass
-    result = strategy.aggregate(guard.accepted, memory_budget=memory_budget, **fused)
+    result = strategy.aggregate(guard.accepted, memory_budget=memory_budget, settings=settings,
+                                **fused)
     missing = [i for i, s in enumerate(result.report.sites) if s.l2_to_aggregate is None]
     if missing:
         dists = backend.squared_distances(
-            [guard.accepted[i] for i in missing], result.arrays, memory_budget=memory_budget
+            [guard.accepted[i] for i in missing], result.arrays, settings=settings,
+            memory_budget=memory_budget,
         )
         for i, d in zip(missing, dists.values, strict=True):
             result.report.sites[i].l2_to_aggregate = float(d)

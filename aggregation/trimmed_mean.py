@@ -24,6 +24,7 @@ from fedsplit.aggregation._blocks import DEFAULT_MEMORY_BUDGET
 from fedsplit.aggregation.base import AggregateResult, AggregationStrategy, StrategyParams
 from fedsplit.aggregation.building_blocks import inputs_of, order_result
 from fedsplit.aggregation.registry import register
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol.update import UpdateSource
 from pydantic import Field
 
@@ -64,7 +65,8 @@ class TrimmedMean(AggregationStrategy):
     Params = TrimmedMeanParams
 
     def aggregate(
-        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET
+        self, updates: Sequence[UpdateSource], *, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        settings: BackendSettings = DEFAULT_SETTINGS,
     ) -> AggregateResult:
         """Return the coordinate-wise (weighted) trimmed mean, in blocks within the budget."""
         inputs = inputs_of(self, updates)
@@ -72,9 +74,10 @@ class TrimmedMean(AggregationStrategy):
         weighted = bool(self.params.weighted)
         if weighted:
             stat = backend.weighted_trimmed_mean(
-                updates, inputs.counts, beta, memory_budget=memory_budget
+                updates, inputs.counts, beta, settings=settings, memory_budget=memory_budget
             )
         else:
             cut = int(beta * len(updates))
-            stat = backend.trimmed_mean(updates, cut, memory_budget=memory_budget)
+            stat = backend.trimmed_mean(updates, cut, settings=settings,
+                                        memory_budget=memory_budget)
         return order_result(self, inputs, stat, weighted=weighted, memory_budget=memory_budget)

@@ -246,34 +246,34 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{'rule':<17}{'ours s':>9}{'GB/s':>7}{'peak MB':>9}{'e2e s':>8}"
               f"{'flower s':>10}{'peak MB':>9}{'speedup':>9}{'mem ratio':>10}")
     print(header, flush=True)
-    from fedsplit.aggregation import _compiled, backend
+    from dataclasses import replace
 
-    stacked = backend.select("trimmed_mean", 1 << 30)
-    streamed = backend.select("weighted_sum", 1 << 30)
+    from fedsplit.aggregation import _compiled
+
+    settings = aggregation.BackendSettings.from_environ()  # once, as a command does
+    stacked = settings.select("trimmed_mean", 1 << 30)
+    streamed = settings.select("weighted_sum", 1 << 30)
     c_kernels = _compiled.c_kernels() if streamed.name == "compiled" else None
     numba_kernels = _compiled.numba_kernels() if stacked.name == "compiled" else None
-    print(f"# backends (FEDSPLIT_AGG_BACKEND={backend.mode()}): stacked passes "
+    print(f"# backends (FEDSPLIT_AGG_BACKEND={settings.mode}): stacked passes "
           f"{'numba ' + numba_kernels.numba.__version__ if numba_kernels else stacked.name}, "
           f"streamed passes {'C (cffi, ' + c_kernels.path.name + ')' if c_kernels else streamed.name}"
-          f", threads: {os.environ.get('FEDSPLIT_AGG_THREADS', 'default')}", flush=True)
+          f", threads: {settings.threads}", flush=True)
     if numba_kernels is not None:  # compile (or load from the cache) outside the timed runs
-        saved = os.environ.get(backend.ENV)
-        os.environ[backend.ENV] = "compiled"  # the warm-up is under auto's threshold
         small = make_updates(max(5, 2 * args.f + 3), shapes_for(20_000), seed=1)
         for name in args.strategies.split(","):
             warm = params_of.get(name, {}) if name != "multi-krum" else {"f": args.f}
-            aggregation.aggregate_updates(aggregation.get_strategy(name, warm), small)
-        if saved is None:
-            del os.environ[backend.ENV]
-        else:
-            os.environ[backend.ENV] = saved
+            aggregation.aggregate_updates(aggregation.get_strategy(name, warm), small,  # under
+                                          settings=replace(settings, mode="compiled"))  # auto's cut
     rules = [] if args.files_only else args.strategies.split(",")
     for name in rules:
         strat = aggregation.get_strategy(name, params_of.get(name, {}))
         t_ours, peak_ours, res = measure(
-            lambda s=strat: s.aggregate(updates, memory_budget=budget), args.repeat)
+            lambda s=strat: s.aggregate(updates, memory_budget=budget, settings=settings),
+            args.repeat)
         t_e2e, _, res_e2e = measure(
-            lambda s=strat: aggregation.aggregate_updates(s, updates, memory_budget=budget), 1, trace=False)
+            lambda s=strat: aggregation.aggregate_updates(s, updates, memory_budget=budget,
+                                                          settings=settings), 1, trace=False)
         row: dict[str, Any] = {
             "ours_s": t_ours, "ours_peak_bytes": peak_ours, "ours_gbps": input_bytes / t_ours / 1e9,
             "end_to_end_s": t_e2e, "working_bytes": res.report.working_bytes,

@@ -150,20 +150,17 @@ def read_rates(paths: list[Path]) -> dict[str, float]:
                 nbytes += len(chunk)
     plain = nbytes / (time.perf_counter() - start) / 1e9
     rates = {"plain_read_gbps": plain, "file_bytes": nbytes}
-    from fedsplit.aggregation import _filereads
+    from fedsplit.aggregation._filereads import ReadSettings
 
     for key, mmap in (("positional_block_read_gbps", True), ("hdf5_block_read_gbps", False)):
-        before = _filereads.configure(_filereads.ReadSettings(mmap=mmap))  # FEDSPLIT_MMAP=1 / 0
-        try:
-            rates[key] = _block_rate(paths)
-        finally:
-            _filereads.configure(before)
+        rates[key] = _block_rate(paths, ReadSettings(mmap=mmap))  # FEDSPLIT_MMAP=1 / 0
     return rates
 
 
-def _block_rate(paths: list[Path]) -> float:
+def _block_rate(paths: list[Path], reads: Any) -> float:
     """GB/s of reading every block of ``paths`` into one buffer, as a stacked pass does."""
     from fedsplit.aggregation._blocks import BLOCK_CAP_BYTES, BlockReader, plan_blocks
+    from fedsplit.aggregation._filereads import reads_of
     from fedsplit.protocol import open_weights
 
     files = [open_weights(p) for p in paths]
@@ -171,6 +168,8 @@ def _block_rate(paths: list[Path]) -> float:
         specs = files[0].header.specs
         values = max(1, BLOCK_CAP_BYTES // (len(files) * 4))
         buf = np.empty(values, dtype=np.float32)
+        for f in files:
+            reads_of(f, reads)  # each file's engine, made with these settings
         readers = [BlockReader(f) for f in files]
         payload = 0
         start = time.perf_counter()

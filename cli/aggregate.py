@@ -162,6 +162,7 @@ def aggregate(
     ] = "auto",
 ) -> None:
     """Aggregate weight files; the output's num_examples is the sum of the used inputs'."""
+    settings = aggregation.BackendSettings.from_environ(device=device)  # once, before any file is read
     strat = aggregation.get_strategy(strategy, aggregation.parse_param_pairs(param or []))
     budget = parse_bytes(memory_budget)
     caps = parse_caps(cohort_cap or [], cohort_caps)
@@ -172,7 +173,7 @@ def aggregate(
         )
     done = aggregate_files(
         strat, inputs, output, report_path=report_json, reference=reference,
-        cohort_caps=caps, cap_policy=cap_policy, memory_budget=budget, device=device,
+        cohort_caps=caps, cap_policy=cap_policy, memory_budget=budget, settings=settings,
     )
     result, target = done.result, done.report_path
     print_report(result.report)

@@ -232,6 +232,10 @@ class RegistryStrategy(FedAvg):
     site_names : Mapping[int, str] | None (default: None)
         Node id -> hospital name, as the setup exchange learnt them, so a hospital whose
         ClientApp failed is named, never numbered.
+    backend : aggregation.BackendSettings | None (default: None)
+        How the merges' passes run (backend mode, device, threads), for every round. Default:
+        read from the coordinator's environment once, here (``FEDSPLIT_AGG_BACKEND``,
+        ``FEDSPLIT_AGG_THREADS``).
     **unsupported
         Any other argument (e.g. FedAvgM's ``server_momentum``) is refused with `ConfigError`.
     """
@@ -248,6 +252,7 @@ class RegistryStrategy(FedAvg):
                  server_optimizer: ServerOptimizer | None = None,
                  federated: Sequence[str] | None = None,
                  site_names: Mapping[int, str] | None = None,
+                 backend: aggregation.BackendSettings | None = None,
                  **unsupported: Any) -> None:
         if unsupported:
             raise ConfigError(
@@ -287,6 +292,8 @@ class RegistryStrategy(FedAvg):
         self.cap_policy = cap_policy
         self._expected: dict[int, list[ArraySpec]] = {}
         self.aggregator = aggregator
+        #: how every merge's passes run, built once at start-up (`aggregation.BackendSettings`)
+        self.backend = backend if backend is not None else aggregation.BackendSettings.from_environ()
         self.history = history
         self.quorum = max(1, quorum)
         #: the round bookkeeping (instructions sent, phases skipped, hospitals' names), public
@@ -468,7 +475,7 @@ class RegistryStrategy(FedAvg):
         try:
             result = aggregation.aggregate_updates(
                 self.aggregator, [r.update for r in parsed], expected=replies.expected,
-                cohort_caps=self.cohort_caps, cap_policy=self.cap_policy,
+                cohort_caps=self.cohort_caps, cap_policy=self.cap_policy, settings=self.backend,
             )
         except FedsplitError as e:
             return Merge(sites, error=str(e))

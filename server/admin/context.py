@@ -6,6 +6,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from fedsplit.aggregation.settings import BackendSettings
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin.audit import AuditLog
 from fedsplit.server.admin.auditkey import AuditKey, key_path
@@ -40,6 +41,8 @@ class AdminContext:
     metrics: AdminMetrics
     admin_token_hash: str
     owns_sandbox: bool = True
+    # How aggregations' passes run: read from the environment once, when the service starts.
+    backend: BackendSettings = field(default_factory=BackendSettings.from_environ)
     # Serialises the short "rename files + commit rows" step of uploads.
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # One aggregation at a time: bounds memory to one strategy's working set.

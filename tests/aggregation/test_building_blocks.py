@@ -10,6 +10,7 @@ import pytest
 from fedsplit.aggregation.backend import squared_distances, weighted_sum
 from fedsplit.aggregation.building_blocks import inputs_of, site_reports
 from fedsplit.aggregation.errors import AggregationError, NotEnoughUpdatesError
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS
 from fedsplit.protocol import open_weights, write_weights
 
 from fedsplit import aggregation
@@ -31,11 +32,12 @@ def test_weighted_mean_and_distances_equal_numpy(h, tmp_path: Path, dtype) -> No
     files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
     try:
         for source, budget in ((updates, 2**20), (files, 64)):
-            mean = weighted_sum(source, weights, memory_budget=budget)
+            mean = weighted_sum(source, weights, settings=DEFAULT_SETTINGS, memory_budget=budget)
             assert mean.working_bytes <= budget
             assert all(a.dtype == dtype for a in mean.arrays.values())
             np.testing.assert_allclose(_flat(mean.arrays), expected, rtol=tol, atol=tol)
-            dist = squared_distances(source, mean.arrays, memory_budget=budget)
+            dist = squared_distances(source, mean.arrays, settings=DEFAULT_SETTINGS,
+                                     memory_budget=budget)
             assert dist.working_bytes <= budget
             direct = np.linalg.norm(points - _flat(mean.arrays), axis=1)
             np.testing.assert_allclose(dist.values, direct, rtol=1e-5)
@@ -49,11 +51,11 @@ def test_weighted_mean_refuses_unusable_weights(h) -> None:
     updates = h.make_updates(3)
     for bad in ([1.0, 2.0], [1.0, -1.0, 1.0], [1.0, float("nan"), 1.0], [0.0, 0.0, 0.0]):
         with pytest.raises(AggregationError, match=r"non-negative weight per update.*Received"):
-            weighted_sum(updates, bad)
+            weighted_sum(updates, bad, settings=DEFAULT_SETTINGS)
     with pytest.raises(NotEnoughUpdatesError, match="Received: 0 updates"):
-        weighted_sum([], [])
+        weighted_sum([], [], settings=DEFAULT_SETTINGS)
     with pytest.raises(AggregationError, match=r"one coordinate.*Received: 10"):
-        weighted_sum(updates, [1, 1, 1], memory_budget=10)
+        weighted_sum(updates, [1, 1, 1], settings=DEFAULT_SETTINGS, memory_budget=10)
 
 
 def test_inputs_and_report_rows(h) -> None:

@@ -15,6 +15,7 @@ from fedsplit.aggregation import _ckernels
 from fedsplit.aggregation._compiled import file_block
 from fedsplit.aggregation._reference import GROUP
 from fedsplit.aggregation.backend import squared_distances, weighted_sum
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS
 from fedsplit.protocol import WeightFileError, open_weights, write_weights
 
 from fedsplit import aggregation
@@ -99,8 +100,8 @@ def test_fedavg_over_files_equals_fedavg_in_memory(h, tmp_path: Path, monkeypatc
                 np.testing.assert_array_equal(got.arrays[key], want)
             for a, b in zip(mem.report.sites, got.report.sites, strict=True):
                 assert b.l2_to_aggregate == pytest.approx(a.l2_to_aggregate, rel=1e-12)
-        monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "numpy")
-        ref = aggregation.aggregate_updates(fedavg, files)
+        ref = aggregation.aggregate_updates(fedavg, files,
+                                            settings=aggregation.BackendSettings(mode="numpy"))
         for key, want in ref.arrays.items():
             np.testing.assert_array_equal(mem.arrays[key], want)
         for a, b in zip(ref.report.sites, mem.report.sites, strict=True):
@@ -140,7 +141,7 @@ def test_fedavg_refuses_a_weight_file_cut_short_while_open(h, tmp_path: Path) ->
         os.truncate(tmp_path / f"{updates[1].site}.h5", os.path.getsize(
             tmp_path / f"{updates[1].site}.h5") - 40_000)
         with pytest.raises(WeightFileError, match="ends early") as err:
-            weighted_sum(files, [1, 1, 1])
+            weighted_sum(files, [1, 1, 1], settings=DEFAULT_SETTINGS)
         assert err.value.reason == "corrupt" and updates[1].site in str(err.value)
     finally:
         for f in files:
@@ -153,12 +154,13 @@ def test_a_budget_without_room_for_the_rows_uses_numpy(h, tmp_path: Path) -> Non
     files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
     try:
         weights = [u.num_examples for u in updates]
-        small = weighted_sum(files, weights, memory_budget=64, distances=True)
-        full = weighted_sum(files, weights, distances=True)
+        small = weighted_sum(files, weights, settings=DEFAULT_SETTINGS, memory_budget=64,
+                             distances=True)
+        full = weighted_sum(files, weights, settings=DEFAULT_SETTINGS, distances=True)
         assert small.working_bytes <= 64 < full.working_bytes
         np.testing.assert_array_equal(small.arrays["p0"], full.arrays["p0"])
         np.testing.assert_allclose(small.distances, full.distances, rtol=1e-5)
-        dist = squared_distances(files, full.arrays)
+        dist = squared_distances(files, full.arrays, settings=DEFAULT_SETTINGS)
         np.testing.assert_allclose(dist.values, full.distances, rtol=1e-12)
     finally:
         for f in files:
@@ -201,16 +203,16 @@ def test_a_failed_build_is_recorded_and_auto_falls_back_to_numpy(tmp_path: Path)
     code = (
         "import os, numpy as np\n"
         "import fedsplit.aggregation as aggregation\n"
-        "from fedsplit.aggregation import backend\n"
+        "from fedsplit.aggregation.settings import BackendSettings\n"
         "from fedsplit.protocol import Update\n"
         "ups = [Update(arrays={'w': np.full(5, float(i), np.float32)}, num_examples=1) "
         "for i in range(3)]\n"
-        "assert backend.select('weighted_sum', 1 << 30).name == 'numpy'\n"
+        "assert BackendSettings().select('weighted_sum', 1 << 30).name == 'numpy'\n"
         "r = aggregation.aggregate_updates(aggregation.get_strategy('fedavg', {}), ups)\n"
         "print(r.arrays['w'].tolist())\n"
         "os.environ['FEDSPLIT_AGG_BACKEND'] = 'compiled'\n"
         "try:\n"
-        "    backend.select('weighted_sum', 10)\n"
+        "    BackendSettings.from_environ().select('weighted_sum', 10)\n"
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
     )

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from fedsplit.aggregation._device import TorchDevice, resolve
 from fedsplit.aggregation.errors import AggregationError
+from fedsplit.aggregation.settings import BackendSettings
 from fedsplit.protocol import open_weights, write_weights
 
 from fedsplit import aggregation
@@ -33,8 +34,7 @@ RULES = [
 EXACT = {("median", False), ("krum", False)}
 
 
-def _check(h, device, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "numpy")
+def _check(h, device, tmp_path: Path) -> None:
     for dtype in (np.float16, np.float32, np.float64):
         rng = np.random.default_rng(7)
         ws = h.random_weights(rng, 9, dtype, shapes=[(40, 3), (), (7,)])
@@ -42,12 +42,14 @@ def _check(h, device, tmp_path: Path, monkeypatch) -> None:
         paths = [write_weights(u, tmp_path / f"{dtype.__name__}-{u.site}.h5") for u in updates]
         for name, params in RULES:
             strat = aggregation.get_strategy(name, params)
-            ref = aggregation.aggregate_updates(strat, updates, device="cpu")
+            ref = aggregation.aggregate_updates(
+                strat, updates, settings=BackendSettings(mode="numpy", device="cpu"))
             budget = 9 * 64 * 30 + 4096  # several blocks per parameter
             files = [open_weights(p) for p in paths]
             try:
                 got = aggregation.aggregate_updates(
-                    strat, files, device=device, memory_budget=budget
+                    strat, files, settings=BackendSettings(mode="numpy", device=device),
+                    memory_budget=budget,
                 )
             finally:
                 for f in files:
@@ -71,18 +73,18 @@ def _check(h, device, tmp_path: Path, monkeypatch) -> None:
                     assert b.trimmed_fraction == pytest.approx(a.trimmed_fraction, abs=1e-9)
 
 
-def test_torch_path_on_the_cpu_matches_the_reference(h, tmp_path: Path, monkeypatch) -> None:
+def test_torch_path_on_the_cpu_matches_the_reference(h, tmp_path: Path) -> None:
     """The GPU code, run by torch on the CPU, from weight files under a small budget."""
     pytest.importorskip("torch")
-    _check(h, TorchDevice("cpu"), tmp_path, monkeypatch)
+    _check(h, TorchDevice("cpu"), tmp_path)
 
 
-def test_cuda_matches_the_reference(h, tmp_path: Path, monkeypatch) -> None:
+def test_cuda_matches_the_reference(h, tmp_path: Path) -> None:
     """The same on the machine's GPU (skipped where torch sees none)."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device on this machine")
-    _check(h, "cuda", tmp_path, monkeypatch)
+    _check(h, "cuda", tmp_path)
 
 
 @pytest.mark.parametrize("spec", ["gpu", "cuda:x", "", "tpu:0"])

@@ -129,10 +129,10 @@ def test_threads_and_blocks_give_the_same_bits(rng, monkeypatch) -> None:
     updates = make_updates(rng, [5, 7, 11, 13, 17])
     monkeypatch.setattr(_reference, "BLOCK", 7)  # several blocks per parameter
     monkeypatch.setattr(_threads, "THREADED_FROM", 0)
-    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "1")
-    one = aggregation.get_strategy("fedavg").aggregate(updates)
-    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "3")
-    three = aggregation.get_strategy("fedavg").aggregate(updates)
+    one = aggregation.get_strategy("fedavg").aggregate(
+        updates, settings=aggregation.BackendSettings(threads=1))
+    three = aggregation.get_strategy("fedavg").aggregate(
+        updates, settings=aggregation.BackendSettings(threads=3))
     for name, arr in one.arrays.items():
         np.testing.assert_array_equal(three.arrays[name], arr)
         expected = sum(u.num_examples * u.arrays[name].astype(np.float64) for u in updates) / 53

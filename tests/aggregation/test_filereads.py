@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedsplit.aggregation import _filereads
+from fedsplit.aggregation import _filereads, backend
 from fedsplit.aggregation._filereads import reads_of
+from fedsplit.aggregation.settings import BackendSettings
 from fedsplit.protocol import Update, WeightFileError, open_weights, write_weights
 
 
@@ -36,7 +37,7 @@ def test_blocks_read_are_the_parameter_values(tmp_path: Path) -> None:
         assert reads_of(f).read_values("b", 7, np.empty(0, np.float32))  # nothing to read
 
 
-def test_what_it_cannot_read_as_it_lies_is_left_to_read_into(tmp_path: Path, monkeypatch) -> None:
+def test_what_it_cannot_read_as_it_lies_is_left_to_read_into(tmp_path: Path) -> None:
     """False (never wrong values) for another dtype, a range outside the parameter, a
     non-contiguous buffer, a compressed file, FEDSPLIT_MMAP=0 or a closed file."""
     u = _update()
@@ -50,10 +51,9 @@ def test_what_it_cannot_read_as_it_lies_is_left_to_read_into(tmp_path: Path, mon
             reads_of(f).read_values("nope", 0, np.empty(1, np.float32))
     with open_weights(write_weights(u, tmp_path / "z.h5", compress=True)) as f:
         assert not reads_of(f).read_values("w", 0, np.empty(10, np.float32))
-    monkeypatch.setattr(_filereads, "SETTINGS", _filereads.ReadSettings(mmap=False))
     with open_weights(path) as f:
-        assert not reads_of(f).read_values("w", 0, np.empty(10, np.float32))
-    monkeypatch.setattr(_filereads, "SETTINGS", _filereads.ReadSettings())
+        off = reads_of(f, _filereads.ReadSettings(mmap=False))
+        assert not off.read_values("w", 0, np.empty(10, np.float32))
     f = open_weights(path)
     reads = reads_of(f)
     assert reads.read_values("b", 0, np.empty(7, np.float32))
@@ -80,12 +80,11 @@ def test_a_file_renamed_over_is_not_seen_and_a_truncated_one_is_refused(tmp_path
         assert err.value.reason == "corrupt"
 
 
-def test_hdf5_reads_of_a_file_cut_short_while_open_are_refused(tmp_path: Path, monkeypatch) -> None:
+def test_hdf5_reads_of_a_file_cut_short_while_open_are_refused(tmp_path: Path) -> None:
     """HDF5 itself fills a read past the end with zeros: the size check refuses it instead."""
-    # every read through HDF5 calls
-    monkeypatch.setattr(_filereads, "SETTINGS", _filereads.ReadSettings(mmap=False))
     path = write_weights(_update(), tmp_path / "a.h5")
     with open_weights(path) as f:
+        reads_of(f, _filereads.ReadSettings(mmap=False))  # every read through HDF5 calls
         out = np.empty(7, np.float32)
         f.read_into("b", out)  # whole: fine before
         os.truncate(path, os.path.getsize(path) - 2000)
@@ -99,23 +98,25 @@ def test_hdf5_reads_of_a_file_cut_short_while_open_are_refused(tmp_path: Path, m
 def test_settings_come_from_the_environment_once_and_stay_with_each_file(tmp_path: Path,
                                                                         monkeypatch) -> None:
     """``FEDSPLIT_MMAP=0`` turns reading values where they lie off; the environment is read when
-    the settings are built (start-up), not during a pass; a file keeps the settings its engine
-    was made with."""
-    assert _filereads.ReadSettings.from_environ({"FEDSPLIT_MMAP": "0"}) == _filereads.ReadSettings(mmap=False)
+    the backend settings are built (start-up), not during a pass; each pass makes its files'
+    engines with the settings passed in, and a file keeps the settings its engine was made with."""
+    off = _filereads.ReadSettings(mmap=False)
+    assert _filereads.ReadSettings.from_environ({"FEDSPLIT_MMAP": "0"}) == off
     assert _filereads.ReadSettings.from_environ({}) == _filereads.ReadSettings(mmap=True)
+    assert BackendSettings.from_environ({"FEDSPLIT_MMAP": "0"}).reads == off
     path = write_weights(_update(), tmp_path / "a.h5")
-    monkeypatch.setattr(_filereads, "SETTINGS", _filereads.ReadSettings(mmap=True))
-    monkeypatch.setenv("FEDSPLIT_MMAP", "0")  # too late: not read again
+    monkeypatch.setenv("FEDSPLIT_MMAP", "0")  # read by nothing below
     with open_weights(path) as f:
-        assert reads_of(f).read_values("b", 0, np.empty(7, np.float32))
-        previous = _filereads.configure(_filereads.ReadSettings(mmap=False))
-        assert previous == _filereads.ReadSettings(mmap=True)
+        assert reads_of(f).read_values("b", 0, np.empty(7, np.float32))  # default: mapping on
+        BackendSettings(reads=off).prepare_reads([f])
         assert reads_of(f).settings.mmap  # made before: keeps its settings
     with open_weights(path) as f:
+        backend.squared_distances([f], {n: np.zeros(s.shape, s.dtype) for n, s in
+                                        ((s.name, s) for s in f.header.specs)},
+                                  settings=BackendSettings(reads=off))
+        assert not reads_of(f).settings.mmap  # the pass made it with the settings passed in
         assert not reads_of(f).read_values("b", 0, np.empty(7, np.float32))
         assert reads_of(f).mapped("b") is None
-    with pytest.raises(TypeError, match="ReadSettings"):
-        _filereads.configure({"mmap": False})  # type: ignore[arg-type]
 
 
 def test_the_engine_goes_with_its_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The compiled backend against the numpy reference, and the backend switch (`select`).
+"""The compiled backend against the numpy reference, and the backend switch (`BackendSettings`).
 
 Every rule runs twice on the same random updates, once with ``FEDSPLIT_AGG_BACKEND=numpy``
 (the reference) and once with ``=compiled`` (C and numba kernels for every pass whatever its
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fedsplit.aggregation._compiled import batcher_network, selection_network
-from fedsplit.aggregation.backend import mode, select
 from fedsplit.aggregation.errors import AggregationError
+from fedsplit.aggregation.settings import BackendSettings
 from fedsplit.protocol import open_weights, write_weights
 
 from fedsplit import aggregation
@@ -39,9 +39,9 @@ RULES = [
 SHAPES = [(70, 3), (), (5,), (2, 3, 4)]
 
 
-def _run(monkeypatch, kernels: str, name: str, params: dict, updates, **kw):
-    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", kernels)
-    return aggregation.aggregate_updates(aggregation.get_strategy(name, params), updates, **kw)
+def _run(kernels: str, name: str, params: dict, updates, **kw):
+    return aggregation.aggregate_updates(aggregation.get_strategy(name, params), updates,
+                                         settings=BackendSettings(mode=kernels), **kw)
 
 
 def _bound(ref: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -73,8 +73,8 @@ def test_kernels_match_the_numpy_reference(h, monkeypatch, name, params, dtype) 
         if case % 4 == 1:
             counts = [7] * n  # equal counts: exact halves in the weighted median
         updates = h.as_updates(ws, counts)
-        ref = _run(monkeypatch, "numpy", name, params, updates)
-        got = _run(monkeypatch, "compiled", name, params, updates)
+        ref = _run("numpy", name, params, updates)
+        got = _run("compiled", name, params, updates)
         for key, want in ref.arrays.items():
             have = got.arrays[key]
             assert have.dtype == want.dtype and have.shape == want.shape
@@ -107,12 +107,12 @@ def test_kernels_hold_the_budget_and_read_files_alike(h, tmp_path: Path, monkeyp
     """Under a budget that cuts every parameter into many blocks, from weight files too."""
     updates = h.make_updates(9, shapes=[(6, 90), (4, 3, 5), (11,), ()], seed=5)
     budget = 80 if name in ("fedavg", "geometric-median") else 9 * 4 * 40 + 4096
-    ref = _run(monkeypatch, "numpy", name, params, updates, memory_budget=budget)
-    got = _run(monkeypatch, "compiled", name, params, updates, memory_budget=budget)
+    ref = _run("numpy", name, params, updates, memory_budget=budget)
+    got = _run("compiled", name, params, updates, memory_budget=budget)
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
     files = [open_weights(p) for p in paths]
     try:
-        from_files = _run(monkeypatch, "compiled", name, params, files, memory_budget=budget)
+        from_files = _run("compiled", name, params, files, memory_budget=budget)
     finally:
         for f in files:
             f.close()
@@ -138,29 +138,26 @@ def test_selection_networks_sort_the_ranks_they_promise(n) -> None:
     assert len(selection_network(n, (n - 1) // 2, n // 2)[0]) <= len(batcher_network(n))
 
 
-def test_the_switch_refuses_unknown_values(monkeypatch) -> None:
-    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "fast")
+def test_the_switch_refuses_unknown_values() -> None:
     with pytest.raises(AggregationError, match="Received: 'fast'"):
-        mode()
-    monkeypatch.delenv("FEDSPLIT_AGG_BACKEND")
-    monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", "fast")
+        BackendSettings.from_environ({"FEDSPLIT_AGG_BACKEND": "fast"})
     with pytest.warns(FutureWarning), pytest.raises(AggregationError, match="'fast'"):
-        mode()
+        BackendSettings.from_environ({"FEDSPLIT_AGG_KERNELS": "fast"})
 
 
 def test_the_old_variable_still_works_with_a_warning(monkeypatch) -> None:
     """FEDSPLIT_AGG_KERNELS (replaced) is read when FEDSPLIT_AGG_BACKEND is unset; numba is
     its old name of compiled."""
-    from fedsplit.aggregation import backend
+    from fedsplit.aggregation import settings
 
     monkeypatch.delenv("FEDSPLIT_AGG_BACKEND", raising=False)
     for old, new in (("numba", "compiled"), ("compiled", "compiled"), ("numpy", "numpy")):
-        backend._warn_old.cache_clear()
+        settings._warn_old.cache_clear()
         monkeypatch.setenv("FEDSPLIT_AGG_KERNELS", old)
         with pytest.warns(FutureWarning, match=f"FEDSPLIT_AGG_BACKEND={new}"):
-            assert mode() == new
+            assert BackendSettings.from_environ().mode == new
     monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "auto")  # the new variable wins
-    assert mode() == "auto"
+    assert BackendSettings.from_environ().mode == "auto"
 
 
 def test_kernels_work_from_a_read_only_install(tmp_path: Path) -> None:
@@ -192,25 +189,25 @@ def test_kernels_work_from_a_read_only_install(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_select_follows_the_documented_policy(monkeypatch) -> None:
+def test_select_follows_the_documented_policy() -> None:
     """auto: the streamed operations take the C kernels at any size (no start-up to pay for),
     the sorting ones numba's from COMPILED_FROM values, the Gram matrix stays in numpy (BLAS);
     numpy: neither; compiled: both always."""
     from fedsplit.aggregation import _ckernels, _compiled
-    from fedsplit.aggregation.backend import COMPILED_FROM, NUMPY_UNDER_AUTO, STACKED, STREAMED
+    from fedsplit.aggregation.backend import STACKED, STREAMED
+    from fedsplit.aggregation.settings import COMPILED_FROM, NUMPY_UNDER_AUTO
 
-    monkeypatch.delenv("FEDSPLIT_AGG_BACKEND", raising=False)
-    monkeypatch.delenv("FEDSPLIT_AGG_KERNELS", raising=False)
     assert isinstance(_compiled.c_kernels(), _ckernels.StreamedKernels)
+    auto = BackendSettings(device="cpu")
     for op in STREAMED:
-        assert select(op, 10).name == "compiled"
+        assert auto.select(op, 10).name == "compiled"
     for op in STACKED:
-        assert select(op, COMPILED_FROM - 1).name == "numpy"  # small stacked passes: numpy
-        assert select(op, COMPILED_FROM).name == (
+        assert auto.select(op, COMPILED_FROM - 1).name == "numpy"  # small stacked passes: numpy
+        assert auto.select(op, COMPILED_FROM).name == (
             "numpy" if op in NUMPY_UNDER_AUTO else "compiled")
-    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "numpy")
-    assert {select(op, 1 << 30).name for op in STREAMED + STACKED} == {"numpy"}
-    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "compiled")
-    assert {select(op, 1).name for op in STREAMED + STACKED} == {"compiled"}
+    numpy_only = BackendSettings(mode="numpy", device="cpu")
+    assert {numpy_only.select(op, 1 << 30).name for op in STREAMED + STACKED} == {"numpy"}
+    compiled = BackendSettings(mode="compiled", device="cpu")
+    assert {compiled.select(op, 1).name for op in STREAMED + STACKED} == {"compiled"}
     with pytest.raises(ValueError, match="Received: 'sort'"):
-        select("sort", 1)
+        auto.select("sort", 1)

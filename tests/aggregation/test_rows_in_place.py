@@ -18,6 +18,7 @@ from fedsplit.aggregation._compiled import CompiledBackend
 from fedsplit.aggregation._filereads import reads_of
 from fedsplit.aggregation._reference import GRAM_TILE
 from fedsplit.aggregation.backend import squared_distances
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol import Update, open_weights, write_weights
 
 from fedsplit import aggregation
@@ -49,9 +50,10 @@ def _updates(n: int, dtype=np.float32, seed: int = 0) -> list[Update]:
     ]
 
 
-def _run(monkeypatch, kernels: str, name: str, params: dict, updates, **kw):
-    monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", kernels)
-    return aggregation.aggregate_updates(aggregation.get_strategy(name, params), updates, **kw)
+def _run(kernels: str, name: str, params: dict, updates, *, reads=None, **kw):
+    settings = BackendSettings(mode=kernels, **({"reads": reads} if reads is not None else {}))
+    return aggregation.aggregate_updates(aggregation.get_strategy(name, params), updates,
+                                         settings=settings, **kw)
 
 
 def _count_rows(monkeypatch) -> list[int]:
@@ -77,12 +79,12 @@ def _stacked_only(monkeypatch) -> None:
 def test_in_place_equals_the_stacked_kernels_and_the_reference(monkeypatch, name, params, dtype):
     updates = _updates(9, dtype, seed=len(name) + len(params))
     seen = _count_rows(monkeypatch)
-    got = _run(monkeypatch, "compiled", name, params, updates)
+    got = _run("compiled", name, params, updates)
     assert seen[0] > 0  # the in-place path ran
-    ref = _run(monkeypatch, "numpy", name, params, updates)
+    ref = _run("numpy", name, params, updates)
     _stacked_only(monkeypatch)
     seen[0] = 0
-    stacked = _run(monkeypatch, "compiled", name, params, updates)
+    stacked = _run("compiled", name, params, updates)
     assert seen[0] == 0
     exact = "krum" in name or (name == "median" and not params.get("weighted"))
     for key, want in ref.arrays.items():
@@ -107,10 +109,10 @@ def test_mapped_files_in_place_equal_hdf5_reads(tmp_path: Path, monkeypatch, nam
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
 
     def from_files(mmap: str):
-        monkeypatch.setattr(_filereads, "SETTINGS", _filereads.ReadSettings(mmap=mmap != "0"))
         files = [open_weights(p) for p in paths]
         try:
-            return _run(monkeypatch, "compiled", name, params, files)
+            return _run("compiled", name, params, files,
+                        reads=_filereads.ReadSettings(mmap=mmap != "0"))
         finally:
             for f in files:
                 f.close()
@@ -121,7 +123,7 @@ def test_mapped_files_in_place_equal_hdf5_reads(tmp_path: Path, monkeypatch, nam
     seen[0] = 0
     read = from_files("0")
     assert seen[0] == 0
-    memory = _run(monkeypatch, "compiled", name, params, updates)
+    memory = _run("compiled", name, params, updates)
     for key in memory.arrays:
         np.testing.assert_array_equal(mapped.arrays[key], read.arrays[key])
         np.testing.assert_array_equal(mapped.arrays[key], memory.arrays[key])
@@ -135,9 +137,9 @@ def test_a_non_finite_value_read_in_place_is_excluded(monkeypatch, name, params,
     updates = _updates(9, seed=11)
     updates[4].arrays["p0"][12345] = bad
     seen = _count_rows(monkeypatch)
-    got = _run(monkeypatch, "compiled", name, params, updates)
+    got = _run("compiled", name, params, updates)
     assert seen[0] > 0
-    ref = _run(monkeypatch, "numpy", name, params, updates)
+    ref = _run("numpy", name, params, updates)
     site = got.report.sites[4]
     assert site.excluded and site.reason == ref.report.sites[4].reason
     assert "NaN/Inf" in site.reason
@@ -152,9 +154,9 @@ def test_in_place_krum_keeps_tiles_within_the_stack_it_skips(monkeypatch):
     updates = _updates(9, seed=2)
     budget = 9 * 4 * GRAM_TILE  # blocks shorter than one tile per thread
     seen = _count_rows(monkeypatch)
-    small = _run(monkeypatch, "compiled", "krum", {"f": 1}, updates, memory_budget=budget)
+    small = _run("compiled", "krum", {"f": 1}, updates, memory_budget=budget)
     assert seen[0] == 0 and small.report.working_bytes <= budget
-    big = _run(monkeypatch, "compiled", "krum", {"f": 1}, updates)
+    big = _run("compiled", "krum", {"f": 1}, updates)
     assert seen[0] > 0
     assert [s.selected for s in small.report.sites] == [s.selected for s in big.report.sites]
 
@@ -166,7 +168,7 @@ def test_fedavg_distances_in_the_mean_pass_equal_the_distance_pass(tmp_path: Pat
     fused = strategy.aggregate(updates, distances=True)
     plain = strategy.aggregate(updates)
     assert all(s.l2_to_aggregate is None for s in plain.report.sites)
-    separate = squared_distances(updates, plain.arrays).values
+    separate = squared_distances(updates, plain.arrays, settings=DEFAULT_SETTINGS).values
     got = [s.l2_to_aggregate for s in fused.report.sites]
     np.testing.assert_allclose(got, separate, rtol=1e-12)
     for key in plain.arrays:
@@ -193,7 +195,7 @@ def test_aggregate_updates_fills_fedavg_distances_from_the_fused_pass(monkeypatc
     monkeypatch.setattr(run.backend, "squared_distances", refuse)
     updates = _updates(6, seed=9)
     result = aggregation.aggregate_updates(aggregation.get_strategy("fedavg", {}), updates)
-    want = squared_distances(updates, result.arrays).values
+    want = squared_distances(updates, result.arrays, settings=DEFAULT_SETTINGS).values
     np.testing.assert_allclose([s.l2_to_aggregate for s in result.report.sites], want, rtol=1e-12)
 
 

@@ -12,6 +12,7 @@ from fedsplit.aggregation import guard as guard_module
 from fedsplit.aggregation._blocks import BlockReader, ValueWatch, Watched, plan_blocks
 from fedsplit.aggregation._filereads import reads_of
 from fedsplit.aggregation.guard import guard_updates
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol import open_weights, write_weights
 
 from fedsplit import aggregation
@@ -115,7 +116,7 @@ def test_weighted_mean_output_check_flags_a_nan_even_with_weight_zero(h) -> None
     updates[2].arrays["p1"] = updates[2].arrays["p1"].copy()
     updates[2].arrays["p1"].flat[0] = np.nan
     watch = ValueWatch()
-    weighted_sum([Watched(u, watch) for u in updates], [1.0, 1.0, 0.0])
+    weighted_sum([Watched(u, watch) for u in updates], [1.0, 1.0, 0.0], settings=DEFAULT_SETTINGS)
     assert watch.flagged
 
 
@@ -212,7 +213,7 @@ def test_a_pass_leaves_no_done_block_resident(h, tmp_path) -> None:
     paths = [write_weights(u, tmp_path / f"{u.site}.h5").resolve() for u in updates]
     files = [open_weights(p) for p in paths]
     try:
-        mean = weighted_sum(files, [1.0, 2.0, 3.0])
+        mean = weighted_sum(files, [1.0, 2.0, 3.0], settings=DEFAULT_SETTINGS)
         weighted = zip([1, 2, 3], updates, strict=True)
         expected = sum(w * u.arrays["p0"].astype(np.float64) for w, u in weighted) / 6
         np.testing.assert_allclose(mean.arrays["p0"], expected, rtol=1e-5, atol=1e-6)
@@ -256,11 +257,11 @@ def test_mapping_off_reads_the_same(h, tmp_path, monkeypatch) -> None:
     strategy = aggregation.get_strategy("median")
     results = []
     for flag in ("1", "0"):
-        monkeypatch.setattr(_filereads, "SETTINGS", _filereads.ReadSettings(mmap=flag != "0"))
+        settings = BackendSettings(reads=_filereads.ReadSettings(mmap=flag != "0"))
         files = [open_weights(p) for p in paths]
         try:
+            results.append(aggregation.aggregate_updates(strategy, files, settings=settings))
             assert (reads_of(files[0]).mapped("p0") is None) == (flag == "0")
-            results.append(aggregation.aggregate_updates(strategy, files))
         finally:
             for f in files:
                 f.close()

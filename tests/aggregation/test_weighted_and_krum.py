@@ -7,6 +7,7 @@ import pytest
 from fedsplit.aggregation._reference import weighted_median, weighted_trimmed_mean
 from fedsplit.aggregation.errors import NotEnoughUpdatesError
 from fedsplit.aggregation.krum import squared_distances
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS
 
 from fedsplit import aggregation
 
@@ -104,7 +105,7 @@ def test_gram_distances_equal_pairwise_brute_force(h) -> None:
     updates = h.make_updates(6, dtype=np.float64, seed=15)
     for u in updates:  # a large common offset: centring keeps the small differences exact
         u.arrays = {k: v + 1000.0 for k, v in u.arrays.items()}
-    pairs = backend.gram(updates, memory_budget=6 * 8 * 5 + 4096)
+    pairs = backend.gram(updates, settings=DEFAULT_SETTINGS, memory_budget=6 * 8 * 5 + 4096)
     assert pairs.working_bytes <= 6 * 8 * 5 + 4096
     flat = np.stack([np.concatenate([a.reshape(-1) for a in u.arrays.values()]) for u in updates])
     brute = ((flat[:, None, :] - flat[None, :, :]) ** 2).sum(-1)

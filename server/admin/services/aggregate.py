@@ -45,6 +45,7 @@ def aggregate_round(ctx: AdminContext, round_id: int) -> Round:
             cap_policy="refuse",
             memory_budget=ctx.settings.aggregation_memory_mb * 1024 * 1024,
             round_id=round_id,
+            settings=ctx.backend,
         )
         seconds = time.perf_counter() - started
         result = done.result
