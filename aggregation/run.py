@@ -59,8 +59,8 @@ def aggregate_updates(
     settings : BackendSettings, optional
         How the passes run (backend mode, device, threads; `aggregation.settings`), built once
         where the command or service starts (``BackendSettings.from_environ(device=...)``) and
-        used for every pass of this aggregation. Default: built from the environment now
-        (``FEDSPLIT_AGG_BACKEND``, ``FEDSPLIT_AGG_THREADS``; device ``auto``).
+        used for every pass of this aggregation. Default: `BackendSettings.from_environ`,
+        called now (device ``auto``).
     """
     if not updates:
         raise NotEnoughUpdatesError("No updates to aggregate. Received: 0 updates")

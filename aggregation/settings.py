@@ -32,6 +32,7 @@ COMPILED_FROM = 1 << 20
 #: Stacked operations ``auto`` leaves to numpy at any size (see `BackendSettings.select`).
 NUMPY_UNDER_AUTO = ("gram",)
 
+
 def _mode_from(env: Mapping[str, str]) -> str:
     """``FEDSPLIT_AGG_BACKEND`` (or, unset, the variable it replaces, with a warning)."""
     raw = env.get(ENV, "").strip().lower()
