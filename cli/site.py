@@ -8,6 +8,10 @@ Training uses the GPU when torch sees one (run config ``device=auto``).
 
 ``fedsplit site prepare`` cuts a bundled dataset into one folder per simulated hospital, which is
 how ``fedsplit up`` and the compose init service give every hospital only its own rows.
+
+``fedsplit site policy FILE`` checks a hospital's policy file and prints the policy in force;
+``fedsplit site egress`` prints what left the hospital (its egress log) and verifies the log
+(docs/privacy.md, "Hospital policy" and "What left the hospital").
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from fedsplit.cli import site_egress, site_policy
 from rich.console import Console
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message, in logs too
@@ -72,3 +77,7 @@ def prepare(
 
     for path in prepare_partitions(out, dataset, sites, partition, seed).values():
         console.print(f"wrote {path.parent}")
+
+
+app.command("policy")(site_policy.policy)
+app.command("egress")(site_egress.egress)

@@ -33,6 +33,7 @@ import torch
 from fedsplit.client.data import feature_stats, local_state_path
 from fedsplit.client.failures import answered, hospital_stage
 from fedsplit.client.models import ModelSpec, build_model, recipe_of
+from fedsplit.client.policy import policy_mod
 from fedsplit.client.recipes import ModelInputs, Recipe, recipe_to_build
 from fedsplit.client.site import (
     SiteData,
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
 
 torch.set_num_threads(1)  # one thread per hospital process: many small jobs share the cores
 
-app = ClientApp()
+app = ClientApp(mods=[policy_mod("horizontal")])  # the hospital's policy and egress log
 
 LOCAL = "fedsplit-local"  # Context.state array record: this hospital's tensors that never travel
 

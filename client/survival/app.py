@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 from fedsplit.client.data import TABLE_SUFFIXES, read_table
+from fedsplit.client.policy import policy_mod
 from fedsplit.client.secure import secagg
 from fedsplit.client.secure.agent import handle_query, take_secure_record
 from fedsplit.client.survival.cox import (
@@ -44,7 +45,7 @@ from fedsplit.protocol.schema import Schema, column_report, encode_frame
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-app = ClientApp()
+app = ClientApp(mods=[policy_mod("survival")])  # the hospital's policy and egress log
 
 
 def data_path(node_config: Any, run: sv.SurvivalRun) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import torch
+from fedsplit.client.policy import policy_mod
 from fedsplit.client.vertical.site import SiteAgent, SiteState
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.vertical.config import VerticalConfig
@@ -20,7 +21,7 @@ from flwr.clientapp import ClientApp
 
 torch.set_num_threads(1)
 
-app = ClientApp()
+app = ClientApp(mods=[policy_mod("vertical")])  # the hospital's policy and egress log
 
 
 def _agent(context: Context) -> SiteAgent:
