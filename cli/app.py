@@ -31,6 +31,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("export", "fedsplit.cli.export", "export"),
     ("up", "fedsplit.cli.up", "up"),
     ("certs", "fedsplit.cli.certs", "certs"),
+    ("front-proxy", "fedsplit.cli.front_proxy", "front_proxy"),
+    ("superexec", "fedsplit.cli.superexec", "superexec"),
     ("admin", "fedsplit.cli.admin", "admin_app"),
     ("site", "fedsplit.cli.site", "app"),
     ("vertical", "fedsplit.cli.vertical", "app"),
@@ -51,7 +53,8 @@ def load_command(name: str, *, rich_markup_mode: typer.core.MarkupMode = None) -
             holder.registered_groups[0], pretty_exceptions_short=True,
             suggest_commands=True, rich_markup_mode=rich_markup_mode,
         )
-    holder.command(name)(target)
+    # a command that passes its other arguments on (``superexec``) says so with context_settings
+    holder.command(name, context_settings=getattr(target, "context_settings", None))(target)
     return typer.main.get_command_from_info(
         holder.registered_commands[0], pretty_exceptions_short=True,
         rich_markup_mode=rich_markup_mode,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from fedsplit.cli import site_egress, site_policy
+from fedsplit.cli import site_egress, site_ledger, site_policy
 from rich.console import Console
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message, in logs too
@@ -54,6 +54,12 @@ def run(
                                              "package.module:Attribute or an installed "
                                              "fedsplit.recipes entry point; default: the run's.")] = "",
     recipe_params: Annotated[str, typer.Option(help="The recipe's parameters, a JSON object.")] = "{}",
+    policy: Annotated[Path | None, typer.Option(help="This hospital's policy file (TOML): what it "
+                                                     "runs and what may leave it "
+                                                     "(docs/privacy.md); default: the defaults.")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="Where this hospital keeps its privacy "
+                                                        "ledger and egress log (default "
+                                                        "FLWR_HOME/state).")] = None,
 ) -> None:
     """Run this hospital's agent: a Flower SuperNode with fedsplit's ClientApp."""
     from fedsplit.orchestration.site_agent import run_agent
@@ -61,7 +67,7 @@ def run(
     run_agent(superlink, data, root_cert=root_cert, key=key, insecure=insecure, name=name,
               port=port, host=host, isolation=isolation, flwr_home=flwr_home,
               max_restarts=max_restarts, on_start=console.print, recipe=recipe,
-              recipe_params=recipe_params)
+              recipe_params=recipe_params, policy=policy, state_dir=state_dir)
 
 
 @app.command("prepare")
@@ -81,3 +87,4 @@ def prepare(
 
 app.command("policy")(site_policy.policy)
 app.command("egress")(site_egress.egress)
+app.command("ledger")(site_ledger.ledger)

@@ -4,8 +4,10 @@
 simulation engine runs the hospitals' ClientApps) driven by ``flwr run``, exactly the path
 Flower documents, with telemetry, update checks and runtime dependency installation off.
 The app is staged as a small Flower app directory (`APP_PACKAGES` plus a pyproject whose
-``[tool.flwr.app.config]`` is this run's `RunConfig`), so it works from a source checkout
-and from an installed wheel alike. Every process started here is stopped on exit.
+``[tool.flwr.app.config]`` lists the config's keys with fixed defaults, the run's values going
+as Flower's run-config override: `stage_app`), so it works from a source checkout and from
+an installed wheel alike, and its FAB is the same for every run (`app_trust`). Every process
+started here is stopped on exit.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import importlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -23,12 +26,13 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FlowerRunError, error_from_record
 from fedsplit.protocol.history import HISTORY_FILE, RunRecord, run_record_from_json
@@ -109,6 +113,23 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
+def _neutral(value: Any) -> Any:
+    """A fixed default of ``value``'s type (see `stage_app`)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return 0
+    if isinstance(value, float):
+        return 0.0
+    return ""
+
+
+def run_config_path(app_dir: Path) -> Path:
+    """The run's own config beside the staged app (``APP.run-config.toml``), which ``flwr run``
+    sends as Flower's run-config override: data, outside the FAB."""
+    return app_dir.with_name(f"{app_dir.name}.run-config.toml")
+
+
 def stage_app(
     dest: Path,
     cfg: RunConfig | VerticalConfig,
@@ -116,7 +137,14 @@ def stage_app(
     components: tuple[str, str] = HORIZONTAL_COMPONENTS,
     extra_modules: Sequence[Path] = (),
 ) -> Path:
-    """Write a Flower app directory for this run (code + pyproject carrying ``cfg``).
+    """Write a Flower app directory (code + pyproject) and, beside it, this run's config
+    (`run_config_path`).
+
+    The FAB Flower builds from the directory is the same, byte for byte, for every run of this
+    fedsplit installation: its pyproject's ``[tool.flwr.app.config]`` lists the config's keys
+    with fixed defaults of each value's type, and ``flwr run`` sends the run's values as the
+    override (`run_app`). So its sha256 pins the code: hospitals and the coordinator run only
+    the apps whose digest their own installation computes (`orchestration.app_trust`).
 
     ``components`` are the (serverapp, clientapp) references; ``extra_modules`` are single
     ``.py`` files copied beside the packages (e.g. a benchmark's reference app).
@@ -132,7 +160,10 @@ def stage_app(
         shutil.copytree(src, namespace / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for module in extra_modules:
         shutil.copy2(module, dest / Path(module).name)
-    config = "\n".join(f"{key} = {_toml_value(v)}" for key, v in cfg.to_flower().items())
+    values = cfg.to_flower()
+    config = "\n".join(f"{key} = {_toml_value(_neutral(v))}" for key, v in values.items())
+    with atomic_path(run_config_path(dest)) as tmp:
+        tmp.write_text("".join(f"{key} = {_toml_value(v)}\n" for key, v in values.items()))
     (dest / "pyproject.toml").write_text(
         f"""[build-system]
 requires = ["hatchling"]
@@ -286,7 +317,8 @@ def run_app(
     are read here through its model (`protocol.history.run_record_from_json`), and the parsed
     JSON is returned for the caller to read through its own model
     (horizontal: `protocol.history.RunRecord`, as `attach` and `run_experiment` do)."""
-    cmd = [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream"]
+    cmd = [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
+           "--run-config", str(run_config_path(app_dir))]
     if federation_config:
         cmd += ["--federation-config", federation_config]
     proc = spawn(cmd, env, log_path)
@@ -457,11 +489,18 @@ class LinkTls:
 
 def superlink_command(port: int, *, host: str = "127.0.0.1", tls: LinkTls | None = None,
                       node_auth: bool = False, database: Path | None = None,
-                      isolation: str = "process") -> list[str]:
+                      isolation: str = "process",
+                      superexec_secret: Path | None = None) -> list[str]:
     """``flower-superlink`` for deployment: one HTTP(S) port, no runtime dependency installation.
 
     With ``isolation="process"`` the ServerApp runs in a separate SuperExec (the coordinator),
-    which can be stopped and restarted without the SuperLink losing its hospitals.
+    which can be stopped and restarted without the SuperLink losing its hospitals. With
+    ``superexec_secret`` (`write_superexec_secret`) the Runtime API serves only a SuperExec
+    holding the same file (Flower's HMAC SuperExec authentication).
+
+    The port serves the Fleet, Control and Runtime APIs alike, and Flower authenticates no one
+    on the Control API: keep ``host`` on loopback and let hospitals in through the front proxy
+    (`orchestration.front_proxy`, docs/deployment.md "Ports").
     """
     if node_auth and tls is None:
         raise FlowerRunError("SuperNode authentication needs TLS on the SuperLink: pass the "
@@ -477,24 +516,49 @@ def superlink_command(port: int, *, host: str = "127.0.0.1", tls: LinkTls | None
         cmd.append("--enable-supernode-auth")
     if database is not None:
         cmd += ["--database", str(database)]
+    if superexec_secret is not None:
+        if isolation != "process":
+            raise FlowerRunError("SuperExec authentication is for a separate SuperExec: use "
+                                 "isolation='process'. Received: isolation "
+                                 f"{isolation!r} with a SuperExec secret")
+        cmd += ["--superexec-auth-secret-file", str(superexec_secret)]
     return cmd
 
 
-def superexec_command(runtime_address: str, *, root_cert: Path | None = None) -> list[str]:
-    """``flower-superexec`` that runs the ServerApp (or ClientApp) of a ``process``-isolated peer."""
+def superexec_command(runtime_address: str, *, root_cert: Path | None = None,
+                      secret: Path | None = None) -> list[str]:
+    """``flower-superexec`` that runs the ServerApp (or ClientApp) of a ``process``-isolated peer
+    (authenticating with ``secret`` when its peer requires it: `superlink_command`)."""
     cmd = [tool("flower-superexec"), "--runtime-api-address", runtime_address]
-    return cmd + (["--root-certificates", str(root_cert)] if root_cert else ["--insecure"])
+    cmd += ["--root-certificates", str(root_cert)] if root_cert else ["--insecure"]
+    return cmd + (["--superexec-auth-secret-file", str(secret)] if secret else [])
+
+
+def write_superexec_secret(path: Path, nbytes: int = 32) -> Path:
+    """Write a new random SuperExec secret (``nbytes`` from `secrets`, hex: Flower reads the
+    file's exact bytes) to ``path``, 0600, replacing any older one; return ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(nbytes))
+    return path
 
 
 def node_config(data_path: Path | str, site_name: str, *, recipe: str = "",
-                recipe_params: str = "") -> str:
+                recipe_params: str = "", hospital: Mapping[str, str] | None = None) -> str:
     """The ``--node-config`` string telling our ClientApp where its data is and what it is called
-    (and, with ``recipe``, the hospital's own recipe and its parameters as JSON)."""
-    for value in (str(data_path), site_name):
+    (and, with ``recipe``, the hospital's own recipe and its parameters as JSON; ``hospital``:
+    more of the hospital's own settings, e.g. its policy file and state folder)."""
+    extra = dict(hospital or {})
+    for value in (str(data_path), site_name, *extra.values()):
         if "'" in value or '"' in value:
-            raise FlowerRunError("Data paths and site names cannot contain quotes (Flower's node "
-                                 f"config syntax). Rename it. Received: {value!r}")
+            raise FlowerRunError("Data paths, site names and a hospital's settings cannot contain "
+                                 f"quotes (Flower's node config syntax). Rename it. Received: "
+                                 f"{value!r}")
     text = f"data-path='{data_path}' site-name='{site_name}'"
+    text += "".join(f" {key}='{value}'" for key, value in extra.items() if value)
     if recipe:
         if "'" in recipe or "'" in recipe_params:
             raise FlowerRunError("A recipe reference and its parameters cannot contain single "
@@ -507,9 +571,11 @@ def node_config(data_path: Path | str, site_name: str, *, recipe: str = "",
 def supernode_command(superlink: str, *, data_path: Path | str, site_name: str, port: int,
                       host: str = "127.0.0.1", root_cert: Path | None = None,
                       key: Path | None = None, isolation: str = "subprocess", recipe: str = "",
-                      recipe_params: str = "") -> list[str]:
+                      recipe_params: str = "", hospital: Mapping[str, str] | None = None
+                      ) -> list[str]:
     """``flower-supernode`` for one hospital, retrying the SuperLink forever when it drops."""
-    config = node_config(data_path, site_name, recipe=recipe, recipe_params=recipe_params)
+    config = node_config(data_path, site_name, recipe=recipe, recipe_params=recipe_params,
+                         hospital=hospital)
     cmd = [tool("flower-supernode"), "--superlink", superlink, "--host", host, "--port", str(port),
            "--isolation", isolation, "--node-config", config]
     cmd += ["--root-certificates", str(root_cert)] if root_cert else ["--insecure"]

@@ -3,7 +3,9 @@
 `LocalFederation` starts, each in its own process group with its own FLWR_HOME and log file:
 
 - the SuperLink (``flower-superlink --isolation process``: one HTTP(S) port, TLS and SuperNode
-  authentication with ``tls=True``);
+  authentication with ``tls=True``); with TLS it listens on an internal loopback port with
+  SuperExec authentication, and its front proxy (Debian's nginx, `front_proxy`) serves the
+  public port hospitals connect to: the Fleet API only, Control and Runtime API refused;
 - the coordinator: a ``flower-superexec`` that runs fedsplit's ServerApp for the SuperLink;
 - one ``fedsplit site run`` agent per hospital (a SuperNode with its own partition);
 - the admin API (``fedsplit admin serve``) when this build has it;
@@ -40,6 +42,7 @@ from fedsplit.orchestration.flower_runtime import (
     free_port,
     health_url,
     register_supernodes,
+    run_config_path,
     spawn,
     stage_app,
     stop,
@@ -49,7 +52,9 @@ from fedsplit.orchestration.flower_runtime import (
     tool,
     wait_http,
     write_connection,
+    write_superexec_secret,
 )
+from fedsplit.orchestration.front_proxy import FrontProxy, nginx_binary
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import (
     ConfigError,
@@ -64,6 +69,7 @@ GLOBAL_MODEL = "global.h5"
 AGENT_FATAL = {ConfigError.exit_code: "ConfigError", HospitalFailure.exit_code: "HospitalFailure"}
 COORDINATOR = "coordinator"
 SUPERLINK = "superlink"
+FRONT_PROXY = "front-proxy"
 ADMIN = "admin"
 RUN = "flwr-run"
 
@@ -129,7 +135,17 @@ class LocalFederation:
     def __post_init__(self) -> None:
         self.work = self.work.resolve()
         self.port = self.port or free_port()
+        # Hospitals connect to `address`: with TLS the front proxy's public port (Fleet API and
+        # /health only, orchestration/front_proxy.py), without it the SuperLink itself. The
+        # operator's flwr CLI and the coordinator use `link_address`, the SuperLink's own port,
+        # on loopback only.
         self.address = f"127.0.0.1:{self.port}"
+        self.link_port = self.port
+        while self.tls and self.link_port == self.port:
+            self.link_port = free_port()
+        self.link_address = f"127.0.0.1:{self.link_port}"
+        # the coordinator's SuperExec authenticates to the SuperLink's Runtime API (TLS only)
+        self.superexec_secret = self.work / "secrets" / "superexec" if self.tls else None
         self.logs = self.work / "logs"
         self.homes = self.work / "homes"
         self.cli_env = flower_env(self.homes / "cli")
@@ -150,6 +166,8 @@ class LocalFederation:
         for name in reversed(list(self.procs)):
             stop(self.procs[name], grace=10)
         self._write_pids()
+        if self.superexec_secret is not None:
+            self.superexec_secret.unlink(missing_ok=True)
 
     def _start(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         proc = spawn(cmd, env, self.logs / f"{name}.log")
@@ -173,24 +191,61 @@ class LocalFederation:
     # --- components ------------------------------------------------------------------------
 
     def start_superlink(self) -> None:
-        """Start the SuperLink (TLS + node auth when ``tls``) and register the hospitals' keys."""
+        """Start the SuperLink (TLS + node auth + SuperExec auth when ``tls``, then its front
+        proxy on the public port) and register the hospitals' keys."""
         link_tls = None
         if self.tls:
+            nginx_binary()  # a missing nginx is one ConfigError, before anything starts
+            # one machine: the hospitals' keys are made here too (make_certs: a rehearsal)
             self.certs = make_certs(self.work / "certs", [s.name for s in self.sites])
             link_tls = LinkTls(self.certs.ca, self.certs.server_cert, self.certs.server_key)
+            write_superexec_secret(self.superexec_secret)
         home = self.homes / SUPERLINK
-        proc = self._start(SUPERLINK, superlink_command(self.port, tls=link_tls, node_auth=self.tls),
+        proc = self._start(SUPERLINK, superlink_command(self.link_port, tls=link_tls,
+                                                        node_auth=self.tls,
+                                                        superexec_secret=self.superexec_secret),
                            flower_env(home))
-        wait_http(health_url(self.address, self.tls), 60, proc, verify=tls_context(self.root_cert))
-        write_connection(self.homes / "cli", self.address, root_cert=self.root_cert)
+        wait_http(health_url(self.link_address, self.tls), 60, proc,
+                  verify=tls_context(self.root_cert))
+        if self.tls:
+            self.start_front_proxy()
+        write_connection(self.homes / "cli", self.link_address, root_cert=self.root_cert)
         if self.certs is not None:
             register_supernodes(self.cli_env, {s.name: self.certs.public_key(s.name) for s in self.sites})
-        self.say(f"SuperLink on {self.address} ({'TLS + SuperNode auth' if self.tls else 'insecure'})")
+        if self.tls:
+            self.say(f"SuperLink on {self.link_address} (TLS + SuperNode auth + SuperExec auth; "
+                     f"Control API for the operator here only), hospitals through the front "
+                     f"proxy on {self.address} (Fleet API only)")
+        else:
+            self.say(f"SuperLink on {self.address} (insecure)")
+
+    def start_front_proxy(self) -> None:
+        """Start nginx on the public port: TLS with the SuperLink's certificate, the Fleet API
+        and /health forwarded to the SuperLink, everything else refused (`FrontProxy`)."""
+        assert self.certs is not None, "the front proxy serves the SuperLink's TLS certificate"
+        proxy = FrontProxy(self.address, self.link_address, self.certs.server_cert,
+                           self.certs.server_key, self.certs.ca,
+                           access_log=self.logs / f"{FRONT_PROXY}-access.log")
+        proc = self._start(FRONT_PROXY, proxy.command(self.work / FRONT_PROXY),
+                           flower_env(self.homes / FRONT_PROXY))
+        wait_http(health_url(self.address, True), 30, proc, verify=tls_context(self.root_cert))
+
+    def check_front_proxy(self) -> None:
+        """Restart the front proxy if it died (for the supervision loop, like a hospital)."""
+        proc = self.procs.get(FRONT_PROXY)
+        if proc is not None and proc.poll() is not None:
+            stop(proc, grace=2)
+            self._restart(FRONT_PROXY, f"exited with code {proc.returncode}")
+            self.start_front_proxy()
 
     def start_coordinator(self) -> None:
         """Start the SuperExec that runs the ServerApp (the coordinator)."""
-        self._start(COORDINATOR, superexec_command(self.address, root_cert=self.root_cert),
-                    flower_env(self.homes / COORDINATOR))
+        # `fedsplit superexec`: flower-superexec that runs only fedsplit's own ServerApp
+        flower = superexec_command(self.link_address, root_cert=self.root_cert,
+                                   secret=self.superexec_secret)
+        home = self.homes / COORDINATOR
+        self._start(COORDINATOR, [*fedsplit_command(), "superexec", "--flwr-home", str(home),
+                                  *flower[1:]], flower_env(home))
 
     def start_site(self, site: Site) -> None:
         """Start one hospital agent (``fedsplit site run``) on its own partition and FLWR_HOME."""
@@ -245,7 +300,8 @@ class LocalFederation:
             stop(self.procs[RUN], grace=5)
         self._run_log_offset = (self.logs / f"{RUN}.log").stat().st_size \
             if (self.logs / f"{RUN}.log").exists() else 0
-        self._start(RUN, [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream"], self.cli_env)
+        self._start(RUN, [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
+                          "--run-config", str(run_config_path(app_dir))], self.cli_env)
 
     def current_run_id(self) -> str | None:
         """The id of the run last submitted, once ``flwr run`` has printed it."""

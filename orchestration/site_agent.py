@@ -225,7 +225,8 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
               port: int = 9094, host: str = "127.0.0.1", isolation: str = "subprocess",
               flwr_home: Path | None = None, max_restarts: int = 10,
               on_start: Callable[[str], None] = lambda _msg: None, recipe: str = "",
-              recipe_params: str = "{}") -> None:
+              recipe_params: str = "{}", policy: Path | None = None,
+              state_dir: Path | None = None) -> None:
     """``fedsplit site run``: check the options against each other, then start this hospital's
     SuperNode (fedsplit's ClientApp on ``data``) and `supervise` it until it ends.
 
@@ -233,8 +234,22 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
     ``recipe``: this hospital's own recipe (node config ``recipe``, ``recipe-params``), imported
     and its parameters validated here first; a recipe whose reader reads ``data`` (e.g. a folder of
     images) gets the folder itself.
+
+    The hospital decides (docs/privacy.md, "The hospital decides"): ``policy`` is its policy file
+    (`protocol.site_policy.SitePolicy`, validated here; defaults without one), ``state_dir`` the
+    folder of its privacy ledger and egress log (default FLWR_HOME/state); both reach the
+    ClientApp through the node config, which the coordinator cannot change. Only the apps this
+    installation of fedsplit builds (and the policy's ``trusted_apps``) run here:
+    `orchestration.app_trust` puts the checking launchers first on the SuperNode's PATH.
     """
+    from fedsplit.orchestration.app_trust import prepare_home, trusted_env
     from fedsplit.orchestration.flower_runtime import flower_env, supernode_command
+    from fedsplit.protocol.site_policy import (
+        NODE_COORDINATOR,
+        NODE_POLICY,
+        NODE_STATE_DIR,
+        SitePolicy,
+    )
 
     if root_cert is None and not insecure:
         raise ConfigError("Give --root-cert CA.crt to reach the SuperLink over TLS, or --insecure for "
@@ -250,6 +265,9 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
         raise ConfigError(f"--root-cert must be a readable CA certificate file. Received: {root_cert}")
     if key is not None:
         check_key(key)
+    if policy is not None:
+        policy = policy.resolve()
+    rules = SitePolicy.load(policy)  # a bad policy file is one line, before anything starts
     impl = None
     if recipe:
         from fedsplit.client.recipes import load_recipe
@@ -260,14 +278,30 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
     rows, data_file = read_site_data(data.resolve(), site_name, recipe=recipe,
                                      recipe_params=recipe_params)
     forget_reads()  # the ClientApp reads it in its own process
-    home = flwr_home or Path.home() / ".fedsplit" / site_name
-    env = flower_env(home)
-    home.mkdir(parents=True, exist_ok=True)
+    home = (flwr_home or Path.home() / ".fedsplit" / site_name).resolve()
+    state = (state_dir or home / "state").resolve()
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    trust = prepare_home(home, site_name,
+                         {digest: "trusted by this hospital's policy" for digest in rules.trusted_apps})
+    env = trusted_env(flower_env(home), home)
+    coordinator = f"{superlink} ({'CA sha256 ' + _sha256(root_cert) if root_cert else 'insecure'})"
     cmd = supernode_command(superlink, data_path=data_file.resolve(), site_name=site_name, port=port,
                             host=host, root_cert=root_cert.resolve() if root_cert else None,
                             key=key.resolve() if key else None, isolation=isolation,
-                            recipe=recipe, recipe_params=recipe_params if recipe else "")
+                            recipe=recipe, recipe_params=recipe_params if recipe else "",
+                            hospital={NODE_POLICY: str(policy or ""), NODE_STATE_DIR: str(state),
+                                      NODE_COORDINATOR: coordinator})
+    fedsplit_app = next((d for d, label in trust.apps.items() if label.endswith("horizontal app")), "")
     on_start(f"{site_name}: SuperNode -> {superlink} ({'TLS' if root_cert else 'insecure'}"
              f"{', node auth' if key else ''}); data {data_file} ({rows} rows); "
-             f"{f'recipe {impl.identity.label()}; ' if impl else ''}trains on {describe_device()}")
+             f"{f'recipe {impl.identity.label()}; ' if impl else ''}trains on {describe_device()}; "
+             f"policy {policy or 'defaults'}; state {state}; runs only apps it trusts "
+             f"({len(trust.apps)}, fedsplit's sha256 {fedsplit_app[:12]}...)")
     supervise(cmd, env, max_restarts=max_restarts, name=site_name)
+
+
+def _sha256(path: Path) -> str:
+    """sha256 of a file's bytes (the CA certificate this hospital trusts)."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -133,7 +133,7 @@ class ParallelRunError(FedsplitError, RuntimeError):
 
 #: The stages at which a hospital's own data or code runs (`HospitalFailure.stage`).
 STAGES = ("reading its data", "building the model", "loading the global model", "training",
-          "scoring", "secure aggregation", "summary")
+          "scoring", "secure aggregation", "summary", "its policy", "checking the app")
 
 
 class HospitalFailure(FedsplitError):

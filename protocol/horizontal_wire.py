@@ -298,12 +298,22 @@ def reply_site(msg: Message) -> str:
 
 
 _FAILURE_SITE = re.compile(r"^hospital ([A-Za-z0-9][A-Za-z0-9_.-]{0,63}), ")
+# Flower's own wrapping of an exception raised before the ClientApp ran (e.g. a hospital's
+# launcher refusing the app): "<class 'module.Type'>:<'message'>"
+_FLOWER_WRAPPED = re.compile(r"^<class '[\w.]+'>:<'(?P<text>.*)'>$", re.DOTALL)
+
+
+def _unwrapped(reason: str | None) -> str:
+    text = str(reason or "")
+    match = _FLOWER_WRAPPED.match(text.strip())
+    return match.group("text") if match else text
 
 
 def failure_site(reason: str | None) -> str | None:
     """The hospital a failed reply's one-line reason names (``hospital NAME, STAGE: ...``, as
-    the agent writes it: `protocol.errors.HospitalFailure`), else None."""
-    match = _FAILURE_SITE.match(reason or "")
+    the agent writes it: `protocol.errors.HospitalFailure`, also inside Flower's
+    ``<class '...'>:<'...'>`` wrapping), else None."""
+    match = _FAILURE_SITE.match(_unwrapped(reason))
     return match.group(1) if match else None
 
 
@@ -311,7 +321,7 @@ def failure_reason(reason: str | None) -> str:
     """A failed reply's reason in one line: the agent's own line as it is; anything else
     (Flower's or Ray's traceback) cut to its final message, prefixed "the ClientApp failed"."""
     if failure_site(reason) is not None:
-        return one_line(str(reason))
+        return one_line(_unwrapped(reason))
     text = one_line(str(reason or "no reason given"), limit=100_000)
     if "Message: " in text:  # Ray's ClientAppException: "... occurred. Message: <cause>'>"
         text = text.rsplit("Message: ", 1)[1].rstrip("'>").strip()

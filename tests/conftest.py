@@ -24,6 +24,17 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _hospital_state_in_tmp(tmp_path_factory: pytest.TempPathFactory,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ClientApp driven in-process without a ``state-dir`` node config keeps its egress log and
+    privacy ledger under a temporary folder, never the user's ``~/.fedsplit``."""
+    from fedsplit.client.policy import paths
+
+    root = tmp_path_factory.getbasetemp() / "hospital-state-home"
+    monkeypatch.setattr(paths, "default_root", lambda: root)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A seeded random generator."""

@@ -42,7 +42,10 @@ class Agents:
                  recipes: dict[int, str] | None = None) -> None:
         self.contexts = {n: Context(run_id=1, node_id=n, node_config={
             "data-path": str(path), "site-name": f"h{n}",
-            **({"recipe": recipes[n]} if recipes else {})}, state=RecordDict(),
+            # each hospital runs the run's recipe as its own (its policy allows only built-ins)
+            **({"recipe": recipes[n]} if recipes else
+               {"recipe": cfg.recipe, "recipe-params": cfg.recipe_params} if cfg.recipe else {})},
+            state=RecordDict(),
             run_config=cfg.to_flower()) for n, path in files.items()}
         self.exchanges: list[tuple[str, list[int]]] = []
 
