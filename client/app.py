@@ -196,6 +196,7 @@ def init(msg: Message, context: Context) -> Message:
     name = _name(context)
     recipe = _init_recipe(request, context, cfg)
     with hospital_stage(name, "building the model"):
+        _check_outputs(context, name, request.task, request.num_outputs)
         model, spec, federated = _initial_model(request, recipe, cfg)
         set_statistics(model, request.mean, request.std, request.y_mean, request.y_std)
         _check_dp(model, federated, cfg)
@@ -249,6 +250,7 @@ def _global_model(instruction: wire.ModelInstruction, context: Context,
     own recipe (same name, version and parameters), else it is refused with the difference."""
     spec = ModelSpec.from_id(instruction.model_id)
     with hospital_stage(_name(context), "loading the global model"):
+        _check_outputs(context, _name(context), spec.task, spec.num_outputs)
         recipe = recipe_to_build(spec.identity, site_recipe(context.node_config, cfg),
                                  where=spec.where)
         model = build_model(spec, recipe=recipe, strict=True)
@@ -259,6 +261,17 @@ def _global_model(instruction: wire.ModelInstruction, context: Context,
                            if k in arrays and tuple(a.shape) == tuple(arrays[k].shape)})
         model.load_state_dict(arrays_to_state_dict(arrays, like=model.state_dict()))
     return model
+
+
+def _check_outputs(context: Context, name: str, task: str, outputs: int) -> None:
+    """Refuse (policy ``max_labels``) a classification model with more classes than this
+    hospital allows (`client.policy.labels.check_federation_labels`)."""
+    if task == "classification":
+        from fedsplit.client.policy.labels import check_federation_labels
+        from fedsplit.client.policy.paths import hospital_policy
+
+        check_federation_labels(hospital_policy(context.node_config), name, outputs,
+                                "the federation's model")
 
 
 def _keep_local(context: Context, cfg: RunConfig, server_round: int,
@@ -349,15 +362,22 @@ def train(msg: Message, context: Context) -> Message:
     steps = local_steps_per_round(len(x), local_steps=cfg.local_steps,
                                   local_epochs=cfg.local_epochs, batch_size=batch)
     with hospital_stage(site.name, "training"):
-        if (dp := _patient_dp(cfg)) is not None:  # DP-SGD within the hospital's budget
+        from fedsplit.client.privacy.ledger import hospital_account
+
+        # the hospital's own privacy ledger: DP-SGD charged (and refused above its budgets)
+        # before it trains, a plain training counted; never by the coordinator's round number
+        account = hospital_account(context.node_config, cfg, site.name, context.run_id)
+        if (dp := _patient_dp(cfg)) is not None:  # DP-SGD within the hospital's budgets
             from fedsplit.client.privacy.agent import train_private
 
             loss, epsilon = train_private(model, x, y, dp, cfg, steps=steps,
-                                          server_round=server_round, site=site.name, seed=seed,
+                                          server_round=server_round, account=account, seed=seed,
                                           device=device,
                                           proximal_mu=cfg.proximal_mu if mu is None else mu)
+            # the data file's epsilon after this training, over every run (the ledger's)
             info: dict[str, object] = {wire.DP_EPSILON: epsilon}
         else:
+            account.record_plain(server_round)
             rows = step_rows(len(x), steps, batch, seed)
             if rows is not None:  # exactly `steps` mini-batches: one pass over reshuffled repeats
                 x, y = x[rows], y[rows]

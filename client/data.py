@@ -252,9 +252,11 @@ def read_staged(path: Path) -> Dataset | None:
 
 
 def local_schema(frame: Any, settings: TableSettings, *, task: str | None = None,
-                 site: str = "this site") -> Schema:
-    """The schema of one table on its own (no federation: e.g. a site file loaded directly)."""
-    report = column_report(site, frame, settings)
+                 site: str = "this site", label_min_count: int | None = None) -> Schema:
+    """The schema of one table on its own (no federation: e.g. a site file loaded directly);
+    class labels held by fewer than ``label_min_count`` rows (default: the settings'
+    ``min_category_count``) are left out, as a hospital's column report leaves them out."""
+    report = column_report(site, frame, settings, label_min_count=label_min_count)
     return merge_reports([report], settings, task=task or "auto").schema
 
 
@@ -269,9 +271,11 @@ def encode_table(schema: Schema, frame: Any, *, source: Any) -> Dataset:
 
 def dataset_from_frame(df: Any, *, target: str, task: str | None, source: Path,
                        settings: TableSettings | None = None) -> Dataset:
-    """Turn a site's raw table (a DataFrame) into a `Dataset` with its own schema."""
+    """Turn a site's raw table (a DataFrame) into a `Dataset` with its own schema (every class
+    label of the table in it: the table is read where it is, nothing is reported)."""
     settings = settings or TableSettings(target=target)
-    return encode_table(local_schema(df, settings, task=task, site=str(source)), df, source=source)
+    return encode_table(local_schema(df, settings, task=task, site=str(source), label_min_count=1),
+                        df, source=source)
 
 
 def _finish(x: np.ndarray, y: np.ndarray, task: str, kind: str, names: list[str],

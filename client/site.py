@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fedsplit.client.data import (
     IMAGE_SUFFIXES,
     TABLE_SUFFIXES,
@@ -26,7 +27,6 @@ from fedsplit.client.data import (
     encode_table,
     is_staged,
     load_site_file,
-    local_schema,
     read_table,
     read_with_recipe,
     split_indices,
@@ -35,7 +35,15 @@ from fedsplit.client.recipes import Recipe, load_recipe
 from fedsplit.client.recipes.builtin import builtin_for_data
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.schema import Schema, SiteColumns, column_report
+from fedsplit.protocol.schema import (
+    Schema,
+    SiteColumns,
+    TableSettings,
+    column_report,
+    merge_reports,
+    named_label_rows,
+    target_label_counts,
+)
 from fedsplit.protocol.survival import SURVIVAL
 
 COX_RECIPE = "fedsplit.client.survival.recipe:Cox"  # the survival task's recipe
@@ -144,11 +152,32 @@ def _raw(path: str, val_fraction: float, seed: int) -> tuple[Any, Any]:
 
 
 @lru_cache(maxsize=8)
-def _encoded(path: str, val_fraction: float, seed: int, schema_json: str) -> tuple[Dataset, Dataset]:
+def _encoded(path: str, val_fraction: float, seed: int, schema_json: str,
+             named: tuple[str, ...] = ()) -> tuple[Dataset, Dataset]:
+    """The table's (training, held-out) rows encoded with the schema; rows whose class label
+    the schema lacks and this hospital did not name (``named``: it withheld them as rare) are
+    dropped (`protocol.schema.named_label_rows`)."""
     train, val = _raw(path, val_fraction, seed)
     schema = Schema.from_json(schema_json)
+    train, val = (_named_rows(schema, rows, named) for rows in (train, val))
     return (encode_table(schema, train, source=f"{path} (training rows)"),
             encode_table(schema, val, source=f"{path} (held-out rows)"))
+
+
+def _named_rows(schema: Schema, rows: Any, named: tuple[str, ...]) -> Any:
+    if schema.task != "classification" or schema.target not in rows.columns:
+        return rows
+    keep = named_label_rows(schema, rows[schema.target].tolist(), named)
+    return rows if keep.all() else rows[keep].reset_index(drop=True)
+
+
+def hospital_table_settings(node_config: dict[str, Any], cfg: RunConfig) -> TableSettings:
+    """The run's table settings with this hospital's own minimum count for categories and class
+    labels applied: max(policy ``min_category_count``, run ``min-category-count``)."""
+    from fedsplit.client.policy.labels import hospital_settings
+    from fedsplit.client.policy.paths import hospital_policy
+
+    return hospital_settings(hospital_policy(node_config), cfg.table_settings)
 
 
 @lru_cache(maxsize=8)
@@ -176,8 +205,15 @@ def site_columns(node_config: dict[str, Any], node_id: int, cfg: RunConfig) -> S
     if not _is_table(path):
         site = load_site(node_config, node_id, cfg)
         return SiteColumns(name, len(site.train), False)
+    from fedsplit.client.policy.labels import check_report_labels
+    from fedsplit.client.policy.paths import hospital_policy
+
     train, _ = _raw(str(path), cfg.val_fraction, cfg.seed)
-    return column_report(name, train, cfg.table_settings)
+    settings = hospital_table_settings(node_config, cfg)
+    report = column_report(name, train, settings)  # rare categories and labels withheld
+    check_report_labels(hospital_policy(node_config), report, cfg.target,
+                        settings.min_category_count, cfg.task)
+    return report
 
 
 def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
@@ -187,17 +223,46 @@ def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
     A recipe with a reader for the data path reads it instead (`client.data.read_with_recipe`)."""
     name = site_name(node_config, node_id, cfg)
     if (read := _recipe_read(node_config, cfg)) is not None:
-        return SiteData(name, *split_site(read, cfg.val_fraction, cfg.seed))
+        return _capped(node_config, SiteData(name, *split_site(read, cfg.val_fraction, cfg.seed)))
     path = resolve_data_path(node_config, cfg)
     task = None if cfg.task == "auto" else cfg.task
     if not _is_table(path):
         train, val = _load(str(path), cfg.target, task, cfg.val_fraction, cfg.seed)
-        return SiteData(name, train, val)
-    if not schema:
-        rows, _ = _raw(str(path), cfg.val_fraction, cfg.seed)
-        schema = local_schema(rows, cfg.table_settings, task=task, site=name).to_json()
-    train, val = _encoded(str(path), cfg.val_fraction, cfg.seed, schema)
+        return _capped(node_config, SiteData(name, train, val))
+    from fedsplit.client.policy.labels import check_federation_labels, check_own_labels
+    from fedsplit.client.policy.paths import hospital_policy
+
+    policy = hospital_policy(node_config)
+    settings = hospital_table_settings(node_config, cfg)
+    rows, _ = _raw(str(path), cfg.val_fraction, cfg.seed)
+    counts = (target_label_counts(rows, settings) if task != "regression" else None) or {}
+    named = tuple(sorted(k for k, v in counts.items() if v >= settings.min_category_count))
+    check_own_labels(policy, name, cfg.target, len(counts), len(counts) - len(named),
+                     settings.min_category_count)
+    if not schema:  # its own report's schema (what it would agree on alone)
+        schema = merge_reports([column_report(name, rows, settings)], cfg.table_settings,
+                               task=task or "auto", max_labels=policy.max_labels
+                               ).schema.to_json()
+    else:
+        check_federation_labels(policy, name, _label_count(schema), "the agreed schema")
+    train, val = _encoded(str(path), cfg.val_fraction, cfg.seed, schema, named)
     return SiteData(name, train, val)
+
+
+@lru_cache(maxsize=8)
+def _label_count(schema_json: str) -> int:
+    return len(Schema.from_json(schema_json).labels)
+
+
+def _capped(node_config: dict[str, Any], site: SiteData) -> SiteData:
+    """Refuse (policy ``max_labels``) a site whose own data holds too many class labels."""
+    if site.train.task == "classification" and np.ndim(site.train.y) == 1:
+        from fedsplit.client.policy.labels import check_own_labels
+        from fedsplit.client.policy.paths import hospital_policy
+
+        labels = len(np.union1d(np.unique(site.train.y), np.unique(site.val.y)))
+        check_own_labels(hospital_policy(node_config), site.name, "y", labels, 0, 1)
+    return site
 
 
 _READ: dict[tuple[str, str, str], Dataset | None] = {}

@@ -5,17 +5,19 @@
 #   docker/base-image.sh [IMAGE]        # default fedsplit-base:bookworm
 #
 # debootstrap (--variant=minbase) builds a Debian root file system with python3, python3-venv,
-# python3-pip and ca-certificates from the Debian mirror apt on this machine already uses (read
-# from /etc/apt/sources.list*; set DEBIAN_MIRROR to override), and `docker import` turns it into
-# an image. The root file system tarball is kept in $FEDSPLIT_CACHE (default build/containers,
-# git-ignored): a second run on the same machine only re-imports it. Needs root and debootstrap.
+# python3-pip, ca-certificates and nginx-light (the coordinator's front proxy, compose.tls.yaml)
+# from the Debian mirror apt on this machine already uses (read from /etc/apt/sources.list*; set
+# DEBIAN_MIRROR to override), and `docker import` turns it into an image. The root file system
+# tarball is kept in $FEDSPLIT_CACHE (default build/containers, git-ignored), named after the
+# package list: a second run on the same machine only re-imports it. Needs root and debootstrap.
 set -euo pipefail
 
 IMAGE="${1:-fedsplit-base:bookworm}"
 SUITE="${DEBIAN_SUITE:-bookworm}"
 CACHE="${FEDSPLIT_CACHE:-build/containers}"
-TARBALL="$CACHE/base-$SUITE.tar"
-PACKAGES="python3,python3-venv,python3-pip,ca-certificates"
+PACKAGES="python3,python3-venv,python3-pip,ca-certificates,nginx-light"
+# another package list is another root file system: never reuse a tarball made without one
+TARBALL="$CACHE/base-$SUITE-$(printf '%s' "$PACKAGES" | sha256sum | cut -c1-12).tar"
 
 fail() { echo "base-image: $1" >&2; exit 1; }
 
@@ -68,3 +70,4 @@ docker import \
     --change 'CMD ["python3"]' \
     "$TARBALL" "$IMAGE" >/dev/null
 docker run --rm --network none "$IMAGE" python3 -c 'import sys, venv, ssl; print("base-image: '"$IMAGE"' has Python", sys.version.split()[0])'
+docker run --rm --network none "$IMAGE" nginx -v

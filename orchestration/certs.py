@@ -1,15 +1,19 @@
-"""TLS material and SuperNode keys for a test deployment (``fedsplit certs``, ``fedsplit up --tls``).
+"""TLS material and SuperNode keys (``fedsplit certs``, ``fedsplit up --tls``), each made where
+it is used, so that only public parts travel:
 
-Writes, with the ``cryptography`` library (no openssl binary needed):
+- at the coordinator (`make_coordinator_certs`): ``ca.crt`` / ``ca.key``, a private certificate
+  authority (EC P-384, 1 year), and ``server.pem`` / ``server.key``, the SuperLink's certificate
+  (also presented by its front proxy), signed by the CA, whose subject alternative names cover
+  127.0.0.1, localhost and every ``--san`` (e.g. the coordinator's public DNS name). Only
+  ``ca.crt`` leaves the coordinator;
+- at each hospital (`make_site_key`, ``fedsplit certs hospital-key``): its own NIST-EC (P-384)
+  key pair in OpenSSH format, which is what ``flower-supernode --auth-supernode-private-key``
+  reads. Only ``NAME.pub`` leaves the hospital, for the operator's ``flwr supernode register``.
 
-- ``ca.crt`` / ``ca.key``: a private certificate authority (EC P-384, 1 year);
-- ``server.pem`` / ``server.key``: the SuperLink's certificate, signed by the CA, whose subject
-  alternative names cover 127.0.0.1, localhost and every ``--san`` (e.g. the compose service name);
-- ``supernodes/<name>`` / ``supernodes/<name>.pub``: one NIST-EC (P-384) key pair per hospital in
-  OpenSSH format, which is what ``flower-supernode --auth-supernode-private-key`` and
-  ``flwr supernode register`` read.
-
-Private keys are written 0600. For production, use certificates from the hospital network's own CA.
+`make_certs` makes both on one machine (``fedsplit up --tls``, the compose test deployment,
+``fedsplit certs --sites N``): a rehearsal, whose hospital keys were made by the coordinator.
+Private keys are written 0600 with the cryptography library (no openssl binary needed). For
+production, the coordinator's certificate may come from the hospital network's own CA instead.
 """
 
 from __future__ import annotations
@@ -31,8 +35,18 @@ DEFAULT_SANS = ("127.0.0.1", "localhost")
 
 
 @dataclass(frozen=True)
+class CoordinatorCerts:
+    """Where `make_coordinator_certs` wrote the coordinator's CA and SuperLink certificate."""
+
+    ca: Path
+    ca_key: Path
+    server_cert: Path
+    server_key: Path
+
+
+@dataclass(frozen=True)
 class CertPaths:
-    """Where `make_certs` wrote everything."""
+    """Where `make_certs` wrote everything (a one-machine rehearsal)."""
 
     ca: Path
     ca_key: Path
@@ -80,19 +94,45 @@ def write_supernode_key(path: Path) -> Path:
     return path
 
 
+def check_site_name(site: str) -> str:
+    """``site`` when it can name a key file (hospital-1), else a `ConfigError`."""
+    if not site or "/" in site or "\\" in site or site.startswith(".") or site.strip() != site:
+        raise ConfigError(f"A site name must be a plain file name such as hospital-1. "
+                          f"Received: {site!r}")
+    return site
+
+
+def make_site_key(out: Path, site: str, *, overwrite: bool = False) -> Path:
+    """A hospital's own key pair, made where it runs: ``out/site`` (private, 0600, stays there)
+    and ``out/site.pub`` (what the hospital sends to the operator to register). An existing
+    key is kept unless ``overwrite``: replacing a registered key locks the hospital out."""
+    path = out / check_site_name(site)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{path} exists: it may be the key the coordinator registered. Keep it, "
+                          f"or give --force to replace it (then send the new .pub to the operator "
+                          f"to register). Received: {path}")
+    return write_supernode_key(path)
+
+
 def site_names(count: int) -> list[str]:
     """Names of ``count`` simulated hospitals: hospital-1, hospital-2, ..."""
     return [f"hospital-{i}" for i in range(1, count + 1)]
 
 
-def make_certs(out: Path, sites: list[str], sans: list[str] | None = None) -> CertPaths:
-    """Create the CA, the server certificate and one key pair per site under ``out``."""
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    _write_private(path, key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+
+
+def make_coordinator_certs(out: Path, sans: list[str] | None = None) -> CoordinatorCerts:
+    """At the coordinator: the CA and the SuperLink's certificate under ``out``."""
     now = dt.datetime.now(dt.UTC)
     names = list(dict.fromkeys([*DEFAULT_SANS, *(sans or [])]))
-    for site in sites:
-        if not site or "/" in site or site.startswith("."):
-            raise ConfigError(f"A site name must be a plain file name such as hospital-1. "
-                              f"Received: {site!r}")
     out.mkdir(parents=True, exist_ok=True)
 
     ca_key = ec.generate_private_key(ec.SECP384R1())
@@ -125,14 +165,19 @@ def make_certs(out: Path, sites: list[str], sans: list[str] | None = None) -> Ce
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA384())
     )
-    pem = serialization.Encoding.PEM
-    paths = CertPaths(out / "ca.crt", out / "ca.key", out / "server.pem", out / "server.key", {})
-    paths.ca.write_bytes(ca_cert.public_bytes(pem))
-    _write_private(paths.ca_key, ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                      serialization.NoEncryption()))
-    paths.server_cert.write_bytes(server_cert.public_bytes(pem))
-    _write_private(paths.server_key, server_key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    for site in sites:
-        paths.supernode_keys[site] = write_supernode_key(out / "supernodes" / site)
+    paths = CoordinatorCerts(out / "ca.crt", out / "ca.key", out / "server.pem", out / "server.key")
+    _write_cert(paths.ca, ca_cert)
+    _write_key(paths.ca_key, ca_key)
+    _write_cert(paths.server_cert, server_cert)
+    _write_key(paths.server_key, server_key)
     return paths
+
+
+def make_certs(out: Path, sites: list[str], sans: list[str] | None = None) -> CertPaths:
+    """A one-machine rehearsal: the coordinator's CA and SuperLink certificate under ``out``,
+    and one hospital key pair per site under ``out/supernodes`` (`make_site_key`)."""
+    for site in sites:
+        check_site_name(site)
+    made = make_coordinator_certs(out, sans)
+    keys = {site: make_site_key(out / "supernodes", site, overwrite=True) for site in sites}
+    return CertPaths(made.ca, made.ca_key, made.server_cert, made.server_key, keys)

@@ -127,8 +127,10 @@ class RunConfig(BaseModel):
                                 description="Columns of site tables to leave out, comma-separated.")
     min_category_count: int = Field(
         5, ge=1, alias="min-category-count",
-        description="A text category held by fewer rows at a site is withheld from its column report "
-                    "(protocol/schema.py); rows with it encode as unseen unless another site reports it.")
+        description="A text category or class label held by fewer rows at a site is withheld from its "
+                    "column report (protocol/schema.py; a hospital's policy may raise it): rows with "
+                    "such a category encode as unseen, rows with such a label are dropped there, "
+                    "unless another site reports it.")
     local_steps: int = Field(
         0, ge=0, alias="local-steps",
         description="Mini-batches each hospital trains per round; 0 = local-epochs epochs, but at least "

@@ -9,15 +9,20 @@ written in several ways, columns in their own order. Three steps turn them into 
    categories with their counts. A category seen fewer than ``min_category_count`` times
    (default `MIN_CATEGORY_COUNT` = 5) at a site is **withheld**: only the number of withheld
    categories is reported, never their names or counts. For the target: its kind and, when it
-   holds class labels, each label with its count. For a survival task (``event`` set), the
-   target is the time column and the event column is the second target: the site checks that
-   every row's time is a positive number and its event reads as 1/0, TRUE/FALSE or yes/no
-   (`protocol.survival.read_survival`, refused with counts per problem and the fix) and reports
-   the target kind ``survival`` only, never a time or an event count.
+   holds class labels, each label held by at least ``min_category_count`` rows with its count
+   (a rarer label is **withheld** the same way: only how many were withheld is reported; the
+   hospital drops its rows unless the agreed schema holds the label: `named_label_rows`).
+   For a survival task (``event`` set), the target is the time column and the event column is
+   the second target: the site checks that every row's time is a positive number and its
+   event reads as 1/0, TRUE/FALSE or yes/no (`protocol.survival.read_survival`, refused with
+   counts per problem and the fix) and reports the target kind ``survival`` only, never a time
+   or an event count.
 2. **Merged, versioned schema** (`merge_reports`, run by the coordinator): the columns in the
    order of the first hospital by name, the union vocabulary of each text column in sorted
    order, a missing-indicator for every column with gaps at any site, the class labels in
-   sorted order. Conflicts raise `ConfigError` naming the hospital, the column and the fix;
+   sorted order (at most ``max_labels``, default `MAX_LABELS`: more are refused, naming the
+   hospitals that brought the most). Conflicts raise `ConfigError` naming the hospital, the
+   column and the fix;
    suspicious columns become warnings (see also `moment_warnings`).
 3. **Encoding** (`encode_frame`), the same at every site and in ``fedsplit predict``:
 
@@ -41,9 +46,10 @@ a model scores raw files on its own.
 What the exchange reveals to the coordinator, per site: its row count, every column's name,
 kind, number of present and missing values, whether a numeric column is all 0/1, each text
 category held by at least ``min_category_count`` rows with its count, the number of withheld
-categories, and each class label with its count. Per encoded feature the later statistics
+categories, each class label held by at least ``min_category_count`` rows with its count, and
+the number of withheld labels. Per encoded feature the later statistics
 exchange adds count, sum and sum of squares (mean and spread), as before. Never a row, an ID,
-a rare category's name or a combination of columns.
+a rare category's or rare label's name, or a combination of columns.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +72,9 @@ MIN_CATEGORY_COUNT = 5
 KINDS = ("numeric", "boolean", "categorical", "empty")
 #: Most distinct values a numeric target may hold to count as class labels.
 MAX_CLASSES = 20
+#: Most distinct class labels a merged schema may hold (each is a model output at every
+#: hospital); `merge_reports` refuses more, naming the hospitals that brought the most.
+MAX_LABELS = 100
 #: A site's values this many times larger (or smaller) than the others' are flagged.
 RANGE_FACTOR = 100.0
 MANY_CATEGORIES = 50
@@ -182,10 +191,19 @@ class ColumnReport:
 
 @dataclass(frozen=True)
 class TargetReport:
-    """The target column at one site: its kind and, for class labels, each label's count."""
+    """The target column at one site: its kind and, for class labels, each label's count (the
+    labels held by at least ``min_category_count`` rows) and how many rarer ones were withheld."""
 
     kind: str
     labels: dict[str, int] | None
+    withheld: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form (``withheld`` only when some label was withheld)."""
+        out: dict[str, Any] = {"kind": self.kind, "labels": self.labels}
+        if self.withheld:
+            out["withheld"] = self.withheld
+        return out
 
 
 @dataclass(frozen=True)
@@ -203,7 +221,7 @@ class SiteColumns:
         return json.dumps({
             "site": self.site, "rows": self.rows, "table": self.table,
             "columns": [c.__dict__ for c in self.columns],
-            "target": self.target.__dict__ if self.target else None,
+            "target": self.target.to_dict() if self.target else None,
         }, sort_keys=True)
 
     @classmethod
@@ -224,11 +242,13 @@ class SiteColumns:
                                             int(c["withheld"])))
             target = None
             if raw["target"] is not None:
-                _keys(raw["target"], {"kind", "labels"}, "target report")
+                _keys(raw["target"], {"kind", "labels"}, "target report",
+                      optional=frozenset({"withheld"}))
                 labels = raw["target"]["labels"]
                 target = TargetReport(str(raw["target"]["kind"]),
                                       None if labels is None else
-                                      {str(k): int(v) for k, v in dict(labels).items()})
+                                      {str(k): int(v) for k, v in dict(labels).items()},
+                                      int(raw["target"].get("withheld", 0)))
             return cls(str(raw["site"]), int(raw["rows"]), bool(raw["table"]), tuple(columns),
                        target)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -255,23 +275,60 @@ def _label(text: str, kind: str) -> str:
     return text
 
 
-def target_report(column: RawColumn) -> TargetReport:
-    """The target's kind and its labels (text, booleans, or up to 20 integer values)."""
-    present = [c for c in column.cells if c is not None]
+def label_counts(column: RawColumn) -> dict[str, int] | None:
+    """Every class label of a target column with its count (canonical text: `_label`), or None
+    for a numeric target that holds no class labels (more than `MAX_CLASSES` distinct values, or
+    non-integers). Never sent: `target_report` withholds the rare ones."""
     if column.kind == "numeric":
         values = column.numbers[~np.isnan(column.numbers)]
         distinct = np.unique(values)
         if len(distinct) > MAX_CLASSES or not np.all(np.mod(distinct, 1) == 0):
-            return TargetReport("numeric", None)
+            return None
     labels: dict[str, int] = {}
-    for c in present:
-        key = _label(c, column.kind)
-        labels[key] = labels.get(key, 0) + 1
-    return TargetReport(column.kind, dict(sorted(labels.items())))
+    for c in column.cells:
+        if c is not None:
+            key = _label(c, column.kind)
+            labels[key] = labels.get(key, 0) + 1
+    return labels
 
 
-def column_report(site: str, frame: Any, settings: TableSettings) -> SiteColumns:
-    """A site's report on its table (a DataFrame): one `ColumnReport` per feature column."""
+def target_label_counts(frame: Any, settings: TableSettings) -> dict[str, int] | None:
+    """A table's class labels with their counts (`label_counts` of its target column); None for
+    a survival task, a table without the target column, or a target without class labels."""
+    if settings.event or settings.target not in frame.columns:
+        return None
+    return label_counts(read_column(settings.target, frame[settings.target].tolist(),
+                                    na_set(settings.na_values, settings.target)))
+
+
+def target_report(column: RawColumn, min_count: int = 1) -> TargetReport:
+    """The target's kind and its labels (text, booleans, or up to 20 integer values) held by at
+    least ``min_count`` rows, with the number of rarer labels withheld (never their names)."""
+    counts = label_counts(column)
+    if counts is None:
+        return TargetReport("numeric", None)
+    named = {k: v for k, v in sorted(counts.items()) if v >= min_count}
+    return TargetReport(column.kind, named, len(counts) - len(named))
+
+
+def named_label_rows(schema: Schema, values: Sequence[Any], named: Collection[str]) -> np.ndarray:
+    """Which rows of a hospital's target ``values`` it uses with ``schema``: a row whose label
+    the schema does not hold and the hospital did not name (``named``: the labels of its own
+    column report; the others it withheld as rare) is dropped (False); every other row is
+    used, and a label the hospital named but the schema lacks is refused by the encoding as
+    before. All True for a schema without class labels."""
+    if not schema.labels or schema.task != "classification":
+        return np.ones(len(values), dtype=bool)
+    col = read_column(schema.target, values, na_set(schema.na_values, schema.target))
+    known = set(schema.labels) | set(named)
+    return np.array([c is None or _label(c, col.kind) in known for c in col.cells], dtype=bool)
+
+
+def column_report(site: str, frame: Any, settings: TableSettings, *,
+                  label_min_count: int | None = None) -> SiteColumns:
+    """A site's report on its table (a DataFrame): one `ColumnReport` per feature column, and the
+    target's (class labels held by fewer than ``label_min_count`` rows, by default the
+    settings' ``min_category_count``, are withheld like rare categories)."""
     where = f"Hospital {site}'s table"
     features = split_columns(list(frame.columns), settings, where=where)
     reports = []
@@ -304,7 +361,8 @@ def column_report(site: str, frame: Any, settings: TableSettings) -> SiteColumns
             f"{where}: target column {settings.target!r} has {gaps} missing value(s); drop those "
             f"rows first. Received: {gaps} missing targets"
         )
-    return SiteColumns(site, len(frame), True, tuple(reports), target_report(target))
+    return SiteColumns(site, len(frame), True, tuple(reports), target_report(
+        target, settings.min_category_count if label_min_count is None else label_min_count))
 
 
 # --- the merged schema ----------------------------------------------------------------------
@@ -423,17 +481,20 @@ def _fix(column: str) -> str:
 
 
 def merge_reports(reports: Sequence[SiteColumns], settings: TableSettings, *,
-                  task: str = "auto") -> MergedSchema:
+                  task: str = "auto", max_labels: int = MAX_LABELS) -> MergedSchema:
     """Merge the sites' column reports into one schema; conflicts raise `ConfigError`.
 
-    Conflicts: a column absent at some site, text at one site and numbers (or booleans) at
-    another, targets of different kinds, text labels a site shares with no other site, a
-    regression task on text labels. Warnings: a column entirely missing at a site (or at every
-    site: it is dropped), text categories withheld at a site and unknown to the others,
-    a text column with more than 50 categories (an ID?).
+    Conflicts: more than ``max_labels`` distinct class labels (checked first, in linear time),
+    a column absent at some site, text at one site and numbers (or booleans) at another,
+    targets of different kinds, text labels a site shares with no other site, a regression
+    task on text labels. Warnings: a column entirely missing at a site (or at every site: it is
+    dropped), text categories or class labels withheld at a site and unknown to the others, a
+    text column with more than 50 categories (an ID?).
     """
     if not reports:
         raise ConfigError("No hospital reported its columns. Received: 0 reports")
+    if task not in ("regression", SURVIVAL):
+        check_label_count(reports, settings.target, max_labels)
     ordered = sorted(reports, key=lambda r: r.site)
     ref = ordered[0]
     warnings: list[str] = []
@@ -491,10 +552,42 @@ def merge_reports(reports: Sequence[SiteColumns], settings: TableSettings, *,
         raise ConfigError("No feature column holds any value at any hospital. Received: "
                           f"columns {[c.name for c in ref.columns]}")
     task, labels = _merge_target(ordered, settings, task)
+    if task == "classification" and (rare := [f"{r.site} ({r.target.withheld})" for r in ordered
+                                              if r.target is not None and r.target.withheld]):
+        warnings.append(
+            f"rare class labels withheld (held by fewer than {settings.min_category_count} rows "
+            f"at a hospital, never named): {', '.join(rare)}; a hospital trains and scores on "
+            f"such rows only when another hospital names the label")
     schema = Schema(tuple(columns), settings.target, task, labels, settings.id_column,
                     tuple(settings.ignore_columns), tuple(settings.na_values),
                     settings.min_category_count, event=settings.event)
     return MergedSchema(schema, warnings)
+
+
+def check_label_count(reports: Sequence[SiteColumns], target: str,
+                      max_labels: int = MAX_LABELS) -> None:
+    """Refuse more than ``max_labels`` distinct class labels over the hospitals' reports (each
+    is a model output at every hospital), in one line naming the hospital(s) that brought the
+    most and how many; linear in the number of labels."""
+    union: set[str] = set()
+    sizes: dict[str, int] = {}
+    for r in reports:
+        if r.target is not None and r.target.labels:
+            sizes[r.site] = len(r.target.labels)
+            union.update(r.target.labels)
+    if len(union) <= max_labels:
+        return
+    most = max(sizes.values())
+    top = sorted(s for s, n in sizes.items() if n == most)
+    names = ", ".join(top[:5]) + (f" and {len(top) - 5} more" if len(top) > 5 else "")
+    who = "hospital" if len(top) == 1 else "hospitals"
+    raise ConfigError(
+        f"The target {target!r} holds {len(union):,} distinct class labels across the hospitals, "
+        f"more than the {max_labels} a federation accepts (each label is a model output at every "
+        f"hospital); {who} {names} brought the most ({most:,}{' each' if len(top) > 1 else ''}). "
+        f"Map the labels to at most {max_labels} classes at {names} (or use task=regression "
+        f"for a numeric target). "
+        f"Received: {most:,} labels from {names}, {len(union):,} in all")
 
 
 def _merge_kind(name: str, kinds: Mapping[str, str], per_site: Mapping[str, ColumnReport]) -> str:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from fedsplit.client.models import SiteModel, recipe_of
 from fedsplit.client.privacy.dpsgd import (
-    check_budget,
     check_private_model,
     fit_private,
     plan_noise,
@@ -17,6 +17,9 @@ from fedsplit.client.privacy.dpsgd import (
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import DPSpec
+
+if TYPE_CHECKING:
+    from fedsplit.client.privacy.ledger import LedgerAccount
 
 
 def patient_dp(cfg: RunConfig) -> DPSpec | None:
@@ -68,15 +71,20 @@ def check_dp_travel(model: SiteModel, federated: list[str], spec: DPSpec) -> Non
 
 
 def train_private(model: SiteModel, x: np.ndarray, y: np.ndarray, spec: DPSpec, cfg: RunConfig, *,
-                  steps: int, server_round: int, site: str, seed: int, proximal_mu: float,
-                  device: torch.device) -> tuple[float, float]:
-    """DP-SGD for one round within the hospital's budget: (last epoch's loss, epsilon spent).
+                  steps: int, server_round: int, account: LedgerAccount, seed: int,
+                  proximal_mu: float, device: torch.device) -> tuple[float, float]:
+    """DP-SGD for one round within the hospital's budgets: (the round's loss, the data file's
+    epsilon after it, over every training the hospital's ledger records for it).
 
-    Raises `PrivacyBudgetError` (and trains nothing) when this round would exceed the budget.
+    The training is recorded in the hospital's ledger (``account``) before it runs; when it
+    would go above the hospital's budget or the run's, `PrivacyBudgetError` is raised and
+    nothing is trained or recorded (`client.privacy.ledger.LedgerAccount.charge`).
+    ``server_round`` is recorded as the coordinator claimed it, never counted.
     """
+    model.train()  # scoring first (evaluate-first) leaves it in eval mode, which Opacus refuses
     check_dp_model(model, spec, cfg, proximal_mu)
     plan = plan_noise(spec, len(x), cfg.batch_size, steps)
-    epsilon = check_budget(plan, server_round, site)
+    epsilon = account.charge(plan, server_round)
     targets = recipe_of(model).targets(model, y)
     with warnings.catch_warnings():  # Opacus's notes on secure RNG and backward hooks
         warnings.simplefilter("ignore", UserWarning)

@@ -7,15 +7,12 @@ joins with probability ``q = min(1, batch_size / n)``). Opacus's
 ``get_noise_multiplier`` (RDP accountant) picks the smallest noise multiplier whose epsilon
 after ``rounds * steps_per_round`` steps stays below the budget at the run's delta.
 
-Accounting (`spent_epsilon`): the noise multiplier and the sampling rate are the same in every
-round, so after round ``r`` the hospital has spent what Opacus's ``RDPAccountant`` reports for
-``r * steps_per_round`` steps at that noise. The round number counts every round up to ``r``
-whether or not this hospital was sampled in it: an upper bound, never an under-count.
-
-Budget (`check_budget`): before training, a hospital computes what it would have spent after
-this round; above its budget (a run continued past the planned rounds) it raises
-`PrivacyBudgetError` and does not train. The coordinator records the refusal as the site's
-reason for the round.
+Accounting and budget: the hospital's own privacy ledger (`client.privacy.ledger`) records every
+DP-SGD training before it runs and composes epsilon with Opacus's ``RDPAccountant`` over every
+training recorded for the data file, across runs; it refuses (`PrivacyBudgetError`) a training
+that would go above the hospital's budget (its policy's ``dp_budget``) or the run's (the ``dp``
+spec's epsilon over this run's recorded trainings). The coordinator's round number is never
+counted.
 
 Models must allow per-sample gradients: BatchNorm mixes the rows of a batch and is refused
 (``norm=none``); the FedProx term is not a per-sample loss and is refused too.
@@ -28,11 +25,12 @@ on Opacus's private module and optimizer; the recipe must use one optimizer
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
 from fedsplit.protocol.errors import ConfigError, one_line
-from fedsplit.protocol.privacy import DPSpec, PrivacyBudgetError
+from fedsplit.protocol.privacy import DPSpec
 
 
 @dataclass(frozen=True)
@@ -48,8 +46,10 @@ class DPPlan:
     clip: float
 
 
+@lru_cache(maxsize=32)
 def plan_noise(spec: DPSpec, rows: int, batch_size: int, steps_per_round: int) -> DPPlan:
-    """The noise multiplier that keeps ``spec.rounds`` rounds within ``spec.epsilon``."""
+    """The noise multiplier that keeps ``spec.rounds`` rounds within ``spec.epsilon`` (planned
+    once per process and plan: Opacus's search takes seconds, and every round asks again)."""
     if spec.level != "patient":
         raise ConfigError(f"DP-SGD plans patient-level DP. Received: level={spec.level}")
     if spec.rounds < 1:
@@ -66,32 +66,6 @@ def plan_noise(spec: DPSpec, rows: int, batch_size: int, steps_per_round: int) -
     sigma = get_noise_multiplier(target_epsilon=spec.epsilon, target_delta=spec.delta,
                                  sample_rate=q, steps=spec.rounds * steps, accountant="rdp")
     return DPPlan(float(sigma), q, steps, spec.rounds, spec.epsilon, spec.delta, spec.clip)
-
-
-def spent_epsilon(plan: DPPlan, rounds_done: int) -> float:
-    """Epsilon spent after ``rounds_done`` rounds (Opacus RDP accountant; 0 before any)."""
-    if rounds_done <= 0:
-        return 0.0
-    from opacus.accountants import RDPAccountant
-
-    accountant = RDPAccountant()
-    accountant.history = [(plan.noise_multiplier, plan.sample_rate,
-                           rounds_done * plan.steps_per_round)]
-    return float(accountant.get_epsilon(delta=plan.delta))
-
-
-def check_budget(plan: DPPlan, server_round: int, site: str) -> float:
-    """Epsilon after training ``server_round``; raise `PrivacyBudgetError` above the budget."""
-    after = spent_epsilon(plan, server_round)
-    if after > plan.epsilon:
-        raise PrivacyBudgetError(
-            f"Hospital {site} stops training: round {server_round} would bring its spent epsilon "
-            f"to {after:.4f}, above its budget of {plan.epsilon} (delta {plan.delta}); the noise "
-            f"was planned for {plan.rounds} rounds. Start a new run with a new budget (--dp) "
-            f"rather than continuing this one. Received: server_round={server_round}, "
-            f"planned rounds={plan.rounds}"
-        )
-    return after
 
 
 def check_private_model(model: torch.nn.Module, proximal_mu: float) -> None:

@@ -114,7 +114,12 @@ def schema(msg: Message, context: Context) -> Message:
     wire.check_content(wire.SCHEMA_QUERY, msg.content, reply=False)
     run, path, name = _site(context, msg.metadata.dst_node_id)
     frame, _, _ = _table(path, name, run.time, run.event, run.na_values)
-    report = column_report(name, frame, sv.table_settings(run))
+    from fedsplit.client.policy.labels import hospital_settings
+    from fedsplit.client.policy.paths import hospital_policy
+
+    # rare categories withheld at max(the hospital's policy min_category_count, the run's)
+    report = column_report(name, frame, hospital_settings(hospital_policy(context.node_config),
+                                                          sv.table_settings(run)))
     return Message(wire.build_schema_reply(report), reply_to=msg)
 
 

@@ -114,7 +114,9 @@ def test_compose_services_volumes_ports(helps: dict[str, str]) -> None:
     assert link[0] == "flower-superlink" and "--disable-runtime-dependency-installation" in link
     assert link[link.index("--port") + 1] == "8000" and "--isolation" in link
     assert not any(a in link for a in ("--fleet-api-address", "--control-api-address"))  # pre-1.42
-    assert services["superlink"]["ports"] == ["${SUPERLINK_PORT}:8000"]
+    # the insecure demo's whole SuperLink is published on this host only unless told otherwise
+    assert services["superlink"]["ports"] == ["${SUPERLINK_BIND:-127.0.0.1}:${SUPERLINK_PORT}:8000"]
+    assert env_file()["SUPERLINK_BIND"] == "127.0.0.1"
     assert services["admin"]["command"][:3] == ["fedsplit", "admin", "serve"]
 
     for hospital in HOSPITALS:
@@ -152,10 +154,44 @@ def test_tls_overlay_wires_certificates_and_registration(helps: dict[str, str]) 
     for hospital in HOSPITALS:
         cmd = tls[hospital]["command"]
         assert cmd[cmd.index("--key") + 1] == f"/certs/supernodes/{hospital}"
+        assert cmd[cmd.index("--superlink") + 1] == "superlink:8000"  # the front proxy's port
         assert "--insecure" not in cmd
         assert tls[hospital]["depends_on"]["register"]["condition"] == "service_completed_successfully"
+        assert tls[hospital]["depends_on"]["front-proxy"]["condition"] == "service_healthy"
     for service in tls.values():
         check_command(service["command"], helps)
+
+
+def test_tls_overlay_keeps_control_and_runtime_api_on_loopback() -> None:
+    """Issue 40: the SuperLink listens on its container's loopback (SuperExec auth on); only the
+    services that need its Control or Runtime API share that namespace; the public port 8000 of
+    the namespace is the front proxy, which forwards to the loopback SuperLink."""
+    tls = load("compose.tls.yaml")["services"]
+    link = tls["superlink"]["command"]
+    assert link[link.index("--host") + 1] == "127.0.0.1" and link[link.index("--port") + 1] == "9000"
+    secret = link[link.index("--superexec-auth-secret-file") + 1]
+    assert "superexec-secret:/secrets:ro" in tls["superlink"]["volumes"]
+    assert tls["superlink"]["environment"]["FEDSPLIT_HEALTH_URL"] == "https://localhost:9000/health"
+    shared = {name for name, svc in tls.items() if svc.get("network_mode") == "service:superlink"}
+    assert shared == {"front-proxy", "coordinator", "federation", "register"}, shared
+    runner = tls["coordinator"]["command"]
+    assert runner[runner.index("--runtime-api-address") + 1] == "127.0.0.1:9000"
+    assert runner[runner.index("--superexec-auth-secret-file") + 1] == secret
+    job = tls["federation"]["command"]
+    assert job[job.index("--superlink") + 1] == "127.0.0.1:9000"
+    assert 'address = "127.0.0.1:9000"' in tls["register"]["command"][-1]
+    proxy = tls["front-proxy"]
+    cmd = proxy["command"]
+    assert cmd[:2] == ["fedsplit", "front-proxy"]
+    assert cmd[cmd.index("--listen") + 1] == "0.0.0.0:8000"
+    assert cmd[cmd.index("--superlink") + 1] == "127.0.0.1:9000"
+    assert proxy["environment"]["FEDSPLIT_HEALTH_URL"] == "https://localhost:8000/health"
+    assert "ports" not in proxy  # published by the namespace's owner (compose.yaml's superlink)
+    # the secret reaches only the SuperLink and the coordinator (and init, which makes it)
+    holders = {name for name, svc in tls.items()
+               if any(str(v).startswith("superexec-secret:") for v in svc.get("volumes", []))}
+    assert holders == {"init", "superlink", "coordinator"}, holders
+    assert "/secrets/superexec" in tls["init"]["command"][-1]
 
 
 def test_env_file_and_dockerfile() -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fedsplit.orchestration import front_proxy
 from fedsplit.orchestration.certs import write_supernode_key
 from fedsplit.orchestration.flower_runtime import flower_env, free_port, health_url, tls_context, wait_http
 from fedsplit.orchestration.local_federation import fedsplit_command
@@ -48,17 +49,18 @@ RECIPE_EXAMPLES = Path(__file__).parents[1] / "recipes" / "examples"
 
 
 def processes_under(root: Path) -> dict[int, str]:
-    """pid -> command line of live processes whose FLWR_HOME lies under ``root``."""
+    """pid -> command line of live processes whose FLWR_HOME lies under ``root`` (or whose
+    command line names it: nginx overwrites its environment with its process title)."""
     found = {}
     marker = f"FLWR_HOME={root}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if marker in (entry / "environ").read_bytes():
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if cmdline:  # zombies have none
-                    found[int(entry.name)] = cmdline
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if cmdline and (marker in (entry / "environ").read_bytes()  # zombies have none
+                            or f"{root}/" in cmdline):
+                found[int(entry.name)] = cmdline
     return found
 
 
@@ -87,6 +89,8 @@ def killpg(pid: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nginx") is None and shutil.which("nginx", path="/usr/sbin") is None,
+                    reason=f"fedsplit up --tls serves its public port with nginx: {front_proxy.INSTALL_HINT}")
 def test_up_tls_refuses_intruder_survives_hospital_and_coordinator_kills(tmp_path: Path) -> None:
     work, homes, out = tmp_path / "up", tmp_path / "up" / "homes", tmp_path / "up" / "out"
     port = free_port()

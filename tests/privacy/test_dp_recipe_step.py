@@ -11,7 +11,8 @@ import pytest
 import torch
 from fedsplit.client.models import build_model
 from fedsplit.client.privacy.agent import check_dp_model, train_private
-from fedsplit.client.privacy.dpsgd import plan_noise, spent_epsilon
+from fedsplit.client.privacy.dpsgd import plan_noise
+from fedsplit.client.privacy.ledger import LedgerAccount, compose_epsilon
 from fedsplit.client.recipes import ModelInputs, Recipe
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
@@ -60,8 +61,10 @@ def _model(recipe: Recipe) -> nn.Module:
                        recipe=recipe)
 
 
-def test_dp_sgd_runs_the_recipes_own_step_and_accounts_as_planned() -> None:
+def test_dp_sgd_runs_the_recipes_own_step_and_accounts_as_planned(tmp_path) -> None:
     rng = np.random.default_rng(0)
+    (tmp_path / "north.csv").write_text("x,y\n1,0\n")
+    account = LedgerAccount(tmp_path / "state", "north", tmp_path / "north.csv", "run", None)
     x = rng.normal(size=(200, 4)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     model = _model(Clipping())
@@ -71,13 +74,15 @@ def test_dp_sgd_runs_the_recipes_own_step_and_accounts_as_planned() -> None:
     epsilons = []
     for server_round in (1, 2):
         loss, epsilon = train_private(model, x, y, spec, CFG, steps=6, server_round=server_round,
-                                      site="north", seed=server_round, proximal_mu=0.0,
+                                      account=account, seed=server_round, proximal_mu=0.0,
                                       device=torch.device("cpu"))
         assert np.isfinite(loss)
         epsilons.append(epsilon)
     assert len(Clipping.calls) == 12 and all(n > 0 for n in Clipping.calls)  # its step, every batch
     plan = plan_noise(spec, len(x), CFG.batch_size, 6)
-    assert epsilons == [pytest.approx(spent_epsilon(plan, 1)), pytest.approx(spent_epsilon(plan, 2))]
+    one = (plan.noise_multiplier, plan.sample_rate, plan.steps_per_round)
+    assert epsilons == [pytest.approx(compose_epsilon([one], spec.delta)),
+                        pytest.approx(compose_epsilon([one, one], spec.delta))]
     assert 0 < epsilons[0] < epsilons[1] <= spec.epsilon  # the accounting advances as before
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(getattr(p, "grad_sample", None) is None for p in model.parameters())

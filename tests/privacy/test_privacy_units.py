@@ -8,7 +8,8 @@ import torch
 from fedsplit.aggregation import aggregate_updates
 from fedsplit.aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams, plan_sigma, spent
 from fedsplit.client.models import ModelSpec, build_model
-from fedsplit.client.privacy import check_budget, fit_private, plan_noise, spent_epsilon
+from fedsplit.client.privacy import fit_private, plan_noise
+from fedsplit.client.privacy.ledger import LedgerAccount, compose_epsilon
 from fedsplit.protocol import secure_vector as sv
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, UpdateError
@@ -39,14 +40,17 @@ def test_robust_rules_refuse_secure_aggregation(strategy: str) -> None:
     check_run(dp="", secure="on")
 
 
-def test_budget_stop_after_planned_rounds() -> None:
+def test_budget_stop_after_planned_rounds(tmp_path) -> None:
     plan = plan_noise(DPSpec.parse("epsilon=1,delta=1e-3", rounds=5), rows=200, batch_size=32,
                       steps_per_round=10)
-    spent_all = [spent_epsilon(plan, r) for r in range(1, 6)]
+    (tmp_path / "h.csv").write_text("x,y\n1,0\n")
+    account = LedgerAccount(tmp_path / "state", "h", tmp_path / "h.csv", "run-1", None)
+    spent_all = [account.charge(plan, r) for r in range(1, 6)]  # the hospital's own ledger
     assert spent_all == sorted(spent_all) and spent_all[-1] <= 1.0
-    assert check_budget(plan, 5, "h") == pytest.approx(spent_all[-1])
-    with pytest.raises(PrivacyBudgetError, match=r"stops training.*above its budget"):
-        check_budget(plan, 6, "h")
+    one = (plan.noise_multiplier, plan.sample_rate, plan.steps_per_round)
+    assert spent_all[-1] == pytest.approx(compose_epsilon([one] * 5, plan.delta))
+    with pytest.raises(PrivacyBudgetError, match=r"stops training.*above the run's budget"):
+        account.charge(plan, 6)
 
 
 def test_dp_sgd_trains_and_stays_finite() -> None:

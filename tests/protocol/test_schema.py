@@ -171,7 +171,7 @@ def test_a_per_column_missing_marker_applies_to_that_column_only() -> None:
     """--na-values chol=0: a cholesterol of 0 (or 0.0) is missing; a 0 elsewhere stays a 0."""
     settings = TableSettings(target="y", na_values=("chol=0", "unknown"))
     frame = hospital(6, chol=["0", "0.0", "210", "unknown", "180", "0"]).assign(
-        age=["0", "50", "unknown", "61", "70", "45"])
+        age=["0", "50", "unknown", "61", "70", "45"], y=["1"] * 6)  # no label rarer than 5 rows
     report = column_report("a", frame, settings)
     counts = {c.name: c.missing for c in report.columns}
     assert counts["chol"] == 4 and counts["age"] == 1  # age 0 stays, 'unknown' is missing

@@ -182,6 +182,7 @@ def test_dp_refusal_names_the_layer(on_path: Path) -> None:
 def test_dp_refuses_a_loss_that_is_not_per_patient(on_path: Path) -> None:
     """A recipe whose loss couples rows (per_sample_loss = False) cannot run DP-SGD."""
     from fedsplit.client.privacy.agent import train_private
+    from fedsplit.client.privacy.ledger import LedgerAccount
     from fedsplit.protocol.privacy import DPSpec
 
     (on_path / "coupled.py").write_text(
@@ -193,8 +194,8 @@ def test_dp_refuses_a_loss_that_is_not_per_patient(on_path: Path) -> None:
     x = np.zeros((20, 4), np.float32)
     with pytest.raises(ConfigError, match="loss must be a sum over patients"):
         train_private(model, x, np.zeros(20, np.int64), DPSpec.parse(cfg.dp), cfg, steps=2,
-                      server_round=1, site="north", seed=0, proximal_mu=0.0,
-                      device=torch.device("cpu"))
+                      server_round=1, seed=0, proximal_mu=0.0, device=torch.device("cpu"),
+                      account=LedgerAccount(on_path / "state", "north", on_path, "run", None))
     sys.modules.pop("coupled", None)
 
 

@@ -88,8 +88,9 @@ def test_c_index_is_lifelines_on_rows_the_schema_encodes():
     assert sum(isinstance(m, torch.nn.Linear) for m in mlp.modules()) == 2
 
 
-def test_patient_level_dp_is_refused_with_the_reason():
+def test_patient_level_dp_is_refused_with_the_reason(tmp_path):
     from fedsplit.client.privacy.agent import patient_dp, train_private
+    from fedsplit.client.privacy.ledger import LedgerAccount
     from fedsplit.protocol.config import RunConfig
 
     recipe = load_recipe(REF)
@@ -98,8 +99,9 @@ def test_patient_level_dp_is_refused_with_the_reason():
     x = np.zeros((40, 3), np.float32)
     y = np.c_[np.arange(1, 41), np.ones(40)].astype(np.float32)
     with pytest.raises(Exception, match=r"must be a sum over patients.*per_sample_loss = False"):
-        train_private(model, x, y, patient_dp(cfg), cfg, steps=10, server_round=1, site="a",
-                      seed=0, proximal_mu=0.0, device=torch.device("cpu"))
+        train_private(model, x, y, patient_dp(cfg), cfg, steps=10, server_round=1, seed=0,
+                      proximal_mu=0.0, device=torch.device("cpu"),
+                      account=LedgerAccount(tmp_path / "state", "a", tmp_path, "run", None))
 
 
 @pytest.mark.slow
