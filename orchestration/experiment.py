@@ -50,6 +50,7 @@ from fedsplit.client.data import (
 )
 from fedsplit.client.failures import hospital_stage
 from fedsplit.client.models import SiteModel, build_model, load_model, recipe_of
+from fedsplit.client.policy.paths import STATE_FOLDER
 from fedsplit.client.recipes import ModelInputs
 from fedsplit.client.site import effective_recipe, site_recipe, split_site
 from fedsplit.client.survival import tcga
@@ -367,6 +368,8 @@ def write_site(site: Dataset | Any, folder: Path, target: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("data.*"):  # a previous run's file of the other kind: one file per site
         stale.unlink()
+    # a simulated hospital is made anew by every run: its ledger and egress log too
+    shutil.rmtree(folder / STATE_FOLDER, ignore_errors=True)
     if isinstance(site, Dataset) and (site.kind != "mlp" or np.ndim(site.y) > 1):  # images, arrays,
         # and targets of several columns (survival: time and event): exactly the arrays the
         # coordinator's scoring and baselines use (`client.data.write_staged`)

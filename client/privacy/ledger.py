@@ -165,21 +165,27 @@ class LedgerAccount:
             entry = _entry(ledger, data)
             entry.budget = self.budget
             history = entry.history()
-            delta = self.budget.delta if self.budget is not None else plan.delta
+            # Without a dp_budget in the hospital's policy, the run's epsilon caps the file's
+            # total over every run: a new run, a reset or a resume never starts at zero.
+            budget = self.budget or DPBudget(epsilon=plan.epsilon, delta=plan.delta)
+            limit = (f"the hospital's budget of {budget.epsilon:g}" if self.budget is not None
+                     else f"the run's epsilon of {budget.epsilon:g}, which caps the file's total "
+                          f"over every run while the hospital's policy sets no dp_budget")
+            delta = budget.delta
             spent, after = compose_epsilon(history, delta), compose_epsilon([*history, this], delta)
             where = (f"run {self.run_id}, round {server_round} as the coordinator claimed it; "
                      f"noise {plan.noise_multiplier:.4g}, sample rate {plan.sample_rate:.4g}, "
                      f"{plan.steps_per_round} steps")
-            if self.budget is not None and after > self.budget.epsilon * (1 + _SLACK):
+            if after > budget.epsilon * (1 + _SLACK):
                 raise PrivacyBudgetError(
                     f"Hospital {self.site} refuses to train on {data.path}: its patients have "
                     f"spent epsilon {spent:.4f} (delta {delta:g}) over {len(history)} DP-SGD "
                     f"trainings in {len(entry.runs())} run(s), and this training would cost "
-                    f"{after - spent:.4f} more ({after:.4f}), above the hospital's budget of "
-                    f"{self.budget.epsilon:g}; {max(self.budget.epsilon - spent, 0.0):.4f} is "
-                    f"left: the file trains no more under DP unless the hospital raises dp_budget "
-                    f"in its policy file (fedsplit site ledger --state-dir {self.folder} lists "
-                    f"every training). Received: {where}")
+                    f"{after - spent:.4f} more ({after:.4f}), above {limit}; "
+                    f"{max(budget.epsilon - spent, 0.0):.4f} is left: the "
+                    f"file trains no more under DP unless the hospital raises dp_budget in its "
+                    f"policy file (fedsplit site ledger --state-dir {self.folder} lists every "
+                    f"training). Received: {where}")
             mine = entry.history(self.run_id)
             run_spent = compose_epsilon(mine, plan.delta)
             run_after = compose_epsilon([*mine, this], plan.delta)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -87,8 +88,8 @@ def stage(run: sv.SurvivalRun, tables: dict[str, Any], out: Path) -> sv.Survival
     for i, frame in enumerate(tables.values()):
         folder = out / "sites" / f"site-{i}"
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.iterdir():
-            stale.unlink()
+        for stale in folder.iterdir():  # a simulated hospital is made anew: its state too
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         frame.to_csv(folder / "data.csv", index=False)
     return replace(run, data_dir=str(out / "sites"), out_dir=str(out),
                    site_names=tuple(tables), min_nodes=len(tables))

@@ -49,7 +49,7 @@ def test_budget_stop_after_planned_rounds(tmp_path) -> None:
     assert spent_all == sorted(spent_all) and spent_all[-1] <= 1.0
     one = (plan.noise_multiplier, plan.sample_rate, plan.steps_per_round)
     assert spent_all[-1] == pytest.approx(compose_epsilon([one] * 5, plan.delta))
-    with pytest.raises(PrivacyBudgetError, match=r"stops training.*above the run's budget"):
+    with pytest.raises(PrivacyBudgetError, match=r"refuses to train.*above the run's epsilon of 1"):
         account.charge(plan, 6)
 
 
