@@ -240,6 +240,15 @@ def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
     check_own_labels(policy, name, cfg.target, len(counts), len(counts) - len(named),
                      settings.min_category_count)
     if not schema:  # its own report's schema (what it would agree on alone)
+        if counts and not named:
+            raise ConfigError(
+                f"every class label of {cfg.target!r} is held by fewer than "
+                f"{settings.min_category_count} rows here (the hospital's minimum count: the "
+                f"larger of its policy's min_category_count and the run's min-category-count), "
+                f"so it names none and, alone, has no row to train on: give it more rows, or "
+                f"lower min_category_count in its policy file if naming smaller groups is safe. "
+                f"Received: {len(counts)} label(s), the largest held by {max(counts.values())} "
+                f"row(s)")
         schema = merge_reports([column_report(name, rows, settings)], cfg.table_settings,
                                task=task or "auto", max_labels=policy.max_labels
                                ).schema.to_json()

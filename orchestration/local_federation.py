@@ -386,6 +386,7 @@ class LocalFederation:
             if self.procs[SUPERLINK].poll() is not None:
                 raise FlowerRunError(f"The SuperLink exited (code {self.procs[SUPERLINK].returncode}); "
                                      f"see {self.logs / 'superlink.log'}. Received: SuperLink down")
+            self.check_front_proxy()
             self._check_sites()
             coordinator = self.procs[COORDINATOR]
             run_proc = self.procs[RUN]
