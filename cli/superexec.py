@@ -1,9 +1,13 @@
-"""``fedsplit superexec``: the coordinator's Flower SuperExec, running only fedsplit's own app.
+"""``fedsplit superexec``: a Flower SuperExec that runs only the apps this installation trusts.
 
-It is ``flower-superexec`` (every argument passes through) started with the checking launchers
-of `orchestration.app_trust` first on its PATH: the ServerApp of a run whose FAB is not the app
-this installation builds is refused before any of it is installed or imported (one line in this
-log). ``fedsplit up`` and the compose coordinator start it; run it the same way by hand.
+It is ``flower-superexec`` (every other argument passes through) started with the checking
+launchers of `orchestration.app_trust` first on its PATH: a run whose FAB is not an app this
+installation of fedsplit builds (or one the hospital's policy lists in ``trusted_apps``) is
+refused before any of it is installed or imported, in one line of this process's log.
+
+- The coordinator's (``fedsplit up``, the compose ``coordinator``): runs the ServerApp.
+- A hospital's ClientApp runner when its agent uses ``--isolation process`` (the compose
+  ``hospital-N-clientapp``): ``--name`` is the hospital, ``--policy`` its policy file.
 """
 
 from __future__ import annotations
@@ -20,21 +24,28 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 def superexec(
     ctx: typer.Context,
-    flwr_home: Annotated[Path | None, typer.Option(help="The coordinator's Flower state folder "
-                                                        "(default: $FLWR_HOME, else ~/.flwr).")] = None,
+    flwr_home: Annotated[Path | None, typer.Option(help="Its Flower state folder (default: "
+                                                        "$FLWR_HOME, else ~/.flwr).")] = None,
+    name: Annotated[str, typer.Option(help="Whose it is: coordinator, or the hospital's name "
+                                           "(named in every refusal).")] = "coordinator",
+    policy: Annotated[Path | None, typer.Option(help="A hospital's policy file: its "
+                                                     "trusted_apps are trusted too.")] = None,
 ) -> None:
-    """Run flower-superexec (its arguments after these) that runs only fedsplit's own app."""
+    """Run flower-superexec (its own arguments follow) that runs only trusted apps."""
     from fedsplit.orchestration.app_trust import prepare_home, trusted_env
     from fedsplit.orchestration.flower_runtime import flower_env, tool
+    from fedsplit.protocol.site_policy import SitePolicy
 
+    extra = {d: "trusted by this hospital's policy" for d in SitePolicy.load(policy).trusted_apps}
     home = (flwr_home or Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr")).resolve()
-    trust = prepare_home(home, "coordinator")
+    trust = prepare_home(home, name, extra)
     env = trusted_env(flower_env(home), home)
-    console.print(f"coordinator SuperExec: runs only {', '.join(sorted(trust.apps.values()))} "
+    console.print(f"{name} SuperExec: runs only {', '.join(sorted(set(trust.apps.values())))} "
                   f"({home})")
     command = tool("flower-superexec")
     os.execve(command, [command, *ctx.args], env)
 
 
 #: every argument it does not know goes to flower-superexec as it is
-superexec.context_settings = {"allow_extra_args": True, "ignore_unknown_options": True}  # type: ignore[attr-defined]
+superexec.context_settings = {"allow_extra_args": True,  # type: ignore[attr-defined]
+                              "ignore_unknown_options": True}

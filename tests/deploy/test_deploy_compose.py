@@ -78,7 +78,12 @@ def flower_help(script: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def check_command(command: list[str], helps: dict[str, str]) -> None:
-    if command[0] == "fedsplit":
+    if command[:2] == ["fedsplit", "superexec"]:  # its own options, then flower-superexec's
+        known = {opt for p in fedsplit_command(["superexec"]).params for opt in p.opts}
+        for flag in (a for a in command if a.startswith("--")):
+            assert flag in known or flag in helps["flower-superexec"], \
+                f"fedsplit superexec has no flag {flag}, nor has flower-superexec"
+    elif command[0] == "fedsplit":
         check_fedsplit_options(command[1:])
     elif command[0] in FLOWER_SCRIPTS:
         for flag in (a for a in command if a.startswith("--")):
@@ -109,6 +114,18 @@ def test_compose_services_volumes_ports(helps: dict[str, str]) -> None:
     assert expected <= set(services)
     volumes = {f"{h}-data" for h in HOSPITALS} | {"coordinator-out", "superlink-state"}
     assert volumes <= set(compose["volumes"])
+
+    # issue 40: every process that runs an app is fedsplit superexec (only trusted FABs run);
+    # a hospital's runner is named for it and shares the agent's state volume (ledger, egress)
+    assert services["coordinator"]["command"][:2] == ["fedsplit", "superexec"]
+    for hospital in HOSPITALS:
+        runner = services[f"{hospital}-clientapp"]["command"]
+        assert runner[:2] == ["fedsplit", "superexec"]
+        assert runner[runner.index("--name") + 1] == hospital
+        agent = services[hospital]["command"]
+        state = agent[agent.index("--state-dir") + 1]
+        for name in (hospital, f"{hospital}-clientapp"):
+            assert f"{hospital}-state:{state}" in services[name]["volumes"]
 
     link = services["superlink"]["command"]
     assert link[0] == "flower-superlink" and "--disable-runtime-dependency-installation" in link
