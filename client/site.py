@@ -255,7 +255,7 @@ def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
     else:
         check_federation_labels(policy, name, _label_count(schema), "the agreed schema")
     train, val = _encoded(str(path), cfg.val_fraction, cfg.seed, schema, named)
-    return SiteData(name, train, val)
+    return _enough_rows(node_config, SiteData(name, train, val))
 
 
 @lru_cache(maxsize=8)
@@ -263,15 +263,36 @@ def _label_count(schema_json: str) -> int:
     return len(Schema.from_json(schema_json).labels)
 
 
+def _enough_rows(node_config: dict[str, Any], site: SiteData) -> SiteData:
+    """Refuse (policy ``min_rows``) a split that leaves fewer rows on either side than the
+    hospital lets any reported number describe: a run config whose ``val-fraction`` leaves one
+    training row would have its feature sums be that patient's values, and one held-out row its
+    accuracy that patient's label."""
+    from fedsplit.client.policy.paths import hospital_policy
+    from fedsplit.protocol.site_policy import PolicyRefusal
+
+    least = hospital_policy(node_config).min_rows
+    small = [f"{what} {len(rows)}" for what, rows in (("training", site.train),
+                                                       ("held-out", site.val)) if len(rows) < least]
+    if small:
+        raise PolicyRefusal(
+            f"hospital {site.name} reports nothing computed on fewer than {least} patients "
+            f"(its policy's min_rows), and this split leaves {' and '.join(small)} rows: the run "
+            f"must leave at least {least} rows on each side (its val-fraction), or the hospital "
+            f"needs more rows. Received: {len(site.train)} training, {len(site.val)} held-out rows")
+    return site
+
+
 def _capped(node_config: dict[str, Any], site: SiteData) -> SiteData:
-    """Refuse (policy ``max_labels``) a site whose own data holds too many class labels."""
+    """Refuse (policy ``max_labels``) a site whose own data holds too many class labels, or too
+    few rows (`_enough_rows`)."""
     if site.train.task == "classification" and np.ndim(site.train.y) == 1:
         from fedsplit.client.policy.labels import check_own_labels
         from fedsplit.client.policy.paths import hospital_policy
 
         labels = len(np.union1d(np.unique(site.train.y), np.unique(site.val.y)))
         check_own_labels(hospital_policy(node_config), site.name, "y", labels, 0, 1)
-    return site
+    return _enough_rows(node_config, site)
 
 
 _READ: dict[tuple[str, str, str], Dataset | None] = {}

@@ -14,6 +14,7 @@ The file is TOML (or JSON, by its suffix)::
     run_kinds = ["horizontal", "vertical", "survival"]
     recipes = ["builtin"]              # built-in models, plus this hospital's own --recipe
     min_category_count = 5             # categories and class labels held by fewer are never named
+    min_rows = 5                       # nothing computed on fewer patients leaves (train or held-out)
     rare_labels = "withhold"           # or "refuse": a rare class label stops the run here
     max_labels = 100                   # more distinct class labels in a run: refused
     allow_plain_training = true        # false: every training must be DP-SGD (patient level)
@@ -80,6 +81,7 @@ class SitePolicy(BaseModel):
     run_kinds: tuple[Literal["horizontal", "vertical", "survival"], ...] = RUN_KINDS
     recipes: tuple[str, ...] = (BUILTIN,)
     min_category_count: int = Field(5, ge=1, le=10_000)
+    min_rows: int = Field(5, ge=1, le=1_000_000)
     rare_labels: Literal["withhold", "refuse"] = "withhold"
     max_labels: int = Field(100, ge=2, le=100_000)
     allow_plain_training: bool = True

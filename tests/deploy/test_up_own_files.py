@@ -161,7 +161,7 @@ def test_each_hospital_trains_on_its_own_file_named_and_fingerprinted(
     east = own_recipe.write_hospital(tmp_path / "east.h5", 30, seed=1)
     table = tmp_path / "north.csv"
     # five rows per label: a hospital names no class label held by fewer (its policy's default)
-    table.write_text("age,target\n" + "".join(f"{40 + i},{i % 2}\n" for i in range(20)))
+    table.write_text("age,target\n" + "".join(f"{40 + i},{i % 2}\n" for i in range(30)))
     # the table is read by the table reader (the recipe's reader declines it): two readers, one run
     code = up_cli(tmp_path, "--site", f"east={east}", "--site", f"north={table}", "--recipe", RECIPE,
                   "--recipe-params", '{"width": 4}')
@@ -172,7 +172,7 @@ def test_each_hospital_trains_on_its_own_file_named_and_fingerprinted(
     cfg = federation.cfg
     assert cfg.min_nodes == 2
     fingerprint = json.loads(cfg.data_fingerprint)
-    assert fingerprint["north"]["rows"] == 20 and fingerprint["north"]["columns"] == 2
+    assert fingerprint["north"]["rows"] == 30 and fingerprint["north"]["columns"] == 2
     assert fingerprint["east"]["rows"] == 30 and len(fingerprint["east"]["sha256"]) == 64
     assert "done" in capsys.readouterr().out
 

@@ -115,8 +115,8 @@ def test_what_the_pre_flight_read_is_not_kept(own_recipe, tmp_path: Path) -> Non
     from fedsplit.client import site as client_site
     from fedsplit.orchestration.site_agent import forget_reads
 
-    data = own_recipe.write_hospital(tmp_path / "east.h5", 20, seed=4)
-    assert read_site_data(data, "east", recipe=RECIPE) == (20, data)
+    data = own_recipe.write_hospital(tmp_path / "east.h5", 30, seed=4)
+    assert read_site_data(data, "east", recipe=RECIPE) == (30, data)
     assert client_site._READ
     forget_reads()
     assert not client_site._READ and client_site._load.cache_info().currsize == 0
