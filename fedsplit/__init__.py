@@ -11,6 +11,12 @@ exposes only the name ``fedsplit`` (hatch ``dev-mode-exact``), and import-linter
 ``fedsplit.*`` from the checkout as it is. Each package refuses to be imported under its bare
 folder name (``protocol`` rather than ``fedsplit.protocol``), which would load every file a
 second time as another module.
+
+Python started in the folder that holds a clone named ``fedsplit`` finds the clone's folder (no
+``__init__.py``) before the editable install's import hook and makes an empty namespace package
+``fedsplit`` of it. The first package imported under it then runs this file into that module
+and points its ``__path__`` at this folder (the ``except ImportError`` in each package's
+``__init__``), so ``python -c "from fedsplit.client.models import ..."`` works there too.
 """
 
 from __future__ import annotations
