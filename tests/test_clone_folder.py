@@ -25,7 +25,8 @@ PROBE = (
     "from fedsplit.protocol import ConfigError as again\n"
     "model = build_model('mlp/classification/4/2/8', seed=0)\n"
     "print(json.dumps({'file': fedsplit.__file__, 'packages': list(fedsplit.PACKAGES),\n"
-    "                  'one_class': ConfigError is again, 'params': sum(p.numel() for p in model.parameters()),\n"
+    "                  'one_class': ConfigError is again,\n"
+    "                  'params': sum(p.numel() for p in model.parameters()),\n"
     "                  'bare': sorted(m for m in sys.modules if m.split('.')[0] in fedsplit.PACKAGES)}))\n"
 )
 
