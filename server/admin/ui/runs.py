@@ -145,6 +145,12 @@ class FlowerRun:
     cox: CoxView | None = None
     #: what a vertical run shows (None: a horizontal run or a survival analysis)
     vertical: VerticalView | None = None
+    #: the round whose model the run keeps (``global.h5``; `protocol.history.Selection`, chosen
+    #: again as each round is recorded), its rule (``best-val`` or ``last``) and metric; None:
+    #: no round kept yet
+    kept_round: int | None = None
+    keep: str | None = None
+    keep_metric: str | None = None
 
     @property
     def kind(self) -> str:
@@ -184,6 +190,18 @@ class FlowerRun:
     def round(self, number: int) -> FlowerRound | None:
         """Round ``number``, if recorded."""
         return next((r for r in self.rounds if r.number == number), None)
+
+    def kept_score(self, metric: str | None) -> float | None:
+        """The score a run is listed with: ``metric`` of the kept round's model on the test
+        split (``summary.json``), else in the federated evaluation. None for a failed run (its
+        rounds' scores are still on its page) and while no round is kept."""
+        if self.status == "failed" or metric is None or self.kept_round is None:
+            return None
+        rnd = self.round(self.kept_round)
+        if rnd is None:
+            return None
+        value = rnd.test_metrics.get(metric, rnd.metrics.get(metric))
+        return value if isinstance(value, int | float) else None
 
     def model_path(self, number: int) -> Path:
         """Where round ``number``'s model is (it may not exist)."""
@@ -374,6 +392,9 @@ def load_run(name: str, path: Path) -> FlowerRun | None:
         ))
     rounds.sort(key=lambda r: r.number)
     total = config.get("num-server-rounds")
+    selection = history.selection
+    kept = selection.rounds_kept if selection is not None else (
+        summary.federated.rounds_kept if summary is not None and summary.federated else None)
     return FlowerRun(
         run_id=run_id_of(path), name=name, path=path.resolve(),
         status=history.status or "unknown",
@@ -383,7 +404,9 @@ def load_run(name: str, path: Path) -> FlowerRun | None:
         started_at=history.started_at, finished_at=history.finished_at,
         error=history.error or None,
         rounds=rounds, config=config, summary=summary, resumed=list(history.resumed),
-        mtime=(path / HISTORY).stat().st_mtime, km=read_km(path),
+        mtime=(path / HISTORY).stat().st_mtime, km=read_km(path), kept_round=kept,
+        keep=selection.keep if selection is not None else None,
+        keep_metric=selection.metric if selection is not None else None,
     )
 
 
