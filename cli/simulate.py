@@ -19,6 +19,25 @@ from fedsplit import aggregation
 console = Console()
 
 
+def round_status(history: RunRecord) -> str:
+    """The progress bar's status: the headline scores of the newest round that trained a model
+    (naming it when a later round trained none), or that no round has yet. A round that
+    trained nothing is evaluated on the model it started from: its score is not shown."""
+    evaluated = [r for r in history.rounds if r.evaluate is not None]
+    if not evaluated:
+        return ("Flower: agreeing on the schema and the first model" if not history.rounds
+                else f"training round {history.rounds[-1].round}")
+    trained = [r for r in evaluated if r.model is not None]
+    if not trained:
+        return f"no model trained yet ({len(evaluated)} round(s) trained nothing)"
+    newest = trained[-1]
+    shown = ", ".join(f"{k}={v:.3f}" for k, v in scalars(newest.evaluate.metrics).items()
+                      if k in ("accuracy", "r2", "loss"))
+    if newest.round != evaluated[-1].round:
+        return f"round {evaluated[-1].round} trained nothing; round {newest.round}: {shown}"
+    return shown
+
+
 def print_summary(summary: RunSummary) -> None:
     """Print each model's score on every hospital's test patients, their mean and the pooled test."""
     tuned = summary.personalized
@@ -224,17 +243,15 @@ def simulate(
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=console) as progress:
-        bar = progress.add_task("rounds", total=rounds, status="starting Flower")
+        bar = progress.add_task("rounds", total=rounds, status="reading the hospitals' files")
 
         def on_progress(history: RunRecord) -> None:
-            done = [r.evaluate for r in history.rounds if r.evaluate is not None]
-            status = "agreeing on the model" if not done else ", ".join(
-                f"{k}={v:.3f}" for k, v in scalars(done[-1].metrics).items()
-                if k in ("accuracy", "r2", "loss"))
-            progress.update(bar, completed=len(done), status=status)
+            progress.update(bar, completed=sum(1 for r in history.rounds if r.evaluate is not None),
+                            status=round_status(history))
 
         summary = run_simulation(exp, on_progress=on_progress,
-                                 on_stage=lambda msg: progress.console.print(f"[dim]{msg}[/]"))
+                                 on_stage=lambda msg: progress.console.print(f"[dim]{msg}[/]"),
+                                 on_phase=lambda name: progress.update(bar, status=name))
         progress.update(bar, completed=rounds, status="done")
     print_summary(summary)
     dp_spec = DPSpec.parse(cfg.dp)

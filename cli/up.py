@@ -38,6 +38,8 @@ def round_line(entry: RoundEntry, total: int) -> str:
     names = ([k for k in metrics if k in ("accuracy", "loss", "r2")] if builtin
              else [k for k in metrics if not k.startswith("c_")][:3])
     shown = ", ".join(f"{k}={metrics[k]:.4f}" for k in names)
+    if shown and entry.model is None and entry.trained:  # scored the model it started from
+        shown = "no model trained: no score"
     parts = [f"round {entry.round}/{total}", f"{len(used)} hospitals", shown or "no evaluation"]
     if entry.error is not None:
         parts.append(f"[yellow]{entry.error}[/]")

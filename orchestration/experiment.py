@@ -544,7 +544,8 @@ def check_attack(attack: str, attackers: int, num_sites: int) -> list[int]:
     return hostile
 
 
-def stage_sites(exp: Experiment) -> tuple[RunConfig, list[SiteTable], list[SiteTable]]:
+def stage_sites(exp: Experiment, on_phase: Callable[[str], None] | None = None,
+                ) -> tuple[RunConfig, list[SiteTable], list[SiteTable]]:
     """Write each joining hospital's training rows under OUT/sites/site-i; return the run config
     (with the hospitals' names and their data's fingerprint), the hospitals that join and all
     hospitals (left-out ones keep their test patients, scored like the others').
@@ -552,7 +553,10 @@ def stage_sites(exp: Experiment) -> tuple[RunConfig, list[SiteTable], list[SiteT
     The schema merge the hospitals will run is checked first (a conflict raises `ConfigError`).
     With ``resume`` on, an unfinished run in OUT/federation whose configuration or site data
     differ is refused here (`ResumeMismatchError`), before any Flower process starts.
+    ``on_phase`` gets the name of each step before Flower as it starts (`PHASES`).
     """
+    phase = on_phase or (lambda _name: None)
+    phase(PHASES[0])
     out = exp.out.resolve()
     cfg = exp.cfg
     if exp.dataset == HEART:
@@ -572,7 +576,9 @@ def stage_sites(exp: Experiment) -> tuple[RunConfig, list[SiteTable], list[SiteT
         raise ConfigError(f"--norm {cfg.norm} adds BatchNorm after the MLP's hidden layers; this "
                           f"data trains the cnn, which has none. Use --norm none. "
                           f"Received: norm={cfg.norm!r}, model cnn")
+    phase(PHASES[1])
     check_schema(joined, cfg)
+    phase(PHASES[2])
     files = {t.name: write_site(t.train, out / "sites" / f"site-{i}", cfg.target)
              for i, t in enumerate(joined)}
     cfg = cfg.model_copy(update={
@@ -591,22 +597,33 @@ def stage_sites(exp: Experiment) -> tuple[RunConfig, list[SiteTable], list[SiteT
     return cfg, joined, tables
 
 
+#: What `fedsplit simulate` does before Flower starts, step by step (its progress bar's status):
+#: reading every hospital's file, the schema merge the hospitals will run (a conflict stops
+#: here), writing each hospital's rows where its agent reads them; then Flower starts.
+PHASES = ("reading the hospitals' files", "schema agreement (before Flower)",
+          "writing each hospital's rows", "starting Flower")
+
+
 def run_experiment(
     exp: Experiment,
     *,
     on_progress: Callable[[RunRecord], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """Run the federation and the baselines; write summary.json (`RunSummary`) and rounds.png
     into ``exp.out``; return the summary.
 
-    ``on_progress`` gets the coordinator's run record each time it is rewritten."""
+    ``on_progress`` gets the coordinator's run record each time it is rewritten; ``on_stage``
+    a line for each stage; ``on_phase`` the name of each step before Flower (`PHASES`)."""
     stage = on_stage or (lambda _msg: None)
     budget = parse_budget(exp.personalize)  # a bad value stops before Flower starts
     scope = resolve_scope(budget or 1, exp.personalize_scope)
     out = exp.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    cfg, joined, everyone = stage_sites(exp)
+    cfg, joined, everyone = stage_sites(exp, on_phase)
+    if on_phase is not None:
+        on_phase(PHASES[3])
     stage(f"federation: {len(joined)} hospitals ({', '.join(t.name for t in joined)}), "
           f"{cfg.strategy}{'' if cfg.server_opt == 'none' else ' + ' + cfg.server_opt}, "
           f"{cfg.num_server_rounds} rounds")
@@ -800,6 +817,7 @@ def run_simulation(
     *,
     on_progress: Callable[[RunRecord], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """``fedsplit simulate``: `run_experiment` with one torch thread per process (the cores are
     shared with the simulated hospitals); under ``dp``, then the summary's privacy section and
@@ -807,7 +825,7 @@ def run_simulation(
     import torch
 
     torch.set_num_threads(1)
-    summary = run_experiment(exp, on_progress=on_progress, on_stage=on_stage)
+    summary = run_experiment(exp, on_progress=on_progress, on_stage=on_stage, on_phase=on_phase)
     if exp.cfg.dp:
         from fedsplit.orchestration.privacy_audit import add_privacy
 
