@@ -218,9 +218,10 @@ def simulate(
     ] = "auto",
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
-    from fedsplit.orchestration.experiment import Experiment, run_simulation
-    from fedsplit.protocol.privacy import DPSpec
+    from fedsplit.orchestration.site_files import check_site_files
+    from fedsplit.protocol.recipe import parse_params
 
+    parse_params(recipe_params)  # not JSON: one line naming --recipe-params and the value
     # RunConfig and Experiment check every option against the others (a ConfigError says which)
     cfg = RunConfig.from_flower(dict(
         num_server_rounds=rounds, strategy=strategy,
@@ -237,6 +238,10 @@ def simulate(
         min_category_count=min_category_count, dp=dp, secure_aggregation=secure_aggregation,
         recipe=recipe, recipe_params=recipe_params,
     ))
+    check_site_files(site or [])  # a missing file at any hospital: one line, before torch loads
+    from fedsplit.orchestration.experiment import Experiment, run_simulation
+    from fedsplit.protocol.privacy import DPSpec
+
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [], num_sites=sites,
                      partition=partition, test_fraction=test_fraction, leave_out=leave_out or [],
                      personalize=personalize, personalize_scope=personalize_scope)

@@ -62,6 +62,15 @@ def run(
                                                         "FLWR_HOME/state).")] = None,
 ) -> None:
     """Run this hospital's agent: a Flower SuperNode with fedsplit's ClientApp."""
+    from fedsplit.protocol.recipe import parse_params
+
+    parse_params(recipe_params)  # not JSON: one line naming --recipe-params and the value
+    if recipe_params.strip() not in ("", "{}") and not recipe:
+        from fedsplit.protocol.errors import ConfigError
+
+        raise ConfigError("--recipe-params are this hospital's own recipe's parameters: give the "
+                          "recipe with --recipe (the run's recipe takes the run's parameters). "
+                          f"Received: --recipe-params {recipe_params!r} without --recipe")
     from fedsplit.orchestration.site_agent import run_agent
 
     run_agent(superlink, data, root_cert=root_cert, key=key, insecure=insecure, name=name,

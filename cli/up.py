@@ -131,8 +131,10 @@ def up(
                                                     "default 0, 0.01 for tcga-brca).")] = None,
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
-    from fedsplit.orchestration.up import UpPlan, left_out_failure, run_up
+    from fedsplit.orchestration.site_files import own_sites
+    from fedsplit.protocol.recipe import parse_params
 
+    parse_params(recipe_params)  # not JSON: one line naming --recipe-params and the value
     if site:
         given = [f"--{name}" for name in ("dataset", "sites", "partition")
                  if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
@@ -145,9 +147,11 @@ def up(
                               "their own agents (fedsplit site run --data FILE). Received: --site "
                               f"with --superlink {superlink}")
         sites = len(site)
+        own_sites(site)  # a missing file at any hospital: one line, before torch or a process
 
     from fedsplit.orchestration.datasets import table_keys
     from fedsplit.orchestration.survival_summary import up_dataset, up_report
+    from fedsplit.orchestration.up import UpPlan, left_out_failure, run_up
 
     survival = up_dataset(dataset, site)  # tcga-brca: its regions as hospitals, FLamby's columns
     sites = survival.sites if survival.sites is not None else sites

@@ -91,6 +91,34 @@ def effective_recipe(node_config: dict[str, Any], cfg: RunConfig, data_kind: str
     return builtin_for_data(cfg.model, data_kind, hidden=cfg.hidden_widths, norm=cfg.norm)
 
 
+def recipe_line(cfg: RunConfig, data_kind: str | None = None,
+                node_config: dict[str, Any] | None = None, *, load: bool = True) -> str:
+    """Which model the hospitals train, for a command's start line: ``recipe REF (NAME version
+    V, params {...})`` (a user's recipe, or the survival task's Cox recipe), else ``built-in MLP
+    (hidden 64-32)`` or ``built-in CNN`` for ``data_kind`` (``mlp``: tables), or, with no data
+    kind known yet, both built-ins by each hospital's data. ``load`` False: a user's recipe is
+    named by its reference and parameters only (its code may be installed at the hospitals
+    alone)."""
+    node = node_config or {}
+    if not load and (ref := str(node.get("recipe") or cfg.recipe or "")):
+        params = str(node.get("recipe-params") or "") if node.get("recipe") else cfg.recipe_params
+        return f"recipe {ref} (params {params or '{}'})"
+    recipe = site_recipe(node, cfg)
+    if recipe is not None:  # a user's recipe, or the survival task's Cox recipe
+        ref = str(node.get("recipe") or cfg.recipe or COX_RECIPE)
+        return (f"recipe {ref} ({recipe.identity.label()}, params "
+                f"{json.dumps(recipe.identity.params, sort_keys=True)})")
+    if data_kind is None:
+        return "built-in model by each hospital's data (MLP for tables, CNN for images)"
+    ident = effective_recipe(node, cfg, data_kind).identity
+    if ident.name == "mlp":
+        hidden = "-".join(str(h) for h in ident.params.get("hidden", []))
+        norm = ident.params.get("norm", "none")
+        shape = f"hidden {hidden}" if hidden else "no hidden layer"
+        return f"built-in MLP ({shape}{'' if norm == 'none' else ', norm ' + norm})"
+    return f"built-in {ident.name.upper()}"
+
+
 def raw_data_path(node_config: dict[str, Any], cfg: RunConfig) -> Path:
     """This node's data as configured (a file or a folder): node config ``data-path``, else
     ``DATA_DIR/site-<partition-id>/``."""

@@ -23,7 +23,6 @@ when a likelihood-ratio test on its own rows says its label mix differs.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from fedsplit.client.failures import hospital_stage
 from fedsplit.client.models import SiteModel, build_model, load_model, recipe_of
 from fedsplit.client.policy.paths import STATE_FOLDER
 from fedsplit.client.recipes import ModelInputs
-from fedsplit.client.site import effective_recipe, site_recipe, split_site
+from fedsplit.client.site import effective_recipe, recipe_line, site_recipe, split_site
 from fedsplit.client.survival import tcga
 from fedsplit.client.train import (
     fit_steps,
@@ -68,7 +67,9 @@ from fedsplit.orchestration.flower_runtime import simulation
 from fedsplit.orchestration.personalize import ALONE, PRIOR, parse_budget, personalize, resolve_scope
 from fedsplit.orchestration.plots import plot_rounds
 from fedsplit.orchestration.selection import BestRound
+from fedsplit.orchestration.site_files import SiteSource, check_site_files, parse_site
 from fedsplit.orchestration.survival_baselines import exact_baseline, fitted_exactly
+from fedsplit.protocol.column_sets import check_table_columns
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, HospitalFailure
 from fedsplit.protocol.history import (
@@ -91,37 +92,6 @@ from fedsplit.protocol.update import arrays_to_state_dict
 from fedsplit.protocol.weights import read_schema
 from fedsplit.server.compose import check_composition
 from fedsplit.server.history import find_resume_point
-
-SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-@dataclass(frozen=True)
-class SiteSource:
-    """A ``--site`` argument: the hospital's name, its file, and optionally its test file."""
-
-    name: str
-    train: Path
-    test: Path | None = None
-
-
-def parse_site(arg: str | Path | SiteSource) -> SiteSource:
-    """``PATH``, ``NAME=PATH`` or ``NAME=TRAIN:TEST`` -> `SiteSource` (name: the file stem)."""
-    if isinstance(arg, SiteSource):
-        return arg
-    text = str(arg)
-    name, sep, rest = text.partition("=")
-    if not sep:
-        name, rest = "", text
-    train, colon, test = rest.partition(":")
-    if not train or (colon and not test):
-        raise ConfigError(f"--site is PATH, NAME=PATH or NAME=TRAIN.csv:TEST.csv. Received: {text!r}")
-    source = SiteSource(name or Path(train).stem, Path(train), Path(test) if test else None)
-    if not SITE_NAME.match(source.name):
-        raise ConfigError(
-            f"A hospital name is 1-64 letters, digits, '_', '.' or '-' (starting with a letter or "
-            f"digit); name it with --site NAME=PATH. Received: {source.name!r}"
-        )
-    return source
 
 
 @dataclass
@@ -234,11 +204,6 @@ def _read_site(source: SiteSource, cfg: RunConfig) -> tuple[Any, Any]:
     """A ``--site`` hospital's rows (and its test file's), read as its agent reads them: the
     recipe's own reader first (image folders, signal files), else a table or NPZ. Any failure
     is named with the hospital (`HospitalFailure`, stage "reading its data")."""
-    for path in (source.train, source.test):
-        if path is not None and not path.exists():
-            raise HospitalFailure(source.name, "reading its data",
-                                  f"data file {path} does not exist",
-                                  "Check the path given with --site NAME=FILE")
     recipe = site_recipe({}, cfg)  # a recipe's own reader (image folders, arrays) comes first
     with hospital_stage(source.name, "reading its data"):
         if (train := read_with_recipe(recipe, source.train)) is not None:
@@ -293,7 +258,8 @@ def prepare_tables(exp: Experiment) -> list[SiteTable]:
         return _checked(tables)
     if not exp.site_files:
         raise ConfigError("Give --dataset NAME or at least one --site FILE. Received: neither")
-    sources = [parse_site(s) for s in exp.site_files]
+    # every hospital's file present and readable, all named in one line, before any is read
+    sources = check_site_files(exp.site_files)
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise ConfigError(f"Every hospital needs its own name; name them with --site NAME=PATH. "
@@ -328,6 +294,8 @@ def check_schema(tables: Sequence[SiteTable], cfg: RunConfig) -> tuple[Schema, l
     if not tables or not tables[0].is_table:
         return None
     task = cfg.task
+    # hospitals whose columns differ: the odd one(s) against the majority, both sides named
+    check_table_columns({t.name: list(t.train.columns) for t in tables}, cfg.table_settings)
     if cfg.event:  # every hospital's time and event columns (its whole file: training and
         # test rows), all problems in one refusal
         import pandas as pd
@@ -625,6 +593,7 @@ def run_experiment(
     if on_phase is not None:
         on_phase(PHASES[3])
     stage(f"federation: {len(joined)} hospitals ({', '.join(t.name for t in joined)}), "
+          f"{recipe_line(cfg, 'mlp' if joined[0].is_table else joined[0].train.kind)}, "
           f"{cfg.strategy}{'' if cfg.server_opt == 'none' else ' + ' + cfg.server_opt}, "
           f"{cfg.num_server_rounds} rounds")
     fed_dir = out / "federation"

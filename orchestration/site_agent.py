@@ -291,10 +291,12 @@ def run_agent(superlink: str, data: Path, *, root_cert: Path | None = None,
                             recipe=recipe, recipe_params=recipe_params if recipe else "",
                             hospital={NODE_POLICY: str(policy or ""), NODE_STATE_DIR: str(state),
                                       NODE_COORDINATOR: coordinator})
+    model = (f"recipe {recipe} ({impl.identity.label()})" if impl is not None
+             else "the run's recipe or built-in model (no --recipe of its own)")
     fedsplit_app = next((d for d, label in trust.apps.items() if label.endswith("horizontal app")), "")
     on_start(f"{site_name}: SuperNode -> {superlink} ({'TLS' if root_cert else 'insecure'}"
              f"{', node auth' if key else ''}); data {data_file} ({rows} rows); "
-             f"{f'recipe {impl.identity.label()}; ' if impl else ''}trains on {describe_device()}; "
+             f"{model}; trains on {describe_device()}; "
              f"policy {policy or 'defaults'}; state {state}; runs only apps it trusts "
              f"({len(trust.apps)}, fedsplit's sha256 {fedsplit_app[:12]}...)")
     supervise(cmd, env, max_restarts=max_restarts, name=site_name)

@@ -19,20 +19,23 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from fedsplit.client.site import recipe_line
 from fedsplit.client.survival.tcga import DATASET as TCGA
-from fedsplit.orchestration.experiment import SiteSource, _left_out, parse_site, prepare_partitions
+from fedsplit.orchestration.experiment import SiteSource, _left_out, prepare_partitions
 from fedsplit.orchestration.fingerprint import fingerprint_file
 from fedsplit.orchestration.flower_runtime import CONNECT_TIMEOUT_S, attach
 from fedsplit.orchestration.local_federation import LocalFederation, Site, check_trained
 from fedsplit.orchestration.site_agent import forget_reads, read_site_data
+from fedsplit.orchestration.site_files import HEADER_SUFFIXES, own_sites, table_columns
 from fedsplit.orchestration.survival_summary import tcga_partitions
+from fedsplit.protocol.column_sets import check_table_columns
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError, HospitalFailure
+from fedsplit.protocol.errors import HospitalFailure
 from fedsplit.protocol.history import HISTORY_FILE, RunRecord
 from fedsplit.server.compose import check_composition
 from fedsplit.server.history import find_resume_point
@@ -60,30 +63,6 @@ class UpPlan:
 
 #: What `fingerprint_file` reads itself; any other file (or a folder) is hashed byte for byte.
 FINGERPRINTED = (".csv", ".parquet", ".pq", ".npz")
-
-
-def own_sites(site_files: Sequence[str | Path | SiteSource]) -> list[SiteSource]:
-    """The ``--site NAME=FILE`` hospitals, checked before any process starts: names unique,
-    no separate test file (each agent holds out its own evaluation rows), every file present."""
-    sources = [parse_site(s) for s in site_files]
-    for source in sources:
-        if source.test is not None:
-            raise ConfigError(
-                f"hospital {source.name}: fedsplit up trains each hospital on its whole file (its "
-                f"agent holds out val-fraction of the rows to evaluate); a separate test file is "
-                f"for fedsplit simulate. Give --site NAME=FILE. "
-                f"Received: {source.name}={source.train}:{source.test}")
-    names = [s.name for s in sources]
-    if dupes := sorted({n for n in names if names.count(n) > 1}):
-        raise ConfigError(f"Each hospital needs its own name: name them with --site NAME=FILE. "
-                          f"Received: {', '.join(dupes)} more than once")
-    for source in sources:
-        if not source.train.exists():
-            raise ConfigError(f"hospital {source.name}: data file {source.train} does not exist. "
-                              f"Give each hospital's own file with --site NAME=FILE (a CSV/Parquet "
-                              f"table, an NPZ, or what --recipe's reader reads). "
-                              f"Received: --site {source.name}={source.train}")
-    return sources
 
 
 def _sha256(path: Path) -> str:
@@ -143,7 +122,8 @@ def run_up(plan: UpPlan, *, on_progress: Callable[[RunRecord], None] | None = No
     out = Path(cfg.out_dir)
     check_composition(cfg)  # a bad strategy, parameter or secure-aggregation pairing fails here
     if plan.superlink is not None:  # the hospitals hold their own data: no fingerprint from here
-        on_stage(f"federation on {plan.superlink}: {cfg.strategy}, {cfg.num_server_rounds} rounds")
+        on_stage(f"federation on {plan.superlink}: {recipe_line(cfg, load=False)}, {cfg.strategy}, "
+                 f"{cfg.num_server_rounds} rounds")
         history = attach(cfg, plan.superlink, plan.work, root_cert=plan.root_cert,
                          on_progress=on_progress, timeout=plan.timeout,
                          connect_timeout=min(plan.connect_timeout, plan.timeout), say=say)
@@ -154,6 +134,9 @@ def run_up(plan: UpPlan, *, on_progress: Callable[[RunRecord], None] | None = No
         from fedsplit.client.recipes import load_recipe
 
         load_recipe(cfg.recipe, cfg.recipe_params)
+    headers = {s.name: table_columns(s.train) for s in sources} if not cfg.recipe else {}
+    if headers and None not in headers.values():  # tables: the odd hospital(s) named, not the
+        check_table_columns(headers, cfg.table_settings)  # first that reads differently
     if sources:  # each hospital's own file, read as its agent will (one line naming it if not)
         rows = {}
         try:
@@ -174,6 +157,8 @@ def run_up(plan: UpPlan, *, on_progress: Callable[[RunRecord], None] | None = No
         fingerprint = site_fingerprint(files, {})
         sites = [Site(n, path.parent) for n, path in files.items()]
     cfg = cfg.model_copy(update={"data_fingerprint": fingerprint})
+    tables = all(Path(p).suffix.lower() in HEADER_SUFFIXES for p in files.values())
+    model = recipe_line(cfg, "mlp" if tables else None)  # the start line names the model
     if cfg.resume:  # refuse an unfinished run on other data before starting any process
         find_resume_point(Path(cfg.out_dir), cfg.to_flower())
     federation = LocalFederation(plan.work, sites, tls=plan.tls, port=plan.port,
@@ -182,7 +167,7 @@ def run_up(plan: UpPlan, *, on_progress: Callable[[RunRecord], None] | None = No
     try:
         with federation:
             federation.start()
-            on_stage(f"federation: {len(sites)} hospitals, {cfg.strategy}, "
+            on_stage(f"federation: {len(sites)} hospitals, {model}, {cfg.strategy}, "
                      f"{cfg.num_server_rounds} rounds, quorum {cfg.quorum or len(sites)}; "
                      f"logs in {federation.logs}")
             history = federation.run(cfg, timeout=plan.timeout, on_progress=on_progress)

@@ -213,10 +213,12 @@ class RunConfig(BaseModel):
     def _json_object(cls, value: str) -> str:
         try:
             parsed = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"must be a JSON object string, e.g. '{{\"beta\": 0.2}}' ({e})") from e
+        except json.JSONDecodeError as e:  # the value received, not the whole run config
+            raise ValueError(f"must be a JSON object string, e.g. '{{\"beta\": 0.2}}' ({e}). "
+                             f"Received: {value!r}") from e
         if not isinstance(parsed, dict):
-            raise ValueError("must be a JSON object string, e.g. '{\"beta\": 0.2}'")
+            raise ValueError(f"must be a JSON object string, e.g. '{{\"beta\": 0.2}}'. "
+                             f"Received: {value!r}")
         return value
 
     @field_validator("site_names")

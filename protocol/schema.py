@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 from fedsplit.protocol.cells import FALSE_WORDS, TRUE_WORDS, na_set
+from fedsplit.protocol.column_sets import check_same_columns
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.survival_rows import SURVIVAL, read_survival
 
@@ -499,20 +500,8 @@ def merge_reports(reports: Sequence[SiteColumns], settings: TableSettings, *,
     ref = ordered[0]
     warnings: list[str] = []
     by_site = {r.site: {c.name: c for c in r.columns} for r in ordered}
-    for r in ordered[1:]:
-        for name in [c.name for c in ref.columns if c.name not in by_site[r.site]]:
-            raise ConfigError(
-                f"Hospital {r.site} has no column {name!r}, which {ref.site} has: every hospital "
-                f"needs the same columns (in any order). Add it at {r.site} (empty cells if the "
-                f"values are unknown) {_fix(name)}. Received: {r.site} columns "
-                f"{sorted(by_site[r.site])}"
-            )
-        for name in [c.name for c in r.columns if c.name not in by_site[ref.site]]:
-            raise ConfigError(
-                f"Hospital {ref.site} has no column {name!r}, which {r.site} has: every hospital "
-                f"needs the same columns (in any order). Add it at {ref.site} {_fix(name)}. "
-                f"Received: {ref.site} columns {sorted(by_site[ref.site])}"
-            )
+    # the odd hospital(s) against the majority, both sides of each difference (column_sets)
+    check_same_columns({r.site: [c.name for c in r.columns] for r in ordered})
     columns = []
     withheld: list[str] = []
     for col in ref.columns:
@@ -733,15 +722,21 @@ def encode_frame(schema: Schema, frame: Any, *, where: str, need_target: bool = 
     present = split_columns(list(frame.columns), settings, where=where,
                             need_target=need_target)
     known = {c.name for c in schema.columns}
-    if refuse_unknown and (unknown := [c for c in present if c not in known]):
+    unknown = [c for c in present if c not in known]
+    if lacking := [c.name for c in schema.columns if c.name not in present]:
+        # both sides: a column it lacks beside one the model does not know is likely a rename
+        odd = (f"; it has column(s) the model does not know: {', '.join(unknown)} (renamed? "
+               f"give them the model's names)" if unknown else "")
+        raise ConfigError(
+            f"{where} lacks column(s) the model needs: {', '.join(lacking)}{odd}. Add the "
+            f"missing column(s) (empty cells are fine when the values are unknown). Received: "
+            f"lacks {lacking}" + (f", unknown {unknown}" if unknown else "")
+            + f"; columns {present}"
+        )
+    if refuse_unknown and unknown:
         raise ConfigError(
             f"{where} has column(s) the model does not know: {', '.join(unknown)}. The model was "
             f"trained on {', '.join(sorted(known))}; drop the others. Received: {unknown}"
-        )
-    if lacking := [c.name for c in schema.columns if c.name not in present]:
-        raise ConfigError(
-            f"{where} lacks column(s) the model needs: {', '.join(lacking)} (empty cells are "
-            f"fine when the values are unknown). Received: columns {present}"
         )
     n = len(frame)
     parts: list[np.ndarray] = []

@@ -22,11 +22,12 @@ from typing import Any
 
 from fedsplit.client.data import read_table
 from fedsplit.client.survival.tcga import DATASET, EVENT, ID, TIME, load_tcga_brca
-from fedsplit.orchestration.experiment import parse_site
 from fedsplit.orchestration.flower_runtime import simulation
 from fedsplit.orchestration.plots import figure
+from fedsplit.orchestration.site_files import check_site_files
 from fedsplit.orchestration.survival_summary import km_plot
 from fedsplit.protocol import survival as sv
+from fedsplit.protocol.column_sets import check_table_columns
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.schema import column_report, merge_reports
 
@@ -45,7 +46,7 @@ def survival_tables(dataset: str | None, site_files: Sequence[str]) -> dict[str,
         if dataset != DATASET:
             raise ConfigError(f"Survival datasets: {', '.join(DATASETS)}. Received: {dataset!r}")
         return {name: train for name, (train, _test) in load_tcga_brca().items()}
-    sources = [parse_site(s) for s in site_files]
+    sources = check_site_files(site_files)  # every file present: one line naming each hospital
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise ConfigError(f"Every hospital needs its own name; name them with --site NAME=PATH. "
@@ -77,6 +78,9 @@ def dataset_columns(dataset: str | None, time_col: str | None, event_col: str | 
 
 def stage(run: sv.SurvivalRun, tables: dict[str, Any], out: Path) -> sv.SurvivalRun:
     """Check every hospital's survival columns and the schema merge; write each hospital's rows."""
+    if run.mode == "cox":  # hospitals whose columns differ: the odd one(s) and both sides named
+        check_table_columns({n: list(f.columns) for n, f in tables.items()},
+                            sv.table_settings(run))
     sv.check_hospitals(tables, run.time, run.event, run.na_values)
     if run.mode == "cox":
         settings = sv.table_settings(run)

@@ -103,5 +103,6 @@ def test_simulate_encodes_text_labels_once_and_cuts_test_rows_per_site(tmp_path:
     other.to_csv(tmp_path / "odd.csv", index=False)
     bad = Experiment(cfg=RunConfig(target="outcome"), out=tmp_path / "out",
                      site_files=[paths[0], tmp_path / "odd.csv"])
-    with pytest.raises(ConfigError, match=r"Hospital odd has no column 'b', which h0 has"):
+    with pytest.raises(ConfigError, match=r"no majority .*'b', 'c' at h0 but not at odd; 'z' "
+                                          r"at odd but not at h0"):
         prepare_sites(bad)

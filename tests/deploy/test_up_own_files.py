@@ -121,11 +121,12 @@ def test_a_missing_file_names_the_hospital_before_anything_starts(
     table = tmp_path / "west.csv"
     table.write_text("a,target\n1,0\n2,1\n")
     gone = tmp_path / "data" / "gone.h5"
-    assert up_cli(tmp_path, "--site", f"west={table}", "--site", f"east={gone}") == 2
+    assert up_cli(tmp_path, "--site", f"west={table}", "--site", f"east={gone}") == \
+        HospitalFailure.exit_code  # the same line as `fedsplit simulate`'s (site_files)
     err = capsys.readouterr().err.strip()
-    assert err == (f"ConfigError: hospital east: data file {gone} does not exist. Give each "
-                   f"hospital's own file with --site NAME=FILE (a CSV/Parquet table, an NPZ, or "
-                   f"what --recipe's reader reads). Received: --site east={gone}")
+    assert err == (f"HospitalFailure: hospital east, reading its data: data file {gone} does not "
+                   f"exist. Check the path given with --site NAME=FILE (a CSV/Parquet table, an "
+                   f"NPZ, or what --recipe's reader reads). Received: --site east={gone}")
     assert recording.made == []
 
 
@@ -353,3 +354,32 @@ def test_up_trains_on_the_hospitals_own_files_and_refuses_a_run_that_trained_not
     assert not _alive(work / "pids.json")
     print(f"fedsplit up --site (2 hospitals, own .h5 files, 1 round): trained in {trained_s:.0f} s; "
           f"the broken train_step run refused (exit 14) after {time.monotonic() - t1:.0f} s")
+
+
+def test_a_renamed_column_names_the_odd_hospital_and_the_start_line_names_the_model(
+        tmp_path: Path, recording: type[Recording], capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, items 2 and 6: the hospital that renamed a column (or the target) is named
+    with both sides before any process starts; a run's start line names the model it trains."""
+    rows = "".join(f"{40 + i},{i % 2}\n" for i in range(30))
+    files = {}
+    for name, header in (("north", "age,target"), ("south", "age,target"), ("east", "years,target"),
+                         ("west", "age,outcome")):
+        files[name] = tmp_path / f"{name}.csv"
+        files[name].write_text(f"{header}\n{rows}")
+    code = up_cli(tmp_path, *[a for n in ("north", "south", "east")
+                              for a in ("--site", f"{n}={files[n]}")])
+    assert code == ConfigError.exit_code
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ConfigError: The hospitals' columns differ: Hospital east differs from "
+                          "the majority (north, south): east lacks 'age' and has 'years' "
+                          "(renamed?)."), err
+    code = up_cli(tmp_path, *[a for n in ("north", "south", "west")
+                              for a in ("--site", f"{n}={files[n]}")])
+    assert code == ConfigError.exit_code
+    assert ("west lacks 'target' (the target, --target) and has 'outcome' (renamed?)"
+            in capsys.readouterr().err)
+    assert recording.made == []
+    code = up_cli(tmp_path, "--site", f"north={files['north']}", "--site", f"south={files['south']}")
+    assert code == 0, capsys.readouterr()
+    assert "federation: 2 hospitals, built-in MLP (hidden 64-32), fedavg, 1 rounds" in \
+        capsys.readouterr().out

@@ -104,3 +104,19 @@ def test_the_schema_travels_in_the_weight_file_and_the_strict_reader_checks_it(
         f.attrs["schema"] = '{"format": "fedsplit.schema", "version": 9}'
     with pytest.raises(WeightFileError, match="'schema' is not a valid table schema"):
         read_weights(broken)
+
+
+def test_predict_on_a_renamed_file_names_the_missing_column_and_the_likely_rename(
+        tmp_path: Path, model_file: Path, capsys) -> None:
+    """Issue 41, item 2: the expected column that is missing, and the unexpected one beside it."""
+    path = tmp_path / "renamed.csv"
+    raw_patients(10, seed=3).rename(columns={"cp": "chest_pain"}).to_csv(path, index=False)
+    code = run_guarded(app, ["predict", "--model", str(model_file), str(path),
+                             "-o", str(tmp_path / "out.csv")])
+    assert code == ConfigError.exit_code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert ("lacks column(s) the model needs: cp; it has column(s) the model does not know: "
+            "chest_pain (renamed? give them the model's names)") in err
+    assert "Received: lacks ['cp'], unknown ['chest_pain']; columns " in err
+    assert not (tmp_path / "out.csv").exists()

@@ -92,8 +92,9 @@ def test_rare_categories_are_withheld_and_fall_back_to_missing() -> None:
 
 
 @pytest.mark.parametrize(("change", "named"), [
-    (lambda f: f.drop(columns=["chol"]), r"Hospital b has no column 'chol'.*--ignore-column chol"),
-    (lambda f: f.assign(extra="1"), r"Hospital a has no column 'extra', which b has"),
+    (lambda f: f.drop(columns=["chol"]),  # two hospitals: no majority, each side named
+     r"no majority \(2 hospitals.*'chol' at a but not at b.*--ignore-column chol"),
+    (lambda f: f.assign(extra="1"), r"no majority .*'extra' at b but not at a"),
     (lambda f: f.assign(chol=["high"] * len(f)),
      r"Column 'chol' holds text at b \(e\.g\. 'high'\) but numbers.*at a.*--na-values"),
     (lambda f: f.assign(fbs=["7"] * len(f)), r"Column 'fbs' holds booleans.*numbers other than 0/1 at b"),
