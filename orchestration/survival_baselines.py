@@ -32,6 +32,7 @@ from fedsplit.client.survival.cox import efron_parts
 from fedsplit.client.survival.summary import cox_covariates, moments_vector, survival_rows
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol import survival_exact as se
+from fedsplit.protocol.design import derived_features
 from fedsplit.protocol.errors import ConfigError, FederationError
 from fedsplit.protocol.history import RunRecord
 from fedsplit.protocol.schema import Schema
@@ -48,18 +49,22 @@ def fitted_exactly(history: RunRecord) -> bool:
 
 
 def newton_fit(x: np.ndarray, time: np.ndarray, event: np.ndarray, names: list[str],
-               penalizer: float) -> tuple[nt.Standardization, nt.NewtonResult]:
-    """The exact Cox fit of one stratum (pooled standardization, lifelines' ridge, Efron ties)."""
+               penalizer: float, derived: dict[str, str] | None = None
+               ) -> tuple[nt.Design, nt.NewtonResult]:
+    """The exact Cox fit of one stratum (pooled standardization, lifelines' ridge, Efron ties),
+    on the design the federation's fit uses (`server.survival.newton.design`: ``derived``
+    covariates constant or collinear in these rows are left out)."""
     moments = moments_vector(x, event)
     p = x.shape[1]
-    std = nt.standardization(names, moments[2:2 + p], moments[2 + p:2 + 2 * p], moments[2 + 2 * p:])
-    z = np.nan_to_num((x - std.mean) / std.std, nan=0.0)
+    plan = nt.design(names, derived or {}, moments[2:2 + p], moments[2 + p:2 + 2 * p],
+                     moments[2 + 2 * p:])
+    z = np.nan_to_num((x - plan.mean) / plan.std, nan=0.0)
 
     def evaluate(beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         parts = efron_parts(z, time, event, beta)
         return parts.loglik, parts.gradient, parts.hessian
 
-    return std, nt.newton(evaluate, names, len(x), penalizer)
+    return plan, nt.fit(plan, evaluate, penalizer)
 
 
 def exact_baseline(model: SiteModel, train: Dataset, val: Dataset, schema_json: str,
@@ -68,18 +73,22 @@ def exact_baseline(model: SiteModel, train: Dataset, val: Dataset, schema_json: 
     """``model`` (a fresh linear Cox recipe model) holding the exact fit on ``train`` and
     ``val`` (all the rows, as the federation's exact fit: no round is picked); the selection
     records the one candidate's C-index on those rows."""
-    names, keep, _ = sv.cox_columns(Schema.from_json(schema_json))
+    schema = Schema.from_json(schema_json)
+    names, keep, _ = sv.cox_columns(schema)
     penalizer = float(getattr(recipe_of(model).params, "penalizer", 0.0))
     x, y = np.concatenate([train.x, val.x]), np.concatenate([train.y, val.y])
     time, event = survival_rows(y, "baseline training rows")
     try:
-        std, result = newton_fit(cox_covariates(x, schema_json), time, event, names, penalizer)
+        plan, result = newton_fit(cox_covariates(x, schema_json), time, event, names, penalizer,
+                                  derived_features(schema))
     except (ConfigError, FederationError) as e:
         log.warning("exact Cox baseline on %d rows has no unique fit (%s); trained by local "
                     "steps instead", len(train), e)
         return fallback()
     state = {k: v.numpy() for k, v in model.state_dict().items()}
-    arrays = se.linear_cox_arrays(state, keep, std.mean, std.std, result.beta)
+    if plan.warnings:
+        log.info("exact Cox baseline on %d rows: %s", len(x), " ".join(plan.warnings))
+    arrays = se.linear_cox_arrays(state, keep, plan.mean, plan.std, plan.full(result.beta))
     load_arrays(model, arrays)
     picker = BestRound("last")
     picker.offer(recipe_of(model).metrics(model, x, y, _cpu())["c_index"])

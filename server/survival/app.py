@@ -32,6 +32,7 @@ from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol.atomic import write_json_atomic
+from fedsplit.protocol.design import derived_features
 from fedsplit.protocol.errors import FederationError, FedsplitError
 from fedsplit.protocol.history import HISTORY_FILE, SurvivalAnalysisRecord
 from fedsplit.protocol.privacy import SecureSpec
@@ -166,18 +167,22 @@ def fit_cox(coord: Coordinator, run: sv.SurvivalRun) -> dict[str, Any]:
     p = len(names)
     moments = coord.total("moments", {"schema": schema_json})
     rows, events = round(moments[0]), round(moments[1])
-    std = nt.standardization(names, moments[0], moments[2:2 + p], moments[2 + p:])
+    # derived covariates constant everywhere, or collinear, are left out (protocol.design)
+    plan = nt.design(names, derived_features(schema), moments[0], moments[2:2 + p],
+                     moments[2 + p:])
     per_site_rows = ({k: int(v[0]) for k, v in coord.per_site.items()}
                      if coord.secure is None else None)
-    base = {"schema": schema_json, "mean": std.mean.tolist(), "std": std.std.tolist()}
+    base = {"schema": schema_json, "mean": plan.mean.tolist(), "std": plan.std.tolist()}
 
     def evaluate_sum(beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         vec = coord.total("newton", {**base, "beta": [float(b) for b in beta]})
         return float(vec[0]), vec[1:1 + p], upper_to_full(vec[1 + p:], p)
 
-    result = nt.newton(evaluate_sum, names, rows, run.penalizer, max_rounds=run.max_rounds)
-    table = nt.original_scale(result, names, std.std)
-    pairs = coord.total("concordance", {**base, "beta": [float(b) for b in result.beta]})
+    result = nt.fit(plan, evaluate_sum, run.penalizer, max_rounds=run.max_rounds)
+    for line in plan.warnings:
+        log.warning("Cox design: %s", line)
+    table = nt.original_scale(result, plan.used_names, plan.standardization().std)
+    pairs = coord.total("concordance", {**base, "beta": [float(b) for b in plan.full(result.beta)]})
     per_site_c = ({k: nt.concordance(*v) for k, v in coord.per_site.items()}
                   if coord.secure is None else None)
     return nt.summary(
@@ -186,7 +191,8 @@ def fit_cox(coord: Coordinator, run: sv.SurvivalRun) -> dict[str, Any]:
         extra={"concordance_note": "Harrell's C over pairs within each hospital (stratified, as "
                                    "lifelines with strata), at the fitted coefficients",
                "per_site": {"rows": per_site_rows, "concordance": per_site_c},
-               "reference_categories": references, "schema_warnings": warnings,
+               "reference_categories": references, "left_out": plan.dropped,
+               "schema_warnings": [*warnings, *plan.warnings],
                "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",
                "secure_sums": coord.sums, "seconds": time.monotonic() - started,
                "shared": "per hospital: column report; per stage one vector of sums (moments, "

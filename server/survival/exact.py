@@ -34,6 +34,7 @@ from fedsplit.protocol import survival_exact as se
 from fedsplit.protocol import survival_summary as ss
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
+from fedsplit.protocol.design import derived_features
 from fedsplit.protocol.errors import FederationError
 from fedsplit.protocol.history import AggregationReport, SiteEntry, SiteReport
 from fedsplit.protocol.schema import Schema
@@ -73,7 +74,8 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
     nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
     coord = Coordinator(grid, nodes, cfg)
     schema = setup.schema
-    names, keep, references = sv.cox_columns(Schema.from_json(schema))
+    agreed = Schema.from_json(schema)
+    names, keep, references = sv.cox_columns(agreed)
     if not names:
         raise FederationError("No covariate is left for the Cox model (every column is the time, "
                               "the event, the ID or ignored). Received: 0 covariates")
@@ -81,9 +83,11 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
     moments = coord.total("moments", {"schema": schema}, bits=ss.STAGE_BITS["moments"])
     rows, events = round(moments[0]), round(moments[1])
     train_rows = {k: float(v[0]) for k, v in coord.per_site.items()}
-    std = nt.standardization(names, moments[2:2 + p], moments[2 + p:2 + 2 * p],
-                             moments[2 + 2 * p:])
-    base = {"schema": schema, "mean": std.mean.tolist(), "std": std.std.tolist()}
+    # the design (protocol.design): derived covariates constant everywhere, or collinear, are
+    # left out with a warning; the user's own constant or collinear columns stop the fit
+    plan = nt.design(names, derived_features(agreed), moments[2:2 + p], moments[2 + p:2 + 2 * p],
+                     moments[2 + 2 * p:])
+    base = {"schema": schema, "mean": plan.mean.tolist(), "std": plan.std.tolist()}
     template = {k: v.numpy() for k, v in setup.arrays.items()}
     history.keep = "last"  # the optimum is the model, not a round picked on validation rows
     rounds = itertools.count(1)  # a resumed run refits from round 1 (the same rounds again)
@@ -93,7 +97,7 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
         number = next(rounds)
         inputs = {**base, "beta": [float(b) for b in beta]}
         vec = coord.total("newton", inputs, bits=ss.STAGE_BITS["newton"])
-        arrays = se.linear_cox_arrays(template, keep, std.mean, std.std, beta)
+        arrays = se.linear_cox_arrays(template, keep, plan.mean, plan.std, beta)
         report = AggregationReport(
             strategy=se.NEWTON_STRATEGY, params={"penalizer": penalizer}, num_examples=rows,
             sites=[SiteReport(site=n, num_examples=int(c), weight=c / rows)
@@ -105,10 +109,17 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
                              {"log_likelihood": float(vec[0])})
         return float(vec[0]), vec[1:1 + p], upper_to_full(vec[1 + p:], p)
 
-    result = nt.newton(evaluate, names, rows, penalizer)
+    result = nt.fit(plan, evaluate, penalizer)
+    if plan.warnings:
+        for line in plan.warnings:
+            log.warning("Cox design: %s", line)
+        history.set_schema(schema, [*history.record.schema_warnings,
+                                    *(w for w in plan.warnings
+                                      if w not in history.record.schema_warnings)])
+    beta = plan.full(result.beta)
     # the fit's evaluation (one exchange; in deployment each exchange costs seconds): Harrell's
     # C over the hospitals' summed pairs, recorded as the last round's evaluation
-    pairs = coord.total("concordance", {**base, "beta": [float(b) for b in result.beta]},
+    pairs = coord.total("concordance", {**base, "beta": [float(b) for b in beta]},
                         bits=ss.STAGE_BITS["concordance"])
     per_site = {k: {"c_index": nt.concordance(*v[:3]) or 0.5} for k, v in coord.per_site.items()}
     fit_rows = {k: float(v[3]) for k, v in coord.per_site.items()}
@@ -116,7 +127,7 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
     history.record_evaluate(result.rounds, _sites(coord, fit_rows, per_site),
                             {"c_index": 0.5 if c_index is None else c_index,
                              "comparable_pairs": float(pairs[2])})
-    table = nt.original_scale(result, names, std.std)
+    table = nt.original_scale(result, plan.used_names, plan.standardization().std)
     sites = sorted(train_rows) if coord.secure is None else list(cfg.names)
     doc = nt.summary(
         table, result, rows=rows, events=events, penalizer=penalizer, hospitals=sites,
@@ -126,6 +137,7 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
                "rows_used": "all of each hospital's training rows (no round is picked, so none "
                             "are held out for validation)",
                "reference_categories": references,
+               "left_out": plan.dropped,
                "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",
                "secure_sums": coord.sums, "seconds": time.monotonic() - started})
     write_json_atomic(history.out_dir / COX_FILE, doc)

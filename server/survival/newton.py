@@ -19,11 +19,12 @@ norm is below `TOLERANCE`, or after `MAX_ROUNDS` evaluations (`ConvergenceFailed
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from fedsplit.protocol import design as pdesign
 from fedsplit.protocol.errors import ConfigError, FederationError
 
 MAX_ROUNDS = 15
@@ -69,6 +70,88 @@ def standardization(names: Sequence[str], count: float | np.ndarray, total: np.n
             f"every hospital: a Cox model cannot estimate their effect (no penalty helps). Leave "
             f"them out with --ignore-column. Received: {len(constant)} constant column(s)")
     return Standardization(int(n.max()), mean, np.sqrt(np.maximum(var, 0.0)))
+
+
+@dataclass
+class Design:
+    """Which covariates a Cox fit uses (`protocol.design`: what fedsplit derived and carries
+    nothing is left out; the user's own constant or collinear columns are refused). ``names``
+    are every covariate the hospitals encode; ``mean``/``std`` the standardization broadcast
+    for all of them (a dropped constant one: its value and 1, so it reads as 0); ``used`` the
+    positions fitted; ``dropped`` name -> why; ``warnings`` one line per source column."""
+
+    names: list[str]
+    derived: dict[str, str]
+    rows: int
+    mean: np.ndarray
+    std: np.ndarray
+    used: list[int]
+    dropped: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def used_names(self) -> list[str]:
+        """The fitted covariates' names."""
+        return [self.names[i] for i in self.used]
+
+    def full(self, beta: np.ndarray) -> np.ndarray:
+        """Coefficients of the fitted covariates -> one per covariate (0 where left out)."""
+        out = np.zeros(len(self.names))
+        out[self.used] = beta
+        return out
+
+    def standardization(self) -> Standardization:
+        """The fitted covariates' pooled mean and standard deviation."""
+        return Standardization(self.rows, self.mean[self.used], self.std[self.used])
+
+
+def design(names: Sequence[str], derived: Mapping[str, str], count: float | np.ndarray,
+           total: np.ndarray, sumsq: np.ndarray) -> Design:
+    """The pooled standardization (`standardization`), less the derived covariates that take one
+    value in every row (dropped with a warning); a user's constant column is refused."""
+    names = list(names)
+    count = np.broadcast_to(np.asarray(count, np.float64), len(names))
+    total, sumsq = np.asarray(total, np.float64), np.asarray(sumsq, np.float64)
+    mean = total / np.maximum(np.rint(count), 1.0)
+    flat = pdesign.constant_mask(count, total, sumsq)
+    drop = {n: pdesign.why_constant(n, float(mean[i])) for i, n in enumerate(names)
+            if flat[i] and n in derived}
+    used = [i for i, n in enumerate(names) if n not in drop]
+    if not used:
+        raise CollinearError(
+            f"Every covariate fedsplit derived ({', '.join(repr(n) for n in names[:6])}) takes one "
+            f"value in every row at every hospital: nothing is left for a Cox model to fit. Add "
+            f"a covariate that varies. Received: {len(names)} constant derived covariate(s)")
+    std = standardization([names[i] for i in used], count[used], total[used], sumsq[used])
+    sd = np.ones(len(names))
+    mean[used], sd[used] = std.mean, std.std
+    return Design(names, dict(derived), std.rows, mean, sd, used, drop,
+                  pdesign.drop_warnings(drop, derived))
+
+
+def fit(plan: Design, evaluate: Callable[[np.ndarray], tuple[float, np.ndarray, np.ndarray]],
+        penalizer: float, *, max_rounds: int = MAX_ROUNDS, tolerance: float = TOLERANCE
+        ) -> NewtonResult:
+    """`newton` on ``plan``'s covariates: ``evaluate`` takes and returns every covariate's
+    coefficient (0 for the ones left out). Its first evaluation, at 0, also decides which
+    derived covariates are collinear with the others (`protocol.design.independent`; dropped
+    from ``plan`` with a warning, no extra evaluation)."""
+    first = evaluate(np.zeros(len(plan.names)))
+    used, collinear = pdesign.independent(-first[2], plan.names, plan.derived, plan.used)
+    if collinear:
+        plan.used = used
+        plan.dropped.update(collinear)
+        plan.warnings[:] = pdesign.drop_warnings(plan.dropped, plan.derived)
+    pick = np.asarray(plan.used, dtype=np.int64)
+    pending = [first]
+
+    def reduced(beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        ll, g, h = pending.pop() if pending and not np.any(beta) else evaluate(plan.full(beta))
+        pending.clear()
+        return ll, np.asarray(g)[pick], np.asarray(h)[np.ix_(pick, pick)]
+
+    return newton(reduced, plan.used_names, plan.rows, penalizer, max_rounds=max_rounds,
+                  tolerance=tolerance)
 
 
 @dataclass
