@@ -142,9 +142,14 @@ def model_kinds(model_id: str) -> tuple[dict[str, str], tuple[str, ...]] | None:
     """``({tensor: "weights" | "buffers"}, the tensors that travel)`` of the model ``model_id``
     names, rebuilt here (its recipe is the one this process loaded); None when it cannot be."""
     try:
+        import torch
         from fedsplit.client.models import build_model, recipe_of
 
-        model = build_model(model_id)
+        try:  # the structure only: on torch's meta device nothing is allocated or initialised
+            with torch.device("meta"):
+                model = build_model(model_id)
+        except Exception:  # a recipe whose construction needs real tensors
+            model = build_model(model_id)
         parameters = {n for n, _ in model.named_parameters(remove_duplicate=False)}
         kinds = {n: "weights" if n in parameters else "buffers" for n in model.state_dict()}
         return kinds, tuple(recipe_of(model).federated(model))
