@@ -90,9 +90,11 @@ class DataFile:
 _HASHES: dict[tuple[str, int, int], str] = {}
 
 
-def describe_file(path: str | Path) -> DataFile:
+def describe_file(path: str | Path, known: DataFileEntry | None = None) -> DataFile:
     """``path`` resolved, with its size, mtime and sha256 (hashed once per process and version of
-    the file); a folder (a recipe's reader's data) is recorded with size 0 and no hash."""
+    the file, and not again while the ledger's entry ``known`` names the same size and mtime:
+    every message is a new process, and a large file would be read whole each time); a folder
+    (a recipe's reader's data) is recorded with size 0 and no hash."""
     resolved = Path(path).resolve()
     try:
         st = resolved.stat()
@@ -103,6 +105,9 @@ def describe_file(path: str | Path) -> DataFile:
     if resolved.is_dir():
         return DataFile(resolved, 0, st.st_mtime, "")
     key = (str(resolved), st.st_size, st.st_mtime_ns)
+    if (key not in _HASHES and known is not None and known.sha256 and known.size == st.st_size
+            and known.mtime == st.st_mtime):
+        _HASHES[key] = known.sha256
     if key not in _HASHES:
         digest = hashlib.sha256()
         with open(resolved, "rb") as fh:
@@ -160,8 +165,8 @@ class LedgerAccount:
         hospital's budget's delta, else the run's). Raises `PrivacyBudgetError`, recording
         nothing, when it would go above the hospital's budget or the run's."""
         this = (plan.noise_multiplier, plan.sample_rate, plan.steps_per_round)
-        data = describe_file(self.data)
         with locked_ledger(self.folder, self.site) as ledger:
+            data = describe_file(self.data, ledger.files.get(str(Path(self.data).resolve())))
             entry = _entry(ledger, data)
             entry.budget = self.budget
             history = entry.history()
@@ -207,8 +212,8 @@ class LedgerAccount:
     def record_plain(self, server_round: int) -> None:
         """Count one plain (non-DP) training of the data file (its epsilon is unbounded)."""
         del server_round  # counted, not composed: nothing of the round is needed
-        data = describe_file(self.data)
         with locked_ledger(self.folder, self.site) as ledger:
+            data = describe_file(self.data, ledger.files.get(str(Path(self.data).resolve())))
             _entry(ledger, data).plain_trainings += 1
 
 
