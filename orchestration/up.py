@@ -155,7 +155,10 @@ def run_up(plan: UpPlan, *, on_progress: Callable[[RunRecord], None] | None = No
                  else prepare_partitions(plan.work / "sites", plan.dataset, plan.sites,
                                          plan.partition, cfg.seed))
         fingerprint = site_fingerprint(files, {})
-        sites = [Site(n, path.parent) for n, path in files.items()]
+        # the simulated hospitals run the run's recipe as their own (`--recipe` of their agents):
+        # one operator runs them all here, as in simulate (a real hospital's policy decides)
+        sites = [Site(n, path.parent, recipe=cfg.recipe, recipe_params=cfg.recipe_params)
+                 for n, path in files.items()]
     cfg = cfg.model_copy(update={"data_fingerprint": fingerprint})
     tables = all(Path(p).suffix.lower() in HEADER_SUFFIXES for p in files.values())
     model = recipe_line(cfg, "mlp" if tables else None)  # the start line names the model
