@@ -299,6 +299,8 @@ def _enough_rows(node_config: dict[str, Any], site: SiteData) -> SiteData:
     from fedsplit.client.policy.paths import hospital_policy
     from fedsplit.protocol.site_policy import PolicyRefusal
 
+    if "partition-id" in node_config and "data-path" not in node_config:
+        return site  # Flower's simulation engine: one operator's own partitions, not a hospital
     least = hospital_policy(node_config).min_rows
     small = [f"{what} {len(rows)}" for what, rows in (("training", site.train),
                                                        ("held-out", site.val)) if len(rows) < least]
