@@ -41,15 +41,14 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsplit.protocol.atomic import atomic_path, fsync_dir
+from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.keyfile import read_key
 from pydantic import BaseModel, ConfigDict
 
 LOG_NAME = "egress.jsonl"
@@ -112,39 +111,12 @@ class EgressKey:
         """The key in state folder ``folder`` (created there, mode 0600, when ``create`` and it
         is missing); a key others may read, or a damaged one, is refused (`ConfigError`)."""
         path = Path(folder) / KEY_NAME
-        if create and not path.exists():
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:  # another process made it first
-                pass
-            else:
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(secrets.token_hex(_KEY_BYTES) + "\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                fsync_dir(path.parent)
-        try:
-            mode = path.stat().st_mode
-            text = path.read_text().strip()
-        except OSError as e:
-            raise ConfigError(
-                f"The egress log's key cannot be read ({e.strerror}): the hospital's agent "
-                f"creates it with the first record; point --state-dir at the hospital's state "
-                f"folder. Received: {path}") from e
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(
-                f"The egress log's key may be read by other users (mode {stat.S_IMODE(mode):o}); "
-                f"anyone who reads it can forge egress records. Run `chmod 600 {path}`. "
-                f"Received: {path}")
-        try:
-            secret = bytes.fromhex(text)
-        except ValueError:
-            secret = b""
-        if len(secret) < _KEY_BYTES:
-            raise ConfigError(f"The egress log's key file does not hold a key ({_KEY_BYTES * 2} "
-                              f"hex digits): restore it from the hospital's backup. "
-                              f"Received: {path}")
-        return cls(path, secret)
+        return cls(path, read_key(
+            path, create=create, nbytes=_KEY_BYTES, name="The egress log's key file",
+            records="egress records",
+            made_by="the hospital's agent creates it with the first record; point --state-dir at "
+                    "the hospital's state folder",
+            restore="restore it from the hospital's backup"))
 
     def mac(self, hash_: str) -> str:
         """HMAC-SHA256 of a record's hash (which covers its id and the previous record's hash)."""

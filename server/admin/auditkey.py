@@ -19,12 +19,11 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.keyfile import read_key
 
 DEFAULT_KEY_NAME = "audit.key"
 KEY_FILE_ENV = "FEDSPLIT_AUDIT_KEY_FILE"
@@ -61,39 +60,12 @@ class AuditKey:
     @classmethod
     def open(cls, path: Path, *, create: bool) -> AuditKey:
         """Read the key at ``path`` (creating it, mode 0600, when ``create`` and it is missing)."""
-        if create and not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:  # another process made it first
-                pass
-            else:
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(secrets.token_hex(_KEY_BYTES) + "\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-        try:
-            mode = path.stat().st_mode
-            text = path.read_text().strip()
-        except OSError as e:
-            raise ConfigError(
-                f"The audit log's key file cannot be read ({e.strerror}). `fedsplit admin serve` "
-                f"creates it on first start; point --audit-key-file (or {KEY_FILE_ENV}) at it. "
-                f"Received: {path}") from e
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(
-                f"The audit log's key file may be read by other users (mode {stat.S_IMODE(mode):o}); "
-                f"anyone who reads it can forge audit records. Run `chmod 600 {path}`. "
-                f"Received: {path}")
-        try:
-            secret = bytes.fromhex(text)
-        except ValueError:
-            secret = b""
-        if len(secret) < _KEY_BYTES:
-            raise ConfigError(
-                f"The audit log's key file does not hold a key ({_KEY_BYTES * 2} hex digits). "
-                f"Restore it from the operator's copy. Received: {path}")
-        return cls(path, secret)
+        return cls(path, read_key(
+            path, create=create, nbytes=_KEY_BYTES, name="The audit log's key file",
+            records="audit records",
+            made_by=f"`fedsplit admin serve` creates it on first start; point --audit-key-file "
+                    f"(or {KEY_FILE_ENV}) at it",
+            restore="restore it from the operator's copy"))
 
     def mac(self, record_hash: str) -> str:
         """HMAC-SHA256 of a record's hash (which covers every other field, its id and the
