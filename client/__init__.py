@@ -4,15 +4,12 @@
 try:
     from fedsplit import only_as_fedsplit
 except ImportError:  # Python found a clone's folder named fedsplit first: see fedsplit/__init__.py
-    import sys
     from pathlib import Path
 
-    _root = sys.modules.get("fedsplit")
-    if _root is None or getattr(_root, "__file__", "") is not None:
-        raise
-    _root.__file__ = str(Path(__file__).resolve().parents[1] / "fedsplit" / "__init__.py")
-    _root.__path__ = [str(Path(_root.__file__).parent)]
-    exec(compile(Path(_root.__file__).read_text(), _root.__file__, "exec"), vars(_root))
+    _repair: dict = {}
+    exec(Path(__file__).resolve().parents[1].joinpath("fedsplit", "_clone_root.py").read_text(),
+         _repair)
+    _repair["adopt"](__file__)
     from fedsplit import only_as_fedsplit
 
 only_as_fedsplit(__name__)

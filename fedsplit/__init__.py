@@ -15,8 +15,9 @@ second time as another module.
 Python started in the folder that holds a clone named ``fedsplit`` finds the clone's folder (no
 ``__init__.py``) before the editable install's import hook and makes an empty namespace package
 ``fedsplit`` of it. The first package imported under it then runs this file into that module
-and points its ``__path__`` at this folder (the ``except ImportError`` in each package's
-``__init__``), so ``python -c "from fedsplit.client.models import ..."`` works there too.
+and points its ``__path__`` at this folder (``_clone_root.py``, run by path from the ``except
+ImportError`` in each package's ``__init__``), so ``python -c "from fedsplit.client.models
+import ..."`` works there too.
 """
 
 from __future__ import annotations
