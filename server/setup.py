@@ -67,7 +67,6 @@ from fedsplit.protocol.recipe import (
     keeps_short_id,
 )
 from fedsplit.protocol.schema import Schema, SiteColumns, merge_reports, moment_warnings
-from fedsplit.protocol.survival_rows import SURVIVAL
 from fedsplit.protocol.weights import read_schema, read_weights
 from fedsplit.server.exchange import send_and_receive
 from flwr.app import ArrayRecord, Message, RecordDict
@@ -240,11 +239,12 @@ def prune_design(schema: Schema, stats: list[wire.SiteStats]
     dropped). A hospital whose statistics are not of ``schema``'s features is left as it is
     (refused by the check that follows).
 
-    Survival schemas only, for now: a classification or regression model standardizes such a
-    feature to 0 in every training row (its spread is floored), so it never stopped a run, and
-    dropping it would redraw every measured model's initial weights (the demo's mean accuracy
-    moves from 0.833 to 0.800 by the new draw alone)."""
-    if (schema.task != SURVIVAL or not stats
+    Every task kind: the exact Cox fit, the learned survival models and the horizontal
+    classification and regression models share this rule (docs/simulate.md "Derived columns").
+    A classification or regression model would standardize such a feature to 0 in every
+    training row, so it never stopped one, but it still took a column of the first layer and
+    a hospital reading it would see an input nobody holds."""
+    if (not stats
             or any(list(s.features) != schema.feature_names for s in stats)):
         return schema, stats, []
     pruned = prune_schema(schema, np.sum([s.count for s in stats], axis=0),

@@ -279,10 +279,10 @@ def test_prune_schema_levels_and_indicators() -> None:
     assert same.schema is schema and same.warnings == []
 
 
-def test_the_set_up_drops_for_survival_only() -> None:
+def test_the_set_up_drops_for_every_task_kind() -> None:
     """`server.setup.prune_design`: the hospitals' statistics sliced to the features kept, so
-    every hospital builds the model for the pruned schema; a classification schema is kept as
-    it is (its constant inputs are standardized to 0 in training)."""
+    every hospital builds the model for the pruned schema, whatever the task kind; a schema
+    with nothing constant is kept as it is."""
     from fedsplit.protocol.horizontal_wire import SiteStats
     from fedsplit.server.setup import prune_design
 
@@ -302,7 +302,12 @@ def test_the_set_up_drops_for_survival_only() -> None:
     from dataclasses import replace
 
     plain = replace(schema, task="classification", event="", target="event")
-    assert prune_design(plain, stats) == (plain, stats, [])
+    stats = [replace(s, task="classification") for s in stats]
+    pruned, sliced, warnings = prune_design(plain, stats)
+    assert "disease:missing" not in pruned.feature_names and len(warnings) == 1
+    assert pruned.task == "classification"
+    assert all(s.input_shape == (7,) for s in sliced)
+    assert prune_design(pruned, sliced) == (pruned, sliced, [])
 
 
 # --- item 1: parity with the pooled lifelines fit ------------------------------------------------
