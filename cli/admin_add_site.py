@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
+from fedsplit.cli.admin_options import AuditKeyFile, DatabaseUrl, DataDir
 
 
 def add_site(
     name: Annotated[str, typer.Argument(help="Site name, e.g. hospital-a.")],
-    data_dir: Annotated[Path, typer.Option(help="The admin API's --data-dir.")],
+    data_dir: DataDir,
     cohort_size: Annotated[
         int | None, typer.Option(help="Rows the site holds; larger upload counts are refused.")
     ] = None,
-    database_url: Annotated[
-        str | None, typer.Option(help="SQLAlchemy URL; default sqlite in --data-dir.")
-    ] = None,
-    audit_key_file: Annotated[
-        Path | None,
-        typer.Option(envvar="FEDSPLIT_AUDIT_KEY_FILE",
-                     help="The audit log's HMAC key file (default: DATA_DIR/audit.key)."),
-    ] = None,
+    database_url: DatabaseUrl = None,
+    audit_key_file: AuditKeyFile = None,
 ) -> None:
     """Register a site; its bearer token is printed once, alone on the last line."""
     from fedsplit.server.admin.store import add_site as store_add_site

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 from typing import Annotated
 
 import typer
+from fedsplit.cli.admin_options import DatabaseUrl, DataDir
 
 
 def show(
-    data_dir: Annotated[Path, typer.Option(help="The admin API's --data-dir.")],
+    data_dir: DataDir,
     site: Annotated[str | None, typer.Option(help="Only this hospital's records.")] = None,
     since: Annotated[
         str | None, typer.Option(help="Only records at or after this time (ISO-8601; UTC if no zone).")
@@ -24,9 +24,7 @@ def show(
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="Show at most the newest N matching records.")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-    database_url: Annotated[
-        str | None, typer.Option(help="SQLAlchemy URL; default sqlite in --data-dir.")
-    ] = None,
+    database_url: DatabaseUrl = None,
 ) -> None:
     """Print matching records, oldest first: id, time, event, actor, address, detail."""
     from fedsplit.protocol.errors import ConfigError

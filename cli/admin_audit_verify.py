@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
+from fedsplit.cli.admin_options import AuditKeyFile, DatabaseUrl, DataDir
 
 
 def verify(
-    data_dir: Annotated[Path, typer.Option(help="The admin API's --data-dir.")],
+    data_dir: DataDir,
     head: Annotated[
         str | None,
         typer.Option(help="A head hash printed by an earlier verify: it must still be in the chain "
                           "(catches records deleted from the end)."),
     ] = None,
-    database_url: Annotated[
-        str | None, typer.Option(help="SQLAlchemy URL; default sqlite in --data-dir.")
-    ] = None,
-    audit_key_file: Annotated[
-        Path | None,
-        typer.Option(envvar="FEDSPLIT_AUDIT_KEY_FILE",
-                     help="The audit log's HMAC key file (default: DATA_DIR/audit.key)."),
-    ] = None,
+    database_url: DatabaseUrl = None,
+    audit_key_file: AuditKeyFile = None,
 ) -> None:
     """Walk the chain and check every record's MAC with the audit key; exit 0 and print the head
     hash if intact, else exit 1 naming the first missing, altered, moved, forged or truncated

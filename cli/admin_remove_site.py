@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import typer
+from fedsplit.cli.admin_options import AuditKeyFile, DatabaseUrl, DataDir, SiteName
 
 
 def remove_site(
-    name: Annotated[str, typer.Argument(help="The site's name, as add-site registered it.")],
-    data_dir: Annotated[Path, typer.Option(help="The admin API's --data-dir.")],
-    database_url: Annotated[
-        str | None, typer.Option(help="SQLAlchemy URL; default sqlite in --data-dir.")
-    ] = None,
-    audit_key_file: Annotated[
-        Path | None,
-        typer.Option(envvar="FEDSPLIT_AUDIT_KEY_FILE",
-                     help="The audit log's HMAC key file (default: DATA_DIR/audit.key)."),
-    ] = None,
+    name: SiteName,
+    data_dir: DataDir,
+    database_url: DatabaseUrl = None,
+    audit_key_file: AuditKeyFile = None,
 ) -> None:
     """Remove a site: its token stops at once (API and web view, even on a running server);
     its past uploads stay, attributed to it, and its name stays taken."""

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from fedsplit.cli.admin_options import DatabaseUrl
 
 
 def serve(
@@ -13,9 +14,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
     max_upload_mb: Annotated[float, typer.Option(help="Largest accepted weight file, MiB.")] = 512.0,
-    database_url: Annotated[
-        str | None, typer.Option(help="SQLAlchemy URL; default sqlite in --data-dir.")
-    ] = None,
+    database_url: DatabaseUrl = None,
     runs: Annotated[
         list[Path] | None,
         typer.Option("--runs", help="Flower run out-dir, or a folder of them, shown at /ui (repeat)."),
