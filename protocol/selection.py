@@ -1,7 +1,8 @@
 """Which round a model keeps: one rule for the federated model and every baseline.
 
 After each round the model is scored on validation rows (cut from training rows, never test
-rows) by the task's own metric: accuracy for classification, r2 for regression. With
+rows) by the task kind's selection metric (`protocol.tasks`: accuracy for classification, r2
+for regression). With
 ``keep="best-val"`` (the default) the round that scores best is kept, ties going to the later
 round (more training at the same score; scores within `TIE_TOLERANCE` tie) and a NaN score
 never winning over a number; with
@@ -19,6 +20,8 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
+from fedsplit.protocol.tasks import task_kind
+
 Keep = Literal["best-val", "last"]
 #: Scores this close count as a tie (a federated score is a weighted mean of the hospitals':
 #: the same accuracy reached another way can differ in the last bits).
@@ -27,8 +30,9 @@ KEEP: tuple[str, ...] = ("best-val", "last")
 
 
 def selection_metric(task: str) -> str:
-    """The metric a round is chosen by: ``accuracy`` (classification) or ``r2``."""
-    return "accuracy" if task == "classification" else "r2"
+    """The metric a round is chosen by: the task kind's (`protocol.tasks`; ``accuracy`` for
+    classification, ``r2`` for regression, ``c_index`` for survival)."""
+    return task_kind(task).selection
 
 
 def check_keep(keep: str) -> str:

@@ -19,6 +19,7 @@ from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FedsplitError, NoTrainingError
 from fedsplit.server.compose import compose_aggregator, compose_strategy
 from fedsplit.server.history import RunHistory, find_resume_point
+from fedsplit.server.phases import run_phase
 from fedsplit.server.rounds import run_rounds
 from fedsplit.server.setup import ModelSetup, prepare_model, wait_for_nodes
 from flwr.app import Context
@@ -119,11 +120,8 @@ def main(grid: Grid, context: Context) -> None:
             federated=setup.federated,
             site_names=setup.site_names,
         )
-        from fedsplit.server.survival.exact import fit_exact, uses_newton
-
-        if uses_newton(cfg, setup.model_id):  # the linear Cox model: the exact fit, no rounds
-            fit_exact(grid, cfg, setup, history)
-        elif done < cfg.num_server_rounds:
+        # the task kind's own fit instead of the rounds (survival: the exact Cox fit)
+        if not run_phase("fit", grid, cfg, setup, history) and done < cfg.num_server_rounds:
             run_rounds(  # one message per hospital per round (server/rounds.py)
                 strategy, grid,
                 initial_arrays=setup.arrays,
@@ -136,10 +134,8 @@ def main(grid: Grid, context: Context) -> None:
             raise NoTrainingError(
                 f"The federation trained no model: {why}. Fix what each hospital's line says "
                 f"(its data, its recipe) and run again. Received: history {history.path}")
-        if cfg.task == "survival":  # the pooled curve and the kept model's baseline
-            from fedsplit.server.survival.summary import run_summary
-
-            run_summary(grid, cfg, context.run_config)
+        # the task kind's phase after the rounds (survival: the pooled curve, the baseline)
+        run_phase("after", grid, cfg, setup, history)
     except FedsplitError as e:
         history.finish("failed", error=f"{type(e).__name__}: {e}")
         raise

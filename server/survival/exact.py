@@ -50,8 +50,9 @@ COX_FILE = "cox.json"
 
 
 def uses_newton(cfg: RunConfig, model_id: str | None) -> bool:
-    """Whether this run's model is fitted here (`protocol.survival_exact.newton_solver`)."""
-    return cfg.task == sv.SURVIVAL and se.newton_solver(
+    """Whether this survival run's model is fitted here (`protocol.survival_exact.newton_solver`:
+    the linear Cox recipe, plain FedAvg)."""
+    return se.newton_solver(
         model_id, strategy=cfg.strategy, server_opt=cfg.server_opt, dp=cfg.dp,
         attack=cfg.attack, attackers=cfg.attackers)
 
@@ -61,6 +62,15 @@ def _sites(coord: Coordinator, counts: dict[str, float], metrics: dict[str, dict
     """History entries per hospital (none under secure aggregation: only sums are known)."""
     return [SiteEntry(site=name, num_examples=int(counts[name]), metrics=metrics.get(name, {}))
             for name in sorted(counts)] if coord.secure is None else []
+
+
+def exact_phase(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory) -> bool:
+    """The survival kind's ``fit`` phase (`protocol.tasks`, `server.phases`): the exact fit
+    instead of the rounds where the model is the linear Cox one; False (rounds) otherwise."""
+    if not uses_newton(cfg, setup.model_id):
+        return False
+    fit_exact(grid, cfg, setup, history)
+    return True
 
 
 def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory) -> dict[str, Any]:

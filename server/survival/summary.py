@@ -36,7 +36,8 @@ from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import FederationError
 from fedsplit.protocol.weights import read_schema, read_weights
-from fedsplit.server.setup import wait_for_nodes
+from fedsplit.server.history import RunHistory
+from fedsplit.server.setup import ModelSetup, wait_for_nodes
 from fedsplit.server.survival import km as kmm
 from fedsplit.server.survival.app import Coordinator, pooled_km
 from fedsplit.server.survival.exact import uses_newton
@@ -65,6 +66,11 @@ def publish_baseline(grid: np.ndarray, at_risk: np.ndarray, km_events: np.ndarra
     keep, groups = kmm.min_count_groups(at_risk, km_events, min_count)
     last = keep[[g[-1] for g in groups]] if groups else np.zeros(0, np.int64)
     return np.asarray(grid, np.float64)[last], hazard[last]
+
+
+def summary_phase(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory) -> None:
+    """The survival kind's ``after`` phase (`protocol.tasks`, `server.phases`): `run_summary`."""
+    run_summary(grid, cfg)
 
 
 def run_summary(grid: Grid, cfg: RunConfig, run_config: Mapping[str, Any] | None = None
