@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
@@ -12,6 +14,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 import pytest
+
+if TYPE_CHECKING:
+    from fedsplit.server.admin.sandbox import Sandbox
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,6 +38,16 @@ def _hospital_state_in_tmp(tmp_path_factory: pytest.TempPathFactory,
 
     root = tmp_path_factory.getbasetemp() / "hospital-state-home"
     monkeypatch.setattr(paths, "default_root", lambda: root)
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[Sandbox]:
+    """One upload sandbox (zygote process) shared by every admin-API and web-view test app."""
+    from fedsplit.server.admin.sandbox import Sandbox
+
+    shared = Sandbox(workers=2, timeout_s=60)
+    yield shared
+    shared.close()
 
 
 @pytest.fixture

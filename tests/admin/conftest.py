@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,37 +22,41 @@ ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 TEST_HOSTS = ("testserver", "localhost", "127.0.0.1", "::1")
 
 
-@pytest.fixture(scope="session")
-def sandbox() -> Iterator[Sandbox]:
-    """One upload sandbox (zygote process) shared by every test app."""
-    shared = Sandbox(workers=2, timeout_s=60)
-    yield shared
-    shared.close()
-
-
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     """The admin API's data directory."""
     return tmp_path / "admin-data"
 
 
+@contextmanager
+def app_clients(sandbox: Sandbox, *, base_url: str = "http://testserver",
+                **settings: Any) -> Iterator[Callable[..., TestClient]]:
+    """Factory of TestClients over a real admin app (admin token `ADMIN_TOKEN`, 1 MiB uploads,
+    then ``settings``, then each call's overrides); every client made is closed on leaving."""
+    with ExitStack() as clients:
+
+        def make(**overrides: Any) -> TestClient:
+            values = {"admin_token": ADMIN_TOKEN, "max_upload_mb": 1.0, **settings, **overrides}
+            app = create_app(AdminSettings(**values), sandbox=sandbox)
+            return clients.enter_context(TestClient(app, base_url=base_url))
+
+        yield make
+
+
+def site_tokens(data_dir: Path) -> Callable[..., str]:
+    """Registers a site in the store over ``data_dir`` (the one the CLI uses), returns its token."""
+
+    def make(name: str, cohort_size: int | None = None) -> str:
+        return add_site(data_dir=data_dir, name=name, cohort_size=cohort_size)
+
+    return make
+
+
 @pytest.fixture
 def make_client(data_dir: Path, sandbox: Sandbox) -> Iterator[Callable[..., TestClient]]:
     """Factory of TestClients over one data directory (settings overridable)."""
-    clients: list[TestClient] = []
-
-    def make(**overrides: Any) -> TestClient:
-        values: dict[str, Any] = {"data_dir": data_dir, "admin_token": ADMIN_TOKEN, "max_upload_mb": 1.0,
-                                  "allowed_hosts": TEST_HOSTS}
-        values.update(overrides)
-        client = TestClient(create_app(AdminSettings(**values), sandbox=sandbox))
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
+    with app_clients(sandbox, data_dir=data_dir, allowed_hosts=TEST_HOSTS) as make:
+        yield make
 
 
 @pytest.fixture
@@ -63,11 +68,7 @@ def client(make_client: Callable[..., TestClient]) -> TestClient:
 @pytest.fixture
 def site_token(data_dir: Path) -> Callable[..., str]:
     """Register a site (through the same store the CLI uses) and return its token."""
-
-    def make(name: str, cohort_size: int | None = None) -> str:
-        return add_site(data_dir=data_dir, name=name, cohort_size=cohort_size)
-
-    return make
+    return site_tokens(data_dir)
 
 
 def bearer(token: str) -> dict[str, str]:
