@@ -49,7 +49,6 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from fedsplit.client.site import COX_RECIPE  # noqa: E402
 from fedsplit.client.survival.tcga import DATASET, EVENT, ID, REGIONS, TIME, load_tcga_brca  # noqa: E402
 from fedsplit.orchestration.datasets import table_keys  # noqa: E402
 from fedsplit.orchestration.experiment import Experiment, run_experiment  # noqa: E402
@@ -57,6 +56,7 @@ from fedsplit.orchestration.survival.run import run_survival  # noqa: E402
 from fedsplit.protocol.config import RunConfig  # noqa: E402
 from fedsplit.protocol.history import HISTORY_FILE, RunRecord  # noqa: E402
 from fedsplit.protocol.survival import SurvivalRun  # noqa: E402
+from fedsplit.protocol.tasks import SURVIVAL  # noqa: E402
 from lifelines import CoxPHFitter  # noqa: E402
 from lifelines.utils import concordance_index  # noqa: E402
 
@@ -96,7 +96,7 @@ def federated_runs(args: argparse.Namespace, out: Path) -> dict[str, list[dict]]
         for seed in range(1 if strategy in EXACT else args.seeds):
             keys = table_keys(DATASET, hidden="none", penalizer=args.recipe_penalizer)
             if strategy == "fedavg-sgd":  # the recipe's solver=sgd: local steps under FedAvg
-                keys = {**keys, "recipe": COX_RECIPE, "recipe_params": json.dumps(
+                keys = {**keys, "recipe": SURVIVAL.recipe, "recipe_params": json.dumps(
                     {"hidden": [], "penalizer": args.recipe_penalizer, "solver": "sgd"})}
             cfg = RunConfig(**keys, seed=seed, resume=False,
                             num_server_rounds=args.rounds, lr=args.lr, keep="last",
@@ -147,8 +147,8 @@ def main() -> None:
     started = time.monotonic()
     doc = run_survival(run, dataset="tcga-brca", site_files=[], out=out)
     seconds = time.monotonic() - started
-    names = list(doc["covariates"])
-    fed = pd.Series([doc["covariates"][n]["coef"] for n in names], index=names)
+    names = list(doc.covariates)
+    fed = pd.Series([doc.covariates[n].coef for n in names], index=names)
 
     pooled = pd.concat([train[[*names, TIME, EVENT]].astype(float).assign(region=k)
                         for k, (train, _) in enumerate(data.values())], ignore_index=True)
@@ -158,16 +158,16 @@ def main() -> None:
     tight = CoxPHFitter(penalizer=args.penalizer).fit(
         pooled, TIME, EVENT, strata=["region"],
         fit_options={"precision": 1e-12, "r_precision": 1e-14})
-    se = pd.Series([doc["covariates"][n]["se"] for n in names], index=names)
+    se = pd.Series([doc.covariates[n].se for n in names], index=names)
 
     fed_runs = federated_runs(args, out) if args.strategies else {}
     fed_regions, fed_pooled = scores(fed, data)
     ref_regions, ref_pooled = scores(ref.params_[names], data)
-    print(f"Fed-TCGA-BRCA, FLamby's split: {doc['rows']} training patients ({doc['events']} "
+    print(f"Fed-TCGA-BRCA, FLamby's split: {doc.rows} training patients ({doc.events} "
           f"events) in {len(REGIONS)} regions; penalizer {args.penalizer}, secure aggregation "
-          f"{doc['secure_aggregation']}")
-    print(f"exact federated Cox: {doc['newton_rounds']} Newton rounds, {doc['secure_sums']} "
-          f"summed vectors, {seconds:.1f} s end to end (Flower simulation, {doc['seconds']:.1f} s "
+          f"{doc.secure_aggregation}")
+    print(f"exact federated Cox: {doc.newton_rounds} Newton rounds, {doc.secure_sums} "
+          f"summed vectors, {seconds:.1f} s end to end (Flower simulation, {doc.seconds:.1f} s "
           f"inside the coordinator); lifelines on the pooled rows {ref_seconds:.2f} s")
     for label, model in (("lifelines defaults", ref), ("lifelines to its maximum", tight)):
         rel_c = float(np.max(np.abs(fed / model.params_[names] - 1)))

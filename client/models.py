@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from fedsplit.client.recipes import Recipe, Standardize, recipe_for
 from fedsplit.client.recipes.builtin import SiteModel
-from fedsplit.client.recipes.spec import KINDS, NORMS, RECIPE_KIND, TASKS, ModelSpec
+from fedsplit.client.recipes.spec import KINDS, NORMS, RECIPE_KIND, ModelSpec
 from fedsplit.protocol.errors import ConfigError
 from torch import nn
 
-__all__ = ["KINDS", "NORMS", "RECIPE_KIND", "TASKS", "ModelSpec", "SiteModel", "Standardize",
+__all__ = ["KINDS", "NORMS", "RECIPE_KIND", "ModelSpec", "SiteModel", "Standardize",
            "build_model", "has_batch_norm", "load_model", "recipe_of"]
 
 

@@ -44,9 +44,7 @@ from fedsplit.protocol.schema import (
     named_label_rows,
     target_label_counts,
 )
-from fedsplit.protocol.survival import SURVIVAL
-
-COX_RECIPE = "fedsplit.client.survival.recipe:Cox"  # the survival task's recipe
+from fedsplit.protocol.tasks import TaskKind, declared, task_kind
 
 DATA_SUFFIXES = TABLE_SUFFIXES + IMAGE_SUFFIXES
 
@@ -62,18 +60,33 @@ class SiteData:
 
 def site_recipe(node_config: dict[str, Any], cfg: RunConfig) -> Recipe | None:
     """This hospital's recipe: node config ``recipe`` (with ``recipe-params``), else the run
-    config's ``recipe`` (with ``recipe-params``), else for task survival the Cox recipe
-    (`client.survival.recipe`, with ``hidden`` and ``penalizer``); None: the built-in model by
-    the data."""
+    config's ``recipe`` (with ``recipe-params``), else the task kind's own recipe
+    (`protocol.tasks`: survival's Cox recipe, with ``hidden`` and ``penalizer``); None: the
+    built-in model by the data."""
     ref = str(node_config.get("recipe", "") or "")
     if ref:
         return _recipe(ref, str(node_config.get("recipe-params", "") or "{}"))
     if cfg.recipe:
         return _recipe(cfg.recipe, cfg.recipe_params)
-    if cfg.task == SURVIVAL:  # the Cox recipe, with --hidden and --penalizer as its parameters
-        return _recipe(COX_RECIPE, json.dumps({"hidden": list(cfg.hidden_widths),
-                                               "penalizer": cfg.penalizer}, sort_keys=True))
+    if ref := task_recipe(cfg):  # the task kind's own recipe, with run settings as parameters
+        return _recipe(ref, json.dumps(recipe_settings(task_kind(cfg.task), cfg), sort_keys=True))
     return None
+
+
+def task_recipe(cfg: RunConfig) -> str:
+    """The run's task kind's own recipe reference (survival: the Cox recipe), or ""."""
+    kind = declared(cfg.task)
+    return kind.recipe if kind is not None else ""
+
+
+def recipe_settings(kind: TaskKind, cfg: RunConfig) -> dict[str, Any]:
+    """The run settings a task kind's recipe takes as its parameters (``recipe_settings``:
+    ``hidden``, the widths of ``--hidden``; ``penalizer``, ``norm``)."""
+    settings = {"hidden": list(cfg.hidden_widths), "penalizer": cfg.penalizer, "norm": cfg.norm}
+    if unknown := sorted(set(kind.recipe_settings) - set(settings)):
+        raise ConfigError(f"Task kind {kind.name}'s recipe takes run settings fedsplit does not "
+                          f"pass to recipes: {unknown}. It may take {sorted(settings)}.")
+    return {name: settings[name] for name in kind.recipe_settings}
 
 
 @lru_cache(maxsize=8)
@@ -105,7 +118,7 @@ def recipe_line(cfg: RunConfig, data_kind: str | None = None,
         return f"recipe {ref} (params {params or '{}'})"
     recipe = site_recipe(node, cfg)
     if recipe is not None:  # a user's recipe, or the survival task's Cox recipe
-        ref = str(node.get("recipe") or cfg.recipe or COX_RECIPE)
+        ref = str(node.get("recipe") or cfg.recipe or task_recipe(cfg))
         return (f"recipe {ref} ({recipe.identity.label()}, params "
                 f"{json.dumps(recipe.identity.params, sort_keys=True)})")
     if data_kind is None:

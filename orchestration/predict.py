@@ -40,6 +40,7 @@ from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.recipe import describe_model
 from fedsplit.protocol.schema import Schema, encode_frame
+from fedsplit.protocol.tasks import task_kind
 from fedsplit.protocol.weights import read_schema, read_weights
 
 
@@ -65,7 +66,7 @@ def predict_frame(model_path: Path, frame: Any, *, where: str, recipe: Recipe | 
     out = pd.DataFrame(index=range(len(frame)))
     if schema.id_column and schema.id_column in frame.columns:
         out[schema.id_column] = frame[schema.id_column].to_numpy()
-    if schema.task == "classification":  # class indices -> the schema's labels
+    if task_kind(schema.task).classes:  # class indices -> the schema's labels
         probs = [c for c in columns if c.startswith("p_") and c[2:].isdigit()]
         labels = list(schema.labels) + [f"class-{k}" for k in
                                         range(len(schema.labels), len(probs))]
@@ -109,18 +110,13 @@ def predict_inputs(model_path: Path, source: Path, recipe: Recipe) -> Any:
     return pd.DataFrame({"input": ids, **columns})
 
 
-#: the bundled survival recipe, found without --recipe (`client.survival.recipe`)
-COX_RECIPE = "fedsplit.client.survival.recipe:Cox"
-SURVIVAL = "survival"
-
-
 def survival_baseline(model_path: Path, model_id: str, times: Sequence[float],
                       baseline: Path | None = None) -> ss.Baseline:
     """The baseline that turns ``model_path``'s risk into survival at ``times``; refused for a
     model that is not a survival model, a missing or mismatched baseline, or times past it."""
     found_model = describe_model(model_id)
     task = found_model.task if found_model is not None else ""
-    if task != SURVIVAL:
+    if not (task and task_kind(task).time_event):
         raise ConfigError(f"--times gives survival probabilities of a survival model (fedsplit "
                           f"simulate --task survival); {model_path} is a {task or 'unknown'} "
                           f"model. Leave --times out. Received: model {model_id[:80]!r}")

@@ -31,6 +31,7 @@ imports nothing (the coordinator never runs recipe code).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.tasks import task_kind
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 #: Entry-point group under which an installed package registers its recipes.
@@ -50,8 +52,6 @@ BUILTIN_RECIPES = ("mlp", "cnn")
 BUILTIN_VERSION = "1"
 #: ``query.init``'s model kind for any other recipe: the hospitals build it with their own.
 RECIPE_KIND = "recipe"
-#: The tasks a short id may name (a recipe may define others).
-BUILTIN_TASKS = ("classification", "regression")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODULE_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -279,10 +279,9 @@ def model_selection(model_id: str | None) -> str | None:
     if found is not None:
         return found.selection
     parts = str(model_id or "").split("/")
-    if not is_recipe_id(str(model_id or "")) and len(parts) > 1 and parts[1] in BUILTIN_TASKS:
-        from fedsplit.protocol.selection import selection_metric
-
-        return selection_metric(parts[1])
+    if not is_recipe_id(str(model_id or "")) and len(parts) > 1:
+        with contextlib.suppress(ConfigError):  # a task kind's name: its selection metric
+            return task_kind(parts[1]).selection
     return None
 
 

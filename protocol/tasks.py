@@ -235,6 +235,11 @@ def check_task(task: str) -> str:
     return task
 
 
+def recipe_kind(ref: str) -> TaskKind | None:
+    """The kind whose own recipe ``ref`` is (survival: the Cox recipe), or None."""
+    return next((kind for kind in _KINDS.values() if kind.recipe and kind.recipe == ref), None)
+
+
 def resolve(entry: str) -> Any:
     """The object a ``module:attribute`` entry names (a kind's phase, plot or recipe)."""
     module, _, attribute = entry.partition(":")

@@ -67,12 +67,11 @@ from fedsplit.protocol.site_policy import (
     PolicyRefusal,
     SitePolicy,
 )
+from fedsplit.protocol.tasks import recipe_kind
 
 log = logging.getLogger(__name__)
 
 STAGE = "its policy"
-#: The survival task's built-in recipe (`client.site.COX_RECIPE`).
-COX_RECIPE = "fedsplit.client.survival.recipe:Cox"
 
 Mod = Callable[[Any, Any, Callable[[Any, Any], Any]], Any]
 
@@ -136,7 +135,7 @@ def site_of(app: str, context: Any) -> str:
         if app == "horizontal" and (cfg := _run_config(context)) is not None:
             names = cfg.names
         elif app == "survival":
-            names = sv.SurvivalRun.from_flower(context.run_config).site_names
+            names = sv.SurvivalRun.from_flower(context.run_config).names
     except Exception:  # a misconfigured name is the handler's to report
         names = ()
     return str(names[partition]) if 0 <= partition < len(names) else f"site-{partition}"
@@ -210,8 +209,8 @@ def _builtin(ref: str) -> str | None:
         return "model (MLP or CNN)"
     if ref in BUILTIN_RECIPES:
         return ref.upper()
-    if ref == COX_RECIPE:
-        return "Cox model"
+    if (kind := recipe_kind(ref)) is not None:  # a task kind's own (survival: the Cox model)
+        return f"{kind.recipe.rpartition(':')[2]} model"
     return None
 
 

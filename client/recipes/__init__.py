@@ -6,8 +6,6 @@ an entry point of the ``fedsplit.recipes`` group. The built-in MLP and CNN are r
 """
 
 from fedsplit.client.recipes.base import (
-    CLASSIFICATION,
-    REGRESSION,
     NoParams,
     Recipe,
     Standardize,
@@ -26,10 +24,8 @@ from fedsplit.client.recipes.spec import ModelInputs, ModelSpec
 
 __all__ = [
     "BUILTINS",
-    "CLASSIFICATION",
     "CNN",
     "MLP",
-    "REGRESSION",
     "ModelInputs",
     "ModelSpec",
     "NoParams",

@@ -1,15 +1,17 @@
 """The recipe interface: everything a hospital's own model brings to fedsplit, written down once.
 
 A recipe is a subclass of `Recipe`. It must give a name, a version and `build_model`; the rest has
-defaults that follow the task (``classification``: cross-entropy, ``loss`` and ``accuracy``,
-selection by accuracy; ``regression``: mean squared error on standardised targets, ``loss``,
-``r2`` and ``rmse``, selection by r2). Override what differs:
+defaults that follow the task kind (`protocol.tasks`): its labels (class indices: cross-entropy;
+values: mean squared error on standardised targets), its metrics besides ``loss``
+(classification: ``accuracy``; regression: ``r2`` and ``rmse``) and its selection metric.
+Override what differs:
 
 ===========================  ====================================================================
 ``name``, ``version``        identity (class attributes); hospitals must agree on both
 ``Params``                   a pydantic model of the recipe's parameters (validated; recorded
                              with the run and in every weight file)
-``tasks``                    the tasks the recipe trains (default classification, regression)
+``tasks``                    the task kinds the recipe trains (default: every kind whose labels
+                             are class indices or values, e.g. classification, regression)
 ``build_model(inputs)``      the ``nn.Module``, from what the agreed schema says (`ModelInputs`)
 ``targets(model, y)``        the training targets as the loss wants them (y may be 2-D, e.g. time
                              and event)
@@ -54,6 +56,7 @@ import torch
 from fedsplit.client.recipes.spec import ModelInputs, ModelSpec
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.recipe import RecipeIdentity
+from fedsplit.protocol.tasks import TaskKind, task_kind
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
@@ -61,8 +64,6 @@ if TYPE_CHECKING:
     from fedsplit.client.data import Dataset
 
 METRIC_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
-CLASSIFICATION = "classification"
-REGRESSION = "regression"
 
 
 class NoParams(BaseModel):
@@ -99,7 +100,7 @@ class Recipe:
     name: ClassVar[str] = ""
     version: ClassVar[str] = ""
     Params: ClassVar[type[BaseModel]] = NoParams
-    tasks: ClassVar[tuple[str, ...]] = (CLASSIFICATION, REGRESSION)
+    tasks: ClassVar[tuple[str, ...]] = ()
     per_sample_loss: ClassVar[bool] = True
     #: FedBN (Li et al., 2021): every BatchNorm layer's weights and running statistics stay at
     #: each hospital and never travel (see `federated`)
@@ -134,10 +135,14 @@ class Recipe:
                          selection=self.selection_metric(inputs.task))
 
     def check_task(self, task: str) -> None:
-        """Refuse a task this recipe does not train."""
-        if task not in self.tasks:
-            raise ConfigError(f"Recipe {self.name} trains {', '.join(self.tasks)}; the hospitals' "
-                              f"data is {task}. Choose another recipe or --task. Received: {task!r}")
+        """Refuse a task this recipe does not train (`tasks`; none named: every kind whose labels
+        are class indices or values, which the default targets, loss and metrics handle)."""
+        kind = task_kind(task)
+        if task in self.tasks if self.tasks else (kind.classes or kind.values):
+            return
+        trains = ", ".join(self.tasks) or "every task whose labels are classes or values"
+        raise ConfigError(f"Recipe {self.name} trains {trains}; the hospitals' data is {task}. "
+                          f"Choose another recipe or --task. Received: {task!r}")
 
     # --- model ------------------------------------------------------------------------------
     def build_model(self, inputs: ModelInputs) -> nn.Module:
@@ -186,10 +191,9 @@ class Recipe:
 
     # --- targets, loss, metrics -------------------------------------------------------------
     def targets(self, model: nn.Module, y: np.ndarray) -> torch.Tensor:
-        """Class indices (classification), or targets standardised with the model's
-        ``target_mean``/``target_std`` buffers when it has them (regression, N x 1)."""
-        task = model_task(model)
-        if task == CLASSIFICATION:
+        """Class indices (a kind whose labels are classes), or targets standardised with the
+        model's ``target_mean``/``target_std`` buffers when it has them (values, N x 1)."""
+        if model_kind(model).classes:
             return torch.as_tensor(np.asarray(y), dtype=torch.long)
         mean, std = _target_scale(model)
         scaled = (np.asarray(y, dtype=np.float32) - mean) / std
@@ -197,18 +201,18 @@ class Recipe:
         return torch.as_tensor(scaled, dtype=torch.float32)
 
     def loss(self, model: nn.Module, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy (classification) or mean squared error (regression) of one batch."""
-        if model_task(model) == CLASSIFICATION:
+        """Cross-entropy (labels are classes) or mean squared error (values) of one batch."""
+        if model_kind(model).classes:
             return nn.functional.cross_entropy(output, target)
         return nn.functional.mse_loss(output, target)
 
     def metric_names(self, task: str) -> tuple[str, ...]:
-        """The names `metrics` returns for ``task``."""
-        return ("loss", "accuracy") if task == CLASSIFICATION else ("loss", "r2", "rmse")
+        """The names `metrics` returns for ``task``: ``loss`` and the kind's metrics."""
+        return ("loss", *task_kind(task).metrics)
 
     def selection_metric(self, task: str) -> str:
-        """The metric (higher is better) that picks a baseline's round."""
-        return "accuracy" if task == CLASSIFICATION else "r2"
+        """The metric (higher is better) that picks a baseline's round: the kind's."""
+        return task_kind(task).selection
 
     def forward_all(self, model: nn.Module, x: np.ndarray, device: torch.device) -> torch.Tensor:
         """The model's outputs for every row of ``x`` (in batches of 4096)."""
@@ -219,22 +223,16 @@ class Recipe:
     @torch.no_grad()
     def metrics(self, model: nn.Module, x: np.ndarray, y: np.ndarray,
                 device: torch.device) -> dict[str, float]:
-        """``loss`` and ``accuracy`` (classification) or ``loss``, ``r2``, ``rmse``."""
+        """``loss`` and the task kind's metrics of the predictions (`protocol.tasks.TaskKind.score`:
+        ``accuracy``; ``r2``, ``rmse``; ...)."""
         out = self.forward_all(model, x, device)
         loss = float(self.loss(model, out, self.targets(model, y).to(device)))
-        if model_task(model) == CLASSIFICATION:
-            acc = float((out.argmax(1).cpu().numpy() == np.asarray(y)).mean())
-            return {"loss": loss, "accuracy": acc}
-        pred = self.predict_outputs(model, out).cpu().numpy().astype(np.float64)
-        truth = np.asarray(y, dtype=np.float64)
-        ss_res = float(((truth - pred) ** 2).sum())
-        ss_tot = float(((truth - truth.mean()) ** 2).sum())
-        return {"loss": loss, "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0,
-                "rmse": float(np.sqrt(ss_res / len(truth)))}
+        pred = self.predict_outputs(model, out).cpu().numpy()
+        return {"loss": loss, **model_kind(model).score(np.asarray(y), pred)}
 
     def predict_outputs(self, model: nn.Module, out: torch.Tensor) -> torch.Tensor:
         """Model outputs -> class indices, or values in target units."""
-        if model_task(model) == CLASSIFICATION:
+        if model_kind(model).classes:
             return out.argmax(dim=1)
         mean, std = _target_scale(model)
         return out.squeeze(1) * std + mean
@@ -242,10 +240,10 @@ class Recipe:
     @torch.no_grad()
     def predict(self, model: nn.Module, x: np.ndarray) -> dict[str, np.ndarray]:
         """Columns of ``fedsplit predict``'s output: ``p_<k>`` per class and ``predicted``
-        (classification), or ``predicted`` in target units."""
+        (labels are classes), or ``predicted`` in target units."""
         model.eval()
         out = self.forward_all(model, x, torch.device("cpu"))
-        if model_task(model) == CLASSIFICATION:
+        if model_kind(model).classes:
             probs = torch.softmax(out, dim=1).numpy().astype(np.float64)
             cols = {f"p_{k}": probs[:, k] for k in range(probs.shape[1])}
             return {**cols, "predicted": probs.argmax(axis=1)}
@@ -361,6 +359,11 @@ def model_task(model: nn.Module) -> str:
         raise ConfigError(f"This model was not built by fedsplit's build_model, so its task is "
                           f"unknown. Received: {type(model).__name__}")
     return str(spec.task)
+
+
+def model_kind(model: nn.Module) -> TaskKind:
+    """The task kind (`protocol.tasks`) of a model built by `client.models.build_model`."""
+    return task_kind(model_task(model))
 
 
 def _target_scale(model: nn.Module) -> tuple[float, float]:

@@ -16,6 +16,7 @@ import torch
 from fedsplit.client.recipes.base import Recipe, Standardize
 from fedsplit.client.recipes.spec import BUILTIN_VERSION, ModelInputs, ModelSpec
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.tasks import task_kind
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
@@ -60,7 +61,7 @@ class SiteModel(nn.Module):
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Return class indices, or regression values in target units."""
         out = self.forward(x)
-        if self.spec.task == "classification":
+        if task_kind(self.spec.task).classes:
             return out.argmax(dim=1)
         return out.squeeze(1) * self.target_std + self.target_mean
 

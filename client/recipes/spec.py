@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.recipe import (
     BUILTIN_RECIPES,
-    BUILTIN_TASKS,
     BUILTIN_VERSION,
     RECIPE_KIND,
     RecipeIdentity,
@@ -20,11 +19,11 @@ from fedsplit.protocol.recipe import (
     builtin_identity,
     is_recipe_id,
 )
+from fedsplit.protocol.tasks import task_kind
 
 KINDS = BUILTIN_RECIPES  # the built-in recipes' models; any other recipe's spec has kind "recipe"
-TASKS = BUILTIN_TASKS  # the built-ins' tasks; a recipe may define others
 NORMS = ("none", "batch")
-__all__ = ["BUILTIN_VERSION", "KINDS", "NORMS", "RECIPE_KIND", "TASKS", "ModelInputs", "ModelSpec"]
+__all__ = ["BUILTIN_VERSION", "KINDS", "NORMS", "RECIPE_KIND", "ModelInputs", "ModelSpec"]
 
 
 @dataclass(frozen=True)
@@ -97,19 +96,24 @@ class ModelSpec:
                               f"Received: {self.recipe}")
         if self.kind not in KINDS:
             raise ConfigError(f"Model kind must be one of {KINDS}. Received: {self.kind!r}")
-        if self.task not in TASKS:
-            raise ConfigError(f"Task must be one of {TASKS}. Received: {self.task!r}")
+        task = task_kind(self.task)  # the built-ins train kinds whose labels are classes or values
+        if not (task.classes or task.values):
+            raise ConfigError(f"The built-in {self.kind} trains tasks whose labels are classes or "
+                              f"values; {self.task}'s are {task.labels}: use its recipe "
+                              f"({task.recipe or 'a recipe for it'}). Received: {self.task!r}")
         want = 1 if self.kind == "mlp" else 3
         if len(self.input_shape) != want or min(self.input_shape) < 1:
             raise ConfigError(
                 f"A {self.kind} needs an input shape of {want} positive dimension(s). "
                 f"Received: {self.input_shape}"
             )
-        if self.task == "regression" and self.num_outputs != 1:
-            raise ConfigError(f"Regression has one output. Received: {self.num_outputs}")
-        if self.task == "classification" and self.num_outputs < 2:
+        if task.values and self.num_outputs != 1:
+            raise ConfigError(f"A task of values ({self.task}) has one output. "
+                              f"Received: {self.num_outputs}")
+        if task.classes and self.num_outputs < 2:
             raise ConfigError(
-                f"Classification needs at least 2 classes. Received: {self.num_outputs}"
+                f"A task of classes ({self.task}) needs at least 2 classes. "
+                f"Received: {self.num_outputs}"
             )
         if self.norm not in NORMS:
             raise ConfigError(f"norm must be one of {NORMS}. Received: {self.norm!r}")
