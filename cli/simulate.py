@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 from fedsplit.orchestration.datasets import SIMULATE_DATASETS, table_keys
-from fedsplit.orchestration.tables import summary_tables
+from fedsplit.orchestration.tables import metric_key, summary_tables
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.history import SUMMARY_FILE, PrivacyAudit, RunRecord, RunSummary, scalars
+from fedsplit.protocol.tasks import task_kind
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -59,12 +60,13 @@ def print_summary(summary: RunSummary) -> None:
         console.print(f"federated + fine-tuned: each hospital's own fine-tuned copy of the global "
                       f"model ({part}{budget}), scored on its own test patients (pooled: each row by "
                       f"its hospital's model)")
-    if summary.task == "regression":
-        entries = [(label, entry) for label, entry in (
-            ("centralized", summary.centralized), ("federated", summary.federated),
-            (tuned_label, tuned)) if entry is not None]
-        console.print("rmse (pooled): " + ", ".join(
-            f"{label} {entry.metrics['rmse']:.3f}" for label, entry in entries))
+    entries = [(label, entry) for label, entry in (
+        ("centralized", summary.centralized), ("federated", summary.federated),
+        (tuned_label, tuned)) if entry is not None]
+    for key in task_kind(str(summary.task)).metrics:  # the kind's other metrics (regression: rmse)
+        if key != metric_key(summary) and all(key in entry.metrics for _, entry in entries):
+            console.print(f"{key} (pooled): " + ", ".join(
+                f"{label} {entry.metrics[key]:.3f}" for label, entry in entries))
     for line in summary.table_schema.warnings if summary.table_schema else []:
         console.print(f"[yellow]schema warning:[/] {line}")
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from fedsplit.protocol.selection import selection_metric
+from fedsplit.protocol.tasks import task_kind
 from rich.console import Console
 from rich.table import Table
 
@@ -26,7 +28,7 @@ app = typer.Typer(help="Vertical federated learning: same patients, different co
 
 def print_summary(summary: VerticalSummary) -> None:
     """Each site alone, fused, centralized."""
-    keys = ["accuracy"] if summary.task == "classification" else ["r2", "rmse"]
+    keys = list(task_kind(summary.task).metrics)  # the task kind's: accuracy; r2, rmse
     rounds = len(summary.rounds)
 
     def cells(metrics: dict[str, Any], style: str = "") -> list[str]:
@@ -148,7 +150,7 @@ def compare_fills(
     table = Table(title="Fills for missing views (held-out rows)")
     for col in ("fill", "training rows", "all held-out rows", "rows every site holds"):
         table.add_column(col, justify="right")
-    key = "accuracy" if task == "classification" else "r2"
+    key = selection_metric(task)
     for r in results.fills:
         complete = r.metrics_complete_rows if r.metrics_complete_rows is not None else r.metrics
         table.add_row(r.fill, str(r.train_rows), f"{r.metrics[key]:.4f} (n={r.num_examples})",

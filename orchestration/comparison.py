@@ -72,7 +72,7 @@ def run_comparison(
                          partition=comp.partition)
         results[label] = run_experiment(exp)
 
-    key = metric_key(str(next(iter(results.values())).task))
+    key = metric_key(next(iter(results.values())))
     comparison = {
         "dataset": comp.dataset, "sites": comp.sites, "partition": comp.partition,
         "attack": comp.attack, "hostile_sites": [f"site-{i}" for i in hostile], "rounds": comp.rounds,

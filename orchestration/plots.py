@@ -11,14 +11,19 @@ from typing import TYPE_CHECKING, Any
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.history import RunSummary, VerticalSummary
+from fedsplit.protocol.selection import selection_metric
 
 if TYPE_CHECKING:  # importing client.parallel loads torch; only drawing a table needs it
     from fedsplit.client.parallel.schedule import GPipeTable
 
 
-def metric_key(task: str) -> str:
-    """The metric plotted and compared: accuracy (classification) or r2 (regression)."""
-    return "accuracy" if task == "classification" else "r2"
+def metric_key(summary: RunSummary | VerticalSummary | Mapping[str, Any]) -> str:
+    """The metric a run is plotted, tabled and compared by: its selection metric (a recipe's
+    own, e.g. c_index), else its task kind's (`protocol.tasks`: accuracy, r2, ...)."""
+    if isinstance(summary, Mapping):
+        summary = _summary(summary)
+    chosen = summary.selection_metric if isinstance(summary, RunSummary) else None
+    return chosen or selection_metric(str(summary.task))
 
 
 @contextlib.contextmanager
@@ -68,7 +73,7 @@ def plot_rounds(summary: RunSummary | Mapping[str, Any], path: Path) -> None:
     own test patients (the pooled one in bold colour).
     """
     summary = _summary(summary)
-    key = summary.selection_metric or metric_key(str(summary.task))  # a recipe's, e.g. c_index
+    key = metric_key(summary)
     rounds = [r.round for r in summary.rounds]
     with round_axes(path, ylabel=f"test {key}", title=f"fedsplit: {summary.strategy} over "
                     f"{len(summary.local_only)} hospitals", size=(8, 4.8)) as ax:
@@ -106,7 +111,7 @@ def plot_comparison(results: Mapping[str, RunSummary | Mapping[str, Any]], path:
                     title: str) -> None:
     """One line per run: the test metric per round (``fedsplit compare-strategies``)."""
     runs = {label: _summary(summary) for label, summary in results.items()}
-    key = metric_key(str(next(iter(runs.values())).task))
+    key = metric_key(next(iter(runs.values())))
     with round_axes(path, ylabel=f"test {key}", title=title, size=(7.5, 4.5)) as ax:
         for label, summary in runs.items():
             rounds = [r.round for r in summary.rounds]
@@ -119,7 +124,7 @@ def plot_vertical(summary: VerticalSummary | Mapping[str, Any], path: Path) -> N
     a marker on each line shows the round that model keeps (chosen on validation rows)."""
     if not isinstance(summary, VerticalSummary):
         summary = VerticalSummary.from_json(dict(summary))
-    key = metric_key(str(summary.task))
+    key = metric_key(summary)
     rounds = [r.round for r in summary.rounds]
     title = f"fedsplit vertical: {len(summary.local_only)} sites, fill={summary.fill}"
     with round_axes(path, ylabel=f"held-out {key}", title=title) as ax:

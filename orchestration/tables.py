@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fedsplit.orchestration.plots import metric_key
 from fedsplit.protocol.history import Baseline, FederatedScores, RunSummary, Scores
 from rich import box
 from rich.table import Table
@@ -31,14 +32,6 @@ _MISSING = "-"
 
 def _summary(summary: RunSummary | Mapping[str, Any]) -> RunSummary:
     return summary if isinstance(summary, RunSummary) else RunSummary.from_json(dict(summary))
-
-
-def metric_key(summary: RunSummary | Mapping[str, Any]) -> str:
-    """The metric the tables show: the run's selection metric (accuracy, r2, c_index, ...)."""
-    summary = _summary(summary)
-    if summary.selection_metric:
-        return summary.selection_metric
-    return "accuracy" if summary.task == "classification" else "r2"
 
 
 def _text(value: float | None) -> str:
