@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -48,6 +52,22 @@ def sandbox() -> Iterator[Sandbox]:
     shared = Sandbox(workers=2, timeout_s=60)
     yield shared
     shared.close()
+
+
+@pytest.fixture
+def own_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The hospitals' own HDF5 recipe (tests/deploy/recipes/h5_signals.py, ``h5_signals:H5Signals``),
+    copied to a folder only ``sys.path`` and PYTHONPATH reach, as a hospital's own code would be."""
+    folder = tmp_path / "hospital-code"
+    folder.mkdir()
+    shutil.copy2(Path(__file__).parent / "deploy" / "recipes" / "h5_signals.py", folder)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder),
+                                                                   os.environ.get("PYTHONPATH")])))
+    import h5_signals
+
+    yield h5_signals
+    sys.modules.pop("h5_signals", None)
 
 
 @pytest.fixture

@@ -12,9 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,27 +22,13 @@ from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.orchestration import local_federation, up
 from fedsplit.orchestration.flower_runtime import flower_env, spawn
-from fedsplit.orchestration.local_federation import LocalFederation, Site, check_trained, fedsplit_command
+from fedsplit.orchestration.local_federation import LocalFederation, Site, check_trained
 from fedsplit.protocol.errors import ConfigError, FederationError, HospitalFailure, NoTrainingError
-from fedsplit.protocol.history import RunRecord
+from fedsplit.protocol.record.horizontal import RunRecord
 
-RECIPES = Path(__file__).parent / "recipes"
+from tests._helpers.processes import run_up_process
+
 RECIPE = "h5_signals:H5Signals"
-
-
-@pytest.fixture
-def own_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The hospitals' own HDF5 recipe, importable only through sys.path / PYTHONPATH."""
-    folder = tmp_path / "hospital-code"
-    folder.mkdir()
-    shutil.copy2(RECIPES / "h5_signals.py", folder / "h5_signals.py")
-    monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder),
-                                                                   os.environ.get("PYTHONPATH")])))
-    import h5_signals
-
-    yield h5_signals
-    sys.modules.pop("h5_signals", None)
 
 
 def record(trained: bool, *, status: str = "finished") -> RunRecord:
@@ -291,21 +274,6 @@ def test_a_failed_run_raises_the_coordinators_error_or_no_training(
 # --- two real federations ---------------------------------------------------------------------
 
 
-def _run_up(args: list[str], log: Path, env: dict[str, str], timeout: float) -> int:
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([*fedsplit_command(), "up", *args], stdout=fh,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 def _alive(pids_file: Path) -> list[int]:
     alive = []
     for pid in json.loads(pids_file.read_text()).values():
@@ -328,7 +296,7 @@ def test_up_trains_on_the_hospitals_own_files_and_refuses_a_run_that_trained_not
 
     t0 = time.monotonic()
     work = tmp_path / "ok"
-    code = _run_up([*common, "--work", str(work)], tmp_path / "ok.log", env, 420)
+    code = run_up_process([*common, "--work", str(work)], tmp_path / "ok.log", env, 420)
     printed = (tmp_path / "ok.log").read_text()
     trained_s = time.monotonic() - t0
     assert code == 0, printed[-3000:]
@@ -343,7 +311,7 @@ def test_up_trains_on_the_hospitals_own_files_and_refuses_a_run_that_trained_not
 
     t1 = time.monotonic()
     work = tmp_path / "broken"
-    code = _run_up([*common, "--recipe-params", '{"fail_training": true}', "--work", str(work)],
+    code = run_up_process([*common, "--recipe-params", '{"fail_training": true}', "--work", str(work)],
                    tmp_path / "broken.log", env, 420)
     printed = (tmp_path / "broken.log").read_text()
     assert code == NoTrainingError.exit_code, printed[-3000:]

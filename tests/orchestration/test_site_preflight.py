@@ -3,8 +3,6 @@ and refuses in one line naming the hospital, the stage and the cause (issue 31, 
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,21 +12,7 @@ from fedsplit.orchestration import site_agent
 from fedsplit.orchestration.site_agent import read_site_data
 from fedsplit.protocol.errors import HospitalFailure
 
-RECIPES = Path(__file__).parents[1] / "deploy" / "recipes"
 RECIPE = "h5_signals:H5Signals"
-
-
-@pytest.fixture
-def own_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The hospital's own HDF5 recipe, importable only through sys.path (as its own code)."""
-    folder = tmp_path / "hospital-code"
-    folder.mkdir()
-    shutil.copy2(RECIPES / "h5_signals.py", folder / "h5_signals.py")
-    monkeypatch.syspath_prepend(str(folder))
-    import h5_signals
-
-    yield h5_signals
-    sys.modules.pop("h5_signals", None)
 
 
 @pytest.fixture

@@ -6,11 +6,8 @@ federation of processes on 127.0.0.1)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -18,9 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from fedsplit.orchestration.flower_runtime import flower_env
-from fedsplit.orchestration.local_federation import fedsplit_command
 from fedsplit.orchestration.survival_summary import UpDataset, up_dataset
 from lifelines import CoxPHFitter
+
+from tests._helpers.processes import run_up_process
 
 
 def write_hospitals(folder: Path, seed: int = 0) -> dict[str, Path]:
@@ -47,21 +45,6 @@ def test_tcga_brca_is_a_dataset_of_up() -> None:
     assert up_dataset("breast-cancer", None) == UpDataset()
 
 
-def _run_up(args: list[str], log: Path, env: dict[str, str], timeout: float) -> int:
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([*fedsplit_command(), "up", *args], stdout=fh,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 @pytest.mark.slow
 def test_up_survival_fits_the_exact_cox_model_and_writes_the_summary(tmp_path: Path) -> None:
     files = write_hospitals(tmp_path)
@@ -73,7 +56,7 @@ def test_up_survival_fits_the_exact_cox_model_and_writes_the_summary(tmp_path: P
              "--penalizer", "0.01", "--rounds", "1", "--round-timeout", "120", "--no-admin",
              "--work", str(work)]
     started = time.monotonic()
-    code = _run_up(args, tmp_path / "up.log", env, 480)
+    code = run_up_process(args, tmp_path / "up.log", env, 480)
     printed = (tmp_path / "up.log").read_text()
     assert code == 0, printed[-3000:]
     out = work / "out"
