@@ -150,7 +150,8 @@ def up(
         own_sites(site)  # a missing file at any hospital: one line, before torch or a process
 
     from fedsplit.orchestration.datasets import table_keys
-    from fedsplit.orchestration.survival_summary import up_dataset, up_report
+    from fedsplit.orchestration.survival_summary import up_dataset
+    from fedsplit.orchestration.task_kinds import task_report
     from fedsplit.orchestration.up import UpPlan, left_out_failure, run_up
 
     survival = up_dataset(dataset, site)  # tcga-brca: its regions as hospitals, FLamby's columns
@@ -177,8 +178,8 @@ def up(
     model = "" if superlink is not None else f"global model {out / 'global.h5'}, "
     console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history.rounds)} "
                   f"rounds; {model}history {out / 'history.json'}")
-    if cfg.task == "survival" and superlink is None:  # per-hospital C-index, KM, baseline
-        for line in up_report(out, history):
+    if superlink is None:  # the task kind's report (survival: per-hospital C-index, KM, baseline)
+        for line in task_report(cfg.task, out, history):
             console.print(line)
     if (failure := left_out_failure(history, out)) is not None:  # trained without a hospital
         raise failure

@@ -51,7 +51,13 @@ from fedsplit.client.failures import hospital_stage
 from fedsplit.client.models import SiteModel, build_model, load_model, recipe_of
 from fedsplit.client.policy.paths import STATE_FOLDER
 from fedsplit.client.recipes import ModelInputs
-from fedsplit.client.site import effective_recipe, recipe_line, site_recipe, split_site
+from fedsplit.client.site import (
+    effective_recipe,
+    recipe_line,
+    site_recipe,
+    split_site,
+    task_recipe,
+)
 from fedsplit.client.survival import tcga
 from fedsplit.client.train import (
     fit_steps,
@@ -69,6 +75,7 @@ from fedsplit.orchestration.plots import plot_rounds
 from fedsplit.orchestration.selection import BestRound
 from fedsplit.orchestration.site_files import SiteSource, check_site_files, parse_site
 from fedsplit.orchestration.survival_baselines import exact_baseline, fitted_exactly
+from fedsplit.orchestration.task_kinds import draw_task_plots
 from fedsplit.protocol.column_sets import check_table_columns
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, HospitalFailure
@@ -173,7 +180,7 @@ class Experiment:
             set(self.leave_out))
         check_attack(cfg.attack, cfg.attackers, joined)
         resolve_scope(parse_budget(self.personalize) or 1, self.personalize_scope)
-        if cfg.recipe or cfg.task == "survival":  # a recipe that cannot be imported or refuses
+        if cfg.recipe or task_recipe(cfg):  # a recipe that cannot be imported or refuses
             # its params fails here
             recipe = effective_recipe({}, cfg, "mlp")
             dp = DPSpec.parse(cfg.dp) if cfg.dp else None
@@ -618,12 +625,9 @@ def run_experiment(
                           f"{fed_dir / 'history.json'}. Received: 0 models")
     final = load_model(fed_dir / "global.h5")
     num_outputs = final.spec.num_outputs
-    survival = None
-    if cfg.task == "survival":  # the coordinator's summary after the last round: the pooled
-        # Kaplan-Meier curve and the kept model's Breslow baseline, from the hospitals' sums
-        from fedsplit.orchestration.survival_summary import write_plots
-
-        survival = write_plots(fed_dir)
+    # the task kind's figures after the last round (survival: the coordinator's summary, the
+    # pooled Kaplan-Meier curve and the kept model's Breslow baseline, from the hospitals' sums)
+    drawn = draw_task_plots(cfg.task, fed_dir)
 
     stage("baselines: centralized and each hospital alone (same model, same optimizer steps)")
     # the rows each agent trains on: its file minus its own held-out evaluation rows
@@ -719,9 +723,9 @@ def run_experiment(
             num_examples=fed_examples, model=str(fed_dir / "global.h5"),
             **kept_round(history, fed_dir)),
         personalized=personalized,
-        survival=survival,
         rounds=rounds,
         failures=_left_out(history, [t.name for t in joined]) + failures,
+        **drawn,
     )
     summary.save(out / SUMMARY_FILE)
     plot_rounds(summary, out / "rounds.png")

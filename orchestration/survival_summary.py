@@ -91,6 +91,12 @@ def tcga_partitions(folder: Path) -> dict[str, Path]:
     return files
 
 
+def summary_plots(out_dir: Path) -> dict[str, SurvivalFiles]:
+    """The survival kind's plots after a ``simulate`` run (`protocol.tasks`): `write_plots`, as
+    the run summary's ``survival`` field."""
+    return {"survival": write_plots(out_dir)}
+
+
 def up_report(out_dir: Path, history: RunRecord) -> list[str]:
     """The end of a survival `fedsplit up`: the kept round's C-index per hospital (on its own
     evaluation rows) and over the summed pairs, and the summary's files (km.png drawn)."""
