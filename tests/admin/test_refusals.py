@@ -8,6 +8,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from httpx import Response
 
 from tests.admin.conftest import ADMIN, bearer, create_round, post_file, raw_weights, write_model
 
@@ -150,6 +151,23 @@ def assert_nothing_stored(client, data_dir: Path, round_id: int) -> None:
     assert list((data_dir / "files" / "tmp").iterdir()) == []
 
 
+@pytest.fixture
+def refused(client, site_token, data_dir) -> Callable[..., Response]:
+    """Uploads a file as hospital-a to a new round, asserts it is refused with ``status`` and
+    nothing is stored, and returns the response."""
+
+    def upload(path: Path, *, status: int = 422, cohort_size: int | None = None,
+               num_examples: int | str | None = None) -> Response:
+        token = site_token("hospital-a", cohort_size=cohort_size)
+        rnd = create_round(client)
+        response = post_file(client, rnd["id"], token, path, num_examples=num_examples)
+        assert response.status_code == status, response.text
+        assert_nothing_stored(client, data_dir, rnd["id"])
+        return response
+
+    return upload
+
+
 @pytest.mark.parametrize(("label", "build", "reason", "detail"), CASES, ids=[c[0] for c in CASES])
 def test_unsafe_or_invalid_file_is_refused(
     client, site_token, data_dir, tmp_path, label, build, reason, detail
@@ -167,87 +185,63 @@ def test_unsafe_or_invalid_file_is_refused(
     assert post_file(client, rnd["id"], token, write_model(tmp_path / "ok.h5")).status_code == 201
 
 
-def test_external_storage_is_refused(client, site_token, data_dir, tmp_path):
+def test_external_storage_is_refused(refused, tmp_path):
     """External raw storage would read another file of the server's: refused before any read."""
-    token = site_token("hospital-a")
-    rnd = create_round(client)
-    path = raw_weights(tmp_path / "bad.h5", _external_storage)
-    response = post_file(client, rnd["id"], token, path)
-    assert response.status_code == 422
+    response = refused(raw_weights(tmp_path / "bad.h5", _external_storage))
     assert response.json()["reason"] == "external_storage"
     assert response.json()["detail"] == (
         f"{U}: /arrays/w uses external raw storage (its bytes live in another file). Write the values "
         f"into the file itself. Received: external={[str(tmp_path / 'bad.raw')]!r}"
     )
-    assert_nothing_stored(client, data_dir, rnd["id"])
 
 
-def test_not_hdf5_is_refused(client, site_token, data_dir, tmp_path):
+def test_not_hdf5_is_refused(refused, tmp_path):
     """Bytes without the HDF5 signature."""
-    token = site_token("hospital-a")
-    rnd = create_round(client)
     path = tmp_path / "model.h5"
     path.write_bytes(b"PK\x03\x04 this is a zip, not HDF5")
-    response = post_file(client, rnd["id"], token, path)
-    assert response.status_code == 422
-    assert response.json()["detail"] == (
+    assert refused(path).json()["detail"] == (
         "The uploaded file is not HDF5 (no HDF5 signature). Upload a fedsplit weight file (`fedsplit "
         "export CHECKPOINT.pt --num-examples N -o FILE.h5`) or a Keras save_weights file. Received: "
         "28 bytes starting b'PK\\x03\\x04 thi'"
     )
-    assert_nothing_stored(client, data_dir, rnd["id"])
 
 
-def test_truncated_file_is_refused(client, site_token, data_dir, tmp_path):
+def test_truncated_file_is_refused(refused, tmp_path):
     """A file cut short is refused as truncated or corrupt."""
-    token = site_token("hospital-a")
-    rnd = create_round(client)
     good = write_model(tmp_path / "good.h5")
     path = tmp_path / "cut.h5"
     path.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    response = post_file(client, rnd["id"], token, path)
-    assert response.status_code == 422
-    body = response.json()
+    body = refused(path).json()
     assert body["reason"] == "corrupt"
     assert body["detail"].startswith("The uploaded file ")
     assert "truncated or corrupt" in body["detail"]
     assert body["detail"].endswith(("Received: 4138 bytes", "Received: OSError"))
-    assert_nothing_stored(client, data_dir, rnd["id"])
 
 
-def test_hdf5_of_another_format_is_refused(client, site_token, data_dir, tmp_path):
+def test_hdf5_of_another_format_is_refused(refused, tmp_path):
     """HDF5 that is neither a fedsplit nor a Keras weights file."""
-    token = site_token("hospital-a")
-    rnd = create_round(client)
     path = tmp_path / "other.h5"
     with h5py.File(path, "w") as f:
         f["data"] = W
-    response = post_file(client, rnd["id"], token, path)
-    assert response.status_code == 422
-    assert response.json()["detail"] == (
+    assert refused(path).json()["detail"] == (
         "The uploaded file is HDF5 but neither a fedsplit weight file (root attribute "
         "format='fedsplit.weights') nor a Keras weights file (layers/... or layer_names). Write one "
         "with `fedsplit export CHECKPOINT.pt --num-examples N -o FILE.h5` or Keras's "
         "model.save_weights('x.weights.h5'). Received: root entries ['data']"
     )
-    assert_nothing_stored(client, data_dir, rnd["id"])
 
 
-def test_upload_over_the_size_limit_is_refused_with_413(client, site_token, data_dir, tmp_path):
+def test_upload_over_the_size_limit_is_refused_with_413(refused, tmp_path):
     """A declared body over the limit is refused before it is read."""
-    token = site_token("hospital-a")
-    rnd = create_round(client)
     path = tmp_path / "big.h5"
     path.write_bytes(b"\0" * (1024 * 1024 + 70 * 1024))
-    response = post_file(client, rnd["id"], token, path)
-    assert response.status_code == 413
+    response = refused(path, status=413)
     declared = response.request.headers["content-length"]
     assert response.json()["detail"] == (
         "The upload is larger than this server's limit of 1048576 bytes (1 MiB). Upload the round's "
         "model only (no optimizer state), or ask the coordinator to raise --max-upload-mb. "
         f"Received: Content-Length {declared}"
     )
-    assert_nothing_stored(client, data_dir, rnd["id"])
 
 
 def test_streamed_upload_over_the_size_limit_stops_at_the_limit(client, site_token, data_dir):
@@ -351,29 +345,21 @@ def test_dataset_larger_than_the_round_model_is_refused_before_reading(client, s
         ),
     ],
 )
-def test_bad_sample_counts_are_refused(client, site_token, data_dir, tmp_path, form, file_count, detail):
+def test_bad_sample_counts_are_refused(refused, tmp_path, form, file_count, detail):
     """Missing, non-integer, < 1 and above-cohort counts are refused."""
-    token = site_token("hospital-a", cohort_size=500)
-    rnd = create_round(client)
     attrs = {"num_examples": None if file_count is None else np.int64(file_count)}
     if file_count == 0:
         attrs["num_examples"] = np.float64(0.0)
     path = raw_weights(tmp_path / "m.h5", lambda f, g: g.__setitem__("w", W), **attrs)
-    response = post_file(client, rnd["id"], token, path, num_examples=form)
-    assert response.status_code == 422
+    response = refused(path, cohort_size=500, num_examples=form)
     assert response.json()["detail"] == detail
     assert response.json()["reason"] == "num_examples"
-    assert_nothing_stored(client, data_dir, rnd["id"])
 
 
-def test_absurd_count_is_refused(client, site_token, data_dir, tmp_path):
+def test_absurd_count_is_refused(refused, tmp_path):
     """A count over 10^9 is refused even for a site without a registered cohort size."""
-    token = site_token("hospital-a")
-    rnd = create_round(client)
-    response = post_file(client, rnd["id"], token, write_model(tmp_path / "m.h5"), num_examples=10**9 + 1)
-    assert response.status_code == 422
+    response = refused(write_model(tmp_path / "m.h5"), num_examples=10**9 + 1)
     assert response.json()["detail"] == (
         "num_examples 1000000001 is over 1000000000, which no hospital cohort reaches; it would swamp "
         "every other site in the average. Send the number of training rows. Received: 1000000001"
     )
-    assert_nothing_stored(client, data_dir, rnd["id"])
