@@ -6,6 +6,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from fedsplit.cli.options import (
+    Event,
+    IdColumn,
+    IgnoreColumn,
+    MinCategoryCount,
+    NaValues,
+    SecureAggregation,
+    Time,
+    split_values,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -20,34 +30,28 @@ def cox(
         typer.Option("--site", help="A hospital's CSV/Parquet table, as PATH, NAME=PATH or "
                                     "NAME=TRAIN:TEST (the TRAIN file is fitted; repeat per site)."),
     ] = None,
-    time: Annotated[str | None, typer.Option("--time", help="Follow-up time column (positive).")] = None,
-    event: Annotated[str | None, typer.Option("--event", help="Event column: 1/0, TRUE/FALSE or "
-                                                              "yes/no (1 = event observed).")] = None,
-    id_column: Annotated[str, typer.Option(help="Patient ID column (never a covariate).")] = "",
-    ignore_column: Annotated[
-        list[str] | None, typer.Option("--ignore-column", help="Leave a column out (repeatable).")
-    ] = None,
-    na_values: Annotated[
-        list[str] | None, typer.Option("--na-values", help="Extra missing-value marker, WORD or "
-                                                           "COLUMN=WORD (repeatable).")
-    ] = None,
+    time: Time = "",
+    event: Event = "",
+    id_column: IdColumn = "",
+    ignore_column: IgnoreColumn = None,
+    na_values: NaValues = None,
+    min_category_count: MinCategoryCount = 5,
     penalizer: Annotated[float, typer.Option(min=0.0, help="Ridge penalty, lifelines' convention "
                                                            "(n * P * ||b||^2 / 2 on standardized "
                                                            "coefficients).")] = 0.0,
-    secure_aggregation: Annotated[
-        str, typer.Option(help="off, on, or bound=B,...: every sum through SecAgg+.")
-    ] = "off",
+    secure_aggregation: SecureAggregation = "none",
     out: Annotated[Path, typer.Option(help="Output folder: cox.json, cox.png.")] = Path("runs/cox"),
 ) -> None:
     """Newton-Raphson on the hospitals' summed gradients and Hessians: the pooled stratified fit."""
     from fedsplit.orchestration.survival.run import dataset_columns, run_survival
     from fedsplit.protocol.survival import SurvivalRun
 
-    time_col, event_col, id_col = dataset_columns(dataset, time, event, id_column)
+    time_col, event_col, id_col = dataset_columns(dataset, time or None, event or None, id_column)
     run = SurvivalRun(mode="cox", time=time_col, event=event_col, out_dir=str(out),
-                      id_column=id_col, ignore_columns=tuple(ignore_column or ()),
-                      na_values=tuple(na_values or ()), penalizer=penalizer,
-                      secure_aggregation="" if secure_aggregation == "off" else secure_aggregation)
+                      id_column=id_col, ignore_columns=tuple(split_values(ignore_column)),
+                      na_values=tuple(split_values(na_values)), penalizer=penalizer,
+                      min_category_count=min_category_count,
+                      secure_aggregation=secure_aggregation)
     with console.status("fitting the federated Cox model ..."):
         doc = run_survival(run, dataset=dataset, site_files=site or [], out=out)
     table = Table(title=f"Cox model stratified by hospital: {len(doc['hospitals'])} hospitals, "

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from fedsplit.cli.options import Event, NaValues, SecureAggregation, Time, split_values
 from rich.console import Console
 
 console = Console()
@@ -19,31 +20,25 @@ def km(
         typer.Option("--site", help="A hospital's CSV/Parquet table, as PATH, NAME=PATH or "
                                     "NAME=TRAIN:TEST (the TRAIN file is used; repeat per site)."),
     ] = None,
-    time: Annotated[str | None, typer.Option("--time", help="Follow-up time column (positive).")] = None,
-    event: Annotated[str | None, typer.Option("--event", help="Event column: 1/0, TRUE/FALSE or "
-                                                              "yes/no (1 = event observed).")] = None,
-    na_values: Annotated[
-        list[str] | None, typer.Option("--na-values", help="Extra missing-value marker, WORD or "
-                                                           "COLUMN=WORD (repeatable).")
-    ] = None,
+    time: Time = "",
+    event: Event = "",
+    na_values: NaValues = None,
     min_count: Annotated[int, typer.Option(min=1, help="Minimum-count rule: each drop of the "
                                                        "published curve gathers at least this many "
                                                        "events and the curve stops where fewer "
                                                        "patients are at risk (1 = every event "
                                                        "time).")] = 5,
-    secure_aggregation: Annotated[
-        str, typer.Option(help="off, on, or bound=B,...: the counts through SecAgg+.")
-    ] = "off",
+    secure_aggregation: SecureAggregation = "none",
     out: Annotated[Path, typer.Option(help="Output folder: km.json, km.png.")] = Path("runs/km"),
 ) -> None:
     """Each hospital shares its number at risk and its events per time point; nothing else."""
     from fedsplit.orchestration.survival.run import dataset_columns, run_survival
     from fedsplit.protocol.survival import SurvivalRun
 
-    time_col, event_col, _ = dataset_columns(dataset, time, event, "")
+    time_col, event_col, _ = dataset_columns(dataset, time or None, event or None, "")
     run = SurvivalRun(mode="km", time=time_col, event=event_col, out_dir=str(out),
-                      na_values=tuple(na_values or ()), min_count=min_count,
-                      secure_aggregation="" if secure_aggregation == "off" else secure_aggregation)
+                      na_values=tuple(split_values(na_values)), min_count=min_count,
+                      secure_aggregation=secure_aggregation)
     with console.status("pooling the Kaplan-Meier counts ..."):
         doc = run_survival(run, dataset=dataset, site_files=site or [], out=out)
     curve = doc["curve"]

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from fedsplit.orchestration.datasets import SIMULATE_DATASETS, table_keys
+from fedsplit.cli.options import (
+    AggregationOptions,
+    DataOptions,
+    ModelOptions,
+    RunOptions,
+    TrainingOptions,
+    grouped,
+)
+from fedsplit.orchestration.datasets import SIMULATE_DATASETS
 from fedsplit.orchestration.tables import metric_key, summary_tables
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.history import SUMMARY_FILE, PrivacyAudit, RunRecord, RunSummary, scalars
 from fedsplit.protocol.tasks import task_kind
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from fedsplit import aggregation
 
 console = Console()
 
@@ -71,6 +76,7 @@ def print_summary(summary: RunSummary) -> None:
         console.print(f"[yellow]schema warning:[/] {line}")
 
 
+@grouped
 def simulate(
     out: Annotated[Path, typer.Option(help="Output directory (summary.json, rounds.png, models).")],
     dataset: Annotated[
@@ -84,33 +90,6 @@ def simulate(
                                     "folders), as PATH, NAME=PATH or NAME=TRAIN:TEST (repeat per "
                                     "site; name: the file stem)."),
     ] = None,
-    target: Annotated[str, typer.Option(help="Target column in --site tables.")] = "target",
-    time: Annotated[str, typer.Option(help="Survival: the follow-up time column of --site tables "
-                                          "(positive; the target). Needs --event.")] = "",
-    event: Annotated[str, typer.Option(help="Survival: the event column (1/0, TRUE/FALSE, yes/no; "
-                                           "1 = event observed, 0 = censored).")] = "",
-    penalizer: Annotated[
-        float | None, typer.Option(min=0.0, help="Survival: the Cox model's ridge penalty "
-                                                 "(lifelines' convention; default 0, tcga-brca "
-                                                 "0.01).")
-    ] = None,
-    min_count: Annotated[int, typer.Option(min=1, help="Survival: the pooled Kaplan-Meier curve "
-                                                      "and Breslow baseline publish no cell of "
-                                                      "fewer events (docs/survival.md).")] = 5,
-    id_column: Annotated[str, typer.Option(help="Patient ID column of --site tables (never a "
-                                                "feature).")] = "",
-    ignore_column: Annotated[
-        list[str] | None, typer.Option("--ignore-column", help="Column to leave out (repeatable).")
-    ] = None,
-    na_values: Annotated[
-        str, typer.Option(help="Extra missing-value markers, comma-separated (besides empty, NA, "
-                               "N/A, NaN, null, None, ?): VALUE for every column, COLUMN=VALUE "
-                               "for one (e.g. chol=0).")
-    ] = "",
-    min_category_count: Annotated[
-        int, typer.Option(min=1, help="A text category with fewer rows at a hospital is withheld "
-                                      "from its column report.")
-    ] = 5,
     sites: Annotated[
         int | None, typer.Option(min=1, help="Hospitals to split --dataset across (default 3; "
                                              "heart-disease has its own four).")
@@ -118,42 +97,9 @@ def simulate(
     partition: Annotated[
         str, typer.Option(help="iid, dirichlet:ALPHA (label skew) or sizes:n1,n2,...")
     ] = "iid",
-    strategy: Annotated[str, typer.Option(help="Aggregation strategy (`fedsplit strategies`).")] = "fedavg",
-    param: Annotated[
-        list[str] | None, typer.Option("--param", help="Strategy parameter key=value (repeatable).")
-    ] = None,
-    rounds: Annotated[int, typer.Option(min=1, help="Federation rounds.")] = 10,
-    local_epochs: Annotated[int, typer.Option(min=1, help="Local epochs per round (at least 10 "
-                                                          "mini-batches).")] = 1,
-    local_steps: Annotated[
-        int, typer.Option(min=0, help="Mini-batches per hospital per round instead of epochs "
-                                      "(0 = use --local-epochs).")
-    ] = 0,
-    server_opt: Annotated[
-        str, typer.Option(help="Server optimizer on the aggregate's pseudo-gradient: none, adam, "
-                               "yogi, adagrad, avgm.")
-    ] = "none",
-    server_lr: Annotated[float, typer.Option(min=0.0, help="Server learning rate (0 = the "
-                                                           "optimizer's default).")] = 0.0,
-    server_beta1: Annotated[float, typer.Option(min=0.0, max=0.9999, help="Server beta1.")] = 0.9,
-    server_beta2: Annotated[float, typer.Option(min=0.0, max=0.9999, help="Server beta2.")] = 0.99,
-    server_tau: Annotated[float, typer.Option(min=1e-12, help="Server adaptivity tau.")] = 1e-3,
-    server_momentum: Annotated[float, typer.Option(min=0.0, max=0.9999,
-                                                   help="avgm's server momentum.")] = 0.9,
-    hidden: Annotated[
-        str | None, typer.Option(help="MLP hidden widths, e.g. 64-32 (the default), or none "
-                                      "(logistic or linear regression; for survival the linear "
-                                      "Cox model, its default).")
-    ] = None,
-    lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate.")] = 0.01,
-    batch_size: Annotated[int, typer.Option(min=1, help="Local batch size.")] = 32,
-    proximal_mu: Annotated[float, typer.Option(min=0.0, help="FedProx mu (0 = off).")] = 0.0,
-    task: Annotated[str, typer.Option(help="auto, classification, regression or survival "
-                                          "(with --time and --event; docs/survival.md).")] = "auto",
     test_fraction: Annotated[
         float, typer.Option(min=0.05, max=0.9, help="Share of rows held out for scoring only.")
     ] = 0.2,
-    seed: Annotated[int, typer.Option(help="Seed for partitions, splits and initial weights.")] = 0,
     attack: Annotated[
         str, typer.Option(help="Make --attackers sites hostile: signflip[:K], scale:K, gaussian:SIGMA, "
                                "nan, labelflip (none = honest).")
@@ -167,30 +113,10 @@ def simulate(
         str, typer.Option(help="Split each hospital's training: none, data:replicas=R, "
                                "model:map=..., pipeline:stages=S,microbatches=M.")
     ] = "none",
-    norm: Annotated[
-        str, typer.Option(help="Normalisation after each MLP hidden layer: none or batch (BatchNorm1d).")
-    ] = "none",
-    resume: Annotated[
-        bool, typer.Option(help="Continue an unfinished run in --out after its last completed round "
-                                "(refused if its config or site data differ); --no-resume starts over.")
-    ] = True,
-    keep: Annotated[
-        str, typer.Option(help="Which round's federated model is kept (global.h5): best-val, the "
-                               "round that scores best on the hospitals' validation rows (the "
-                               "baselines' rule, ties to the later round), or last (the last "
-                               "round, for protocols that fix the round count).",
-                          metavar="best-val|last")
-    ] = "best-val",
     dp: Annotated[
         str, typer.Option(help="Differential privacy: epsilon=E,delta=D[,clip=C][,level=patient|"
                                "hospital] planned for --rounds (docs/privacy.md); runs the "
                                "privacy audit at the end. none = off.")
-    ] = "none",
-    secure_aggregation: Annotated[
-        str, typer.Option(help="Secure aggregation (SecAgg+): on, or bound=B[,levels=L]"
-                               "[,neighbours=K][,threshold=T]; the coordinator sees only the sum "
-                               "of the count-weighted changes and the total count "
-                               "(docs/privacy.md). none = off.")
     ] = "none",
     personalize: Annotated[
         str, typer.Option(help="Personalization: after the last round each hospital "
@@ -203,14 +129,6 @@ def simulate(
                                "0 = off.",
                           metavar="STEPS|alone|prior")
     ] = "0",
-    recipe: Annotated[
-        str, typer.Option(help="The hospitals' own model, loss and metrics (docs/recipes.md): "
-                               "package.module:Attribute or an installed fedsplit.recipes entry "
-                               "point; default: the built-in MLP (tables) or CNN (images).")
-    ] = "",
-    recipe_params: Annotated[
-        str, typer.Option(help="The recipe's parameters, a JSON object (validated by the recipe).")
-    ] = "{}",
     personalize_scope: Annotated[
         str, typer.Option(help="Which weights --personalize fine-tunes: all (every weight) or "
                                "bias (only the final layer's bias, a per-hospital prior "
@@ -218,28 +136,20 @@ def simulate(
                                "auto = all for a step budget, bias for prior.",
                           metavar="auto|all|bias")
     ] = "auto",
+    data: DataOptions = DataOptions(),
+    model: ModelOptions = ModelOptions(),
+    training: TrainingOptions = TrainingOptions(),
+    aggregation: AggregationOptions = AggregationOptions(),
+    run: RunOptions = RunOptions(),
 ) -> None:
     """Train one model across simulated hospitals with Flower; compare with central and local training."""
     from fedsplit.orchestration.site_files import check_site_files
-    from fedsplit.protocol.recipe import parse_params
 
-    parse_params(recipe_params)  # not JSON: one line naming --recipe-params and the value
     # RunConfig and Experiment check every option against the others (a ConfigError says which)
     cfg = RunConfig.from_flower(dict(
-        num_server_rounds=rounds, strategy=strategy,
-        strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),
-        local_epochs=local_epochs, lr=lr, batch_size=batch_size, proximal_mu=proximal_mu,
-        **table_keys(dataset, target=target, time=time, event=event, id_column=id_column,
-                     task=task, hidden=hidden, penalizer=penalizer),
-        min_count=min_count, seed=seed, parallel=parallel, attack=attack,
-        attackers=attackers,
-        norm=norm, resume=resume, keep=keep, local_steps=local_steps, server_opt=server_opt,
-        server_lr=server_lr, server_beta1=server_beta1, server_beta2=server_beta2,
-        server_tau=server_tau, server_momentum=server_momentum,
-        ignore_columns=",".join(ignore_column or []), na_values=na_values,
-        min_category_count=min_category_count, dp=dp, secure_aggregation=secure_aggregation,
-        recipe=recipe, recipe_params=recipe_params,
-    ))
+        **model.run_keys(dataset, data), **data.run_keys(), **training.run_keys(),
+        **aggregation.run_keys(), **run.run_keys(), parallel=parallel, attack=attack,
+        attackers=attackers, dp=dp))
     check_site_files(site or [])  # a missing file at any hospital: one line, before torch loads
     from fedsplit.orchestration.experiment import Experiment, run_simulation
     from fedsplit.protocol.privacy import DPSpec
@@ -250,7 +160,7 @@ def simulate(
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=console) as progress:
-        bar = progress.add_task("rounds", total=rounds, status="reading the hospitals' files")
+        bar = progress.add_task("rounds", total=run.rounds, status="reading the hospitals' files")
 
         def on_progress(history: RunRecord) -> None:
             progress.update(bar, completed=sum(1 for r in history.rounds if r.evaluate is not None),
@@ -259,7 +169,7 @@ def simulate(
         summary = run_simulation(exp, on_progress=on_progress,
                                  on_stage=lambda msg: progress.console.print(f"[dim]{msg}[/]"),
                                  on_phase=lambda name: progress.update(bar, status=name))
-        progress.update(bar, completed=rounds, status="done")
+        progress.update(bar, completed=run.rounds, status="done")
     print_summary(summary)
     dp_spec = DPSpec.parse(cfg.dp)
     if dp_spec is not None and summary.privacy is not None:

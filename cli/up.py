@@ -8,20 +8,25 @@ per round; Ctrl-C, SIGTERM or the end of the run stops every process it started.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from click.core import ParameterSource
+from fedsplit.cli.options import (
+    AggregationOptions,
+    DataOptions,
+    ModelOptions,
+    RunOptions,
+    TrainingOptions,
+    grouped,
+)
 from fedsplit.client.data import DATASETS
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.history import RoundEntry, RunRecord, scalars
 from rich.console import Console
-
-from fedsplit import aggregation
 
 console = Console(highlight=False, soft_wrap=True)  # one line per message, in logs too
 
@@ -72,22 +77,17 @@ class RoundPrinter:
                 console.print(round_line(entry, self.total))
 
 
+@grouped
 def up(
     ctx: typer.Context,
     sites: Annotated[int, typer.Option(min=1, help="Simulated hospitals.")] = 3,
-    rounds: Annotated[int, typer.Option(min=1, help="Federation rounds.")] = 3,
     tls: Annotated[bool, typer.Option(help="TLS on the SuperLink and SuperNode authentication "
                                            "(certificates and keys made in WORK/certs).")] = False,
-    strategy: Annotated[str, typer.Option(help="Aggregation strategy (`fedsplit strategies`).")] = "fedavg",
-    param: Annotated[list[str] | None, typer.Option("--param", help="Strategy parameter key=value.")] = None,
     dataset: Annotated[str, typer.Option(help=f"Bundled dataset: {', '.join(DATASETS)}.")] = "breast-cancer",
     partition: Annotated[str, typer.Option(help="iid, dirichlet:ALPHA or sizes:n1,n2,...")] = "iid",
     quorum: Annotated[int, typer.Option(min=0, help="Hospitals a round needs (0 = all).")] = 0,
     round_timeout: Annotated[float, typer.Option(min=1, help="Seconds each round phase waits for "
                                                              "replies.")] = 120.0,
-    local_epochs: Annotated[int, typer.Option(min=1, help="Local epochs per round.")] = 1,
-    lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate.")] = 0.01,
-    seed: Annotated[int, typer.Option(help="Seed of partitions and initial weights.")] = 0,
     work: Annotated[Path, typer.Option(help="Working directory: data, certs, logs, FLWR_HOMEs, "
                                             "and OUT = WORK/out.")] = Path("fedsplit-up"),
     port: Annotated[int, typer.Option(help="SuperLink port on 127.0.0.1 (0 = a free one).")] = 0,
@@ -100,41 +100,20 @@ def up(
     out: Annotated[Path | None, typer.Option(help="Where the coordinator writes history and models "
                                                   "(default WORK/out; with --superlink a path the "
                                                   "coordinator and this command both see).")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue an unfinished run in OUT after its last "
-                                              "completed round (--no-resume: start over).")] = True,
-    keep: Annotated[str, typer.Option(help="Which round's model is global.h5: best-val (the best "
-                                           "federated validation score, ties to the later round) "
-                                           "or last.", metavar="best-val|last")] = "best-val",
-    secure_aggregation: Annotated[
-        str, typer.Option(help="Secure aggregation (SecAgg+): on, or bound=B[,levels=L]"
-                               "[,neighbours=K][,threshold=T] (docs/privacy.md). none = off.")
-    ] = "none",
-    recipe: Annotated[str, typer.Option(help="The hospitals' recipe (docs/recipes.md): "
-                                             "package.module:Attribute or an installed "
-                                             "fedsplit.recipes entry point; default: the built-in "
-                                             "MLP or CNN.")] = "",
-    recipe_params: Annotated[str, typer.Option(help="The recipe's parameters, a JSON object.")] = "{}",
     site: Annotated[list[str] | None, typer.Option(
         "--site", metavar="NAME=FILE",
         help="A hospital on its own file, repeated per hospital: a CSV/Parquet table, an NPZ, or "
              "what the --recipe's reader reads (e.g. one .h5 file or a folder). Instead of "
              "--dataset/--sites/--partition.")] = None,
-    task: Annotated[str, typer.Option(help="auto, classification, regression or survival (with "
-                                           "--time and --event; docs/survival.md).")] = "auto",
-    time_column: Annotated[str, typer.Option("--time", help="Survival: the follow-up time column "
-                                                            "(the target).")] = "",
-    event: Annotated[str, typer.Option(help="Survival: the event column (1/0, TRUE/FALSE, "
-                                            "yes/no; 1 = observed).")] = "",
-    id_column: Annotated[str, typer.Option(help="Patient ID column (never a feature).")] = "",
-    penalizer: Annotated[float | None, typer.Option(min=0.0, help="Survival: the Cox model's "
-                                                    "ridge penalty (lifelines' convention; "
-                                                    "default 0, 0.01 for tcga-brca).")] = None,
+    data: DataOptions = DataOptions(),
+    model: ModelOptions = ModelOptions(),
+    training: TrainingOptions = TrainingOptions(),
+    aggregation: AggregationOptions = AggregationOptions(),
+    run: RunOptions = RunOptions(rounds=3),
 ) -> None:
     """Start SuperLink, coordinator, hospitals and admin API on 127.0.0.1; run the federation."""
     from fedsplit.orchestration.site_files import own_sites
-    from fedsplit.protocol.recipe import parse_params
 
-    parse_params(recipe_params)  # not JSON: one line naming --recipe-params and the value
     if site:
         given = [f"--{name}" for name in ("dataset", "sites", "partition")
                  if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
@@ -149,7 +128,6 @@ def up(
         sites = len(site)
         own_sites(site)  # a missing file at any hospital: one line, before torch or a process
 
-    from fedsplit.orchestration.datasets import table_keys
     from fedsplit.orchestration.survival_summary import up_dataset
     from fedsplit.orchestration.task_kinds import task_report
     from fedsplit.orchestration.up import UpPlan, left_out_failure, run_up
@@ -159,25 +137,20 @@ def up(
     work = work.resolve()
     out = (out or work / "out").resolve()
     cfg = RunConfig.from_flower(dict(  # validated: a bad value is a ConfigError naming it
-        **table_keys(survival.dataset, time=time_column, event=event,
-                     id_column=id_column, task=task, penalizer=penalizer),
-        num_server_rounds=rounds, strategy=strategy,
-        strategy_params=json.dumps(aggregation.parse_param_pairs(param or [])),
-        local_epochs=local_epochs, lr=lr, seed=seed, out_dir=str(out), min_nodes=sites,
-        quorum=quorum, round_timeout=round_timeout, resume=resume, keep=keep,
-        secure_aggregation=secure_aggregation, recipe=recipe, recipe_params=recipe_params,
-    ))
+        **model.run_keys(survival.dataset, data), **data.run_keys(), **training.run_keys(),
+        **aggregation.run_keys(), **run.run_keys(), out_dir=str(out), min_nodes=sites,
+        quorum=quorum, round_timeout=round_timeout))
     plan = UpPlan(cfg=cfg, work=work, sites=sites, dataset=dataset, partition=partition, tls=tls,
                   port=port, admin_port=admin_port if admin else None, timeout=timeout,
                   superlink=superlink, root_cert=root_cert, site_files=tuple(site or ()))
     started = time.monotonic()
-    history = run_up(plan, on_progress=RoundPrinter(rounds),
+    history = run_up(plan, on_progress=RoundPrinter(run.rounds),
                      on_stage=lambda msg: console.print(f"[bold]{msg}[/]"),
                      say=lambda msg: console.print(f"[dim]{msg}[/]"))
     # run_up returned: the run trained and global.h5 exists (else NoTrainingError, exit 14)
-    model = "" if superlink is not None else f"global model {out / 'global.h5'}, "
+    kept = "" if superlink is not None else f"global model {out / 'global.h5'}, "
     console.print(f"[bold green]done[/] in {time.monotonic() - started:.0f} s: {len(history.rounds)} "
-                  f"rounds; {model}history {out / 'history.json'}")
+                  f"rounds; {kept}history {out / 'history.json'}")
     if superlink is None:  # the task kind's report (survival: per-hospital C-index, KM, baseline)
         for line in task_report(cfg.task, out, history):
             console.print(line)

@@ -161,7 +161,9 @@ def split_columns(columns: Sequence[str], settings: TableSettings, *, where: str
                           f"Received: columns {names}")
     if need_target and settings.target not in names:
         raise ConfigError(
-            f"{where} has no target column {settings.target!r}; pass the right one with --target. "
+            f"{where} has no target column {settings.target!r}; every hospital's table must hold "
+            f"the run's target column, which the command that starts the run names (--target of "
+            f"simulate, up and vertical simulate; --time for a survival task). "
             f"Columns: {', '.join(names)}. Received: {settings.target!r}"
         )
     if need_target and settings.event and settings.event not in names:

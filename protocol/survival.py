@@ -16,12 +16,17 @@ at most ``2^-33`` (about 1e-10); the sum is exact while its magnitude stays belo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from fedsplit.protocol.config import parse_min_count
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.run_settings import (
+    FederationSettings,
+    SecureSettings,
+    TableReading,
+    problems,
+)
+from fedsplit.protocol.schema import TableSettings
 from fedsplit.protocol.survival_rows import (  # noqa: F401 (re-exported: the reading names)
     EVENT_FALSE,
     EVENT_TRUE,
@@ -34,6 +39,7 @@ from fedsplit.protocol.survival_rows import (  # noqa: F401 (re-exported: the re
     inspect_survival,
     read_survival,
 )
+from pydantic import Field, ValidationError
 
 #: Fixed-point fraction bits of a real value in a secure sum (see the module docstring).
 FRACTION_BITS = 32
@@ -103,72 +109,44 @@ def check_instruction(record: Mapping[str, Any],
     return stage
 
 
-@dataclass(frozen=True)
-class SurvivalRun:
-    """The survival app's run config (`to_flower` / `from_flower`: Flower's run config)."""
+class SurvivalRun(SecureSettings, TableReading, FederationSettings):
+    """The survival app's run config (`to_flower` / `from_flower`: Flower's run config): the
+    shared table-reading, secure-sum and federation groups (`protocol.run_settings`), and the
+    survival columns and fit."""
 
-    mode: str
-    time: str
-    event: str
-    out_dir: str
-    data_dir: str = ""
-    id_column: str = ""
-    ignore_columns: tuple[str, ...] = ()
-    na_values: tuple[str, ...] = ()
-    penalizer: float = 0.0
-    secure_aggregation: str = ""
-    min_count: int = 5
-    site_names: tuple[str, ...] = ()
-    min_nodes: int = 2
-    round_timeout: float = 300.0
-    max_rounds: int = 15
+    mode: Literal["cox", "km"] = Field(description="cox (the exact Cox fit) or km (Kaplan-Meier).")
+    time: str = Field(description="The follow-up time column.")
+    event: str = Field(description="The event column (1/0, TRUE/FALSE, yes/no).")
+    penalizer: float = Field(0.0, ge=0, allow_inf_nan=False,
+                             description="The Cox model's ridge penalty (lifelines' convention).")
+    max_rounds: int = Field(15, ge=1, le=50, alias="max-rounds", description="Newton rounds.")
 
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"Survival mode is one of {MODES}. Received: {self.mode!r}")
-        if not self.penalizer >= 0 or not np.isfinite(self.penalizer):
-            raise ConfigError(f"--penalizer is a finite number >= 0 (lifelines' convention). "
-                              f"Received: {self.penalizer}")
-        parse_min_count(self.min_count)  # read as RunConfig.min_count is: a whole number >= 1
-        if not 1 <= self.max_rounds <= 50:
-            raise ConfigError(f"Newton rounds lie in [1, 50]. Received: {self.max_rounds}")
-        from fedsplit.protocol.privacy import SecureSpec
-
-        SecureSpec.parse(self.secure_aggregation)  # a bad spec is refused before anything runs
-
-    def to_flower(self) -> dict[str, Any]:
-        """Flower run config (lists as JSON text)."""
-        import json
-
-        return {"mode": self.mode, "time": self.time, "event": self.event,
-                "out-dir": self.out_dir, "data-dir": self.data_dir, "id-column": self.id_column,
-                "ignore-columns": json.dumps(list(self.ignore_columns)),
-                "na-values": json.dumps(list(self.na_values)), "penalizer": float(self.penalizer),
-                "secure-aggregation": self.secure_aggregation, "min-count": int(self.min_count),
-                "site-names": json.dumps(list(self.site_names)), "min-nodes": int(self.min_nodes),
-                "round-timeout": float(self.round_timeout), "max-rounds": int(self.max_rounds)}
+    def __init__(self, **values: Any) -> None:
+        """Validate ``values`` (field names or run-config keys); a bad one is a `ConfigError`
+        naming it."""
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            raise ConfigError(f"Not a fedsplit survival run config: {problems(type(self), e)}. "
+                              f"Received: {sorted(values)}") from e
 
     @classmethod
     def from_flower(cls, config: Mapping[str, Any]) -> SurvivalRun:
-        """Read it back from Flower's run config."""
-        import json
+        """Read it back from Flower's run config (earlier runs' JSON list columns too)."""
+        return cls(**dict(config))
 
-        try:
-            return cls(mode=str(config["mode"]), time=str(config["time"]),
-                       event=str(config["event"]), out_dir=str(config["out-dir"]),
-                       data_dir=str(config["data-dir"]), id_column=str(config["id-column"]),
-                       ignore_columns=tuple(json.loads(str(config["ignore-columns"]))),
-                       na_values=tuple(json.loads(str(config["na-values"]))),
-                       penalizer=float(config["penalizer"]),
-                       secure_aggregation=str(config["secure-aggregation"]),
-                       min_count=parse_min_count(config["min-count"]),
-                       site_names=tuple(json.loads(str(config["site-names"]))),
-                       min_nodes=int(config["min-nodes"]),
-                       round_timeout=float(config["round-timeout"]),
-                       max_rounds=int(config["max-rounds"]))
-        except (KeyError, ValueError, TypeError) as e:
-            raise ConfigError(f"Not a fedsplit survival run config: {e}. Received: "
-                              f"{sorted(config)}") from e
+    def to_flower(self) -> dict[str, Any]:
+        """Flower run config: the kebab-case keys."""
+        return self.model_dump(by_alias=True)
+
+    @property
+    def table_settings(self) -> TableSettings:
+        """How a hospital reads its table for the schema exchange: the time column is the target,
+        the event column is set aside (never a covariate)."""
+        return TableSettings(target=self.time, id_column=self.id_column,
+                             ignore_columns=(self.event, *self.ignored),
+                             na_values=self.missing_markers,
+                             min_category_count=self.min_category_count)
 
 
 #: The survival recipe's evaluation also reports its concordance pair counts per evaluated row,
@@ -193,15 +171,6 @@ def pooled_concordance(metrics: Mapping[str, Any]) -> float | None:
     if not isinstance(conc, int | float) or not isinstance(pairs, int | float) or pairs <= 0:
         return None
     return float(conc) / float(pairs)
-
-
-def table_settings(run: SurvivalRun) -> Any:
-    """How a hospital reads its table for the schema exchange: the time column is the target,
-    the event column is set aside (never a covariate)."""
-    from fedsplit.protocol.schema import TableSettings
-
-    return TableSettings(target=run.time, id_column=run.id_column,
-                         ignore_columns=(run.event, *run.ignore_columns), na_values=run.na_values)
 
 
 def cox_columns(schema: Any) -> tuple[list[str], list[int], dict[str, str]]:

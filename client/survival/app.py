@@ -73,7 +73,7 @@ def site_name(node_config: Any, node_id: int, run: sv.SurvivalRun) -> str:
         return str(node_config["site-name"])
     if "partition-id" in node_config:
         pid = int(node_config["partition-id"])
-        return run.site_names[pid] if pid < len(run.site_names) else f"site-{pid}"
+        return run.names[pid] if pid < len(run.names) else f"site-{pid}"
     return f"node-{node_id}"
 
 
@@ -87,7 +87,7 @@ def _table(path: str, name: str, time: str, event: str, na_values: tuple[str, ..
 
 @lru_cache(maxsize=4)
 def _covariates(path: str, name: str, run: sv.SurvivalRun, schema_json: str) -> np.ndarray:
-    frame, _, _ = _table(path, name, run.time, run.event, run.na_values)
+    frame, _, _ = _table(path, name, run.time, run.event, run.missing_markers)
     schema = Schema.from_json(schema_json)
     x, _ = encode_frame(schema, frame, where=f"Hospital {name}'s table")
     _, keep, _ = sv.cox_columns(schema)
@@ -113,13 +113,13 @@ def schema(msg: Message, context: Context) -> Message:
     """The column report of this hospital's table (time as target, event set aside)."""
     wire.check_content(wire.SCHEMA_QUERY, msg.content, reply=False)
     run, path, name = _site(context, msg.metadata.dst_node_id)
-    frame, _, _ = _table(path, name, run.time, run.event, run.na_values)
+    frame, _, _ = _table(path, name, run.time, run.event, run.missing_markers)
     from fedsplit.client.policy.labels import hospital_settings
     from fedsplit.client.policy.paths import hospital_policy
 
     # rare categories withheld at max(the hospital's policy min_category_count, the run's)
     report = column_report(name, frame, hospital_settings(hospital_policy(context.node_config),
-                                                          sv.table_settings(run)))
+                                                          run.table_settings))
     return Message(wire.build_schema_reply(report), reply_to=msg)
 
 
@@ -131,7 +131,7 @@ def secure(msg: Message, context: Context) -> Message:
 
 def _vector(stage: str, record: dict[str, Any], run: sv.SurvivalRun, path: str, name: str
             ) -> np.ndarray:
-    _, t, e = _table(path, name, run.time, run.event, run.na_values)
+    _, t, e = _table(path, name, run.time, run.event, run.missing_markers)
     if stage == "km-times":
         return np.unique(t[e])
     if stage == "km-counts":
@@ -185,7 +185,7 @@ def survival(msg: Message, context: Context) -> Message:
                        reply_to=msg)
     if stage not in sv.STAGE_BITS:
         raise ConfigError(f"Stage {stage} is not a secure sum. Received: {stage}")
-    parties = max(len(run.site_names), run.min_nodes)
+    parties = max(len(run.names), run.min_nodes)
     encoded = sv.encode_fixed(vector, parties, sv.STAGE_BITS[stage])
     masked = secagg.masked_vector(context, collect, encoded)
     return Message(RecordDict({pv.MASKED: ArrayRecord({"vector": Array(masked)}), sv.SITE: site}),

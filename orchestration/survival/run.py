@@ -16,7 +16,6 @@ import math
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +79,10 @@ def stage(run: sv.SurvivalRun, tables: dict[str, Any], out: Path) -> sv.Survival
     """Check every hospital's survival columns and the schema merge; write each hospital's rows."""
     if run.mode == "cox":  # hospitals whose columns differ: the odd one(s) and both sides named
         check_table_columns({n: list(f.columns) for n, f in tables.items()},
-                            sv.table_settings(run))
-    sv.check_hospitals(tables, run.time, run.event, run.na_values)
+                            run.table_settings)
+    sv.check_hospitals(tables, run.time, run.event, run.missing_markers)
     if run.mode == "cox":
-        settings = sv.table_settings(run)
+        settings = run.table_settings
         merged = merge_reports([column_report(n, f, settings) for n, f in tables.items()],
                                settings, task="regression")
         if not sv.cox_columns(merged.schema)[0]:
@@ -95,8 +94,9 @@ def stage(run: sv.SurvivalRun, tables: dict[str, Any], out: Path) -> sv.Survival
         for stale in folder.iterdir():  # a simulated hospital is made anew: its state too
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         frame.to_csv(folder / "data.csv", index=False)
-    return replace(run, data_dir=str(out / "sites"), out_dir=str(out),
-                   site_names=tuple(tables), min_nodes=len(tables))
+    return sv.SurvivalRun(**{**run.model_dump(), "data_dir": str(out / "sites"),
+                             "out_dir": str(out), "site_names": list(tables),
+                             "min_nodes": len(tables)})
 
 
 def run_survival(run: sv.SurvivalRun, *, dataset: str | None, site_files: Sequence[str],

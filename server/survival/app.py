@@ -94,7 +94,7 @@ class Coordinator:
         self.sites = sorted(r.site for r in reports)
         if len(set(self.sites)) != len(self.sites):
             raise FederationError(f"Two hospitals report the same name. Received: {self.sites}")
-        merged = merge_reports(reports, sv.table_settings(self.run), task="regression")
+        merged = merge_reports(reports, self.run.table_settings, task="regression")
         return merged.schema, list(merged.warnings)
 
     def gather(self, stage: str, inputs: dict[str, Any],
