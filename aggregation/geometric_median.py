@@ -25,7 +25,7 @@ Each iteration is exactly one count-weighted average with weights alpha_k (one s
 ``sum_k alpha_k w_k`` and ``sum_k alpha_k``, and each alpha_k only site k's own distance to
 the broadcast z, so the rule can also run on securely aggregated weighted sums, each site
 computing its distance locally: secure aggregation runs the same iteration (`weiszfeld`) that
-way, one secure sum per step (`GeometricMedian.iterate_on_sums`, `server.secure.strategy`).
+way, one secure sum per step (`GeometricMedian.iterate_on_sums`, `server.secure.merge`).
 
 Iterations: close updates converge in 2-3 (the ``eps`` rule stops them). A far-off minority
 holding a share q of the count pulls z_0 (the mean) a distance D towards it, and each iteration

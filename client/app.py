@@ -353,8 +353,8 @@ def train(msg: Message, context: Context) -> Message:
     if attack is not None:  # a simulated hostile hospital (attack/attackers in the run config)
         y = attack.poison_labels(y, model.spec.num_outputs)
     evaluation: dict[str, float] | None = None
-    if instruction.evaluate_first and secure is None:  # one message per round: score what came
-        evaluation = _scores(model, site, device)  # (the previous round's model) before training
+    if instruction.evaluate_first:  # one message per round: score what came (the previous
+        evaluation = _scores(model, site, device)  # round's model) before training, secure too
     mu = instruction.proximal_mu
     seed = cfg.seed * 100_003 + server_round
     x = site.train.x
@@ -409,7 +409,8 @@ def train(msg: Message, context: Context) -> Message:
         with hospital_stage(site.name, "secure aggregation"):
             from fedsplit.client.secure.agent import train_reply
 
-            reply = train_reply(secure, context, sent, update, metrics, site_info)
+            reply = train_reply(secure, context, sent, update, metrics, site_info,
+                                evaluation=evaluation, metrics_allowed=_metric_names(model))
     return Message(reply, reply_to=msg)
 
 

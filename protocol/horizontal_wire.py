@@ -86,13 +86,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fedsplit.protocol.arrays import check_arrays, check_num_examples
 from fedsplit.protocol.errors import ConfigError, FedsplitError, ReplyError, one_line
+from fedsplit.protocol.privacy import MASKED
 from fedsplit.protocol.recipe import RECIPE_KIND, RecipeIdentity, request_kind
 from fedsplit.protocol.schema import SiteColumns
 from fedsplit.protocol.survival import CONCORDANT_RATE, PAIRS_RATE
 from fedsplit.protocol.update import Update, to_array_record
 
 if TYPE_CHECKING:
-    from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 # --- message kinds --------------------------------------------------------------------------
 SCHEMA_QUERY = "query.schema"
@@ -868,15 +869,25 @@ def build_train_reply(update: Update | Mapping[str, np.ndarray], metrics: Mappin
         ARRAYS: to_array_record(arrays), METRICS: MetricRecord(values),
         SITE: _config_record({k: str(v) for k, v in site_info.items()})}
     if evaluation is not None:
-        scored = _scalar_metrics(evaluation, EVALUATE_METRICS | frozenset(metrics_allowed),
-                                 "evaluation")
-        if NUM_EXAMPLES not in scored:
-            raise ReplyError(f"A train reply's evaluation needs {NUM_EXAMPLES!r}. Received: "
-                             f"{sorted(scored)}")
-        records[EVALUATION] = MetricRecord(scored)
+        records[EVALUATION] = evaluation_record(evaluation, metrics_allowed)
     content = _record_dict(records)
     check_content(TRAIN, content, reply=True)
     return content
+
+
+def evaluation_record(evaluation: Mapping[str, Any], metrics_allowed: Sequence[str] = ()
+                      ) -> MetricRecord:
+    """A train reply's ``evaluation`` record (``evaluate-first``: the received model's metrics
+    on the validation rows), checked as an evaluate reply's metrics (``metrics_allowed``: the
+    recipe's own metric names); plain and masked (secure aggregation) train replies carry it."""
+    from flwr.app import MetricRecord
+
+    scored = _scalar_metrics(evaluation, EVALUATE_METRICS | frozenset(metrics_allowed),
+                             "evaluation")
+    if NUM_EXAMPLES not in scored:
+        raise ReplyError(f"A train reply's evaluation needs {NUM_EXAMPLES!r}. Received: "
+                         f"{sorted(scored)}")
+    return MetricRecord(scored)
 
 
 def build_evaluate_reply(metrics: Mapping[str, Any], site_info: Mapping[str, str],
@@ -945,9 +956,10 @@ def parse_evaluate_reply(msg: Message, *, weight_key: str = NUM_EXAMPLES) -> Eva
 
 
 def carries_evaluation(msg: Message) -> bool:
-    """Whether ``msg`` is a train reply (it carries arrays), whose evaluation, if any, is its
-    ``evaluation`` record, rather than an evaluate reply."""
-    return msg.has_content() and ARRAYS in msg.content.array_records
+    """Whether ``msg`` is a train reply (it carries arrays, plain or masked), whose evaluation,
+    if any, is its ``evaluation`` record, rather than an evaluate reply."""
+    return msg.has_content() and (ARRAYS in msg.content.array_records
+                                  or MASKED in msg.content.array_records)
 
 
 def evaluation_content(msg: Message) -> RecordDict:
@@ -970,7 +982,8 @@ def parse_evaluation(msg: Message, *, weight_key: str = NUM_EXAMPLES) -> Evaluat
     carries none (an agent that ignores ``evaluate-first``)."""
     if not carries_evaluation(msg):
         return parse_evaluate_reply(msg, weight_key=weight_key)
-    check_content(TRAIN, msg.content, reply=True)
+    if ARRAYS in msg.content.array_records:  # a masked reply's records: its merge step checks
+        check_content(TRAIN, msg.content, reply=True)
     if EVALUATION not in msg.content.metric_records:
         raise ReplyError(
             f"The train reply carries no {EVALUATION!r} record although the instruction said "

@@ -17,10 +17,9 @@ from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FedsplitError, NoTrainingError
-from fedsplit.server.compose import compose_aggregator, compose_strategy
+from fedsplit.server.compose import compose_aggregator, compose_loop
 from fedsplit.server.history import RunHistory, find_resume_point
 from fedsplit.server.phases import run_phase
-from fedsplit.server.rounds import run_rounds
 from fedsplit.server.setup import ModelSetup, prepare_model, wait_for_nodes
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -102,7 +101,7 @@ def main(grid: Grid, context: Context) -> None:
             history.set_model(setup.model_id, setup.federated)
             history.set_schema(setup.schema, setup.warnings)
             done = 0
-        strategy = compose_strategy(  # the loop, wrapped for secure aggregation and dp
+        loop = compose_loop(  # plain or secure merge step, the dp hook (server/compose.py)
             cfg,
             aggregator,
             history,
@@ -112,18 +111,14 @@ def main(grid: Grid, context: Context) -> None:
             cohort_caps=cfg.caps,
             cap_policy=cfg.cap_policy,
             fraction_train=cfg.fraction_train,
-            fraction_evaluate=1.0,
-            min_train_nodes=quorum,
-            min_evaluate_nodes=quorum,
-            min_available_nodes=quorum,
             server_optimizer=optimizer,
             federated=setup.federated,
             site_names=setup.site_names,
         )
         # the task kind's own fit instead of the rounds (survival: the exact Cox fit)
         if not run_phase("fit", grid, cfg, setup, history) and done < cfg.num_server_rounds:
-            run_rounds(  # one message per hospital per round (server/rounds.py)
-                strategy, grid,
+            loop.run(  # one message per hospital per round (server/rounds.py)
+                grid,
                 initial_arrays=setup.arrays,
                 num_rounds=cfg.num_server_rounds - done,
                 timeout=cfg.round_timeout,

@@ -1,61 +1,114 @@
-"""The round loop's public hooks: its round bookkeeping (`RoundBook`) and its merge step.
+"""What the round loop (`server.rounds.RoundLoop`) knows about a round, and the shapes of its
+merge steps and hooks.
 
-`server.strategy.RegistryStrategy` (the loop) keeps one `RoundBook`, ``loop.book``, for every
-(phase, round) it runs, ``phase`` being ``"train"`` or ``"evaluate"`` and the round the one
-recorded (after the resume offset):
-
-- which instructions were sent (`RoundBook.expect`): the hospitals whose replies the phase
-  awaits, and how a reply is matched to the hospital it came from;
-- which phases were skipped, and why (`RoundBook.skip`, read once by `RoundBook.take_skip`);
-- who is missing once the replies are in (`RoundBook.missing`: one history entry per hospital
-  that was sent an instruction and did not answer before the deadline);
-- the site name of a reply (`RoundBook.site`: the name the hospital gave, else the one the
-  setup exchange learnt, never a node id where a name is known).
-
-A short round (the global model stays as it was, with the reason in the history) is recorded by
-the loop itself (`RegistryStrategy.record_short`), the one writer of the run's history.
-
-The merge step turns a round's training replies (`RoundReplies`) into a `Merge`: the history
-entries of those replies, and either the aggregate (an `AggregateResult` over the tensors that
-travel) with the averaged training metrics, or the reason the round is short. The loop's own
-step is `RegistryStrategy.merge` (check each reply, merge with the registry rule); a wrapper
-that changes how a round is merged supplies its own with `RegistryStrategy.use_merge` (secure
-aggregation: `server.secure.strategy.SecureStrategy.merge`). Either way the loop then does what
-every round shares: the server optimizer's step, the tensors that do not travel put back, and
-the history write (`RegistryStrategy.aggregate_train`).
+- `Round`: one round, owned by the loop from the moment it opens to its record in the history:
+  its number as recorded and as the hospitals are told (the resume offset is applied once, by
+  the loop, when it opens the round), the global model sent out and the tensors of it that
+  travel back, the train and evaluate instructions sent, why nothing was sent (``skipped``), the
+  merge step's own state for the round (``state``: secure aggregation's `SecureSum`) and the
+  seconds each stage took (``stages``: secure aggregation's setup, share-keys, unmask).
+- `RoundBook`: what outlives a round: the hospitals' names (the name a hospital gave, else the
+  one the setup exchange learnt, never a node id where a name is known) and the reply deadline;
+  it names the hospitals that were sent an instruction and did not answer (`RoundBook.missing`).
+- `MergeStep`: how a round's training replies become the next global model. Its ``prepare``
+  runs the stages the step needs before the training exchange (nothing for the plain step;
+  secure aggregation's setup and share-keys), its ``merge`` turns the replies (`RoundReplies`)
+  into a `Merge`: the history entries of the replies and either the aggregate (an
+  `AggregateResult` over the tensors that travel) with the averaged training metrics, or the
+  reason the round is short. The loop then does what every round shares: the server
+  optimizer's step, the tensors that do not travel put back, the history write.
+- `RoundHook`: called before a round's instructions are built and after it is recorded
+  (differential privacy: `server.privacy.PrivacyHook`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 from fedsplit.aggregation.base import AggregateResult
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.arrays import ArraySpec
-from fedsplit.protocol.history import SiteEntry
 from fedsplit.protocol.horizontal_wire import reply_site
+from fedsplit.protocol.record.horizontal import SiteEntry
 from flwr.app import Message
+from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 
-#: a (phase, round) key: ``("train", 3)``
-PhaseKey = tuple[str, int]
+
+@dataclass
+class Round:
+    """One round of the loop (module docstring)."""
+
+    #: the round as recorded and as the hospitals are told (after the resume offset)
+    number: int
+    #: the global model sent out (every tensor); None when the round was not configured here
+    #: (a Flower user calling the adapter's ``aggregate_train`` alone)
+    model: dict[str, np.ndarray] | None = None
+    #: the tensors of ``model`` that travel back from the hospitals (``federated``)
+    shared: dict[str, np.ndarray] | None = None
+    #: the train instructions sent (the replies awaited and merged)
+    train: list[Message] = field(default_factory=list)
+    #: the evaluate instructions sent in the same exchange (hospitals not training score the
+    #: previous model)
+    evaluate: list[Message] = field(default_factory=list)
+    #: why nothing was sent for training (no quorum, secure aggregation could not start)
+    skipped: str | None = None
+    #: the merge step's own state for this round (secure aggregation: its `SecureSum`)
+    state: Any = None
+    #: stage -> seconds it took (secure aggregation's setup, share-keys, unmask)
+    stages: dict[str, float] = field(default_factory=dict)
+    #: when the round opened (``time.monotonic``)
+    started: float = field(default_factory=time.monotonic)
+    #: seconds from the opening to the round recorded (its ``train_seconds``), once closed
+    seconds: float | None = None
+
+    @property
+    def layout(self) -> list[ArraySpec] | None:
+        """The layout every training reply must have: the travelling tensors sent out (names,
+        shapes, dtypes); None when unknown."""
+        if self.shared is None:
+            return None
+        return [ArraySpec(name, tuple(int(d) for d in a.shape), np.dtype(a.dtype))
+                for name, a in self.shared.items()]
+
+    def elapsed(self) -> float:
+        """Seconds since the round opened (rounded to the millisecond, as recorded)."""
+        return round(time.monotonic() - self.started, 3)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time one stage of the round into ``stages``."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.stages[name] = time.monotonic() - start
+
+    def completed(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The new global model: the model sent out with its travelling tensors replaced by
+        ``arrays`` (``arrays`` itself when every tensor travels or the model is unknown)."""
+        if self.model is None or self.shared is None or set(self.shared) == set(self.model):
+            return arrays
+        return {**self.model, **arrays}
 
 
 class RoundBook:
-    """What the loop knows about each phase of each round: instructions sent, phases skipped,
-    and the hospitals' names (module docstring).
+    """The hospitals' names and the reply deadline, across rounds (module docstring).
 
     Parameters
     ----------
     site_names : Mapping[int, str] | None (default: None)
         Node id -> hospital name, as the setup exchange learnt them; replies add to it.
     deadline : float | None (default: None)
-        The per-phase reply deadline in seconds (``round-timeout``), named in the history entry
-        of a hospital that did not answer.
+        The per-exchange reply deadline in seconds (``round-timeout``), named in the history
+        entry of a hospital that did not answer.
     """
 
     def __init__(self, *, site_names: Mapping[int, str] | None = None,
@@ -63,24 +116,6 @@ class RoundBook:
         #: node id -> hospital name
         self.site_names: dict[int, str] = dict(site_names or {})
         self.deadline = deadline
-        #: (phase, round) -> the instructions sent, whose replies the phase awaits
-        self.sent: dict[PhaseKey, list[Message]] = {}
-        #: (phase, round) -> why the phase was skipped (nothing sent, model unchanged)
-        self.skipped: dict[PhaseKey, str] = {}
-
-    def expect(self, phase: str, server_round: int, msgs: Iterable[Message]) -> None:
-        """Record the instructions sent in a phase (replacing any recorded before): the replies
-        awaited are theirs, and a hospital among them that does not answer is missing."""
-        self.sent[(phase, server_round)] = list(msgs)
-
-    def skip(self, phase: str, server_round: int, reason: str) -> None:
-        """Record that a phase was skipped, and why; no reply is awaited for it."""
-        self.skipped[(phase, server_round)] = reason
-        self.sent.pop((phase, server_round), None)
-
-    def take_skip(self, phase: str, server_round: int) -> str | None:
-        """Why the phase was skipped (and forget it), or None when it ran."""
-        return self.skipped.pop((phase, server_round), None)
 
     def site(self, msg: Message, senders: Mapping[str, int]) -> str:
         """Site name of a reply, also of an error: the name the hospital gave (in its reply or
@@ -95,11 +130,11 @@ class RoundBook:
             self.site_names.setdefault(node, named)
         return self.site_names.get(node, f"node-{node}")
 
-    def missing(self, phase: str, server_round: int, replies: list[Message]
+    def missing(self, phase: str, number: int, sent: Sequence[Message], replies: list[Message]
                 ) -> tuple[dict[str, int], list[SiteEntry]]:
-        """Close the phase's awaited instructions against its ``replies``: (message id -> node,
-        one history entry per hospital sent an instruction that did not answer in time)."""
-        sent = self.sent.pop((phase, server_round), [])
+        """Close the instructions ``sent`` in a phase (``"train"`` or ``"evaluate"``) of round
+        ``number`` against their ``replies``: (message id -> node, one history entry per
+        hospital sent an instruction that did not answer in time)."""
         senders = {m.metadata.message_id: m.metadata.dst_node_id for m in sent
                    if m.metadata.message_id}
         answered = {senders.get(r.metadata.reply_to_message_id, r.metadata.src_node_id)
@@ -113,32 +148,34 @@ class RoundBook:
             for m in sent if m.metadata.dst_node_id not in answered
         ]
         for entry in missing:
-            log.warning("Round %s: %s: %s", server_round, entry.site, entry.reason)
+            log.warning("Round %s: %s: %s", number, entry.site, entry.reason)
         return senders, missing
 
 
 @dataclass
 class RoundReplies:
-    """A training round's replies, as the loop hands them to its merge step."""
+    """A round's training replies, as the loop hands them to its merge step."""
 
-    #: the round, after the resume offset (as recorded and as the hospitals were told)
-    server_round: int
     #: the training replies, errors included, in the order they arrived
     replies: list[Message]
-    #: message id -> node, for `RoundBook.site`
+    #: message id -> node (`RoundBook.site`)
     senders: dict[str, int]
-    #: the layout every reply must have (the travelling tensors of the model sent out)
-    expected: list[ArraySpec] | None = None
+    #: the loop's book, which names each reply's hospital
+    book: RoundBook
+
+    def site(self, msg: Message) -> str:
+        """The hospital a reply came from, by name (`RoundBook.site`)."""
+        return self.book.site(msg, self.senders)
 
 
 @dataclass
 class Merge:
     """What a merge step makes of a round's training replies.
 
-    ``sites`` holds one history entry (`SiteEntry`) per reply (the loop adds the missing hospitals after
-    them). Either ``result`` is the aggregate (over the tensors that travel; the server
-    optimizer steps on it) and ``metrics`` the averaged training metrics, or ``error`` says
-    why the global model stays as it was (a short round; ``result`` is None)."""
+    ``sites`` holds one history entry (`SiteEntry`) per reply (the loop adds the missing
+    hospitals after them). Either ``result`` is the aggregate (over the tensors that travel; the
+    server optimizer steps on it) and ``metrics`` the averaged training metrics, or ``error``
+    says why the global model stays as it was (a short round; ``result`` is None)."""
 
     sites: list[SiteEntry]
     result: AggregateResult | None = None
@@ -146,5 +183,23 @@ class Merge:
     error: str | None = None
 
 
-#: A merge step: a round's training replies -> what the loop records and sends on.
-MergeStep = Callable[[RoundReplies], Merge]
+class MergeStep(Protocol):
+    """How a round's training replies become the next global model (module docstring):
+    `server.merge.PlainMerge`, `server.secure.merge.SecureMerge`."""
+
+    def prepare(self, rnd: Round, grid: Grid, timeout: float | None) -> None:
+        """Run the stages this step needs before the training exchange: they may replace
+        ``rnd.train`` (instructions with the step's own records) or set ``rnd.skipped``."""
+
+    def merge(self, rnd: Round, replies: RoundReplies) -> Merge:
+        """The round's training replies -> what the loop records and sends on."""
+
+
+class RoundHook(Protocol):
+    """Called by the loop around every round (`server.privacy.PrivacyHook`)."""
+
+    def before(self, rnd: Round) -> None:
+        """The round is open (its model known), its instructions not yet built."""
+
+    def after(self, rnd: Round) -> None:
+        """The round's training is recorded in the history."""

@@ -1,23 +1,21 @@
-"""The strategy factory: the rule a run's coordinator aggregates with and the wrappers around it.
+"""The loop factory: the rule a run's coordinator aggregates with, and the round loop around it.
 
-A run's strategy is a stack, built here from the run config, like Flower's
-``DifferentialPrivacy*FixedClipping`` wrappers around a strategy::
+A run's rounds are one `server.rounds.RoundLoop`, built here from the run config::
 
-    PrivateStrategy(SecureStrategy(RegistryStrategy(rule)))   # each layer only when asked for
+    RoundLoop(merge=PlainMerge(rule) | SecureMerge(rule), hooks=[PrivacyHook] if dp)
 
-- `server.strategy.RegistryStrategy`: Flower's FedAvg round loop (sampling, quorum, deadlines,
-  history, server optimizer) merging with the registry ``rule`` (``strategy``,
-  ``strategy-params``).
+- the merge step: `server.merge.PlainMerge` checks each reply and merges with the registry
+  ``rule`` (``strategy``, ``strategy-params``); with ``secure-aggregation`` it is
+  `server.secure.merge.SecureMerge` (the coordinator sees only masked sums). The secure step
+  asks the rule (`check_secure_rule`): a ``linear`` rule is one secure sum per round, an
+  ``iterative_on_sums`` rule (geometric-median) one more per step of its own iteration; a rule
+  with neither compares single updates and is refused.
 - hospital-level ``dp``: the rule becomes `aggregation.hospital_dp.HospitalDPFedAvg` (clip each
   change, count-weight, add noise). Only a rule that declares itself ``linear`` (the
   count-weighted mean, whose sensitivity to one hospital is its count share) can be replaced by
   it: today fedavg.
-- ``secure-aggregation``: `server.secure.strategy.SecureStrategy` wraps the loop; the
-  coordinator sees only masked sums. It asks the rule (`check_secure_rule`): a ``linear`` rule
-  is one secure sum per round, an ``iterative_on_sums`` rule (geometric-median) one more per
-  step of its own iteration; a rule with neither compares single updates and is refused.
-- ``dp`` at either level: `server.privacy.PrivateStrategy` wraps outermost and records each
-  hospital's spent epsilon every round.
+- ``dp`` at either level: the hook `server.privacy.PrivacyHook` records each hospital's spent
+  epsilon every round.
 
 Which settings can go together regardless of the rule (dp with BatchNorm, FedProx or parallel
 training; hospital-level dp with secure aggregation; simulated attacks with either) is the run
@@ -26,6 +24,7 @@ config's own check (`protocol.config.RunConfig`, `protocol.privacy.check_run`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fedsplit.aggregation.base import AggregationStrategy
@@ -33,11 +32,12 @@ from fedsplit.aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams,
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import DPSpec, SecureSpec
+from fedsplit.server.bookkeeping import MergeStep, RoundHook
 from fedsplit.server.history import RunHistory
-from fedsplit.server.privacy import PrivateStrategy
-from fedsplit.server.secure.strategy import SecureStrategy, check_secure_rule
-from fedsplit.server.strategy import RegistryStrategy
-from flwr.serverapp.strategy import Strategy
+from fedsplit.server.merge import PlainMerge
+from fedsplit.server.privacy import PrivacyHook
+from fedsplit.server.rounds import RoundLoop
+from fedsplit.server.secure.merge import SecureMerge, check_secure_rule
 
 from fedsplit import aggregation
 
@@ -48,7 +48,7 @@ def linear_rules() -> list[str]:
 
 
 def check_composition(cfg: RunConfig, rule: AggregationStrategy | None = None) -> None:
-    """Refuse a rule that the run's privacy wrappers cannot wrap (`ConfigError` saying why).
+    """Refuse a rule the run's privacy settings cannot run with (`ConfigError` saying why).
 
     ``rule``: the registry rule (default: ``cfg.strategy`` with ``cfg.params``; a bad name or
     parameter raises the registry's error).
@@ -77,15 +77,21 @@ def compose_aggregator(cfg: RunConfig, rule: AggregationStrategy | None = None
     return HospitalDPFedAvg(HospitalDPParams(clip=dp.clip, sigma=sigma), seed=cfg.seed)
 
 
-def compose_strategy(cfg: RunConfig, aggregator: AggregationStrategy, history: RunHistory,
-                     **loop: Any) -> Strategy:
-    """The run's strategy stack around a `RegistryStrategy` (``aggregator``, ``history`` and
-    ``loop``: its keyword arguments), as the module docstring lays out."""
-    strategy: Strategy = RegistryStrategy(aggregator, history, **loop)
+def compose_loop(cfg: RunConfig, aggregator: AggregationStrategy, history: RunHistory, *,
+                 quorum: int = 1, cohort_caps: dict[str, int] | None = None,
+                 cap_policy: str = "clip", backend: aggregation.BackendSettings | None = None,
+                 **loop: Any) -> RoundLoop:
+    """The run's round loop (module docstring): its merge step for ``aggregator`` (plain or
+    secure), the privacy hook under dp, and ``loop`` (`RoundLoop`'s keyword arguments)."""
+    merge: MergeStep
     secure = SecureSpec.parse(cfg.secure_aggregation)
     if secure is not None:
-        strategy = SecureStrategy(strategy, secure=secure, timeout=cfg.round_timeout)
+        merge = SecureMerge(aggregator, secure=secure, quorum=quorum)
+    else:
+        merge = PlainMerge(aggregator, quorum=quorum, cohort_caps=cohort_caps,
+                           cap_policy=cap_policy, backend=backend)
+    hooks: Sequence[RoundHook] = ()
     dp = DPSpec.parse(cfg.dp)
     if dp is not None:
-        strategy = PrivateStrategy(strategy, dp=dp)
-    return strategy
+        hooks = [PrivacyHook(aggregator, history, dp=dp)]
+    return RoundLoop(history, merge, hooks=hooks, quorum=quorum, **loop)

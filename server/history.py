@@ -1,6 +1,6 @@
 """The coordinator's round history and saved global models, written after every round.
 
-``OUT/history.json`` is the run record, `protocol.history.RunRecord` (fields described in
+``OUT/history.json`` is the run record, `protocol.record.horizontal.RunRecord` (fields described in
 docs/run-record.md): the run configuration, the model id, the agreed table schema
 (``schema``, `protocol.schema.Schema` as JSON, and ``schema_warnings``), the kept round
 (``selection``) and per round: every site's count and metrics, the aggregation report, the
@@ -36,14 +36,8 @@ from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol.atomic import atomic_path, write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, ResumeMismatchError
-from fedsplit.protocol.history import (
-    HISTORY_FILE,
-    Phase,
-    Resume,
-    RunRecord,
-    ServerOptStep,
-    SiteEntry,
-)
+from fedsplit.protocol.record.common import HISTORY_FILE
+from fedsplit.protocol.record.horizontal import Phase, Resume, RunRecord, ServerOptStep, SiteEntry
 from fedsplit.protocol.schema import Schema
 from fedsplit.protocol.selection import check_keep
 from fedsplit.protocol.update import Update
@@ -87,12 +81,6 @@ class RunHistory:
         self.schema: str | None = (Schema.from_json(self.record.table_schema).to_json()
                                    if self.record.table_schema else None)
         self.keep = keep_rule(config)
-        #: set by `server.rounds`: a round's evaluation rides on the next round's replies, so a
-        #: round's clock stops when its model is saved; ``closing``: the evaluate-only exchange
-        #: after the last round, whose time counts in that round's ``seconds``
-        self.one_message = False
-        self.closing = False
-        self._round_started = time.monotonic()
         if previous is not None:
             self._keep()
         self.save()
@@ -130,6 +118,8 @@ class RunHistory:
         *,
         arrays: dict[str, np.ndarray] | None = None,
         server_opt: ServerOptimizer | None = None,
+        train_seconds: float | None = None,
+        seconds: float | None = None,
     ) -> None:
         """Record a round's training replies (one `SiteEntry` per hospital), the rule's
         aggregation report and the saved model. The report is recorded as the rule built it: the
@@ -138,6 +128,8 @@ class RunHistory:
         ``arrays``: the new global model when it is not the rule's aggregate (a server
         optimizer stepped it, or the aggregate covers only the tensors that travel and the
         rest was kept); ``server_opt``: that optimizer, whose state is saved first.
+        ``train_seconds``: from the round's start to its model saved; ``seconds``: the round's
+        whole time, when it ends here (each as the round loop measured it; None: not recorded).
         """
         entry = self.record.round_entry(server_round)
         entry.train = Phase(sites=list(sites), metrics=metrics)
@@ -169,25 +161,23 @@ class RunHistory:
                 shutil.copyfile(model_path, tmp)
             entry.model = str(model_path.relative_to(self.out_dir))
             self._keep()
-        entry.train_seconds = round(time.monotonic() - self._round_started, 3)
-        if self.one_message:  # the round's one exchange is over; the next round starts now
-            entry.seconds = entry.train_seconds
-            self._round_started = time.monotonic()
+        if train_seconds is not None:
+            entry.train_seconds = train_seconds
+        if seconds is not None:
+            entry.seconds = seconds
         self.save()
 
     def record_evaluate(
         self, server_round: int, sites: Sequence[SiteEntry], metrics: dict[str, float],
+        *, seconds: float | None = None,
     ) -> None:
         """Record the federated evaluation of a round's global model (with one message per
-        round it arrives with the next round's replies, or the closing exchange's)."""
+        round it arrives with the next round's replies, or the closing exchange's).
+        ``seconds``: the round's whole time, when this evaluation ends it (None: unchanged)."""
         entry = self.record.round_entry(server_round)
         entry.evaluate = Phase(sites=list(sites), metrics=metrics)
-        if not self.one_message:
-            entry.seconds = round(time.monotonic() - self._round_started, 3)
-            self._round_started = time.monotonic()
-        elif self.closing:  # the last round: its exchange plus the closing evaluation
-            entry.seconds = round((entry.train_seconds or 0.0)
-                                  + time.monotonic() - self._round_started, 3)
+        if seconds is not None:
+            entry.seconds = seconds
         self._keep()
         self.save()
 

@@ -68,7 +68,7 @@ from fedsplit.protocol.recipe import (
 )
 from fedsplit.protocol.schema import Schema, SiteColumns, merge_reports, moment_warnings
 from fedsplit.protocol.weights import read_schema, read_weights
-from fedsplit.server.exchange import send_and_receive
+from fedsplit.server.exchange import send_and_collect
 from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
@@ -112,7 +112,7 @@ def _ask(grid: Grid, nodes: list[int], message_type: str, content: RecordDict,
     stage, cause), else by the name ``names`` knows for its node: one hospital's failure is
     raised as its own `HospitalFailure` line, several as one `FederationError` listing each."""
     msgs = [Message(content, dst_node_id=n, message_type=message_type) for n in nodes]
-    replies = send_and_receive(grid, msgs, timeout=timeout)
+    replies = send_and_collect(grid, msgs, timeout=timeout)
     errors = [r for r in replies if r.has_error()]
     if errors:
         known = names or {}

@@ -7,7 +7,7 @@ replies with its masked, count-weighted change instead of its weights (`secure_t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,20 +74,29 @@ def take_secure_record(content: Any) -> dict[str, Any] | None:
 
 
 def train_reply(secure: Mapping[str, Any] | None, context: Any, start: Mapping[str, np.ndarray],
-                update: Update, metrics: Mapping[str, Any], site_info: Mapping[str, str]) -> Any:
+                update: Update, metrics: Mapping[str, Any], site_info: Mapping[str, str], *,
+                evaluation: Mapping[str, Any] | None = None,
+                metrics_allowed: Sequence[str] = ()) -> Any:
     """The train reply: plain (weights and count, `protocol.horizontal_wire`) or, when the
-    instruction carried a ``secagg`` record, masked (`secure_train_reply`)."""
+    instruction carried a ``secagg`` record, masked (`secure_train_reply`); either carries the
+    received model's ``evaluation`` when the instruction said ``evaluate-first``."""
     if secure is None:
-        return wire.build_train_reply(update, metrics, site_info)
+        return wire.build_train_reply(update, metrics, site_info, evaluation=evaluation,
+                                      metrics_allowed=metrics_allowed)
     return secure_train_reply(secure, context, start, update.arrays, update.num_examples,
-                              metrics, site_info)
+                              metrics, site_info, evaluation=evaluation,
+                              metrics_allowed=metrics_allowed)
 
 
 def secure_train_reply(record: Mapping[str, Any], context: Any, start: Mapping[str, np.ndarray],
                        trained: Mapping[str, np.ndarray], num_examples: int,
-                       metrics: Mapping[str, Any], site_info: Mapping[str, str]) -> Any:
+                       metrics: Mapping[str, Any], site_info: Mapping[str, str], *,
+                       evaluation: Mapping[str, Any] | None = None,
+                       metrics_allowed: Sequence[str] = ()) -> Any:
     """The masked train reply: ``masked`` (one int64 vector), metrics and site; no weights and
-    no count (the count travels inside the masked vector)."""
+    no count (the count travels inside the masked vector). ``evaluation``: the received model's
+    scores on the validation rows (``evaluate-first``), in the clear as in a plain reply (and as
+    an evaluate reply's would be)."""
     from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
     state = secagg._state(context)
@@ -110,7 +119,10 @@ def secure_train_reply(record: Mapping[str, Any], context: Any, start: Mapping[s
     context.state.config_records[UPDATE_COUNT] = ConfigRecord({"count": int(num_examples)})
     values = {k: (int(v) if isinstance(v, int) else float(v)) for k, v in metrics.items()
               if k != wire.NUM_EXAMPLES}
-    return RecordDict({pv.MASKED: ArrayRecord({"vector": Array(masked)}),
-                       "metrics": MetricRecord(values),
-                       "site": ConfigRecord({k: str(v) for k, v in site_info.items()}),
-                       pv.SECAGG: ConfigRecord({pv.STAGE: pv.COLLECT})})
+    records = {pv.MASKED: ArrayRecord({"vector": Array(masked)}),
+               "metrics": MetricRecord(values),
+               "site": ConfigRecord({k: str(v) for k, v in site_info.items()}),
+               pv.SECAGG: ConfigRecord({pv.STAGE: pv.COLLECT})}
+    if evaluation is not None:
+        records[wire.EVALUATION] = wire.evaluation_record(evaluation, metrics_allowed)
+    return RecordDict(records)

@@ -1,37 +1,37 @@
-"""`SecureStrategy`: a strategy wrapper whose training rounds the coordinator sees only as a masked sum.
+"""`SecureMerge`: the round loop's merge step under secure aggregation: the coordinator sees
+each round only as a masked sum.
 
-Each training round, after Flower samples the hospitals (`RegistryStrategy.configure_train`):
+Each training round of the loop (`server.rounds.RoundLoop`), after it samples the hospitals:
 
-1. ``query.secagg`` stage ``setup`` to the sampled hospitals (public keys back);
-2. ``query.secagg`` stage ``share-keys`` (encrypted Shamir shares back);
-3. the train instruction, with a ``secagg`` record forwarding each hospital's shares: it trains
-   and replies with its masked ``[count * q(change), count]`` vector (no weights, no count);
-4. (in `aggregate_train`) ``query.secagg`` stage ``unmask`` to those that replied; the sum is
-   unmasked and decoded into the count-weighted mean change, added to the global model.
+1. (``prepare``) ``query.secagg`` stage ``setup`` to the sampled hospitals (public keys back);
+2. (``prepare``) stage ``share-keys`` (encrypted Shamir shares back);
+3. (the loop's exchange) the train instruction, with a ``secagg`` record forwarding each
+   hospital's shares: it scores the model it received (``evaluate-first``, as in plain runs),
+   trains, and replies with its masked ``[count * q(change), count]`` vector (no weights, no
+   count) and its evaluation in the clear, which the loop records as in a plain run;
+4. (``merge``) stage ``unmask`` to those that replied; the sum is unmasked and decoded into the
+   count-weighted mean change, added to the global model.
 
-It wraps the run's `RegistryStrategy` (as Flower's DP wrappers wrap a strategy): sampling,
-quorum, deadlines, the history and the server optimizer stay the wrapped loop's; only the
-training round's messages and its aggregation change, through the loop's public hooks
-(`server.bookkeeping`): the instructions it sends and the rounds it skips go into the loop's
-round bookkeeping (``loop.book``), and its `SecureStrategy.merge` replaces the loop's merge step
-(`RegistryStrategy.use_merge`), so the loop still steps the server optimizer and records every
-round in the history. It asks the rule what it supports
+The stages' seconds go into the round (``Round.stages``) and the aggregation report; the
+round's `SecureSum` is the round's merge state (``Round.state``). Sampling, quorum, deadlines,
+the history and the server optimizer stay the loop's. It asks the rule what it supports
 (`check_secure_rule`): a ``linear`` rule (FedAvg) is the unmasked mean itself; an
 ``iterative_on_sums`` rule (geometric median) runs its own iteration from that mean
 (`AggregationStrategy.iterate_on_sums`), each step one more secure sum (stages setup,
-share-keys, ``point``, unmask; `_iterate`, docs/privacy.md). Any other rule is refused.
+share-keys, ``point``, unmask; `SecureMerge.iterate`, docs/privacy.md). Any other rule is
+refused.
 
-A hospital that fails or is late at stage 1 or 2 leaves the round; one that drops at 3 is
-removed with its neighbours' shares (up to the reconstruction threshold; `server.secure.secagg`).
+A hospital that fails or is late at stage 1 or 2 leaves the round (it is sent the evaluate
+instruction instead, so it still scores the previous model); one that drops at 3 is removed
+with its neighbours' shares (up to the reconstruction threshold; `server.secure.secagg`).
 Training metrics other than the count (train loss, spent epsilon) travel in the clear and are
-averaged unweighted (the coordinator does not learn the counts). Evaluation is Flower's separate
-evaluate phase, every round (the one-message round of `server.rounds` is not used here).
+averaged unweighted (the coordinator does not learn the counts).
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,15 +40,17 @@ from fedsplit.aggregation.geometric_median import WeiszfeldStop
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import secure_vector as sv
+from fedsplit.protocol.aggregation_report import AggregationReport, SiteReport
 from fedsplit.protocol.errors import ConfigError, FedsplitError
-from fedsplit.protocol.history import AggregationReport, SiteEntry, SiteReport
 from fedsplit.protocol.horizontal_wire import reply_site
 from fedsplit.protocol.privacy import SecureSpec
-from fedsplit.server.bookkeeping import Merge, RoundReplies
+from fedsplit.protocol.record.horizontal import SiteEntry
+from fedsplit.server.bookkeeping import Merge, Round, RoundReplies
+from fedsplit.server.exchange import send_and_collect
+from fedsplit.server.merge import weighted_mean
 from fedsplit.server.secure import unmask
 from fedsplit.server.secure.secagg import SecureSum
-from fedsplit.server.strategy import RegistryStrategy, StrategyWrapper, weighted_mean
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsplit import aggregation
@@ -78,35 +80,44 @@ def check_secure_rule(rule: AggregationStrategy) -> None:
     )
 
 
-class SecureStrategy(StrategyWrapper):
-    """Wraps a `RegistryStrategy` so that its training rounds run SecAgg+ (module docstring).
+@dataclass
+class SecureRound:
+    """A round's secure sum, kept in the round (``Round.state``) from ``prepare`` to ``merge``:
+    the `SecureSum` and the grid and deadline its unmask stage uses."""
 
-    It keeps Flower's separate evaluate phase (`server.rounds.separate_evaluate`): its train
-    reply is the masked vector (`client.secure`), which carries no evaluation, and each of its
-    rounds already runs the setup, share-keys and unmask exchanges besides training.
+    run: SecureSum
+    grid: Grid
+    timeout: float | None
 
-    Its `merge` is the wrapped loop's merge step (supplied at construction), so the loop's
-    ``aggregate_train`` (reached through the wrapper's delegation) unmasks the round."""
 
-    separate_evaluate = True
+class SecureMerge:
+    """The loop's merge step under SecAgg+ (module docstring).
 
-    def __init__(self, strategy: RegistryStrategy, *, secure: SecureSpec,
-                 timeout: float | None = None) -> None:
-        super().__init__(strategy)
-        check_secure_rule(self.aggregator)
-        self.loop.use_merge(self.merge)
+    Parameters
+    ----------
+    aggregator : AggregationStrategy
+        The registry rule: linear (the secure mean) or iterative on sums (its steps secure).
+    secure : SecureSpec
+        The range bound and quantisation levels (``secure-aggregation``).
+    quorum : int (default: 1)
+        Fewest masked replies that update the global model.
+    """
+
+    def __init__(self, aggregator: AggregationStrategy, *, secure: SecureSpec,
+                 quorum: int = 1) -> None:
+        check_secure_rule(aggregator)
+        self.aggregator = aggregator
         self.secure = secure
-        self.timeout = timeout
-        self._grid: Grid | None = None
-        self._runs: dict[int, tuple[SecureSum, dict[str, np.ndarray]]] = {}
-        self.stage_seconds: dict[int, dict[str, float]] = {}
+        self.quorum = max(1, quorum)
 
-    def _ask(self, grid: Grid, instructions: dict[int, dict[str, Any]]) -> dict[int, dict]:
+    @staticmethod
+    def _ask(grid: Grid, instructions: dict[int, dict[str, Any]], timeout: float | None
+             ) -> dict[int, dict]:
         """Send one ``query.secagg`` stage; return node -> reply record (failed ones left out)."""
         msgs = [Message(RecordDict({pv.SECAGG: ConfigRecord(cfg)}), dst_node_id=node,
                         message_type=pv.SECAGG_QUERY) for node, cfg in instructions.items()]
         out = {}
-        for reply in grid.send_and_receive(msgs, timeout=self.timeout):
+        for reply in send_and_collect(grid, msgs, timeout=timeout):
             node = reply.metadata.src_node_id
             if not reply.has_content() or pv.SECAGG not in reply.content.config_records:
                 reason = reply.error.reason if reply.has_error() else "no secagg record"
@@ -115,40 +126,34 @@ class SecureStrategy(StrategyWrapper):
             out[node] = dict(reply.content.config_records[pv.SECAGG])
         return out
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> list[Message]:
-        """Flower's sampling, then the setup and share-keys stages; the collect stage rides on
-        the train instructions."""
-        loop = self.loop
-        msgs = list(self.strategy.configure_train(server_round, arrays, config, grid))
-        r = server_round + self.round_offset
-        if not msgs:
-            return msgs
-        self._grid = grid
-        unmask.warm_up(len(msgs))  # the unmasking pool starts while the keys are exchanged
-        start = time.monotonic()
-        run = SecureSum(self.secure, [m.metadata.dst_node_id for m in msgs], round=r)
+    def prepare(self, rnd: Round, grid: Grid, timeout: float | None) -> None:
+        """The setup and share-keys stages among the hospitals sampled for training; the
+        collect stage rides on their train instructions (``rnd.train`` replaced by copies
+        carrying each one's ``secagg`` record, those that left the stages dropped)."""
+        if not rnd.train:
+            return
+        unmask.warm_up(len(rnd.train))  # the unmasking pool starts while the keys are exchanged
+        run = SecureSum(self.secure, [m.metadata.dst_node_id for m in rnd.train], round=rnd.number)
         try:
-            setup = self._ask(grid, {n: run.setup_config() for n in run.nodes})
-            keys = {n: (rep["pk1"], rep["pk2"]) for n, rep in setup.items()}
-            t1 = time.monotonic()
-            shared = self._ask(grid, run.share_instructions(keys))
-            collect = run.collect_instructions(
-                {n: (list(rep["dsts"]), list(rep["ciphertexts"])) for n, rep in shared.items()})
+            with rnd.stage("setup"):
+                setup = self._ask(grid, {n: run.setup_config() for n in run.nodes}, timeout)
+                keys = {n: (rep["pk1"], rep["pk2"]) for n, rep in setup.items()}
+            with rnd.stage("share-keys"):
+                shared = self._ask(grid, run.share_instructions(keys), timeout)
+                collect = run.collect_instructions(
+                    {n: (list(rep["dsts"]), list(rep["ciphertexts"])) for n, rep in shared.items()})
         except FedsplitError as e:
-            log.warning("Round %s: secure aggregation could not start: %s", r, e)
-            loop.book.skip("train", r, f"secure aggregation could not start: {e}")
-            return []
-        self.stage_seconds[r] = {"setup": t1 - start, "share-keys": time.monotonic() - t1}
-        kept = [self._with_record(m, ConfigRecord(collect[m.metadata.dst_node_id]))
-                for m in msgs if m.metadata.dst_node_id in collect]
-        loop.book.expect("train", r, kept)  # the wrapped loop waits for (and names) these
-        # the masked sum covers the tensors that travel (the rest of the model stays as sent)
-        self._runs[r] = (run, loop.travelling({k: a.numpy() for k, a in arrays.items()}))
-        return kept
+            log.warning("Round %s: secure aggregation could not start: %s", rnd.number, e)
+            rnd.skipped = f"secure aggregation could not start: {e}"
+            rnd.train = []
+            return
+        rnd.train = [self._with_record(m, ConfigRecord(collect[m.metadata.dst_node_id]))
+                     for m in rnd.train if m.metadata.dst_node_id in collect]
+        rnd.state = SecureRound(run, grid, timeout)
 
-    def _iterate(self, r: int, nodes: list[int], start: dict[str, np.ndarray],
-                 mean: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def iterate(self, r: int, nodes: list[int], start: dict[str, np.ndarray],
+                mean: dict[str, np.ndarray], grid: Grid, timeout: float | None = None
+                ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The rule's own iteration (`AggregationStrategy.iterate_on_sums`; the geometric median's
         smoothed Weiszfeld steps) from the secure mean, each step one secure weighted average
         among the hospitals still taking part (fresh keys and masks): each hospital weighs
@@ -162,7 +167,7 @@ class SecureStrategy(StrategyWrapper):
             nonlocal taking_part, scale
             try:
                 nxt, count, objective, taking_part = self._secure_step(
-                    r, taking_part, sv.flat(point), scale, nu, start)
+                    r, taking_part, sv.flat(point), scale, nu, start, grid, timeout)
             except FedsplitError as e:
                 log.warning("Round %s: secure step failed, keeping the last point: %s", r, e)
                 raise WeiszfeldStop(f"a secure step failed ({e}); kept the last point") from e
@@ -174,25 +179,24 @@ class SecureStrategy(StrategyWrapper):
         return self.aggregator.iterate_on_sums(step, mean)
 
     def _secure_step(self, r: int, nodes: list[int], point: np.ndarray, scale: float, nu: float,
-                     start: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int, float,
-                                                            list[int]]:
+                     start: dict[str, np.ndarray], grid: Grid, timeout: float | None
+                     ) -> tuple[dict[str, np.ndarray], int, float, list[int]]:
         """One step as one secure sum among ``nodes`` (fresh keys and masks): (next point,
         total count, objective g(point), hospitals that took part)."""
-        grid = self._grid
         run = SecureSum(self.secure, nodes, round=r)
-        setup = self._ask(grid, {n: run.setup_config() for n in run.nodes})
+        setup = self._ask(grid, {n: run.setup_config() for n in run.nodes}, timeout)
         shared = self._ask(grid, run.share_instructions(
-            {n: (rep["pk1"], rep["pk2"]) for n, rep in setup.items()}))
+            {n: (rep["pk1"], rep["pk2"]) for n, rep in setup.items()}), timeout)
         collect = run.collect_instructions(
             {n: (list(rep["dsts"]), list(rep["ciphertexts"])) for n, rep in shared.items()})
         replies = self._ask(grid, {n: {**cfg, pv.STAGE: pv.POINT, "point": point.tobytes(),
                                        "scale": float(scale), "nu": nu}
-                                   for n, cfg in collect.items()})
+                                   for n, cfg in collect.items()}, timeout)
         masked = {n: np.frombuffer(bytes(rep["masked"]), dtype=np.int64).copy()
                   for n, rep in replies.items()}
-        unmask = self._ask(grid, run.unmask_instructions(masked))
+        unmasked = self._ask(grid, run.unmask_instructions(masked), timeout)
         total = run.total({n: (list(rep["nodes"]), list(rep["shares"]))
-                           for n, rep in unmask.items()})
+                           for n, rep in unmasked.items()})
         nxt, _weight, count, objective = sv.decode_weiszfeld(total, start, self.secure.bound,
                                                              self.secure.levels)
         return nxt, count, objective, run.u2
@@ -201,24 +205,24 @@ class SecureStrategy(StrategyWrapper):
     def _with_record(msg: Message, record: ConfigRecord) -> Message:
         """A copy of ``msg`` whose content also holds this node's ``secagg`` record.
 
-        Flower's FedAvg gives every train message of a round the SAME ``RecordDict`` object;
-        adding a node's record to it in place would hand every hospital the last one's
-        (shares from itself, keys it cannot decrypt). Each message gets its own content."""
+        The loop (as Flower's FedAvg) gives every train message of a round the SAME
+        ``RecordDict`` object; adding a node's record to it in place would hand every hospital
+        the last one's (shares from itself, keys it cannot decrypt). Each message gets its own
+        content."""
         content = RecordDict({**dict(msg.content.items()), pv.SECAGG: record})
         return Message(content, dst_node_id=msg.metadata.dst_node_id,
                        message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
 
-    def merge(self, replies: RoundReplies) -> Merge:
-        """The loop's merge step under secure aggregation: unmask the sum of the masked
-        replies; the aggregate is the model sent out moved by their weighted mean (or by the
-        rule's iteration from it). The loop then steps the server optimizer and records it."""
-        loop = self.loop
-        r = replies.server_round
+    def merge(self, rnd: Round, replies: RoundReplies) -> Merge:
+        """Unmask the sum of the masked replies; the aggregate is the model sent out moved by
+        their weighted mean (or by the rule's iteration from it). The loop then steps the
+        server optimizer and records it."""
+        r = rnd.number
         sites: list[SiteEntry] = []
         masked: dict[int, np.ndarray] = {}
         rows: list[tuple[float, dict[str, Any]]] = []
         for msg in replies.replies:
-            site = loop.book.site(msg, replies.senders)
+            site = replies.site(msg)
             if not msg.has_content() or pv.MASKED not in msg.content.array_records:
                 reason = msg.error.reason if msg.has_error() else "no masked vector"
                 sites.append(SiteEntry(site=site, excluded=True,
@@ -232,25 +236,28 @@ class SecureStrategy(StrategyWrapper):
             info = {k: str(v) for k, v in msg.content.config_records.get("site", {}).items()
                     if k != "name"}
             sites.append(SiteEntry(site=reply_site(msg), metrics=metrics, info=info, secure=True))
-        run, start = self._runs.pop(r)
-        t0 = time.monotonic()
+        if rnd.state is None or rnd.shared is None:
+            return Merge(sites, error="secure aggregation was not set up for this round; "
+                                      "global model unchanged")
+        run, grid, timeout = rnd.state.run, rnd.state.grid, rnd.state.timeout
+        start = rnd.shared  # the masked sum covers the tensors that travel
         try:
-            unmask = self._ask(self._grid, run.unmask_instructions(masked))
-            total = run.total({n: (list(rep["nodes"]), list(rep["shares"]))
-                               for n, rep in unmask.items()})
-            mean, count = sv.decode(total, start, self.secure.bound, self.secure.levels)
+            with rnd.stage("unmask"):
+                unmasked = self._ask(grid, run.unmask_instructions(masked), timeout)
+                total = run.total({n: (list(rep["nodes"]), list(rep["shares"]))
+                                   for n, rep in unmasked.items()})
+                mean, count = sv.decode(total, start, self.secure.bound, self.secure.levels)
         except FedsplitError as e:
             return Merge(sites, error=f"secure aggregation failed: {e}; global model unchanged")
-        if len(masked) < loop.quorum:
+        if len(masked) < self.quorum:
             return Merge(sites, error=f"only {len(masked)} masked replies, fewer than the "
-                                      f"quorum of {loop.quorum}; global model unchanged")
+                                      f"quorum of {self.quorum}; global model unchanged")
         weiszfeld = None
         if self.aggregator.iterative_on_sums:  # else linear: the secure mean is the aggregate
-            mean, weiszfeld = self._iterate(r, run.u2, start, mean)
+            mean, weiszfeld = self.iterate(r, run.u2, start, mean, grid, timeout)
         scale = sv.relative_scale(start)  # running statistics were encoded relative to their size
         arrays = {k: (np.asarray(start[k], np.float64) + mean[k] * scale.get(k, 1.0))
                   .astype(np.asarray(start[k]).dtype) for k in start}
-        seconds = {**self.stage_seconds.pop(r, {}), "unmask": time.monotonic() - t0}
         report = AggregationReport(
             strategy=self.aggregator.name, params={"secure": self.secure.to_spec()},
             num_examples=count,
@@ -261,7 +268,7 @@ class SecureStrategy(StrategyWrapper):
                 "hospitals": len(masked), "dropped": len(run.u1) - len(run.u2),
                 "share_num": run.share_num, "threshold": run.threshold,
                 "quantisation_step": 2 * self.secure.bound / self.secure.levels,
-                "stage_seconds": seconds},
+                "stage_seconds": dict(rnd.stages)},
                 **({"weiszfeld": weiszfeld} if weiszfeld is not None else {})},
         )
         # the secure mean is the aggregate; the loop steps the server optimizer on it, as in

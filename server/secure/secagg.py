@@ -1,6 +1,6 @@
 """The coordinator's side of one SecAgg+ sum (Bell et al. 2020), ported from Flower's
 ``SecAggPlusWorkflow`` (which runs only on the legacy ``LegacyContext`` path) to plain
-per-node instructions, so any driver (the Flower strategy in `server.secure.strategy`, the
+per-node instructions, so any driver (the round loop's merge step `server.secure.merge`, the
 tests, the benchmark) can carry them. Primitives are Flower's (``combine_shares``, key
 agreement, ``pseudo_rand_gen`` via `protocol.secure_vector`).
 

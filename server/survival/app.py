@@ -37,6 +37,7 @@ from fedsplit.protocol.errors import FederationError, FedsplitError
 from fedsplit.protocol.history import HISTORY_FILE, SurvivalAnalysisRecord
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.protocol.schema import Schema, merge_reports
+from fedsplit.server.exchange import collect_all
 from fedsplit.server.secure.secagg import SecureSum
 from fedsplit.server.setup import wait_for_nodes
 from fedsplit.server.survival import km as kmm
@@ -75,16 +76,7 @@ class Coordinator:
         self.sites: list[str] = []
 
     def _send(self, messages: Sequence[Message], what: str) -> list[Message]:
-        replies = list(self.grid.send_and_receive(messages, timeout=self.run.round_timeout))
-        errors = [r for r in replies if r.has_error()]
-        if errors:
-            reasons = "; ".join(f"node {r.metadata.src_node_id}: {r.error.reason}" for r in errors)
-            raise FederationError(f"Hospital agent(s) failed during {what}: {reasons}")
-        if len(replies) < len(messages):
-            raise FederationError(f"Only {len(replies)} of {len(messages)} hospitals answered "
-                                  f"{what} within {self.run.round_timeout:.0f} s. Received: "
-                                  f"{len(replies)} replies")
-        return replies
+        return collect_all(self.grid, messages, timeout=self.run.round_timeout, what=what)
 
     def schema(self) -> tuple[Schema, list[str]]:
         """The schema exchange of every horizontal federation (column reports merged)."""

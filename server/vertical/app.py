@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedsplit.protocol.errors import FederationError, FedsplitError
-from fedsplit.protocol.history import (
-    HISTORY_FILE,
+from fedsplit.protocol.errors import FedsplitError
+from fedsplit.protocol.record.common import HISTORY_FILE
+from fedsplit.protocol.record.vertical import (
     ArrayShape,
     MessageInventory,
     VerticalRound,
@@ -34,6 +34,7 @@ from fedsplit.protocol.history import (
 from fedsplit.protocol.selection import BestRound, selection_metric
 from fedsplit.protocol.vertical.config import VerticalConfig
 from fedsplit.protocol.vertical.wire import Payload, check_payload, from_record, to_record
+from fedsplit.server.exchange import collect_all
 from fedsplit.server.setup import wait_for_nodes
 from fedsplit.server.vertical.coordinator import VAL_FRACTION, VerticalCoordinator, read_label_file
 from flwr.app import Context, Message
@@ -69,15 +70,9 @@ class GridTransport:
             self._note(message_type, "to-site", payload)
             self.bytes_down += payload.nbytes()
             msgs.append(Message(to_record(payload), dst_node_id=node, message_type=message_type))
-        replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout))
+        replies = collect_all(self.grid, msgs, timeout=self.timeout, what=message_type,
+                              who="site")
         self.messages += len(msgs) + len(replies)
-        errors = [r for r in replies if r.has_error()]
-        if errors:
-            reasons = "; ".join(f"node {r.metadata.src_node_id}: {r.error.reason}" for r in errors)
-            raise FederationError(f"Site agent(s) failed during {message_type}: {reasons}")
-        if len(replies) < len(msgs):
-            raise FederationError(f"Only {len(replies)} of {len(msgs)} sites answered {message_type} within "
-                                f"{self.timeout:.0f} s. Received: {len(replies)} replies")
         out = {}
         for r in replies:
             payload = from_record(r.content)

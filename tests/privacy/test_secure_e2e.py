@@ -52,6 +52,20 @@ def test_secure_fedavg_equals_plain_within_quantisation(tmp_path: Path) -> None:
         assert details["hospitals"] == 3 and details["dropped"] == 0
         # the coordinator never saw a single hospital's count
         assert all("num_examples" not in s and s.get("secure") for s in entry["train"]["sites"])
+    # each round's evaluation is recorded as in the plain run (it rides on the masked train
+    # reply): the same hospitals and validation rows, scores of nearly the same model
+    before = json.loads((tmp_path / "plain" / "federation" / "history.json").read_text())
+    for mine, theirs in zip(history["rounds"], before["rounds"], strict=True):
+        sites = {s["site"]: s for s in mine["evaluate"]["sites"]}
+        plain_sites = {s["site"]: s for s in theirs["evaluate"]["sites"]}
+        assert sites.keys() == plain_sites.keys() and len(sites) == 3
+        for name, site in sites.items():
+            assert not site.get("excluded") and site["num_examples"] == plain_sites[name][
+                "num_examples"]
+            assert site["metrics"].keys() == plain_sites[name]["metrics"].keys()
+        assert mine["evaluate"]["metrics"].keys() == theirs["evaluate"]["metrics"].keys()
+        assert abs(mine["evaluate"]["metrics"]["accuracy"]
+                   - theirs["evaluate"]["metrics"]["accuracy"]) <= 0.02
 
 
 @pytest.mark.slow

@@ -1,8 +1,7 @@
-"""The coordinator's secure strategy with Flower Messages, hospitals answered in process."""
+"""The round loop's secure merge step with Flower Messages, hospitals answered in process."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,9 +9,7 @@ import pytest
 from fedsplit.client.secure.agent import UPDATE, UPDATE_COUNT, handle_query
 from fedsplit.protocol.privacy import SecureSpec
 from fedsplit.protocol.update import Update
-from fedsplit.server.history import RunHistory
-from fedsplit.server.secure.strategy import SecureStrategy
-from fedsplit.server.strategy import RegistryStrategy
+from fedsplit.server.secure.merge import SecureMerge
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -45,15 +42,9 @@ class InProcessGrid:
                 for m in msgs if m.metadata.dst_node_id not in self.drop]
 
 
-def _strategy(spec: SecureSpec, grid: InProcessGrid, tmp_path: Path, **params: Any
-              ) -> SecureStrategy:
-    """The secure wrapper around a loop merging with geometric-median; only its secure steps
-    run here (no Flower round loop)."""
-    loop = RegistryStrategy(aggregation.get_strategy("geometric-median", params),
-                            RunHistory(tmp_path, config={}))
-    strategy = SecureStrategy(loop, secure=spec)
-    strategy._grid = grid
-    return strategy
+def _merge(spec: SecureSpec, **params: Any) -> SecureMerge:
+    """The secure merge step with geometric-median; only its secure steps run here (no round)."""
+    return SecureMerge(aggregation.get_strategy("geometric-median", params), secure=spec)
 
 
 def test_each_train_message_gets_its_own_secure_record() -> None:
@@ -61,14 +52,14 @@ def test_each_train_message_gets_its_own_secure_record() -> None:
     "Shares arrived from a node that is not a neighbour" in real simulations."""
     shared = RecordDict({"config": ConfigRecord({"server-round": 1})})
     msgs = [Message(shared, dst_node_id=n, message_type="train") for n in (5, 9)]
-    out = [SecureStrategy._with_record(m, ConfigRecord({"srcs": [str(m.metadata.dst_node_id)]}))
+    out = [SecureMerge._with_record(m, ConfigRecord({"srcs": [str(m.metadata.dst_node_id)]}))
            for m in msgs]
     assert [list(m.content["secagg"]["srcs"]) for m in out] == [["5"], ["9"]]
     assert "secagg" not in shared and out[0].content["config"]["server-round"] == 1
     assert [m.metadata.dst_node_id for m in out] == [5, 9]
 
 
-def test_secure_weiszfeld_equals_the_geometric_median(tmp_path: Path) -> None:
+def test_secure_weiszfeld_equals_the_geometric_median() -> None:
     rng = np.random.default_rng(3)
     n = 7
     ids = [(1 << 63) + 101 * i for i in range(n)]  # node ids as large as Flower draws them
@@ -85,9 +76,8 @@ def test_secure_weiszfeld_equals_the_geometric_median(tmp_path: Path) -> None:
     # one iteration (aggregation.geometric_median.weiszfeld) on both sides: the same steps,
     # the same stopping test, the same point returned
     params = {"eps": 1e-9, "max_iter": 200}
-    strategy = _strategy(SecureSpec(bound=1.0), InProcessGrid(nodes), tmp_path, **params)
-    point, details = strategy._iterate(1, ids, {k: np.zeros_like(v) for k, v in mean.items()},
-                                       mean)
+    point, details = _merge(SecureSpec(bound=1.0), **params).iterate(
+        1, ids, {k: np.zeros_like(v) for k, v in mean.items()}, mean, InProcessGrid(nodes))
     plain = aggregation.aggregate_updates(
         aggregation.get_strategy("geometric-median", params),
         [Update(arrays=d, num_examples=c) for d, c in zip(deltas, counts, strict=True)])
@@ -101,7 +91,7 @@ def test_secure_weiszfeld_equals_the_geometric_median(tmp_path: Path) -> None:
     assert pulled > 0.1 and kept < 0.1 * pulled
 
 
-def test_secure_weiszfeld_survives_a_dropout(tmp_path: Path) -> None:
+def test_secure_weiszfeld_survives_a_dropout() -> None:
     rng = np.random.default_rng(4)
     ids = [1000 + i for i in range(6)]
     deltas = {i: {"w": rng.normal(0, 0.05, 20)} for i in ids}
@@ -111,8 +101,8 @@ def test_secure_weiszfeld_survives_a_dropout(tmp_path: Path) -> None:
                                                       ).to_array_record()
         nodes[i].state.config_records[UPDATE_COUNT] = ConfigRecord({"count": 100})
     mean = {"w": np.mean([deltas[i]["w"] for i in ids], axis=0)}
-    strategy = _strategy(SecureSpec(bound=1.0), InProcessGrid(nodes, drop={ids[2]}), tmp_path)
-    point, details = strategy._iterate(1, ids, {"w": np.zeros(20)}, mean)
+    point, details = _merge(SecureSpec(bound=1.0)).iterate(
+        1, ids, {"w": np.zeros(20)}, mean, InProcessGrid(nodes, drop={ids[2]}))
     plain = aggregation.aggregate_updates(
         aggregation.get_strategy("geometric-median", {}),
         [Update(arrays=deltas[i], num_examples=100) for i in ids if i != ids[2]])

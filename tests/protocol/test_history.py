@@ -187,9 +187,10 @@ def test_coordinator_writes_rounds_through_the_models(tmp_path: Path) -> None:
     history.set_model("mlp/classification/2/2/none")
     history.record_train(1, None, [{"site": "a", "excluded": True, "late": True,
                                     "reason": "no train reply within round-timeout (5 s)"}],
-                         {}, error="no usable training replies; global model unchanged")
+                         {}, error="no usable training replies; global model unchanged",
+                         train_seconds=0.5)
     history.record_evaluate(1, [SiteEntry(site="a", num_examples=4, metrics={"accuracy": 0.5})],
-                            {"accuracy": 0.5})
+                            {"accuracy": 0.5}, seconds=0.7)
     history.record_privacy(1, level="patient", epsilon_budget=1.0, delta=1e-5)
     history.finish()
     saved = json.loads((tmp_path / "history.json").read_text())

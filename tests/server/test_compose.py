@@ -1,4 +1,4 @@
-"""The strategy factory (`server.compose`): wrappers composed around the round loop, rules
+"""The loop factory (`server.compose`): the merge step and hooks of the round loop, rules
 asked what they support instead of name lists, and no import circle between the modules."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from fedsplit.aggregation.hospital_dp import HospitalDPFedAvg
 from fedsplit.aggregation.median import Median
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.server.compose import check_composition, compose_aggregator, compose_strategy
+from fedsplit.server.compose import check_composition, compose_aggregator, compose_loop
 from fedsplit.server.history import RunHistory
-from fedsplit.server.privacy import PrivateStrategy
-from fedsplit.server.secure.strategy import SecureStrategy, secure_rules
-from fedsplit.server.strategy import RegistryStrategy, StrategyWrapper
+from fedsplit.server.merge import PlainMerge
+from fedsplit.server.privacy import PrivacyHook
+from fedsplit.server.rounds import RoundLoop
+from fedsplit.server.secure.merge import SecureMerge, secure_rules
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -33,30 +34,26 @@ def task_identity():
     yield
 
 
-def stack(strategy: object) -> list[str]:
-    """Class names from the outermost wrapper to the loop."""
-    names = [type(strategy).__name__]
-    while isinstance(strategy, StrategyWrapper):
-        strategy = strategy.strategy
-        names.append(type(strategy).__name__)
-    return names
+def parts(loop: RoundLoop) -> list[str]:
+    """The loop's merge step, then its hooks, by class name."""
+    return [type(loop.merge).__name__, *(type(h).__name__ for h in loop.hooks)]
 
 
 @pytest.mark.parametrize(("config", "layers"), [
-    ({}, ["RegistryStrategy"]),
-    ({"secure_aggregation": "on"}, ["SecureStrategy", "RegistryStrategy"]),
-    ({"dp": DP}, ["PrivateStrategy", "RegistryStrategy"]),
+    ({}, ["PlainMerge"]),
+    ({"secure_aggregation": "on"}, ["SecureMerge"]),
+    ({"dp": DP}, ["PlainMerge", "PrivacyHook"]),
     ({"dp": DP, "secure_aggregation": "on", "strategy": "geometric-median"},
-     ["PrivateStrategy", "SecureStrategy", "RegistryStrategy"]),
-    ({"dp": DP + ",level=hospital"}, ["PrivateStrategy", "RegistryStrategy"]),
+     ["SecureMerge", "PrivacyHook"]),
+    ({"dp": DP + ",level=hospital"}, ["PlainMerge", "PrivacyHook"]),
 ])
-def test_the_run_config_picks_the_wrappers(tmp_path: Path, config: dict, layers: list[str]) -> None:
+def test_the_run_config_picks_the_merge_step_and_hooks(tmp_path: Path, config: dict,
+                                                       layers: list[str]) -> None:
     cfg = RunConfig(**config)
     aggregator = compose_aggregator(cfg)
-    strategy = compose_strategy(cfg, aggregator, RunHistory(tmp_path, config={}), quorum=2)
-    assert stack(strategy) == layers
-    loop = strategy.loop if isinstance(strategy, StrategyWrapper) else strategy
-    assert isinstance(loop, RegistryStrategy) and loop.quorum == 2 and loop.aggregator is aggregator
+    loop = compose_loop(cfg, aggregator, RunHistory(tmp_path, config={}), quorum=2)
+    assert parts(loop) == layers
+    assert loop.quorum == 2 and loop.merge.aggregator is aggregator and loop.merge.quorum == 2
     hospital = "level=hospital" in config.get("dp", "")
     assert isinstance(aggregator, HospitalDPFedAvg) == hospital
     if not hospital:
@@ -78,8 +75,7 @@ def test_secure_aggregation_asks_the_rule_not_its_name(tmp_path: Path) -> None:
         check_composition(cfg, OpaqueFedAvg())
     assert "masked sum" in str(err.value) and "fedavg, geometric-median" in str(err.value)
     with pytest.raises(ConfigError, match="cannot run with secure aggregation"):
-        SecureStrategy(RegistryStrategy(OpaqueFedAvg(), RunHistory(tmp_path, config={})),
-                       secure=None)  # the wrapper itself refuses too
+        SecureMerge(OpaqueFedAvg(), secure=None)  # the merge step itself refuses too
 
 
 def test_hospital_dp_needs_a_linear_rule() -> None:
@@ -97,14 +93,14 @@ def train_reply(node: int, value: float, count: int, epsilon: float) -> Message:
     }), reply_to=instruction)
 
 
-def test_the_dp_wrapper_delegates_and_records_epsilon(tmp_path: Path) -> None:
+def test_the_dp_hook_records_epsilon(tmp_path: Path) -> None:
     cfg = RunConfig(dp=DP)
     history = RunHistory(tmp_path, config={})
     history.set_model("mlp/classification/2/2/-")
-    strategy = compose_strategy(cfg, compose_aggregator(cfg), history)
-    assert isinstance(strategy, PrivateStrategy)
-    arrays, _ = strategy.aggregate_train(1, [train_reply(1, 1.0, 10, 0.3),
-                                             train_reply(2, 4.0, 30, 0.5)])
+    loop = compose_loop(cfg, compose_aggregator(cfg), history)
+    assert isinstance(loop.merge, PlainMerge) and isinstance(loop.hooks[0], PrivacyHook)
+    arrays, _ = loop.close(loop.open(1, None), [train_reply(1, 1.0, 10, 0.3),
+                                                 train_reply(2, 4.0, 30, 0.5)])
     np.testing.assert_allclose(arrays["fc.weight"].numpy(), np.full((2, 2), 3.25))
     rounds = json.loads((tmp_path / "history.json").read_text())["rounds"]
     eps = {s["site"]: s["epsilon"] for s in rounds[0]["train"]["sites"]}
@@ -112,10 +108,11 @@ def test_the_dp_wrapper_delegates_and_records_epsilon(tmp_path: Path) -> None:
     assert rounds[0]["privacy"]["level"] == "patient"
 
 
-@pytest.mark.parametrize("module", ["fedsplit.server.secure.strategy", "fedsplit.server.privacy",
-                                    "fedsplit.server.compose", "fedsplit.server.app"])
+@pytest.mark.parametrize("module", ["fedsplit.server.secure.merge", "fedsplit.server.privacy",
+                                    "fedsplit.server.compose", "fedsplit.server.app",
+                                    "fedsplit.server.strategy"])
 def test_each_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
-    """No circle: the secure wrapper no longer imports server.privacy, which imported it back."""
+    """No circle: the secure merge step does not import server.privacy, nor the other way."""
     run = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     privacy = Path(sys.modules["fedsplit.server.privacy"].__file__).read_text()

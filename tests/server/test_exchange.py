@@ -1,4 +1,4 @@
-"""`server.exchange.send_and_receive`: Flower's push/pull, checked every POLL_S seconds."""
+"""`server.exchange.send_and_collect`: Flower's push/pull, checked every POLL_S seconds."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def exchange_with(monkeypatch, ready: dict[int, float | None], timeout: float
     clock = Clock()
     monkeypatch.setattr(exchange, "time", clock)
     msgs = [Message(RecordDict({}), dst_node_id=n, message_type="train") for n in ready]
-    return exchange.send_and_receive(SlowGrid(clock, ready), msgs, timeout=timeout), clock
+    return exchange.send_and_collect(SlowGrid(clock, ready), msgs, timeout=timeout), clock
 
 
 def test_the_last_reply_is_collected_within_one_poll_of_arriving(monkeypatch) -> None:
@@ -69,4 +69,4 @@ def test_a_grid_without_push_and_pull_answers_itself() -> None:
         def send_and_receive(self, messages, *, timeout=None):
             return ["answered"] * len(list(messages))
 
-    assert exchange.send_and_receive(Plain(), [1, 2], timeout=1) == ["answered", "answered"]
+    assert exchange.send_and_collect(Plain(), [1, 2], timeout=1) == ["answered", "answered"]

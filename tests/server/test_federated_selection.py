@@ -16,7 +16,7 @@ import pytest
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol import read_weights
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import Phase, RoundEntry
+from fedsplit.protocol.record.horizontal import Phase, RoundEntry
 from fedsplit.server.history import RunHistory, find_resume_point
 from fedsplit.server.selection import select, task_metric
 from fedsplit.server.strategy import RegistryStrategy
@@ -72,19 +72,16 @@ def run(out: Path, scores: dict[int, tuple[float, float] | None], *, keep: str |
     if history.data["model_id"] is None:
         history.set_model(model_id)
     metric = "accuracy" if "classification" in model_id else "r2"
-    first = min(scores)
     strategy = RegistryStrategy(aggregation.get_strategy("fedavg"), history, quorum=1,
-                                round_offset=first - 1, min_train_nodes=1, min_available_nodes=1)
-    for r, pair in scores.items():
-        flower_round = r - first + 1
+                                min_train_nodes=1, min_available_nodes=1)
+    for r, pair in scores.items():  # a resumed run's rounds go on from its last one
         record = ArrayRecord({"w": Array(np.zeros((2, 2), np.float32)),
                               "b": Array(np.zeros(2, np.float32))})
-        strategy.configure_train(flower_round, record, ConfigRecord({}), Grid())
-        strategy.aggregate_train(flower_round, [] if pair is None else
-                                 [train_reply(n, r) for n in (1, 2)])
+        strategy.configure_train(r, record, ConfigRecord({}), Grid())
+        strategy.aggregate_train(r, [] if pair is None else [train_reply(n, r) for n in (1, 2)])
         values = pair or (0.99, 0.99)  # the unchanged model scores well: still not a candidate
-        strategy.aggregate_evaluate(flower_round, [evaluate_reply(n, metric, v)
-                                                   for n, v in zip((1, 2), values, strict=True)])
+        strategy.aggregate_evaluate(r, [evaluate_reply(n, metric, v)
+                                        for n, v in zip((1, 2), values, strict=True)])
     return history
 
 

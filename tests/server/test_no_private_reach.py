@@ -1,10 +1,11 @@
 """No module under server/ reaches into another object's private members (issue 34, item 5).
 
-The coordinator's wrappers (`server.secure.strategy.SecureStrategy`, `server.privacy`) work
-through the round loop's public hooks (`server.bookkeeping`: ``loop.book``, the merge step),
-not through its underscored attributes. The check parses every file under server/ and flags an
-attribute ``x._name`` (one leading underscore, not a dunder) whose ``x`` is not ``self``,
-``cls`` or ``super()``, and a ``from module import _name``.
+The round loop's merge steps and hooks (`server.secure.merge.SecureMerge`,
+`server.privacy.PrivacyHook`) work through the round's public members (`server.bookkeeping`:
+`Round`, `RoundReplies`), not through another object's underscored attributes. The check
+parses every file under server/ and flags an attribute ``x._name`` (one leading underscore,
+not a dunder) whose ``x`` is not ``self``, ``cls`` or ``super()``, and a ``from module import
+_name``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ ALLOWED = {("os", "_exit")}
 
 #: Uses in files another engineer owns right now, each with the public hook that replaces it;
 #: the entry must go (with the alias it uses) once the file stops using it.
-#: (none left: server/rounds.py records its evaluate phase with `RoundBook.expect`)
+#: (none left)
 PENDING: set[tuple[str, str]] = set()
 
 
@@ -63,15 +64,14 @@ def test_server_uses_no_private_member_of_another_object() -> None:
     unexpected = {k: v for k, v in uses.items() if k not in PENDING}
     assert not unexpected, (
         "These server modules use private members of other objects; use (or add) a public "
-        "hook instead (server/bookkeeping.py for the round loop): "
+        "hook instead (server/bookkeeping.py for the round loop's rounds): "
         + "; ".join(f"server/{f}:{lines} {code}" for (f, code), lines in sorted(unexpected.items())))
     if gone := PENDING - set(uses):
-        pytest.fail(f"{sorted(gone)} no longer occur: remove them from PENDING (and, for "
-                    f"loop._sent, the alias RegistryStrategy._sent)")
+        pytest.fail(f"{sorted(gone)} no longer occur: remove them from PENDING")
 
 
-def test_secure_strategy_uses_no_private_member_of_another_class() -> None:
-    source = (SERVER / "secure" / "strategy.py").read_text()
+def test_the_secure_merge_step_uses_no_private_member_of_another_class() -> None:
+    source = (SERVER / "secure" / "merge.py").read_text()
     assert private_reaches(source) == []
 
 

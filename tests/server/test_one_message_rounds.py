@@ -1,10 +1,12 @@
-"""One message per hospital per round (issue 32): `server.rounds.run_rounds` over scripted hospitals.
+"""One message per hospital per round (issue 32): `server.rounds.RoundLoop` over scripted hospitals.
 
 Each scripted hospital answers what Flower's runtime would hand its ClientApp: a train
 instruction with ``evaluate-first`` is scored (the score says which model arrived) and trained,
-an evaluate instruction is scored. The tests count the messages each hospital gets and check
-that every round's recorded evaluation describes that round's own global model, the kept round
-included, as the separate evaluate phase did.
+an evaluate instruction is scored; under secure aggregation the hospital's own secure agent
+(`client.secure.agent`) answers the stages and masks its change. The tests count the messages
+each hospital gets and check that every round's recorded evaluation describes that round's own
+global model, the kept round included, as the separate evaluate phase did, and that a secure
+run records the same evaluations as a plain one (issue 42).
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fedsplit.client.secure.agent import handle_query, secure_train_reply, take_secure_record
 from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import read_weights
 from fedsplit.protocol.privacy import SecureSpec
+from fedsplit.server.bookkeeping import MergeStep
 from fedsplit.server.history import RunHistory
-from fedsplit.server.rounds import run_rounds, separate_evaluate
-from fedsplit.server.secure.strategy import SecureStrategy
-from fedsplit.server.strategy import RegistryStrategy
+from fedsplit.server.merge import PlainMerge
+from fedsplit.server.rounds import RoundLoop
+from fedsplit.server.secure.merge import SecureMerge
 from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -43,13 +48,15 @@ def score_of(w: float, node: int) -> float:
 
 
 class Hospitals:
-    """A Flower Grid whose nodes are scripted hospital agents (train: w + 1 + node / 10)."""
+    """A Flower Grid whose nodes are scripted hospital agents (train: w + 1 + node / 10); the
+    secure-aggregation stages and the masked reply are the hospital agent's own code."""
 
     def __init__(self, nodes: tuple[int, ...] = (1, 2, 3), fail: dict[int, int] | None = None
                  ) -> None:
         self.nodes = nodes
         self.fail = fail or {}  # node -> round whose train instruction it fails
         self.received: dict[int, list[tuple[str, int, bool]]] = {n: [] for n in nodes}
+        self.state = {n: RecordDict() for n in nodes}  # each hospital's Flower context state
         self.exchanges = 0
 
     def get_node_ids(self) -> list[int]:
@@ -57,6 +64,10 @@ class Hospitals:
 
     def _answer(self, msg: Message) -> Message:
         node, kind = msg.metadata.dst_node_id, msg.metadata.message_type
+        if kind == pv.SECAGG_QUERY:
+            self.received[node].append((kind, 0, False))
+            return Message(handle_query(msg.content, node, self._context(node)), reply_to=msg)
+        secure = take_secure_record(msg.content) if kind == wire.TRAIN else None
         config = msg.content.config_records["config"]
         r, first = int(config["server-round"]), bool(config.get(wire.EVALUATE_FIRST, False))
         self.received[node].append((kind, r, first))
@@ -69,26 +80,42 @@ class Hospitals:
             return Message(Error(code=0, reason=f"hospital h{node}, training: ValueError: bad "
                                                 f"rows"), reply_to=msg)
         trained = {"w": np.full((2, 2), w + 1 + node / 10, np.float32)}
+        if secure is not None:  # the hospital agent's own masked reply (client.secure.agent)
+            start = {k: a.numpy() for k, a in msg.content.array_records["arrays"].items()}
+            reply = secure_train_reply(secure, self._context(node), start, trained, 10,
+                                       {wire.TRAIN_LOSS: 0.5}, {"name": f"h{node}"},
+                                       evaluation=scored if first else None)
+            return Message(reply, reply_to=msg)
         reply = wire.build_train_reply(trained, {wire.NUM_EXAMPLES: 10, wire.TRAIN_LOSS: 0.5},
                                        {"name": f"h{node}"},
                                        evaluation=scored if first else None)
         return Message(reply, reply_to=msg)
 
+    def _context(self, node: int) -> Hospital:
+        return Hospital(self.state[node])
+
     def send_and_receive(self, messages, *, timeout=None) -> list[Message]:
+        """Flower's Grid interface, as the exchange helper's test-double path calls it."""
         self.exchanges += 1
         return [self._answer(m) for m in messages]
 
 
-def run(tmp_path: Path, grid: Hospitals, rounds: int = 4, **loop) -> RunHistory:
+class Hospital:
+    """A hospital's Flower context, reduced to what the secure stages use."""
+
+    def __init__(self, state: RecordDict) -> None:
+        self.state = state
+
+
+def run(tmp_path: Path, grid: Hospitals, rounds: int = 4, merge: MergeStep | None = None,
+        **loop) -> RunHistory:
     history = RunHistory(tmp_path, {})
     history.set_model(MODEL_ID)
-    strategy = RegistryStrategy(aggregation.get_strategy("fedavg"), history,
-                                **{"quorum": 1, "min_train_nodes": 1, "min_evaluate_nodes": 1,
-                                   "min_available_nodes": 1, **loop})
-    run_rounds(strategy, grid, initial_arrays=ArrayRecord({"w": Array(np.zeros((2, 2),
-                                                                               np.float32))}),
-               num_rounds=rounds, timeout=10, train_config=wire.train_config(MODEL_ID, 0.0),
-               evaluate_config=wire.evaluate_config(MODEL_ID))
+    merge = merge or PlainMerge(aggregation.get_strategy("fedavg"))
+    RoundLoop(history, merge, **loop).run(
+        grid, initial_arrays=ArrayRecord({"w": Array(np.zeros((2, 2), np.float32))}),
+        num_rounds=rounds, timeout=10, train_config=wire.train_config(MODEL_ID, 0.0),
+        evaluate_config=wire.evaluate_config(MODEL_ID))
     return history
 
 
@@ -189,12 +216,41 @@ def test_a_train_reply_without_its_evaluation_is_excluded_from_the_evaluation(
     assert not any(s.get("excluded") for s in first["train"]["sites"])  # training unaffected
 
 
-def test_secure_aggregation_keeps_the_separate_evaluate_phase(tmp_path: Path) -> None:
-    history = RunHistory(tmp_path, {})
-    loop = RegistryStrategy(aggregation.get_strategy("fedavg"), history)
-    assert not separate_evaluate(loop)
-    secure = SecureStrategy(loop, secure=SecureSpec.parse("on"))
-    assert separate_evaluate(secure)
+def test_a_secure_run_records_each_rounds_evaluation_as_a_plain_run_does(tmp_path: Path) -> None:
+    """The same three hospitals, plain and under secure aggregation: the evaluation rides on the
+    masked train reply (no separate evaluate phase), and history.json's evaluate entries agree:
+    the same rounds, hospitals and validation rows, scores within the secure quantisation."""
+    plain, secure = Hospitals(), Hospitals()
+    run(tmp_path / "plain", plain)
+    run(tmp_path / "secure", secure,
+        merge=SecureMerge(aggregation.get_strategy("fedavg"), secure=SecureSpec(bound=4.0)))
+    for node, got in secure.received.items():  # train each round, one closing evaluation
+        assert [k for k, _, _ in got if k != pv.SECAGG_QUERY] == [k for k, _, _ in
+                                                                plain.received[node]], node
+        assert [(k, r, first) for k, r, first in got if k == "train"] == [
+            ("train", 1, False), ("train", 2, True), ("train", 3, True), ("train", 4, True)]
+        assert [k for k, _, _ in got].count("evaluate") == 1
+    saved = {mode: json.loads((tmp_path / mode / "history.json").read_text())
+             for mode in ("plain", "secure")}
+    assert [r["round"] for r in saved["secure"]["rounds"]] == [1, 2, 3, 4]
+    for p, s in zip(saved["plain"]["rounds"], saved["secure"]["rounds"], strict=True):
+        assert s["aggregation"]["details"]["secure_aggregation"]["hospitals"] == 3
+        assert all(site.get("secure") for site in s["train"]["sites"])
+        mine = {x["site"]: x for x in s["evaluate"]["sites"]}
+        theirs = {x["site"]: x for x in p["evaluate"]["sites"]}
+        assert set(mine) == set(theirs) == {"h1", "h2", "h3"}
+        for site, entry in mine.items():
+            assert not entry.get("excluded")
+            assert entry["num_examples"] == theirs[site]["num_examples"]
+            assert set(entry["metrics"]) == set(theirs[site]["metrics"])
+            for key, value in entry["metrics"].items():
+                assert value == pytest.approx(theirs[site]["metrics"][key], abs=1e-4), (site, key)
+        assert set(s["evaluate"]["metrics"]) == set(p["evaluate"]["metrics"])
+        for key, value in s["evaluate"]["metrics"].items():
+            assert value == pytest.approx(p["evaluate"]["metrics"][key], abs=1e-4), key
+        assert s["seconds"] is not None and s["train_seconds"] is not None
+    assert (saved["secure"]["selection"]["rounds_kept"]
+            == saved["plain"]["selection"]["rounds_kept"] == 3)
 
 
 def test_the_wire_refuses_an_evaluation_with_a_metric_it_does_not_list() -> None:

@@ -57,13 +57,13 @@ def run_rounds(out: Path, rounds: range, optimizer: ServerOptimizer, start: dict
     if history.data["model_id"] is None:
         history.set_model(MODEL_ID)
     strategy = RegistryStrategy(aggregation.get_strategy("median"), history, quorum=1,
-                                round_offset=rounds.start - 1, server_optimizer=optimizer,
-                                min_train_nodes=1, min_available_nodes=1)
+                                server_optimizer=optimizer, min_train_nodes=1,
+                                min_available_nodes=1)
     current = start
     for r in rounds:
         record = ArrayRecord({k: Array(v) for k, v in current.items()})
-        strategy.configure_train(r - rounds.start + 1, record, ConfigRecord({}), Grid())
-        arrays, _ = strategy.aggregate_train(r - rounds.start + 1, round_replies(r, current))
+        strategy.configure_train(r, record, ConfigRecord({}), Grid())
+        arrays, _ = strategy.aggregate_train(r, round_replies(r, current))
         current = {k: a.numpy() for k, a in arrays.items()}
     return current
 

@@ -168,9 +168,9 @@ def test_round_is_selected_by_the_summed_pairs_not_the_mean_of_c_indices() -> No
     row-weighted mean of C-indices prefers round 1 (b has more rows); the C over the summed
     pairs (what `select` uses) prefers round 2, which orders more pairs correctly."""
     from fedsplit.client.survival.cox import concordance_counts
-    from fedsplit.protocol.history import Phase, RoundEntry
+    from fedsplit.protocol.record.horizontal import Phase, RoundEntry
+    from fedsplit.server.merge import weighted_mean
     from fedsplit.server.selection import select
-    from fedsplit.server.strategy import weighted_mean
 
     t_a, e_a = np.arange(1.0, 21.0), np.ones(20, bool)
     t_b, e_b = np.arange(1.0, 101.0), np.arange(100) == 0
