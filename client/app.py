@@ -15,7 +15,8 @@ Handlers (Flower message types):
   ``num-examples`` and scalar metrics; with ``evaluate-first`` (one message per round) first
   score the received model on the validation rows and add those metrics (``evaluation``).
 - ``evaluate``: score the global model on the site's held-out rows.
-- ``query.survival``: after a survival run, the summary's sums (Kaplan-Meier counts, Breslow
+- ``query.<name>``: a task kind's own messages (`protocol.tasks.TaskKind.client_phases`):
+  ``query.survival``, after a survival run, the summary's sums (Kaplan-Meier counts, Breslow
   baseline sums of the kept model; `client.survival.summary`).
 
 Rows, labels and IDs never leave: every reply holds arrays named like the model's parameters,
@@ -25,6 +26,7 @@ numbers, and the site's name. Every instruction and reply is read and built by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,6 +60,7 @@ from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import SECAGG, DPSpec
 from fedsplit.protocol.recipe import requested_recipe
+from fedsplit.protocol.tasks import resolve, task_kind, task_names
 from fedsplit.protocol.update import (
     Update,
     arrays_to_state_dict,
@@ -121,7 +124,7 @@ def _stats(site: SiteData, context: Context, cfg: RunConfig) -> wire.SiteStats:
         input_shape=tuple(int(d) for d in site.train.x.shape[1:]),
         features=list(site.train.feature_names), num_examples=len(site.train),
         count=count, sum=total, sumsq=sumsq,
-        label_max=int(site.train.y.max()) if site.train.task == "classification" else 0,
+        label_max=int(site.train.y.max()) if task_kind(site.train.task).classes else 0,
         y_sum=float(y.sum()), y_sumsq=float((y**2).sum()),
         recipe=effective_recipe(context.node_config, cfg, site.train.kind).identity.to_json(),
     )
@@ -266,7 +269,7 @@ def _global_model(instruction: wire.ModelInstruction, context: Context,
 def _check_outputs(context: Context, name: str, task: str, outputs: int) -> None:
     """Refuse (policy ``max_labels``) a classification model with more classes than this
     hospital allows (`client.policy.labels.check_federation_labels`)."""
-    if task == "classification":
+    if task_kind(task).classes:
         from fedsplit.client.policy.labels import check_federation_labels
         from fedsplit.client.policy.paths import hospital_policy
 
@@ -321,12 +324,21 @@ def _hostile(context: Context, cfg: RunConfig) -> Attack | None:
     return attack if int(context.node_config["partition-id"]) in hostile else None
 
 
-@app.query("survival")
-def survival_summary(msg: Message, context: Context) -> Message:
-    """After a survival run: one stage of the curve and baseline sums (`client.survival.summary`)."""
-    from fedsplit.client.survival.summary import answer
+def _task_phase(entry: str) -> Callable[[Message, Context], Message]:
+    """The handler of a task kind's ``query.<name>`` message: ``entry``'s function, imported
+    when the first such message comes."""
+    def answer(msg: Message, context: Context) -> Message:
+        reply: Message = resolve(entry)(msg, context)
+        return reply
 
-    return answer(msg, context)
+    return answer
+
+
+# the task kinds' own messages (`protocol.tasks`: survival's ``query.survival``, after a
+# survival run: one stage of the curve and baseline sums, `client.survival.summary`)
+for _query, _entry in {name: entry for kind in map(task_kind, task_names())
+                       for name, entry in kind.client_phases.items()}.items():
+    app.query(_query)(_task_phase(_entry))
 
 
 @app.train()

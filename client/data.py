@@ -30,6 +30,7 @@ from fedsplit.protocol.schema import (
     merge_reports,
 )
 from fedsplit.protocol.stats import Moments, moments
+from fedsplit.protocol.tasks import task_kind
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 IMAGE_SUFFIXES = (".npz",)
@@ -65,8 +66,8 @@ class Dataset:
 
     @property
     def num_classes(self) -> int:
-        """Classes (labels are 0..K-1), or 1 for regression."""
-        if self.task != "classification":
+        """Classes (labels are 0..K-1), or 1 for a task of values (regression)."""
+        if not task_kind(self.task).classes:
             return 1
         if self.schema is not None and self.schema.labels:
             return max(len(self.schema.labels), int(self.y.max()) + 1)
@@ -282,7 +283,7 @@ def _finish(x: np.ndarray, y: np.ndarray, task: str, kind: str, names: list[str]
             path: Path) -> Dataset:
     if len(y) == 0:
         raise ConfigError(f"{path} holds no rows. Received: 0 rows")
-    if task == "classification":
+    if task_kind(task).classes:
         if y.dtype.kind not in "iub" and not (y.dtype.kind == "f" and np.all(np.mod(y, 1) == 0)):
             raise ConfigError(
                 f"{path}: classification labels must be integers 0..K-1. Encode them (e.g. "
@@ -332,7 +333,7 @@ def partition(y: np.ndarray, num_sites: int, scheme: str, seed: int) -> list[np.
                 f"--partition dirichlet:ALPHA needs ALPHA > 0 (e.g. dirichlet:0.5). "
                 f"Received: {scheme!r}"
             )
-        if infer_task(y) != "classification":
+        if not task_kind(infer_task(y)).classes:
             raise ConfigError(f"dirichlet partitions skew labels; use iid for regression. "
                               f"Received: {scheme!r}")
         buckets: list[list[int]] = [[] for _ in range(num_sites)]

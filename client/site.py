@@ -44,7 +44,7 @@ from fedsplit.protocol.schema import (
     named_label_rows,
     target_label_counts,
 )
-from fedsplit.protocol.tasks import TaskKind, declared, task_kind
+from fedsplit.protocol.tasks import LabelEncoding, TaskKind, declared, label_encoding, task_kind
 
 DATA_SUFFIXES = TABLE_SUFFIXES + IMAGE_SUFFIXES
 
@@ -206,7 +206,7 @@ def _encoded(path: str, val_fraction: float, seed: int, schema_json: str,
 
 
 def _named_rows(schema: Schema, rows: Any, named: tuple[str, ...]) -> Any:
-    if schema.task != "classification" or schema.target not in rows.columns:
+    if not task_kind(schema.task).classes or schema.target not in rows.columns:
         return rows
     keep = named_label_rows(schema, rows[schema.target].tolist(), named)
     return rows if keep.all() else rows[keep].reset_index(drop=True)
@@ -276,7 +276,8 @@ def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
     policy = hospital_policy(node_config)
     settings = hospital_table_settings(node_config, cfg)
     rows, _ = _raw(str(path), cfg.val_fraction, cfg.seed)
-    counts = (target_label_counts(rows, settings) if task != "regression" else None) or {}
+    counts = (target_label_counts(rows, settings)
+              if label_encoding(task) is not LabelEncoding.VALUES else None) or {}
     named = tuple(sorted(k for k, v in counts.items() if v >= settings.min_category_count))
     check_own_labels(policy, name, cfg.target, len(counts), len(counts) - len(named),
                      settings.min_category_count)
@@ -329,7 +330,7 @@ def _enough_rows(node_config: dict[str, Any], site: SiteData) -> SiteData:
 def _capped(node_config: dict[str, Any], site: SiteData) -> SiteData:
     """Refuse (policy ``max_labels``) a site whose own data holds too many class labels, or too
     few rows (`_enough_rows`)."""
-    if site.train.task == "classification" and np.ndim(site.train.y) == 1:
+    if task_kind(site.train.task).classes and np.ndim(site.train.y) == 1:
         from fedsplit.client.policy.labels import check_own_labels
         from fedsplit.client.policy.paths import hospital_policy
 

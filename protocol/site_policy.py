@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.tasks import task_names
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 #: Node-config keys the hospital's agent sets (never the coordinator): its policy file and the
@@ -46,10 +47,11 @@ NODE_STATE_DIR = "state-dir"
 #: (SuperLink address and the sha256 of the CA certificate it trusts): the egress log's "to whom".
 NODE_COORDINATOR = "coordinator"
 
-TASKS = ("classification", "regression", "survival")
 #: The run kinds a hospital can accept: the horizontal federation (any task), the vertical one,
 #: and the survival analyses run after or instead of training (Kaplan-Meier, exact Cox).
-RUN_KINDS = ("horizontal", "vertical", "survival")
+#: ``survival`` names the survival app's run kind, spelled as the survival task kind is.
+SURVIVAL_RUN = "survival"
+RUN_KINDS = ("horizontal", "vertical", SURVIVAL_RUN)
 #: Kinds of tensors and numbers that can leave a hospital (`fedsplit.client.policy` classifies
 #: every reply into them):
 #: - ``weights``: the model's trainable parameters (train replies, the initial model);
@@ -77,7 +79,8 @@ class SitePolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tasks: tuple[Literal["classification", "regression", "survival"], ...] = TASKS
+    #: default: every registered task kind (`protocol.tasks`)
+    tasks: tuple[str, ...] = Field(default_factory=task_names)
     run_kinds: tuple[Literal["horizontal", "vertical", "survival"], ...] = RUN_KINDS
     recipes: tuple[str, ...] = (BUILTIN,)
     min_category_count: int = Field(5, ge=1, le=10_000)
@@ -97,6 +100,14 @@ class SitePolicy(BaseModel):
             if ref != BUILTIN and (":" not in ref or not ref.split(":", 1)[0]):
                 raise ValueError(f"a recipe is {BUILTIN!r} or package.module:Attribute "
                                  f"(as --recipe takes it), not {ref!r}")
+        return value
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if unknown := [name for name in value if name not in task_names()]:
+            raise ValueError(f"a task is a registered task kind ({', '.join(task_names())}), "
+                             f"not {', '.join(map(repr, unknown))}")
         return value
 
     @field_validator("trusted_apps")

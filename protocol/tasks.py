@@ -229,6 +229,12 @@ def declared(task: str | None) -> TaskKind | None:
     return None if not task or task == AUTO else task_kind(task)
 
 
+def label_encoding(task: str | None) -> LabelEncoding | None:
+    """How a run setting's task reads its labels, or None where the data decides (`AUTO`)."""
+    kind = declared(task)
+    return kind.labels if kind is not None else None
+
+
 def check_task(task: str) -> str:
     """``task`` if it is `AUTO` or a registered kind, else the `ConfigError` naming them."""
     declared(task)

@@ -38,6 +38,7 @@ from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol.schema import SiteColumns
+from fedsplit.protocol.site_policy import SURVIVAL_RUN
 
 UNKNOWN = "unknown"
 _STATISTICS = frozenset({"count", "sum", "sumsq", "y-sum", "y-sumsq"})
@@ -165,7 +166,7 @@ def _tensor_kinds(model_id: str | None, name: str) -> tuple[str, ...]:
 
 
 def _masked_kinds(app: str, instruction: Instruction) -> tuple[str, ...]:
-    if app == "survival" or instruction.message == sv.QUERY:
+    if app == SURVIVAL_RUN or instruction.message == sv.QUERY:
         return ("secure", "survival-sums")
     known = model_kinds(instruction.model_id) if instruction.model_id else None
     if known is None:

@@ -64,6 +64,7 @@ from fedsplit.protocol.site_policy import (
     BUILTIN,
     NODE_COORDINATOR,
     RUN_KINDS,
+    SURVIVAL_RUN,
     PolicyRefusal,
     SitePolicy,
 )
@@ -134,7 +135,7 @@ def site_of(app: str, context: Any) -> str:
     try:
         if app == "horizontal" and (cfg := _run_config(context)) is not None:
             names = cfg.names
-        elif app == "survival":
+        elif app == SURVIVAL_RUN:
             names = sv.SurvivalRun.from_flower(context.run_config).names
     except Exception:  # a misconfigured name is the handler's to report
         names = ()
@@ -174,7 +175,7 @@ def read_request(app: str, msg: Any, context: Any) -> Request:
     site = site_of(app, context)
     raw = context.run_config
     tasks: list[tuple[str, str]] = []
-    if app == "survival" or run_kind == "survival":
+    if SURVIVAL_RUN in (app, run_kind):
         tasks.append(("survival", "the survival analyses"))
     if app == "horizontal":
         cfg = _run_config(context)

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from fedsplit.protocol.schema import SiteColumns, TableSettings
 from fedsplit.protocol.site_policy import PolicyRefusal, SitePolicy
+from fedsplit.protocol.tasks import LabelEncoding, label_encoding
 
 
 def hospital_settings(policy: SitePolicy, settings: TableSettings) -> TableSettings:
@@ -54,8 +55,10 @@ def check_own_labels(policy: SitePolicy, site: str, target: str, labels: int, ra
 def check_report_labels(policy: SitePolicy, report: SiteColumns, target: str,
                         min_count: int, task: str = "auto") -> None:
     """`check_own_labels` on a column report (its named labels and how many it withheld); a
-    regression run has no class labels (a numeric target's values are not checked)."""
-    if task != "regression" and report.target is not None and report.target.labels is not None:
+    run whose labels are values (regression) has none (a numeric target's values are not
+    checked)."""
+    if (label_encoding(task) is not LabelEncoding.VALUES and report.target is not None
+            and report.target.labels is not None):
         check_own_labels(policy, report.site, target,
                          len(report.target.labels) + report.target.withheld,
                          report.target.withheld, min_count)
