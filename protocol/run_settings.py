@@ -89,11 +89,11 @@ class RoundSettings(Group):
     num_server_rounds: int = Field(3, ge=1, alias="num-server-rounds",
                                    description="Federation rounds to run.")
     keep: Literal["best-val", "last"] = Field(
-        "best-val", description="Which round's global model is kept as global.h5: best-val, the round "
-                                "whose federated evaluation on the hospitals' validation rows scores "
-                                "best by the task metric (ties to the later round; "
-                                "protocol/selection.py), or last (the last round, for protocols "
-                                "that fix the round count). last.h5 is always the last round's.")
+        "best-val", description="Which round's model is kept (horizontal: global.h5; last.h5 is "
+                                "always the last round's): best-val, the round whose federated "
+                                "evaluation on validation rows scores best by the task metric "
+                                "(ties to the later round; protocol/selection.py), or last (the "
+                                "last round, for protocols that fix the round count).")
 
 
 class TableReading(Group):

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.run_settings import FederationSettings, RoundSettings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Fill = Literal["nearest", "mean", "zero", "drop"]
@@ -50,12 +51,10 @@ class FusionParams(BaseModel):
             ) from e
 
 
-class VerticalConfig(BaseModel):
-    """Every knob of a vertical federation; kebab-case keys in ``[tool.flwr.app.config]``."""
+class VerticalConfig(FederationSettings, RoundSettings):
+    """Every knob of a vertical federation; kebab-case keys in ``[tool.flwr.app.config]``: the
+    shared rounds and federation groups (`protocol.run_settings`) and the split training's own."""
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
-
-    num_server_rounds: int = Field(10, ge=1, alias="num-server-rounds", description="Flower rounds.")
     fusion_params: str = Field("{}", alias="fusion-params",
                                description="`FusionParams` as a JSON object string.")
     id_column: str = Field("id", alias="id-column", description="ID column in every file.")
@@ -70,14 +69,6 @@ class VerticalConfig(BaseModel):
                                            "(node config 'out-dir' takes precedence).")
     seed: int = Field(0)
     test_fraction: float = Field(0.2, ge=0.05, le=0.9, alias="test-fraction")
-    out_dir: str = Field("fedsplit-vertical", alias="out-dir",
-                         description="Where the coordinator writes history.json and the head.")
-    min_nodes: int = Field(2, ge=1, alias="min-nodes")
-    round_timeout: float = Field(600.0, gt=0, alias="round-timeout")
-    keep: Literal["best-val", "last"] = Field(
-        "best-val", description="Which round's fused model is kept: best-val (the label holder "
-                                "cuts validation rows from its training rows and keeps the round "
-                                "that scores best on them; `protocol.selection`) or last.")
 
     @property
     def params(self) -> FusionParams:
