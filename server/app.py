@@ -107,7 +107,6 @@ def main(grid: Grid, context: Context) -> None:
             history,
             quorum=quorum,
             deadline=cfg.round_timeout,
-            round_offset=done,
             cohort_caps=cfg.caps,
             cap_policy=cfg.cap_policy,
             fraction_train=cfg.fraction_train,

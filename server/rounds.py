@@ -4,7 +4,8 @@
 differential privacy. Each round is a `server.bookkeeping.Round` the loop opens, fills and
 records::
 
-    open      Round(number = r + round_offset: the resume offset, applied here only),
+    open      Round(number = r + round_offset: the rounds the history already holds, a
+              resumed run's; the one place the resume offset is applied),
               the model sent and the tensors of it that travel; hooks' before (dp)
     quorum    wait (at most the deadline) for `quorum` connected hospitals, else skipped
     sample    Flower's sampling (`sample_nodes`): max(int(connected x fraction-train), quorum)
@@ -88,9 +89,6 @@ class RoundLoop:
     deadline : float | None (default: None)
         The per-exchange reply deadline (the run's ``round-timeout``), also bounding the wait
         for a quorum and named in the history when a hospital did not answer in time.
-    round_offset : int (default: 0)
-        Rounds already completed by an earlier coordinator (resume): the loop's round ``r`` is
-        recorded and sent to the hospitals as ``r + round_offset``.
     fraction_train : float (default: 1.0)
         Share of the connected hospitals sampled for training each round.
     server_optimizer : ServerOptimizer | None (default: None)
@@ -106,7 +104,7 @@ class RoundLoop:
 
     def __init__(self, history: RunHistory, merge: MergeStep, *,
                  evaluation: Evaluation | None = None, hooks: Sequence[RoundHook] = (),
-                 quorum: int = 1, deadline: float | None = None, round_offset: int = 0,
+                 quorum: int = 1, deadline: float | None = None,
                  fraction_train: float = 1.0, server_optimizer: ServerOptimizer | None = None,
                  federated: Sequence[str] | None = None,
                  site_names: dict[int, str] | None = None) -> None:
@@ -115,7 +113,6 @@ class RoundLoop:
         self.evaluation = evaluation if evaluation is not None else Evaluation()
         self.hooks = list(hooks)
         self.quorum = max(1, quorum)
-        self.round_offset = round_offset
         self.fraction_train = fraction_train
         self.server_optimizer = server_optimizer
         self.federated = tuple(federated) if federated is not None else None
@@ -231,12 +228,15 @@ class RoundLoop:
             timeout: float | None, train_config: ConfigRecord, evaluate_config: ConfigRecord
             ) -> ArrayRecord:
         """Run ``num_rounds`` rounds, then the closing evaluation (module docstring); return
-        the last global model."""
+        the last global model. A resumed run's history already holds the rounds an earlier
+        coordinator completed: the loop's round ``r`` is recorded and sent to the hospitals as
+        ``r`` plus those."""
         arrays = initial_arrays
-        last = num_rounds + self.round_offset
+        round_offset = self.history.record.completed_rounds
+        last = num_rounds + round_offset
         rnd = Round(last)
         for r in range(1, num_rounds + 1):
-            rnd = self.open(r + self.round_offset, arrays)
+            rnd = self.open(r + round_offset, arrays)
             log.info("[ROUND %s/%s]", rnd.number, last)
             scored = rnd.number - 1  # the model these instructions carry
             replies: list[Message] = []

@@ -101,9 +101,11 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
     template = {k: v.numpy() for k, v in setup.arrays.items()}
     history.keep = "last"  # the optimum is the model, not a round picked on validation rows
     rounds = itertools.count(1)  # a resumed run refits from round 1 (the same rounds again)
+    seconds: dict[int, float] = {}  # round -> its time, as recorded
 
     def evaluate(beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """One round: the summed Newton parts at ``beta``, recorded with its model."""
+        """One round: the summed Newton parts at ``beta``, recorded with its model and time."""
+        opened = time.monotonic()
         number = next(rounds)
         inputs = {**base, "beta": [float(b) for b in beta]}
         vec = coord.total("newton", inputs, bits=ss.STAGE_BITS["newton"])
@@ -114,9 +116,11 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
                    for n, c in sorted(train_rows.items())],
             details={"log_likelihood": float(vec[0]), "gradient_norm": float(np.linalg.norm(
                 vec[1:1 + p] - rows * penalizer * beta))})
+        seconds[number] = round(time.monotonic() - opened, 3)
         history.record_train(number, AggregateResult(arrays, rows, report),
                              _sites(coord, train_rows, {}),
-                             {"log_likelihood": float(vec[0])})
+                             {"log_likelihood": float(vec[0])},
+                             train_seconds=seconds[number], seconds=seconds[number])
         return float(vec[0]), vec[1:1 + p], upper_to_full(vec[1 + p:], p)
 
     result = nt.fit(plan, evaluate, penalizer)
@@ -128,7 +132,8 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
                                       if w not in history.record.schema_warnings)])
     beta = plan.full(result.beta)
     # the fit's evaluation (one exchange; in deployment each exchange costs seconds): Harrell's
-    # C over the hospitals' summed pairs, recorded as the last round's evaluation
+    # C over the hospitals' summed pairs, recorded as the last round's evaluation (its time too)
+    scoring = time.monotonic()
     pairs = coord.total("concordance", {**base, "beta": [float(b) for b in beta]},
                         bits=ss.STAGE_BITS["concordance"])
     per_site = {k: {"c_index": nt.concordance(*v[:3]) or 0.5} for k, v in coord.per_site.items()}
@@ -136,7 +141,9 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
     c_index = nt.concordance(*pairs[:3])
     history.record_evaluate(result.rounds, _sites(coord, fit_rows, per_site),
                             {"c_index": 0.5 if c_index is None else c_index,
-                             "comparable_pairs": float(pairs[2])})
+                             "comparable_pairs": float(pairs[2])},
+                            seconds=round(seconds.get(result.rounds, 0.0)
+                                          + time.monotonic() - scoring, 3))
     table = nt.original_scale(result, plan.used_names, plan.standardization().std)
     sites = sorted(train_rows) if coord.secure is None else list(cfg.names)
     doc = nt.summary(

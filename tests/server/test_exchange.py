@@ -1,9 +1,12 @@
-"""`server.exchange.send_and_collect`: Flower's push/pull, checked every POLL_S seconds."""
+"""`server.exchange`: Flower's push/pull, checked every POLL_S seconds; `collect_all` refuses a
+missing or failed answer."""
 
 from __future__ import annotations
 
+import pytest
+from fedsplit.protocol.errors import FederationError
 from fedsplit.server import exchange
-from flwr.app import Message, RecordDict
+from flwr.app import Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 
@@ -70,3 +73,31 @@ def test_a_grid_without_push_and_pull_answers_itself() -> None:
             return ["answered"] * len(list(messages))
 
     assert exchange.send_and_collect(Plain(), [1, 2], timeout=1) == ["answered", "answered"]
+
+
+def test_collect_all_names_the_agents_that_failed_or_did_not_answer(monkeypatch) -> None:
+    """The survival and vertical exchanges need every answer: an error reply, or a hospital
+    silent past the deadline, is a FederationError saying which and what."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+
+    class Answering:
+        def __init__(self, answer) -> None:
+            self.answer = answer
+
+        def send_and_receive(self, messages, *, timeout=None):
+            return [r for m in messages if (r := self.answer(m)) is not None]
+
+    msgs = [Message(RecordDict({}), dst_node_id=n, message_type="query.survival")
+            for n in (1, 2)]
+    ok = exchange.collect_all(Answering(lambda m: Message(RecordDict({}), reply_to=m)), msgs,
+                              timeout=5, what="query.survival moments")
+    assert sorted(r.metadata.src_node_id for r in ok) == [1, 2]
+    failing = Answering(lambda m: Message(Error(code=0, reason="no rows"), reply_to=m)
+                        if m.metadata.dst_node_id == 2 else Message(RecordDict({}), reply_to=m))
+    with pytest.raises(FederationError, match=r"Hospital agent\(s\) failed during query.survival "
+                                              r"moments: node 2: no rows"):
+        exchange.collect_all(failing, msgs, timeout=5, what="query.survival moments")
+    silent = Answering(lambda m: None if m.metadata.dst_node_id == 1
+                       else Message(RecordDict({}), reply_to=m))
+    with pytest.raises(FederationError, match=r"Only 1 of 2 sites answered query\.embed within 5 s"):
+        exchange.collect_all(silent, msgs, timeout=5, what="query.embed", who="site")

@@ -108,9 +108,10 @@ class Hospital:
 
 
 def run(tmp_path: Path, grid: Hospitals, rounds: int = 4, merge: MergeStep | None = None,
-        **loop) -> RunHistory:
-    history = RunHistory(tmp_path, {})
-    history.set_model(MODEL_ID)
+        history: RunHistory | None = None, **loop) -> RunHistory:
+    if history is None:
+        history = RunHistory(tmp_path, {})
+        history.set_model(MODEL_ID)
     merge = merge or PlainMerge(aggregation.get_strategy("fedavg"))
     RoundLoop(history, merge, **loop).run(
         grid, initial_arrays=ArrayRecord({"w": Array(np.zeros((2, 2), np.float32))}),
@@ -187,13 +188,18 @@ def test_a_failed_train_reply_leaves_the_previous_models_evaluation_with_its_rea
 
 
 def test_a_resumed_run_scores_the_model_it_resumes_from_first(tmp_path: Path) -> None:
-    """After 2 recorded rounds a restarted coordinator's first message (round 3) asks for the
-    evaluation of model 2, recorded under round 2."""
+    """After 2 recorded rounds a restarted coordinator (its history continuing the saved one)
+    sends round 3 first, asking for the evaluation of model 2, recorded under round 2."""
+    run(tmp_path, Hospitals(), rounds=2)
+    previous = RunHistory(tmp_path, {}, previous=json.loads((tmp_path / "history.json")
+                                                            .read_text()))
     grid = Hospitals()
-    run(tmp_path, grid, rounds=1, round_offset=2)
+    run(tmp_path, grid, rounds=1, history=previous)
     assert grid.received[1] == [("train", 3, True), ("evaluate", 3, False)]
     saved = json.loads((tmp_path / "history.json").read_text())
-    assert [r["round"] for r in saved["rounds"] if r.get("evaluate")] == [2, 3]
+    assert [r["round"] for r in saved["rounds"]] == [1, 2, 3]
+    assert [r["round"] for r in saved["rounds"] if r.get("evaluate")] == [1, 2, 3]
+    assert saved["resumed"][0]["after_round"] == 2
 
 
 def test_a_train_reply_without_its_evaluation_is_excluded_from_the_evaluation(
