@@ -68,8 +68,9 @@ class FedAvg(AggregationStrategy):
             updates, inputs.counts, settings=settings, memory_budget=memory_budget,
             distances=distances,
         )
-        columns = {} if mean.distances is None else {"l2_to_aggregate": mean.distances}
-        sites = site_reports(inputs.headers, inputs.counts / inputs.total, **columns)
+        weights = inputs.counts / inputs.total
+        sites = (site_reports(inputs.headers, weights) if mean.distances is None
+                 else site_reports(inputs.headers, weights, l2_to_aggregate=mean.distances))
         return make_result(
             self, inputs, mean.arrays, sites,
             memory_budget=memory_budget, working_bytes=mean.working_bytes,

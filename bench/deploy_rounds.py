@@ -48,7 +48,7 @@ from fedsplit.orchestration.flower_runtime import (
     wait_http,
     write_connection,
 )
-from fedsplit.protocol.history import RunRecord
+from fedsplit.protocol.record.horizontal import RunRecord
 
 BARE_APP = Path(__file__).resolve().parent / "deploy_bare"
 

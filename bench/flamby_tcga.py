@@ -54,7 +54,8 @@ from fedsplit.orchestration.datasets import table_keys  # noqa: E402
 from fedsplit.orchestration.experiment import Experiment, run_experiment  # noqa: E402
 from fedsplit.orchestration.survival.run import run_survival  # noqa: E402
 from fedsplit.protocol.config import RunConfig  # noqa: E402
-from fedsplit.protocol.history import HISTORY_FILE, RunRecord  # noqa: E402
+from fedsplit.protocol.record.common import HISTORY_FILE  # noqa: E402
+from fedsplit.protocol.record.horizontal import RunRecord  # noqa: E402
 from fedsplit.protocol.survival import SurvivalRun  # noqa: E402
 from fedsplit.protocol.tasks import SURVIVAL  # noqa: E402
 from lifelines import CoxPHFitter  # noqa: E402

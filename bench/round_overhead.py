@@ -36,7 +36,8 @@ from fedsplit.orchestration.flower_runtime import (
     write_connection,
 )
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.history import HISTORY_FILE, RunRecord
+from fedsplit.protocol.record.common import HISTORY_FILE
+from fedsplit.protocol.record.horizontal import RunRecord
 
 BENCH = Path(__file__).resolve().parent
 

@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedsplit.protocol.history import HISTORY_FILE, SUMMARY_FILE, RoundEntry, RunRecord, RunSummary
+from fedsplit.protocol.record.common import HISTORY_FILE, SUMMARY_FILE
+from fedsplit.protocol.record.horizontal import RoundEntry, RunRecord
+from fedsplit.protocol.record.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 

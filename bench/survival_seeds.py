@@ -125,7 +125,9 @@ def one_run(dataset: str, sites: list[str], seed: int, rounds: int, out: Path,
     from fedsplit.orchestration.experiment import Experiment, prepare_tables, run_simulation
     from fedsplit.protocol import survival_summary as ss
     from fedsplit.protocol.config import RunConfig
-    from fedsplit.protocol.history import HISTORY_FILE, RunRecord
+    from fedsplit.protocol.record.common import HISTORY_FILE
+    from fedsplit.protocol.record.horizontal import RunRecord
+    from fedsplit.protocol.record.survival import COX_FILE, CoxDocument
     from lifelines import CoxPHFitter
 
     keys = (table_keys("tcga-brca", hidden=hidden) if dataset == "tcga-brca" else
@@ -146,8 +148,8 @@ def one_run(dataset: str, sites: list[str], seed: int, rounds: int, out: Path,
                                                   fit_options=precise)
     rel = float("nan")  # the exact path's coefficients (cox.json); an MLP has none
     if (out / "federation" / "cox.json").exists():
-        cox = json.loads((out / "federation" / "cox.json").read_text())["covariates"]
-        fed_coef = np.array([cox[n]["coef"] for n in names])
+        cox = CoxDocument.load(out / "federation" / COX_FILE).covariates
+        fed_coef = np.array([cox[n].coef for n in names])
         ref = strata.params_[names].to_numpy()
         rel = float(np.max(np.abs(fed_coef - ref) / np.maximum(np.abs(ref), 1e-8)))
     tests = {n: te for n, (_, te) in frames.items()}

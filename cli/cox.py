@@ -44,6 +44,7 @@ def cox(
 ) -> None:
     """Newton-Raphson on the hospitals' summed gradients and Hessians: the pooled stratified fit."""
     from fedsplit.orchestration.survival.run import dataset_columns, run_survival
+    from fedsplit.protocol.record.survival import COX_FILE, CoxDocument
     from fedsplit.protocol.survival import SurvivalRun
 
     time_col, event_col, id_col = dataset_columns(dataset, time or None, event or None, id_column)
@@ -54,16 +55,23 @@ def cox(
                       secure_aggregation=secure_aggregation)
     with console.status("fitting the federated Cox model ..."):
         doc = run_survival(run, dataset=dataset, site_files=site or [], out=out)
-    table = Table(title=f"Cox model stratified by hospital: {len(doc['hospitals'])} hospitals, "
-                        f"{doc['rows']} patients, {doc['events']} events")
+    if not isinstance(doc, CoxDocument):
+        raise TypeError(f"fedsplit cox read {doc.file_name()}, not {COX_FILE}")
+    table = Table(title=f"Cox model stratified by hospital: {len(doc.hospitals)} hospitals, "
+                        f"{doc.rows} patients, {doc.events} events")
     for column in ("covariate", "coef", "HR", "95% CI", "p"):
         table.add_column(column, justify="left" if column == "covariate" else "right")
-    for name, r in doc["covariates"].items():
-        table.add_row(name, f"{r['coef']:.4f}", f"{r['hazard_ratio']:.3f}",
-                      f"{r['hr_lower_95']:.3f}-{r['hr_upper_95']:.3f}", f"{r['p']:.3g}")
+    for name, r in doc.covariates.items():
+        table.add_row(name, f"{r.coef:.4f}", _number(r.hazard_ratio, ".3f"),
+                      f"{_number(r.hr_lower_95, '.3f')}-{_number(r.hr_upper_95, '.3f')}",
+                      _number(r.p, ".3g"))
     console.print(table)
-    c = doc["concordance"]
-    console.print(f"log-likelihood {doc['log_likelihood']:.4f} after {doc['newton_rounds']} Newton "
-                  f"rounds; concordance {'n/a' if c is None else f'{c:.4f}'}; secure aggregation "
-                  f"{doc['secure_aggregation']}; {doc['wall_seconds']:.1f} s")
-    console.print(f"wrote {out / 'cox.json'} and {out / 'cox.png'}")
+    console.print(f"log-likelihood {_number(doc.log_likelihood, '.4f')} after {doc.newton_rounds} "
+                  f"Newton rounds; concordance {_number(doc.concordance, '.4f')}; secure "
+                  f"aggregation {doc.secure_aggregation}; {doc.wall_seconds or 0.0:.1f} s")
+    console.print(f"wrote {out / COX_FILE} and {out / 'cox.png'}")
+
+
+def _number(value: float | None, spec: str) -> str:
+    """``value`` formatted, or n/a where the fit gave none."""
+    return "n/a" if value is None else format(value, spec)

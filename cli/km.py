@@ -33,6 +33,7 @@ def km(
 ) -> None:
     """Each hospital shares its number at risk and its events per time point; nothing else."""
     from fedsplit.orchestration.survival.run import dataset_columns, run_survival
+    from fedsplit.protocol.record.survival import KM_FILE, KMDocument
     from fedsplit.protocol.survival import SurvivalRun
 
     time_col, event_col, _ = dataset_columns(dataset, time or None, event or None, "")
@@ -41,14 +42,16 @@ def km(
                       secure_aggregation=secure_aggregation)
     with console.status("pooling the Kaplan-Meier counts ..."):
         doc = run_survival(run, dataset=dataset, site_files=site or [], out=out)
-    curve = doc["curve"]
-    console.print(f"Kaplan-Meier over {len(doc['hospitals'])} hospitals: {doc['rows']} patients, "
-                  f"{doc['events']} events, {len(curve['time'])} published drops (min-count "
-                  f"{doc['min_count']}); secure aggregation {doc['secure_aggregation']}; "
-                  f"{doc['wall_seconds']:.1f} s")
+    if not isinstance(doc, KMDocument):
+        raise TypeError(f"fedsplit km read {doc.file_name()}, not {KM_FILE}")
+    curve = doc.curve
+    console.print(f"Kaplan-Meier over {len(doc.hospitals)} hospitals: {doc.rows} patients, "
+                  f"{doc.events} events, {len(curve.time)} published drops (min-count "
+                  f"{doc.min_count}); secure aggregation {doc.secure_aggregation}; "
+                  f"{doc.wall_seconds or 0.0:.1f} s")
     for q in (0.25, 0.5, 0.75):
-        below = [t for t, s in zip(curve["time"], curve["survival"], strict=True) if s <= 1 - q]
+        below = [t for t, s in zip(curve.time, curve.survival, strict=True) if s <= 1 - q]
         if below:
             console.print(f"  {int(q * 100)}% have had the event by time {below[0]:g}")
-    console.print(f"wrote {out / 'km.json'} and {out / 'km.png'}; each hospital's own curve "
+    console.print(f"wrote {out / KM_FILE} and {out / 'km.png'}; each hospital's own curve "
                   f"stays beside its data (sites/site-i/km-own.json)")

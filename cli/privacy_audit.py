@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from fedsplit.protocol.history import MembershipGroup
+    from fedsplit.protocol.record.privacy import MembershipGroup
 
 console = Console()
 

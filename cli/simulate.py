@@ -17,7 +17,10 @@ from fedsplit.cli.options import (
 from fedsplit.orchestration.datasets import SIMULATE_DATASETS
 from fedsplit.orchestration.tables import metric_key, summary_tables
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.history import SUMMARY_FILE, PrivacyAudit, RunRecord, RunSummary, scalars
+from fedsplit.protocol.record.common import SUMMARY_FILE, scalars
+from fedsplit.protocol.record.horizontal import RunRecord
+from fedsplit.protocol.record.privacy import PrivacyAudit
+from fedsplit.protocol.record.summary import RunSummary
 from fedsplit.protocol.tasks import task_kind
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -25,7 +25,8 @@ from fedsplit.cli.options import (
 from fedsplit.client.data import DATASETS
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import RoundEntry, RunRecord, scalars
+from fedsplit.protocol.record.common import scalars
+from fedsplit.protocol.record.horizontal import RoundEntry, RunRecord
 from rich.console import Console
 
 console = Console(highlight=False, soft_wrap=True)  # one line per message, in logs too

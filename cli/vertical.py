@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from fedsplit.protocol.history import VerticalSummary
+    from fedsplit.protocol.record.vertical import VerticalSummary
 
 console = Console()
 app = typer.Typer(help="Vertical federated learning: same patients, different columns per site.",

@@ -16,7 +16,7 @@ from fedsplit.orchestration.experiment import Experiment, check_attack, run_expe
 from fedsplit.orchestration.plots import metric_key, plot_comparison
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.history import RunSummary
+from fedsplit.protocol.record.summary import RunSummary
 
 
 @dataclass

@@ -79,20 +79,20 @@ from fedsplit.orchestration.task_kinds import draw_task_plots
 from fedsplit.protocol.column_sets import check_table_columns
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, HospitalFailure
-from fedsplit.protocol.history import (
-    HISTORY_FILE,
-    SUMMARY_FILE,
+from fedsplit.protocol.privacy import DPSpec
+from fedsplit.protocol.record.common import HISTORY_FILE, SUMMARY_FILE
+from fedsplit.protocol.record.horizontal import RunRecord
+from fedsplit.protocol.record.summary import (
     AttackSummary,
     Baseline,
     FederatedScores,
     RecipeSummary,
-    RunRecord,
     RunSummary,
     SchemaSummary,
+    Scores,
     ServerOptSettings,
     SummaryRound,
 )
-from fedsplit.protocol.privacy import DPSpec
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
 from fedsplit.protocol.update import arrays_to_state_dict
@@ -452,23 +452,24 @@ def validation_score(model: SiteModel, vals: Sequence[Dataset], key: str) -> flo
     return score(model, rows.x, rows.y)[key]
 
 
-def kept_round(history: RunRecord, fed_dir: Path) -> dict[str, Any]:
-    """The federated model's selection, as the baselines report theirs (`server.selection`):
-    ``keep``, ``rounds_kept``, ``val_metric`` (per candidate round, ``val_rounds``),
-    ``val_examples`` (the kept round's validation rows) and ``last_model``."""
+def kept_round(history: RunRecord, fed_dir: Path, federated: FederatedScores) -> FederatedScores:
+    """``federated`` with the federated model's selection, as the baselines report theirs
+    (`server.selection`): ``keep``, ``rounds_kept``, ``val_metric`` (per candidate round,
+    ``val_rounds``), ``val_examples`` (the kept round's validation rows) and ``last_model``."""
     chosen = history.selection
-    if chosen is None:
-        return {"last_model": str(fed_dir / "last.h5")}
-    kept = next((s for s in chosen.val_metric if s.round == chosen.rounds_kept), None)
-    return {"keep": chosen.keep, "rounds_kept": chosen.rounds_kept,
-            "val_metric": [s.score for s in chosen.val_metric],
-            "val_rounds": [s.round for s in chosen.val_metric],
-            "val_examples": kept.examples if kept is not None else None,
-            "last_model": str(fed_dir / "last.h5")}
+    if chosen is not None:
+        kept = next((s for s in chosen.val_metric if s.round == chosen.rounds_kept), None)
+        federated.keep = chosen.keep
+        federated.rounds_kept = chosen.rounds_kept
+        federated.val_metric = [s.score for s in chosen.val_metric]
+        federated.val_rounds = [s.round for s in chosen.val_metric]
+        federated.val_examples = kept.examples if kept is not None else None
+    federated.last_model = str(fed_dir / "last.h5")
+    return federated
 
 
 def evaluate(model: SiteModel, tests: Sequence[tuple[str, Dataset]],
-             local: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> dict[str, Any]:
+             local: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> Scores:
     """``metrics`` on the pooled test rows, ``per_site`` on each hospital's, ``mean_per_site``.
 
     ``local``: each hospital's own tensors that never travel (FedBN's BatchNorm layers, a local
@@ -483,11 +484,11 @@ def evaluate(model: SiteModel, tests: Sequence[tuple[str, Dataset]],
         rows = {name: len(t) for name, t in tests}
         pooled = {k: float(sum(per_site[n][k] * rows[n] for n in rows) / sum(rows.values()))
                   for k in keys}
-        return {"metrics": pooled, "per_site": per_site, "mean_per_site": mean,
-                "site_models": sorted(n for n, m in own.items() if m is not None)}
+        return Scores(metrics=pooled, per_site=per_site, mean_per_site=mean,
+                      site_models=sorted(n for n, m in own.items() if m is not None))
     rows_all = _concat([t for _, t in tests])
-    return {"metrics": score(model, rows_all.x, rows_all.y), "per_site": per_site,
-            "mean_per_site": mean}
+    return Scores(metrics=score(model, rows_all.x, rows_all.y), per_site=per_site,
+                  mean_per_site=mean)
 
 
 def _with_local(model: SiteModel, tensors: Mapping[str, np.ndarray]) -> SiteModel | None:
@@ -618,7 +619,7 @@ def run_experiment(
     for entry in history.model_rounds:
         scored = evaluate(load_model(fed_dir / str(entry.model)), tests,
                           local_states(out, joined, entry.round))
-        rounds.append(SummaryRound(round=entry.round, **scored, site_evaluation=dict(
+        rounds.append(SummaryRound(round=entry.round, **scored.fields(), site_evaluation=dict(
             entry.evaluate.metrics) if entry.evaluate else {}))
     if not rounds:
         raise ConfigError("The federation produced no global model (every round failed); see "
@@ -658,9 +659,11 @@ def run_experiment(
         except HospitalFailure as e:
             failures.append(str(e))
             return None
-        return Baseline(**({} if site is None else {"site": site}), num_examples=len(train),
-                        steps=steps, rounds_kept=chosen.round, val_metric=chosen.scores,
-                        val_examples=len(val), **scored)
+        done = Baseline(num_examples=len(train), steps=steps, rounds_kept=chosen.round,
+                        val_metric=chosen.scores, val_examples=len(val), **scored.fields())
+        if site is not None:  # the centralized baseline has no site key
+            done.site = site
+        return done
 
     centralized = baseline("the centralized baseline", _concat(list(trains.values())),
                            list(vals.values()), central_steps)
@@ -717,11 +720,11 @@ def run_experiment(
         config=cfg.to_flower(),
         centralized=centralized,
         local_only=local_only,
-        federated=FederatedScores(
+        federated=kept_round(history, fed_dir, FederatedScores(
             **evaluate(final, tests, local_states(
-                out, joined, history.selection.rounds_kept if history.selection else None)),
-            num_examples=fed_examples, model=str(fed_dir / "global.h5"),
-            **kept_round(history, fed_dir)),
+                out, joined, history.selection.rounds_kept if history.selection else None)
+                       ).fields(),
+            num_examples=fed_examples, model=str(fed_dir / "global.h5"))),
         personalized=personalized,
         rounds=rounds,
         failures=_left_out(history, [t.name for t in joined]) + failures,

@@ -35,7 +35,9 @@ import httpx
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FlowerRunError, error_from_record
-from fedsplit.protocol.history import HISTORY_FILE, RunRecord, run_record_from_json
+from fedsplit.protocol.record.common import HISTORY_FILE
+from fedsplit.protocol.record.horizontal import RunRecord
+from fedsplit.protocol.record.kinds import run_record_from_json
 from fedsplit.protocol.vertical.config import VerticalConfig
 
 # What the staged Flower app ships under fedsplit/: everything the ServerApps and ClientApps import.
@@ -314,9 +316,9 @@ def run_app(
     written no history yet (no coordinator has started its ServerApp).
 
     Any app's history qualifies (horizontal, vertical, survival): its ``status`` and ``error``
-    are read here through its model (`protocol.history.run_record_from_json`), and the parsed
+    are read here through its model (`protocol.record.kinds.run_record_from_json`), and the parsed
     JSON is returned for the caller to read through its own model
-    (horizontal: `protocol.history.RunRecord`, as `attach` and `run_experiment` do)."""
+    (horizontal: `protocol.record.horizontal.RunRecord`, as `attach` and `run_experiment` do)."""
     cmd = [tool("flwr"), "run", str(app_dir), CONNECTION, "--stream",
            "--run-config", str(run_config_path(app_dir))]
     if federation_config:

@@ -62,7 +62,8 @@ from fedsplit.protocol.errors import (
     NoTrainingError,
     error_from_record,
 )
-from fedsplit.protocol.history import HISTORY_FILE, RunRecord
+from fedsplit.protocol.record.common import HISTORY_FILE
+from fedsplit.protocol.record.horizontal import RunRecord
 
 GLOBAL_MODEL = "global.h5"
 # Exit codes of a hospital agent that a restart cannot fix: its options or its data are wrong.

@@ -50,7 +50,7 @@ from fedsplit.client.models import SiteModel
 from fedsplit.client.train import fit_steps, loss_function, score, training_targets
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import Personalized, PriorTest
+from fedsplit.protocol.record.summary import Personalized, PriorTest
 from torch import nn
 
 #: ``--personalize alone``: each hospital's hospital-alone step budget

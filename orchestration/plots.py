@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import RunSummary, VerticalSummary
+from fedsplit.protocol.record.summary import RunSummary
+from fedsplit.protocol.record.vertical import VerticalSummary
 from fedsplit.protocol.selection import selection_metric
 
 if TYPE_CHECKING:  # importing client.parallel loads torch; only drawing a table needs it

@@ -51,20 +51,18 @@ from fedsplit.client.train import fit, score, set_statistics
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import (
-    HISTORY_FILE,
+from fedsplit.protocol.record.common import HISTORY_FILE, SUMMARY_FILE
+from fedsplit.protocol.record.horizontal import RunRecord
+from fedsplit.protocol.record.privacy import (
     PRIVACY_FILE,
-    SUMMARY_FILE,
     AttackScores,
     AuditHeadline,
     AuditResult,
     MembershipGroup,
-    RunRecord,
-    RunSummary,
     SummaryPrivacy,
     WorstSite,
-    privacy_section,
 )
+from fedsplit.protocol.record.summary import RunSummary, privacy_section
 from fedsplit.protocol.stats import combine_moments
 
 ATTACKS = ("loss-threshold", "calibrated")

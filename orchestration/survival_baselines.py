@@ -34,7 +34,7 @@ from fedsplit.protocol import survival as sv
 from fedsplit.protocol import survival_exact as se
 from fedsplit.protocol.design import derived_features
 from fedsplit.protocol.errors import ConfigError, FederationError
-from fedsplit.protocol.history import RunRecord
+from fedsplit.protocol.record.horizontal import RunRecord
 from fedsplit.protocol.schema import Schema
 from fedsplit.protocol.selection import BestRound
 from fedsplit.server.survival import newton as nt

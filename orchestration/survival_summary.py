@@ -11,7 +11,6 @@ circle (tests/test_layers.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,9 @@ from typing import Any
 from fedsplit.orchestration.plots import figure
 from fedsplit.protocol import survival_summary as ss
 from fedsplit.protocol.errors import FederationError
-from fedsplit.protocol.history import RunRecord, SurvivalFiles
+from fedsplit.protocol.record.horizontal import RunRecord
+from fedsplit.protocol.record.summary import RunSummary, SurvivalFiles
+from fedsplit.protocol.record.survival import KM_FILE, KMDocument
 from fedsplit.protocol.survival import pooled_concordance
 
 
@@ -28,31 +29,31 @@ def write_plots(out_dir: Path) -> SurvivalFiles:
     """Draw ``km.png`` from ``OUT_DIR/km.json`` (as `fedsplit km` does); return the summary's
     files: ``km`` (json), ``km_plot`` (png), ``baseline`` (the kept model's baseline)."""
     out_dir = Path(out_dir)
-    km = out_dir / ss.KM_FILE
+    km = out_dir / KM_FILE
     baseline = ss.baseline_path(out_dir / "global.h5")
     missing = [p.name for p in (km, baseline) if not p.exists()]
     if missing:
         raise FederationError(f"The survival run wrote no {' or '.join(missing)} in {out_dir}: the "
                               f"summary after the last round did not finish (see history.json's "
                               f"error). Received: {sorted(p.name for p in out_dir.iterdir())}")
-    km_plot(json.loads(km.read_text()), out_dir / "km.png")
+    km_plot(KMDocument.load(km), out_dir / "km.png")
     return SurvivalFiles(km=str(km), km_plot=str(out_dir / "km.png"), baseline=str(baseline))
 
 
-def km_plot(doc: dict[str, Any], path: Path) -> None:
+def km_plot(doc: KMDocument, path: Path) -> None:
     """The pooled Kaplan-Meier curve with its 95% band (steps)."""
-    c = doc["curve"]
-    times = [0.0, *c["time"]]
+    c = doc.curve
+    times = [0.0, *c.time]
     with figure(path, dpi=120) as ax:
-        ax.step(times, [1.0, *c["survival"]], where="post", color="tab:blue",
-                label=f"pooled ({doc['rows']} patients, {doc['events']} events)")
-        ax.fill_between(times, [1.0, *c["lower_95"]], [1.0, *c["upper_95"]], step="post",
+        ax.step(times, [1.0, *c.survival], where="post", color="tab:blue",
+                label=f"pooled ({doc.rows} patients, {doc.events} events)")
+        ax.fill_between(times, [1.0, *c.lower_95], [1.0, *c.upper_95], step="post",
                         alpha=0.25, color="tab:blue", label="95% band (exponential Greenwood)")
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("time")
         ax.set_ylabel("survival")
-        ax.set_title(f"Federated Kaplan-Meier, {len(doc['hospitals'])} hospitals "
-                     f"(min-count {doc['min_count']})", fontsize=9)
+        ax.set_title(f"Federated Kaplan-Meier, {len(doc.hospitals)} hospitals "
+                     f"(min-count {doc.min_count})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
 
@@ -91,10 +92,10 @@ def tcga_partitions(folder: Path) -> dict[str, Path]:
     return files
 
 
-def summary_plots(out_dir: Path) -> dict[str, SurvivalFiles]:
+def summary_plots(out_dir: Path) -> dict[str, Any]:
     """The survival kind's plots after a ``simulate`` run (`protocol.tasks`): `write_plots`, as
-    the run summary's ``survival`` field."""
-    return {"survival": write_plots(out_dir)}
+    the run summary's ``survival`` field (set through `RunSummary`, so the key is the model's)."""
+    return RunSummary(survival=write_plots(out_dir)).to_json()
 
 
 def up_report(out_dir: Path, history: RunRecord) -> list[str]:

@@ -12,7 +12,7 @@ A federation is compared on two tables rather than one wide one:
   pooled score; each hospital-alone model's mean covers every hospital's test patients.
 
 Scores print with 3 decimals; every number is also in ``summary.json``, read here through
-`protocol.history.RunSummary` (a mapping is read through it first).
+`protocol.record.summary.RunSummary` (a mapping is read through it first).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedsplit.orchestration.plots import metric_key
-from fedsplit.protocol.history import Baseline, FederatedScores, RunSummary, Scores
+from fedsplit.protocol.record.summary import Baseline, FederatedScores, RunSummary, Scores
 from rich import box
 from rich.table import Table
 

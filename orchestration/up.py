@@ -36,7 +36,8 @@ from fedsplit.orchestration.survival_summary import tcga_partitions
 from fedsplit.protocol.column_sets import check_table_columns
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import HospitalFailure
-from fedsplit.protocol.history import HISTORY_FILE, RunRecord
+from fedsplit.protocol.record.common import HISTORY_FILE
+from fedsplit.protocol.record.horizontal import RunRecord
 from fedsplit.server.compose import check_composition
 from fedsplit.server.history import find_resume_point
 

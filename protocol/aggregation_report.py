@@ -2,10 +2,10 @@
 
 `AggregationReport` with one `SiteReport` per update is built by every rule (`aggregation/`),
 written as history.json's round ``aggregation`` and as ``models/round-NNN.report.json``
-(`protocol.history.RoundEntry`, `server.history`), beside ``fedsplit aggregate``'s output, in
+(`protocol.record.horizontal.RoundEntry`, `server.history`), beside ``fedsplit aggregate``'s output, in
 the admin database's REST rounds, and read by the admin API and the web view. It lives in its
 own file so the rules import the type without the rest of the run record (the aggregation
-process starts 70 ms faster); `protocol.history` re-exports it, and `RecordPart` is the base
+process starts 70 ms faster); `protocol.record` re-exports it, and `RecordPart` is the base
 of every part of the run record.
 """
 

@@ -151,7 +151,7 @@ ON_GPU = "on-gpu"  # 1 when the hospital trained on a GPU
 PARALLEL_WORKERS = "parallel-workers"  # in-site parallelism: workers used (client.parallel)
 PARALLEL_SAMPLES_PER_S = "parallel-samples-per-s"  # in-site training throughput
 #: A train reply's spent privacy budget (patient-level DP-SGD, cumulative over the run);
-#: the coordinator copies it to the run record (`protocol.history.RunRecord.record_privacy`).
+#: the coordinator copies it to the run record (`protocol.record.horizontal.RunRecord.record_privacy`).
 DP_EPSILON = "dp-epsilon"
 #: Metric names the hospital agent may put in its replies (scalars only).
 TRAIN_METRICS = frozenset({NUM_EXAMPLES, TRAIN_LOSS, ON_GPU, PARALLEL_WORKERS,

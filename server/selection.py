@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from fedsplit.protocol.history import Metric, RoundEntry, Selection, ValScore
 from fedsplit.protocol.recipe import model_selection
+from fedsplit.protocol.record.common import Metric
+from fedsplit.protocol.record.horizontal import RoundEntry, Selection, ValScore
 from fedsplit.protocol.selection import BestRound
 from fedsplit.protocol.survival import pooled_concordance
 

@@ -11,7 +11,6 @@ run is checked. Each hospital's rows are written, as they came, under ``OUT/site
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
@@ -28,6 +27,7 @@ from fedsplit.orchestration.survival_summary import km_plot
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol.column_sets import check_table_columns
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.record.survival import CoxDocument, KMDocument
 from fedsplit.protocol.schema import column_report, merge_reports
 
 #: the survival app's (serverapp, clientapp)
@@ -100,40 +100,43 @@ def stage(run: sv.SurvivalRun, tables: dict[str, Any], out: Path) -> sv.Survival
 
 
 def run_survival(run: sv.SurvivalRun, *, dataset: str | None, site_files: Sequence[str],
-                 out: Path, timeout: float = 1800) -> dict[str, Any]:
-    """Run ``run.mode`` ("cox" or "km") end to end; return its document (with ``wall_seconds``)."""
+                 out: Path, timeout: float = 1800) -> KMDocument | CoxDocument:
+    """Run ``run.mode`` ("cox" or "km") end to end; return its document (``cox.json`` or
+    ``km.json``, read through its model, with ``wall_seconds`` added)."""
     out = out.resolve()
     tables = survival_tables(dataset, site_files)
     run = stage(run, tables, out)
     started = time.monotonic()
     simulation(run, len(tables), out / "flower", components=SURVIVAL_COMPONENTS,  # type: ignore[arg-type]
                timeout=timeout)
-    name = "cox" if run.mode == "cox" else "km"
-    doc = json.loads((out / f"{name}.json").read_text())
-    doc["wall_seconds"] = time.monotonic() - started
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=2))
-    if run.mode == "cox":
+    model = CoxDocument if run.mode == "cox" else KMDocument
+    doc = model.load(out / model.file_name())
+    doc.wall_seconds = time.monotonic() - started
+    doc.save(out / doc.file_name())
+    if isinstance(doc, CoxDocument):
         forest_plot(doc, out / "cox.png")
     else:
         km_plot(doc, out / "km.png")
     return doc
 
 
-def forest_plot(doc: dict[str, Any], path: Path) -> None:
-    """Hazard ratios with their 95% intervals, one row per covariate (log scale)."""
-    rows = list(doc["covariates"].items())
+def forest_plot(doc: CoxDocument, path: Path) -> None:
+    """Hazard ratios with their 95% intervals, one row per covariate (log scale); a covariate
+    whose interval the fit could not give is drawn as its hazard ratio alone."""
+    rows = list(doc.covariates.items())
     with figure(path, size=(7.5, 0.28 * len(rows) + 1.4), dpi=120) as ax:
         for i, (_, r) in enumerate(reversed(rows)):
-            lo, hi = max(r["hr_lower_95"], 1e-6), min(r["hr_upper_95"], 1e6)
-            colour = "tab:red" if r["p"] < 0.05 else "tab:blue"
-            ax.plot([lo, hi], [i, i], color=colour, lw=1.5)
-            ax.plot([r["hazard_ratio"]], [i], "s", color=colour, ms=4)
+            colour = "tab:red" if r.significant else "tab:blue"
+            if r.hr_lower_95 is not None and r.hr_upper_95 is not None:
+                lo, hi = max(r.hr_lower_95, 1e-6), min(r.hr_upper_95, 1e6)
+                ax.plot([lo, hi], [i, i], color=colour, lw=1.5)
+            ax.plot([r.hazard_ratio], [i], "s", color=colour, ms=4)
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log")
         ax.set_yticks(range(len(rows)), [n[:48] for n, _ in reversed(rows)], fontsize=7)
         ax.set_xlabel("hazard ratio (95% CI; red: p < 0.05)")
-        c = doc.get("concordance")
-        ax.set_title(f"Federated Cox, stratified by hospital ({len(doc['hospitals'])} hospitals, "
-                     f"{doc['rows']} patients, penalizer {doc['penalizer']:g}"
+        c = doc.concordance
+        ax.set_title(f"Federated Cox, stratified by hospital ({len(doc.hospitals)} hospitals, "
+                     f"{doc.rows} patients, penalizer {doc.penalizer or 0.0:g}"
                      + (f", C = {c:.3f})" if c is not None and math.isfinite(c) else ")"),
                      fontsize=9)

@@ -25,9 +25,8 @@ from fedsplit.orchestration.plots import plot_vertical
 from fedsplit.orchestration.vertical.datasets import write_bundled
 from fedsplit.orchestration.vertical.local import Baselines, baselines, train_local
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import (
-    HISTORY_FILE,
-    SUMMARY_FILE,
+from fedsplit.protocol.record.common import HISTORY_FILE, SUMMARY_FILE
+from fedsplit.protocol.record.vertical import (
     VerticalFills,
     VerticalRunRecord,
     VerticalScores,

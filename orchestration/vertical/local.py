@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsplit.client.vertical.site import SiteAgent, SiteState
-from fedsplit.protocol.history import VerticalFill, VerticalScores
+from fedsplit.protocol.record.vertical import VerticalFill, VerticalScores
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.table import id_column_values, read_frame
 from fedsplit.protocol.vertical.wire import Payload, check_payload, from_record, to_record

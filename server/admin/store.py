@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,33 +197,39 @@ def remove_site(*, data_dir: Path, name: str, database_url: str | None = None,
                 audit_key_file: Path | None = None) -> None:
     """Remove a site: its token matches nothing from now on, so its API access and its web-view
     sessions end at their next request; its uploads stay (attributed to it)."""
-    engine = open_engine(data_dir=data_dir, database_url=database_url)
-    try:
-        with Session(engine) as session:
-            site = _live_site(session, name)
-            site.removed_at = utcnow()
-            site.token_hash = secrets.token_hex(32)  # a hash no token was ever issued for
-            session.commit()
-            site_id = site.id
-        audit.append(engine, _key(data_dir, audit_key_file), "site_removed", actor=CLI_ACTOR,
-                     site_id=site_id, site=name)
-    finally:
-        engine.dispose()
+
+    def remove(site: Site) -> None:
+        site.removed_at = utcnow()
+        site.token_hash = secrets.token_hex(32)  # a hash no token was ever issued for
+
+    _change_live_site(data_dir, name, database_url, audit_key_file, "site_removed", remove)
 
 
 def rotate_token(*, data_dir: Path, name: str, database_url: str | None = None,
                  audit_key_file: Path | None = None) -> str:
     """Give a site a new token and return it; the old token (API and sessions) stops at once."""
-    engine = open_engine(data_dir=data_dir, database_url=database_url)
     token = new_site_token()
+
+    def rotate(site: Site) -> None:
+        site.token_hash = hash_token(token)
+
+    _change_live_site(data_dir, name, database_url, audit_key_file, "token_rotated", rotate)
+    return token
+
+
+def _change_live_site(data_dir: Path, name: str, database_url: str | None,
+                      audit_key_file: Path | None, audit_event: str,
+                      change: Callable[[Site], None]) -> None:
+    """``change`` the registered (not removed) site ``name``, commit, then append ``audit_event`` to
+    the audit log as the CLI."""
+    engine = open_engine(data_dir=data_dir, database_url=database_url)
     try:
         with Session(engine) as session:
             site = _live_site(session, name)
-            site.token_hash = hash_token(token)
+            change(site)
             session.commit()
             site_id = site.id
-        audit.append(engine, _key(data_dir, audit_key_file), "token_rotated", actor=CLI_ACTOR,
+        audit.append(engine, _key(data_dir, audit_key_file), audit_event, actor=CLI_ACTOR,
                      site_id=site_id, site=name)
     finally:
         engine.dispose()
-    return token

@@ -14,7 +14,7 @@ With ``secure-aggregation`` on, every summed vector is one SecAgg+ sum (`server.
 fresh keys each): the coordinator learns the sum and nothing per hospital; real values travel
 in fixed point (`protocol.survival.encode_fixed`). Without it, each hospital's vector arrives
 in the clear and is summed here. ``OUT/history.json`` records the status for the runner and the
-web view (`protocol.history.SurvivalAnalysisRecord`).
+web view (`protocol.record.survival.SurvivalAnalysisRecord`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,18 @@ import numpy as np
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol import privacy as pv
 from fedsplit.protocol import survival as sv
-from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.design import derived_features
 from fedsplit.protocol.errors import FederationError, FedsplitError
-from fedsplit.protocol.history import HISTORY_FILE, SurvivalAnalysisRecord
 from fedsplit.protocol.privacy import SecureSpec
+from fedsplit.protocol.record.common import HISTORY_FILE
+from fedsplit.protocol.record.survival import (
+    COX_FILE,
+    KM_FILE,
+    CoxDocument,
+    CoxSites,
+    KMDocument,
+    SurvivalAnalysisRecord,
+)
 from fedsplit.protocol.schema import Schema, merge_reports
 from fedsplit.server.exchange import collect_all
 from fedsplit.server.secure.secagg import SecureSum
@@ -147,7 +154,7 @@ class Coordinator:
         return run.total({n: (list(r["nodes"]), list(r["shares"])) for n, r in unmask.items()})
 
 
-def fit_cox(coord: Coordinator, run: sv.SurvivalRun) -> dict[str, Any]:
+def fit_cox(coord: Coordinator, run: sv.SurvivalRun) -> CoxDocument:
     """The exact stratified Cox fit (module docstring); the cox.json document."""
     started = time.monotonic()
     schema, warnings = coord.schema()
@@ -180,16 +187,16 @@ def fit_cox(coord: Coordinator, run: sv.SurvivalRun) -> dict[str, Any]:
     return nt.summary(
         table, result, rows=rows, events=events, penalizer=run.penalizer, hospitals=coord.sites,
         c_index=nt.concordance(*pairs),
-        extra={"concordance_note": "Harrell's C over pairs within each hospital (stratified, as "
-                                   "lifelines with strata), at the fitted coefficients",
-               "per_site": {"rows": per_site_rows, "concordance": per_site_c},
-               "reference_categories": references, "left_out": plan.dropped,
-               "schema_warnings": [*warnings, *plan.warnings],
-               "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",
-               "secure_sums": coord.sums, "seconds": time.monotonic() - started,
-               "shared": "per hospital: column report; per stage one vector of sums (moments, "
-                         "log-likelihood/gradient/Hessian per Newton round, concordance pair "
-                         "counts); no row, time or covariate value"})
+        concordance_note="Harrell's C over pairs within each hospital (stratified, as lifelines "
+                         "with strata), at the fitted coefficients",
+        per_site=CoxSites(rows=per_site_rows, concordance=per_site_c),
+        reference_categories=references, left_out=plan.dropped,
+        schema_warnings=[*warnings, *plan.warnings],
+        secure_aggregation=coord.secure.to_spec() if coord.secure else "off",
+        secure_sums=coord.sums, seconds=time.monotonic() - started,
+        shared="per hospital: column report; per stage one vector of sums (moments, "
+               "log-likelihood/gradient/Hessian per Newton round, concordance pair counts); no "
+               "row, time or covariate value")
 
 
 def upper_to_full(values: np.ndarray, p: int) -> np.ndarray:
@@ -199,7 +206,7 @@ def upper_to_full(values: np.ndarray, p: int) -> np.ndarray:
     return out + np.triu(out, 1).T
 
 
-def fit_km(coord: Coordinator, run: sv.SurvivalRun) -> dict[str, Any]:
+def fit_km(coord: Coordinator, run: sv.SurvivalRun) -> KMDocument:
     """The pooled Kaplan-Meier curve (module docstring); the km.json document."""
     return pooled_km(coord, run.min_count).document
 
@@ -212,7 +219,7 @@ class PooledCounts:
     at_risk: np.ndarray
     events: np.ndarray
     rows: int
-    document: dict[str, Any]
+    document: KMDocument
 
 
 def pooled_km(coord: Coordinator, min_count: int, inputs: Mapping[str, Any] | None = None
@@ -229,12 +236,12 @@ def pooled_km(coord: Coordinator, min_count: int, inputs: Mapping[str, Any] | No
     rows, counts = round(counts[0]), counts[1:]
     at_risk, events = np.rint(counts[:len(grid)]), np.rint(counts[len(grid):])
     curve = kmm.apply_min_count(grid, at_risk, events, min_count)
-    doc = {"hospitals": coord.sites, "rows": rows, "events": int(events.sum()),
-           "min_count": min_count, "curve": curve.to_dict(),
-           "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",
-           "shared": "per hospital: its distinct event times (the grid, in the clear), then the "
-                     "number at risk and number of events at each grid time (summed; secure "
-                     "when on); its own curve stays beside its data (km-own.json)"}
+    doc = KMDocument(
+        hospitals=coord.sites, rows=rows, events=int(events.sum()), min_count=min_count,
+        curve=curve.points(), secure_aggregation=coord.secure.to_spec() if coord.secure else "off",
+        shared="per hospital: its distinct event times (the grid, in the clear), then the number "
+               "at risk and number of events at each grid time (summed; secure when on); its own "
+               "curve stays beside its data (km-own.json)")
     return PooledCounts(grid, at_risk, events, rows, doc)
 
 
@@ -250,9 +257,9 @@ def main(grid: Grid, context: Context) -> None:
         nodes = wait_for_nodes(grid, run.min_nodes, run.round_timeout)
         coord = Coordinator(grid, nodes, run)
         if run.mode == "cox":
-            write_json_atomic(out / "cox.json", fit_cox(coord, run))
+            fit_cox(coord, run).save(out / COX_FILE)
         else:
-            write_json_atomic(out / "km.json", fit_km(coord, run))
+            fit_km(coord, run).save(out / KM_FILE)
     except FedsplitError as e:
         record.end("failed", at=time.time(), error=f"{type(e).__name__}: {e}")
         record.save(out / HISTORY_FILE)

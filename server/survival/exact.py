@@ -25,18 +25,18 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Any
 
 import numpy as np
 from fedsplit.aggregation.base import AggregateResult
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol import survival_exact as se
 from fedsplit.protocol import survival_summary as ss
-from fedsplit.protocol.atomic import write_json_atomic
+from fedsplit.protocol.aggregation_report import AggregationReport, SiteReport
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.design import derived_features
 from fedsplit.protocol.errors import FederationError
-from fedsplit.protocol.history import AggregationReport, SiteEntry, SiteReport
+from fedsplit.protocol.record.horizontal import SiteEntry
+from fedsplit.protocol.record.survival import COX_FILE, CoxDocument
 from fedsplit.protocol.schema import Schema
 from fedsplit.server.history import RunHistory
 from fedsplit.server.setup import ModelSetup, wait_for_nodes
@@ -45,9 +45,6 @@ from fedsplit.server.survival.app import Coordinator, upper_to_full
 from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
-
-COX_FILE = "cox.json"
-
 
 def uses_newton(cfg: RunConfig, model_id: str | None) -> bool:
     """Whether this survival run's model is fitted here (`protocol.survival_exact.newton_solver`:
@@ -73,7 +70,7 @@ def exact_phase(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHisto
     return True
 
 
-def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory) -> dict[str, Any]:
+def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory) -> CoxDocument:
     """Fit the linear Cox model exactly (module docstring); returns the cox.json document."""
     started = time.monotonic()
     if not setup.schema:
@@ -149,15 +146,14 @@ def fit_exact(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHistory
     doc = nt.summary(
         table, result, rows=rows, events=events, penalizer=penalizer, hospitals=sites,
         c_index=c_index,
-        extra={"concordance_note": "Harrell's C over pairs within each hospital (stratified), on "
-                                   "the rows fitted, at the fitted coefficients",
-               "rows_used": "all of each hospital's training rows (no round is picked, so none "
-                            "are held out for validation)",
-               "reference_categories": references,
-               "left_out": plan.dropped,
-               "secure_aggregation": coord.secure.to_spec() if coord.secure else "off",
-               "secure_sums": coord.sums, "seconds": time.monotonic() - started})
-    write_json_atomic(history.out_dir / COX_FILE, doc)
+        concordance_note="Harrell's C over pairs within each hospital (stratified), on the rows "
+                         "fitted, at the fitted coefficients",
+        rows_used="all of each hospital's training rows (no round is picked, so none are held "
+                  "out for validation)",
+        reference_categories=references, left_out=plan.dropped,
+        secure_aggregation=coord.secure.to_spec() if coord.secure else "off",
+        secure_sums=coord.sums, seconds=time.monotonic() - started)
+    doc.save(history.out_dir / COX_FILE)
     log.info("exact Cox fit: %d Newton rounds, %d sums, %.1f s", result.rounds, coord.sums,
              time.monotonic() - started)
     return doc

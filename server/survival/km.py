@@ -18,10 +18,10 @@ time (lifelines' curve).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.record.survival import KMPoints
 
 Z_95 = 1.959963984540054
 
@@ -37,11 +37,11 @@ class KMCurve:
     lower: np.ndarray
     upper: np.ndarray
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON lists."""
-        return {"time": self.times.tolist(), "at_risk": self.at_risk.astype(int).tolist(),
-                "events": self.events.astype(int).tolist(), "survival": self.survival.tolist(),
-                "lower_95": self.lower.tolist(), "upper_95": self.upper.tolist()}
+    def points(self) -> KMPoints:
+        """The curve as ``km.json`` holds it (`protocol.record.survival.KMPoints`)."""
+        return KMPoints(time=self.times.tolist(), at_risk=self.at_risk.astype(int).tolist(),
+                        events=self.events.astype(int).tolist(), survival=self.survival.tolist(),
+                        lower_95=self.lower.tolist(), upper_95=self.upper.tolist())
 
 
 def km_curve(times: np.ndarray, at_risk: np.ndarray, events: np.ndarray) -> KMCurve:

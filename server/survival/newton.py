@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from fedsplit.protocol import design as pdesign
 from fedsplit.protocol.errors import ConfigError, FederationError
+from fedsplit.protocol.record.survival import CoxCovariate, CoxDocument, NewtonStep
 
 MAX_ROUNDS = 15
 TOLERANCE = 1e-9
@@ -163,7 +164,7 @@ class NewtonResult:
     loglik: float  # penalized, at beta
     loglik_null: float  # unpenalized, at 0
     rounds: int
-    steps: list[dict[str, float]] = field(default_factory=list)
+    steps: list[NewtonStep] = field(default_factory=list)
 
 
 def collinear_columns(hessian: np.ndarray, names: Sequence[str]) -> list[list[str]]:
@@ -212,7 +213,7 @@ def newton(evaluate: Callable[[np.ndarray], tuple[float, np.ndarray, np.ndarray]
             raise CollinearError(f"The Hessian is singular at round {rounds} ({e}); {PENALIZER_ADVICE}. "
                                  f"Received: {p} covariates") from e
         size = float(np.linalg.norm(delta))
-        steps.append({"round": rounds, "loglik": ll, "step_norm": size})
+        steps.append(NewtonStep(round=rounds, loglik=ll, step_norm=size))
         if size < tolerance:
             return NewtonResult(beta, h, ll, ll_null, rounds, steps)
         step = 1.0
@@ -240,7 +241,7 @@ class CoxTable:
     se: np.ndarray
     covariance: np.ndarray
 
-    def rows(self) -> dict[str, dict[str, float]]:
+    def rows(self) -> dict[str, CoxCovariate]:
         """name -> coefficient, SE, hazard ratio, 95% intervals, z, p (lifelines' columns)."""
         from scipy.stats import norm
 
@@ -248,10 +249,10 @@ class CoxTable:
         for name, c, s in zip(self.names, self.coef, self.se, strict=True):
             z = c / s
             lo, hi = c - Z_95 * s, c + Z_95 * s
-            out[name] = {"coef": float(c), "se": float(s), "hazard_ratio": math.exp(c),
-                         "coef_lower_95": float(lo), "coef_upper_95": float(hi),
-                         "hr_lower_95": math.exp(lo), "hr_upper_95": math.exp(hi),
-                         "z": float(z), "p": float(2 * norm.sf(abs(z)))}
+            out[name] = CoxCovariate(
+                coef=float(c), se=float(s), hazard_ratio=math.exp(c), coef_lower_95=float(lo),
+                coef_upper_95=float(hi), hr_lower_95=math.exp(lo), hr_upper_95=math.exp(hi),
+                z=float(z), p=float(2 * norm.sf(abs(z))))
         return out
 
 
@@ -268,22 +269,12 @@ def concordance(correct: float, tied: float, pairs: float) -> float | None:
 
 
 def summary(table: CoxTable, result: NewtonResult, *, rows: int, events: int, penalizer: float,
-            hospitals: Sequence[str], c_index: float | None, extra: dict[str, Any] | None = None
-            ) -> dict[str, Any]:
-    """The cox.json document."""
-    return {
-        "model": "Cox proportional hazards, stratified by hospital (each its own baseline hazard)",
-        "ties": "efron",
-        "penalizer": penalizer,
-        "l1_ratio": 0.0,
-        "hospitals": list(hospitals),
-        "rows": rows,
-        "events": events,
-        "covariates": table.rows(),
-        "log_likelihood": result.loglik,
-        "log_likelihood_null": result.loglik_null,
-        "newton_rounds": result.rounds,
-        "newton_steps": result.steps,
-        "concordance": c_index,
-        **(extra or {}),
-    }
+            hospitals: Sequence[str], c_index: float | None, **fields: Any) -> CoxDocument:
+    """The cox.json document (`protocol.record.survival.CoxDocument`): the fit, and ``fields``
+    (the caller's: concordance note, per-site figures, secure aggregation, timings)."""
+    return CoxDocument(
+        model="Cox proportional hazards, stratified by hospital (each its own baseline hazard)",
+        ties="efron", penalizer=penalizer, l1_ratio=0.0, hospitals=list(hospitals), rows=rows,
+        events=events, covariates=table.rows(), log_likelihood=result.loglik,
+        log_likelihood_null=result.loglik_null, newton_rounds=result.rounds,
+        newton_steps=result.steps, concordance=c_index, **fields)

@@ -35,6 +35,8 @@ from fedsplit.protocol import survival_summary as ss
 from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import FederationError
+from fedsplit.protocol.record.summary import SurvivalFiles
+from fedsplit.protocol.record.survival import KM_FILE
 from fedsplit.protocol.weights import read_schema, read_weights
 from fedsplit.server.history import RunHistory
 from fedsplit.server.setup import ModelSetup, wait_for_nodes
@@ -74,9 +76,10 @@ def summary_phase(grid: Grid, cfg: RunConfig, setup: ModelSetup, history: RunHis
 
 
 def run_summary(grid: Grid, cfg: RunConfig, run_config: Mapping[str, Any] | None = None
-                ) -> dict[str, Any]:
+                ) -> SurvivalFiles:
     """The two exchanges (module docstring); writes ``km.json`` and ``global.baseline.json`` in
-    ``out-dir`` and returns {"km": path, "baseline": path, "sums", "seconds"}.
+    ``out-dir`` and returns their paths (``km_plot`` is drawn by the runner:
+    `orchestration.survival_summary.write_plots`).
 
     Every setting comes parsed in ``cfg`` (the minimum-count rule: ``cfg.min_count``);
     ``run_config``, Flower's raw run config, is not read (kept for the caller's signature)."""
@@ -99,7 +102,7 @@ def run_summary(grid: Grid, cfg: RunConfig, run_config: Mapping[str, Any] | None
     nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
     coord = Coordinator(grid, nodes, cfg)
     km = pooled_km(coord, min_count, {"schema": schema, "rows": rows})
-    write_json_atomic(out / ss.KM_FILE, km.document)
+    km.document.save(out / KM_FILE)
     inputs = {"schema": schema, "grid": [float(g) for g in km.grid], "model-id": update.model,
               "rows": rows}
     vector = coord.total("baseline", inputs, arrays={ss.MODEL: update.to_array_record()},
@@ -119,11 +122,10 @@ def run_summary(grid: Grid, cfg: RunConfig, run_config: Mapping[str, Any] | None
         km.rows, int(km.events.sum()),
         {"model": MODEL_FILE, "model_id": update.model, "hospitals": coord.sites,
          "estimator": "Breslow, pooled over hospitals (one baseline for the federation)",
-         "secure_aggregation": km.document["secure_aggregation"], "shared": SHARED_BASELINE})
+         "secure_aggregation": km.document.secure_aggregation, "shared": SHARED_BASELINE})
     path = ss.baseline_path(model_path)
     write_json_atomic(path, baseline.to_json())
     seconds = time.monotonic() - started
     log.info("survival summary: %d grid times, %d baseline points, %d sums, %.1f s",
              n, len(times), coord.sums, seconds)
-    return {"km": str(out / ss.KM_FILE), "baseline": str(path), "sums": coord.sums,
-            "seconds": seconds}
+    return SurvivalFiles(km=str(out / KM_FILE), baseline=str(path))

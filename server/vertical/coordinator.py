@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import SiteOverlap, VerticalEvaluation, VerticalRound
+from fedsplit.protocol.record.vertical import SiteOverlap, VerticalEvaluation, VerticalRound
 from fedsplit.protocol.selection import BestRound, selection_metric
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.psi import PsiSession

@@ -11,7 +11,7 @@ from fedsplit.cli.up import round_line
 from fedsplit.orchestration.experiment import PHASES, Experiment, stage_sites
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import RunRecord
+from fedsplit.protocol.record.horizontal import RunRecord
 
 
 def _record(*rounds: dict) -> RunRecord:

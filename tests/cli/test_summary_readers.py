@@ -13,7 +13,9 @@ from fedsplit.cli.app import app
 from fedsplit.orchestration import privacy_audit as audit_mod
 from fedsplit.orchestration.experiment import load_summary
 from fedsplit.orchestration.plots import plot_comparison, plot_rounds, plot_vertical
-from fedsplit.protocol.history import AuditResult, RunSummary, VerticalSummary
+from fedsplit.protocol.record.privacy import AuditResult
+from fedsplit.protocol.record.summary import RunSummary
+from fedsplit.protocol.record.vertical import VerticalSummary
 from typer.testing import CliRunner
 
 DATA = Path(__file__).parents[1] / "protocol" / "data"

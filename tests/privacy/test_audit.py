@@ -17,7 +17,7 @@ from fedsplit.orchestration.privacy_audit import (
 )
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import AttackScores, MembershipGroup
+from fedsplit.protocol.record.privacy import AttackScores, MembershipGroup
 from scipy.stats import norm
 
 CFG = RunConfig(num_server_rounds=2, local_epochs=1, lr=0.01, batch_size=16, hidden="16")

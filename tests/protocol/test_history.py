@@ -1,9 +1,9 @@
-"""The run record (protocol.history): files written before the models existed load and write back
+"""The run record (protocol.record): files written before the models existed load and write back
 unchanged, privacy is recorded through a method, bad records are refused with what is wrong.
 
 ``data/history-v1*.json`` and ``data/summary-v1*.json`` were written by ``fedsplit simulate``
 (breast-cancer, 2 sites, 2 rounds; ``-dp``: ``--dp epsilon=5,delta=1e-5``, patient level) with
-the code before protocol/history.py existed.
+the code before protocol/record/ existed.
 """
 
 from __future__ import annotations
@@ -16,14 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import (
-    RoundEntry,
-    RunRecord,
-    RunSummary,
-    SiteEntry,
-    privacy_section,
-)
 from fedsplit.protocol.horizontal_wire import DP_EPSILON
+from fedsplit.protocol.record.horizontal import RoundEntry, RunRecord, SiteEntry
+from fedsplit.protocol.record.summary import RunSummary, privacy_section
 from fedsplit.protocol.update import Update
 from fedsplit.protocol.weights import write_weights
 from fedsplit.server.history import RunHistory, find_resume_point

@@ -1,4 +1,4 @@
-"""A run written before protocol/history.py existed still shows in the web view.
+"""A run written before protocol/record/ existed still shows in the web view.
 
 The run folder is laid out as ``fedsplit simulate --out RUN`` leaves it: ``RUN/summary.json``
 and ``RUN/federation/history.json`` (the v1 files in data/) with the rounds' models; the web

@@ -1,5 +1,5 @@
 """One type per fact of a horizontal round (issue 34 item 2): the aggregation report and its site
-lines (`protocol.history.AggregationReport` / `SiteReport`) from the rules to the web view, a
+lines (`protocol.aggregation_report.AggregationReport` / `SiteReport`) from the rules to the web view, a
 hospital's round line (`SiteEntry`), typed selection, and the resumable run-config keys.
 
 Files in tests/protocol/data/ named ``report-v1-*`` and ``history-v1-runhistory-*`` were written
@@ -17,15 +17,9 @@ import numpy as np
 import pytest
 from fedsplit.aggregation.files import aggregate_files
 from fedsplit.protocol import Update, write_weights
+from fedsplit.protocol.aggregation_report import AggregationReport, SiteReport
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.history import (
-    AggregationReport,
-    Phase,
-    RoundEntry,
-    RunRecord,
-    SiteEntry,
-    SiteReport,
-)
+from fedsplit.protocol.record.horizontal import Phase, RoundEntry, RunRecord, SiteEntry
 from fedsplit.server.admin.auth import ADMIN, SITE, Principal
 from fedsplit.server.admin.services import isolation
 from fedsplit.server.admin.ui.siterows import rows_from_round
@@ -64,9 +58,9 @@ def test_the_rules_and_the_record_share_one_report_type() -> None:
     """What a rule builds is the run record's type: no second definition, no conversion."""
     assert aggregation.AggregationReport is AggregationReport
     assert aggregation.SiteReport is SiteReport
-    import fedsplit.protocol.history as history
+    import fedsplit.protocol.record.horizontal as horizontal
 
-    assert not hasattr(history, "ReportSite")
+    assert not hasattr(horizontal, "ReportSite")
 
 
 @pytest.mark.parametrize("name", REPORTS)

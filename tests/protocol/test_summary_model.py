@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import AuditResult, PrivacyAudit, RunSummary
+from fedsplit.protocol.record.privacy import AuditResult, PrivacyAudit
+from fedsplit.protocol.record.summary import RunSummary
 from pydantic import BaseModel
 
 DATA = Path(__file__).parent / "data"

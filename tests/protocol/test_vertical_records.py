@@ -19,14 +19,13 @@ import pytest
 from fedsplit.orchestration.vertical.experiment import summarize
 from fedsplit.orchestration.vertical.local import Baselines
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import (
+from fedsplit.protocol.record.kinds import load_run_record, run_kind
+from fedsplit.protocol.record.survival import SurvivalAnalysisRecord
+from fedsplit.protocol.record.vertical import (
     ArrayShape,
-    SurvivalAnalysisRecord,
     VerticalRunRecord,
     VerticalScores,
     VerticalSummary,
-    load_run_record,
-    run_kind,
 )
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.saved import HeadMeta, SiteModelMeta

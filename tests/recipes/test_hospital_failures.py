@@ -25,7 +25,7 @@ from fedsplit.orchestration.experiment import Experiment, prepare_tables
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, HospitalFailure
-from fedsplit.protocol.history import RunRecord
+from fedsplit.protocol.record.horizontal import RunRecord
 from fedsplit.server.setup import agree_model
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.constant import ErrorCode

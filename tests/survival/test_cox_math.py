@@ -92,8 +92,8 @@ def test_stratified_fit_equals_lifelines_on_random_data_with_ties(penalizer):
     rows = table.rows()
     summary = ref.summary
     for name in names:
-        assert rows[name]["p"] == pytest.approx(summary.loc[name, "p"], rel=1e-3, abs=1e-12)
-        assert rows[name]["hr_lower_95"] == pytest.approx(
+        assert rows[name].p == pytest.approx(summary.loc[name, "p"], rel=1e-3, abs=1e-12)
+        assert rows[name].hr_lower_95 == pytest.approx(
             summary.loc[name, "exp(coef) lower 95%"], rel=1e-4)
     # lifelines' own defaults agree as closely on this data
     default = lifelines_fit(hospitals, names, penalizer)

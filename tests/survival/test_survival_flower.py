@@ -11,6 +11,7 @@ import pytest
 from fedsplit.cli.app import app
 from fedsplit.client.survival.tcga import load_tcga_brca
 from fedsplit.orchestration.survival.run import run_survival
+from fedsplit.protocol.record.survival import CoxDocument
 from fedsplit.protocol.survival import SurvivalDataError, SurvivalRun
 from lifelines import CoxPHFitter, KaplanMeierFitter
 from typer.testing import CliRunner
@@ -80,17 +81,17 @@ def test_secure_cox_on_site_tables_equals_lifelines(tmp_path):
     doc = run_survival(run, dataset=None, site_files=paths, out=tmp_path / "out")
     ref = CoxPHFitter(penalizer=0.05).fit(pooled_encoded(frames), "T", "E", strata=["h"],
                                           fit_options=TIGHT)
-    cov = doc["covariates"]
+    cov = doc.covariates
     assert list(cov) == ["age", "stage=II", "stage=III", "smoker"]  # stage=I: the reference
-    assert doc["reference_categories"] == {"stage": "I"}
+    assert doc.reference_categories == {"stage": "I"}
     names = list(ref.params_.index)
-    coef = np.array([cov[n]["coef"] for n in names])
-    se = np.array([cov[n]["se"] for n in names])
+    coef = np.array([cov[n].coef for n in names])
+    se = np.array([cov[n].se for n in names])
     np.testing.assert_allclose(coef, ref.params_.values, rtol=1e-5)
     np.testing.assert_allclose(se, ref.standard_errors_.values, rtol=1e-4)
-    assert doc["concordance"] == pytest.approx(ref.concordance_index_, abs=1e-9)
-    assert doc["newton_rounds"] <= 15
-    assert doc["secure_aggregation"].startswith("bound=") and doc["per_site"]["rows"] is None
+    assert doc.concordance == pytest.approx(ref.concordance_index_, abs=1e-9)
+    assert doc.newton_rounds <= 15
+    assert doc.secure_aggregation.startswith("bound=") and doc.per_site.rows is None
     assert (tmp_path / "out" / "cox.png").stat().st_size > 5000
 
 
@@ -101,19 +102,19 @@ def test_cox_cli_on_tcga_brca_equals_lifelines(tmp_path):
                                       "--out", str(out)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "Newton" in result.output and "age_at_index" in result.output
-    doc = json.loads((out / "cox.json").read_text())
+    doc = CoxDocument.load(out / "cox.json")
     data = load_tcga_brca()
     names = [c for c in data["northeast"][0].columns if c not in ("pid", "T", "E")]
     pooled = pd.concat([tr[[*names, "T", "E"]].astype(float).assign(h=k)
                         for k, (tr, _) in enumerate(data.values())], ignore_index=True)
     ref = CoxPHFitter(penalizer=0.01).fit(pooled, "T", "E", strata=["h"], fit_options=TIGHT)
-    coef = np.array([doc["covariates"][n]["coef"] for n in names])
-    se = np.array([doc["covariates"][n]["se"] for n in names])
+    coef = np.array([doc.covariates[n].coef for n in names])
+    se = np.array([doc.covariates[n].se for n in names])
     np.testing.assert_allclose(coef, ref.params_.values, rtol=1e-5)
     np.testing.assert_allclose(se, ref.standard_errors_.values, rtol=1e-4)
-    assert doc["rows"] == 866 and doc["newton_rounds"] <= 15
-    assert doc["per_site"]["rows"]["northeast"] == 248
-    assert doc["concordance"] == pytest.approx(ref.concordance_index_, abs=1e-9)
+    assert doc.rows == 866 and doc.newton_rounds <= 15
+    assert doc.per_site.rows["northeast"] == 248
+    assert doc.concordance == pytest.approx(ref.concordance_index_, abs=1e-9)
 
 
 @pytest.mark.slow
@@ -125,14 +126,14 @@ def test_secure_km_on_site_tables_equals_lifelines(tmp_path):
     pooled = pooled_encoded(frames)
     ref = KaplanMeierFitter().fit(pooled["T"], pooled["E"])
     times = np.unique(pooled["T"][pooled["E"] == 1])
-    curve = doc["curve"]
-    np.testing.assert_array_equal(curve["time"], times)
-    np.testing.assert_allclose(curve["survival"], ref.survival_function_.loc[times].iloc[:, 0],
+    curve = doc.curve
+    np.testing.assert_array_equal(curve.time, times)
+    np.testing.assert_allclose(curve.survival, ref.survival_function_.loc[times].iloc[:, 0],
                                rtol=1e-12)
     band = ref.confidence_interval_.loc[times]
-    np.testing.assert_allclose(curve["lower_95"], band.iloc[:, 0], rtol=1e-10)
-    np.testing.assert_allclose(curve["upper_95"], band.iloc[:, 1], rtol=1e-10)
-    assert doc["rows"] == len(pooled) and doc["events"] == int(pooled["E"].sum())
+    np.testing.assert_allclose(curve.lower_95, band.iloc[:, 0], rtol=1e-10)
+    np.testing.assert_allclose(curve.upper_95, band.iloc[:, 1], rtol=1e-10)
+    assert doc.rows == len(pooled) and doc.events == int(pooled["E"].sum())
     assert (tmp_path / "out" / "km.png").stat().st_size > 5000
     # each hospital's own curve stays beside its own rows
     for i, frame in enumerate(frames.values()):

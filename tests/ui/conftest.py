@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from fedsplit.server.admin.sandbox import Sandbox
 
 from tests.admin.conftest import app_clients, site_tokens
+from tests.ui.browser import browser_missing
 
 
 @pytest.fixture
@@ -47,3 +48,12 @@ def sign_in(client: TestClient, token: str) -> TestClient:
     assert response.status_code == 303, response.text
     assert response.headers["location"] == "/ui"
     return client
+
+
+@pytest.fixture(scope="module")
+def need_browser() -> None:
+    """Skips, with the reason, where Debian's Chromium and chromedriver cannot run (the browser
+    tests name it first: ``usefixtures`` on a ``browser`` module, or an argument)."""
+    reason = browser_missing()
+    if reason is not None:
+        pytest.skip(reason)

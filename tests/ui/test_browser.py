@@ -23,18 +23,11 @@ from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.store import add_site
 
 from tests.admin.conftest import ADMIN_TOKEN, write_model
-from tests.ui.browser import browser_missing, chromium, page_text, requested_urls, serve, wait_for
+from tests.ui.browser import chromium, page_text, requested_urls, serve, wait_for
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.usefixtures("need_browser")]
 
 SHOTS = os.environ.get("FEDSPLIT_SCREENSHOTS")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _need_browser() -> None:
-    reason = browser_missing()
-    if reason is not None:
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """``fedsplit km`` / ``fedsplit cox`` folders as run kinds (issue 34, item 3): their status file is a
-`protocol.history.SurvivalAnalysisRecord` (files written before its ``kind`` load unchanged), and
+`protocol.record.survival.SurvivalAnalysisRecord` (files written before its ``kind`` load unchanged), and
 a ``cox`` folder's page shows the fit of its ``cox.json`` (coefficients, hazard ratios, intervals,
 p, concordance, each hospital's patients), to the coordinator only."""
 
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import SurvivalAnalysisRecord, load_run_record, run_kind
-from fedsplit.server.admin.ui.cox import parse_cox
+from fedsplit.protocol.record.kinds import load_run_record, run_kind
+from fedsplit.protocol.record.survival import CoxDocument, SurvivalAnalysisRecord
 from fedsplit.server.admin.ui.runs import RunCatalog, load_run, run_id_of
 
 from tests.admin.conftest import ADMIN_TOKEN
@@ -123,9 +123,9 @@ def test_a_malformed_cox_json_gives_a_note_never_an_error(ui_app: Callable[..., 
 def test_parse_cox_keeps_what_the_fit_could_not_estimate_as_missing() -> None:
     doc = cox_document()
     doc["covariates"]["gender_male"].update(se=float("nan"), p=float("nan"), z=float("inf"))
-    view = parse_cox(doc)
-    assert view.doc is not None
-    gender = view.doc.covariates["gender_male"]
+    fit, note = CoxDocument.checked(doc)
+    assert fit is not None and note is None
+    gender = fit.covariates["gender_male"]
     assert gender.se is None and gender.p is None and gender.z is None and gender.coef == 0.4260
 
 

@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from fedsplit.protocol.history import VerticalRunRecord, VerticalSummary, run_kind
+from fedsplit.protocol.record.kinds import run_kind
+from fedsplit.protocol.record.vertical import VerticalRunRecord, VerticalSummary
 from fedsplit.server.admin.store import add_site
 from fedsplit.server.admin.ui.baselines import metric_label
 from fedsplit.server.admin.ui.pages import number

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from fedsplit.protocol.record.survival import KMDocument
 from fedsplit.server.admin.ui.baselines import baseline_table
 from fedsplit.server.admin.ui.curves import km_chart, primary_metric, run_charts
-from fedsplit.server.admin.ui.km import parse_km
 from fedsplit.server.admin.ui.runs import RunCatalog, load_run
 from fedsplit.server.survival.km import apply_min_count
 
@@ -101,7 +101,7 @@ def km_document(min_count: int = 5, hospitals: tuple[str, ...] = SITES) -> dict[
     times = np.sort(rng.choice(np.arange(1, 4000), size=80, replace=False)).astype(float)
     events = rng.integers(0, 3, size=80)
     at_risk = 400 - np.concatenate([[0], np.cumsum(events + 2)[:-1]])
-    curve = apply_min_count(times, at_risk, events, min_count).to_dict()
+    curve = apply_min_count(times, at_risk, events, min_count).points().to_json()
     return {"hospitals": list(hospitals), "rows": 400, "events": int(events.sum()),
             "min_count": min_count, "curve": curve, "secure_aggregation": "off",
             "shared": "per hospital: its distinct event times ...", "wall_seconds": 20.3}
@@ -250,12 +250,12 @@ def test_malformed_km_json_shows_a_note_never_a_500(ui_app: Callable[..., TestCl
 
 
 def test_parse_km_names_what_is_wrong(tmp_path: Path) -> None:
-    assert parse_km(km_document()).doc is not None
+    assert KMDocument.checked(km_document())[0] is not None
     bad = km_document()
     bad["curve"]["at_risk"] = bad["curve"]["at_risk"][:-1]
-    view = parse_km(bad)
-    assert view.doc is None and view.note is not None
-    assert "one length" in view.note and "fedsplit km" in view.note
+    doc, note = KMDocument.checked(bad)
+    assert doc is None and note is not None
+    assert "one length" in note and "fedsplit km" in note
     run = load_run("surv", write_survival_run(tmp_path / "surv"))
     assert run is not None and run.km is None and km_chart(run) is None
 

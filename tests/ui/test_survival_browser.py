@@ -17,18 +17,11 @@ from fedsplit.server.admin.app import create_app
 from fedsplit.server.admin.config import AdminSettings
 
 from tests.admin.conftest import ADMIN_TOKEN
-from tests.ui.browser import browser_missing, chromium, page_text, requested_urls, serve, wait_for
+from tests.ui.browser import chromium, page_text, requested_urls, serve, wait_for
 from tests.ui.test_survival import km_document, write_survival_run
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.usefixtures("need_browser")]
 
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _need_browser() -> None:
-    reason = browser_missing()
-    if reason is not None:
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

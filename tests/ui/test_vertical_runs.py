@@ -1,5 +1,5 @@
 """The web view lists and shows vertical runs (issue 34, item 3): the coordinator's
-``history.json`` read through `protocol.history.VerticalRunRecord` (files written before its
+``history.json`` read through `protocol.record.vertical.VerticalRunRecord` (files written before its
 ``kind`` included), with the kept round and the fused / centralized / per-site scores."""
 
 from __future__ import annotations
@@ -10,14 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from fedsplit.protocol.history import (
-    RunRecord,
-    VerticalRound,
-    VerticalRunRecord,
-    VerticalSelection,
-    load_run_record,
-    run_kind,
-)
+from fedsplit.protocol.record.horizontal import RunRecord
+from fedsplit.protocol.record.kinds import load_run_record, run_kind
+from fedsplit.protocol.record.vertical import VerticalRound, VerticalRunRecord, VerticalSelection
 from fedsplit.server.admin.ui.runs import load_run, run_id_of
 
 from tests.admin.conftest import ADMIN_TOKEN

@@ -8,8 +8,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from fedsplit.protocol.aggregation_report import AggregationReport, SiteReport
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import AggregationReport, SiteEntry, SiteReport
+from fedsplit.protocol.record.horizontal import SiteEntry
 from fedsplit.server.admin.ui import check_runs_dirs, view_url
 from fedsplit.server.admin.ui.activity import summary_line
 from fedsplit.server.admin.ui.charts import Series, line_chart

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from fedsplit.client.vertical.site import SiteAgent
 from fedsplit.orchestration.vertical.local import LocalTransport, baselines, train_kept
-from fedsplit.protocol.history import VerticalEvaluation, VerticalRunRecord
+from fedsplit.protocol.record.vertical import VerticalEvaluation, VerticalRunRecord
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.server.vertical.app import train_and_save
 from fedsplit.server.vertical.coordinator import LabelTable, VerticalCoordinator, read_label_file

@@ -19,14 +19,14 @@ import pytest
 from fedsplit.client.vertical.site import SiteAgent, SiteState
 from fedsplit.orchestration.vertical import experiment
 from fedsplit.orchestration.vertical.experiment import VerticalInputs, run_vertical
-from fedsplit.protocol.history import (
-    HISTORY_FILE,
+from fedsplit.protocol.record.common import HISTORY_FILE
+from fedsplit.protocol.record.kinds import load_run_record
+from fedsplit.protocol.record.vertical import (
     SiteOverlap,
     VerticalRound,
     VerticalRunRecord,
     VerticalScores,
     VerticalSummary,
-    load_run_record,
 )
 from fedsplit.protocol.vertical.config import FusionParams, VerticalConfig
 from fedsplit.protocol.vertical.saved import HeadMeta, SiteModelMeta

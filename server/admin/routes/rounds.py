@@ -119,9 +119,8 @@ def read_model(
     """Download the round's aggregate; ?format=keras for the Keras layout. A site may download
     it only when at least --min-model-sites hospitals' updates went into it (403 otherwise)."""
     rnd = round_service.get_round(session, round_id)
-    path, name = _download(ctx, request, principal, "model", round_id, format,
-                           lambda: downloads.model_file(ctx, rnd, format, principal))
-    return FileResponse(path, media_type="application/x-hdf5", filename=name)
+    return _download(ctx, request, principal, "model", round_id, format,
+                     lambda: downloads.model_file(ctx, rnd, format, principal))
 
 
 @router.get("/{round_id}/start-model", response_class=FileResponse, responses=ERRORS)
@@ -134,22 +133,21 @@ def read_start_model(
     aggregate; the latter under the same minimum as GET .../model)."""
     rnd = round_service.get_round(session, round_id)
     continued = round_service.get_round(session, rnd.continues) if rnd.continues is not None else None
-    path, name = _download(
-        ctx, request, principal, "start model", round_id, format,
-        lambda: downloads.start_model_file(ctx, rnd, continued, format, principal))
-    return FileResponse(path, media_type="application/x-hdf5", filename=name)
+    return _download(ctx, request, principal, "start model", round_id, format,
+                     lambda: downloads.start_model_file(ctx, rnd, continued, format, principal))
 
 
 
 def _download(ctx: AdminContext, request: Request, principal: Principal, what: str, round_id: int,
-              fmt: str, locate: Callable[[], tuple[Path, str]]) -> tuple[Path, str]:
-    """``locate()``, with an audit record of the download or of its refusal (isolation)."""
+              fmt: str, locate: Callable[[], tuple[Path, str]]) -> FileResponse:
+    """The HDF5 file ``locate()`` finds, with an audit record of the download or of its refusal
+    (isolation)."""
     try:
-        found = locate()
+        path, name = locate()
     except PermissionDeniedError as e:
         ctx.record("model_download_refused", principal, client_address(request), round=round_id,
                    file=what, reason=str(e)[:200])
         raise
     ctx.record("model_download", principal, client_address(request), round=round_id, file=what,
                format=fmt)
-    return found
+    return FileResponse(path, media_type="application/x-hdf5", filename=name)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedsplit.protocol.history import AggregationReport, SiteReport
+from fedsplit.protocol.aggregation_report import AggregationReport, SiteReport
 from fedsplit.server.admin.auth import ADMIN, Principal
 from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.errors import PermissionDeniedError
@@ -61,7 +61,7 @@ def sees_site(principal: Principal, *, site_id: int | None = None, site_name: st
 
 
 def stored_report(report: ReportLike) -> AggregationReport | None:
-    """A round's report as the model (`protocol.history.AggregationReport`); None when there is
+    """A round's report as the model (`protocol.aggregation_report.AggregationReport`); None when there is
     none, or the stored JSON does not read as one (it then counts as no report: no hospital is
     known to be in the aggregate)."""
     if report is None or isinstance(report, AggregationReport):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsplit.protocol.history import RunSummary, Scores
+from fedsplit.protocol.record.summary import RunSummary, Scores
 
 #: How metric keys read on the page (any other key is shown as recorded).
 METRIC_LABELS = {"c_index": "C-index"}

@@ -1,7 +1,7 @@
 """The curves of a Flower run: global metric against baselines, per hospital, privacy spent.
 
 Differential privacy (documented in docs/web-view.md): a hospital's cumulative epsilon is read
-from its training entry in ``history.json`` (`protocol.history.SiteEntry.spent_epsilon`:
+from its training entry in ``history.json`` (`protocol.record.horizontal.SiteEntry.spent_epsilon`:
 ``rounds[].train.sites[].epsilon`` or ``rounds[].train.sites[].metrics.epsilon``); the budget
 from ``summary.json``'s ``privacy.epsilon_budget`` or the run config's ``dp`` string
 (``epsilon=E,delta=D,...``).
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsplit.protocol.history import SummaryPrivacy
 from fedsplit.protocol.horizontal_wire import TRAIN_LOSS
 from fedsplit.protocol.recipe import model_selection
+from fedsplit.protocol.record.privacy import SummaryPrivacy
 from fedsplit.server.admin.ui.baselines import metric_label
 from fedsplit.server.admin.ui.charts import Chart, Series, line_chart, survival_chart
 from fedsplit.server.admin.ui.runs import FlowerRun

@@ -1,43 +1,78 @@
-"""Reading a run folder's JSON document for a page (km.json, cox.json): size-capped, and a note
-for the page (never an exception) when it is too large, half-written or not valid."""
+"""The survival analyses' documents beside a run's ``history.json`` (``km.json``: the pooled
+Kaplan-Meier curve; ``cox.json``: the federated Cox fit), read for a page through their models
+(`protocol.record.survival`: `KMDocument`, `CoxDocument`, the only shape of each file).
+
+``fedsplit km --out DIR`` writes ``DIR/km.json`` (beside its status file ``DIR/history.json``);
+``fedsplit simulate --task survival`` writes ``OUT/federation/km.json`` beside the run record;
+``fedsplit cox --out DIR`` writes ``DIR/cox.json``.
+
+A file that is missing gives None; one that is too large, half-written, not JSON or not of its
+model's shape gives a `DocumentView` with a ``note`` saying what is wrong (the page shows the
+note, never an error 500).
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeVar
 
-from pydantic import ValidationError
+from fedsplit.protocol.record.survival import (
+    COX_FILE,
+    KM_FILE,
+    CoxDocument,
+    KMDocument,
+    SurvivalDocument,
+)
+
+__all__ = ["COX_FILE", "KM_FILE", "CoxView", "DocumentView", "KMView", "read_cox", "read_km"]
+
+#: a published curve or a Cox fit is kilobytes: a larger file is not shown
+MAX_DOCUMENT_BYTES = 8 * 1024 * 1024
+
+D = TypeVar("D", bound=SurvivalDocument)
 
 
 @dataclass(frozen=True)
-class ReadDocument:
-    """The parsed JSON content, or the note that says why there is none."""
+class DocumentView(Generic[D]):
+    """What a page shows of a document: the document, or a note why it is not shown."""
 
-    data: Any = None
+    doc: D | None
     note: str | None = None
 
 
-def read_document(path: Path, max_bytes: int, usual_size: str) -> ReadDocument | None:
-    """``path`` parsed as JSON; None when there is no such file. ``usual_size`` says what such a
-    document weighs (e.g. "a published curve is kilobytes") in the too-large note."""
+KMView = DocumentView[KMDocument]
+CoxView = DocumentView[CoxDocument]
+
+
+def read_view(folder: Path, model: type[D]) -> DocumentView[D] | None:
+    """``folder``'s file of ``model`` (its ``km.json`` or ``cox.json``) checked
+    (`SurvivalDocument.checked`); None when there is no such file."""
+    path = folder / model.file_name()
     try:
         size = path.stat().st_size
     except OSError:
         return None
-    if size > max_bytes:
-        return ReadDocument(note=f"{path.name} is too large to show (at most {max_bytes // 2**20} MiB; "
-                                 f"{usual_size}). Received: {size:,} bytes")
+    if size > MAX_DOCUMENT_BYTES:
+        return DocumentView(None, f"{path.name} is too large to show (at most "
+                                  f"{MAX_DOCUMENT_BYTES // 2**20} MiB; a {model.kind()} is "
+                                  f"kilobytes). Received: {size:,} bytes")
     try:
-        return ReadDocument(data=json.loads(path.read_text()))
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        return ReadDocument(note=f"{path.name} could not be read as JSON; it may still be being "
-                                 f"written (the page retries) or be damaged. Received: {type(e).__name__}")
+        return DocumentView(None, f"{path.name} could not be read as JSON; it may still be being "
+                                  f"written (the page retries) or be damaged. Received: "
+                                  f"{type(e).__name__}")
+    doc, note = model.checked(data)
+    return DocumentView(doc, note)
 
 
-def first_error(error: ValidationError) -> str:
-    """Where and what the first validation error is, for a one-line note."""
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ())) or "the file"
-    return f"{where}: {first.get('msg', 'invalid')}"
+def read_km(folder: Path) -> KMView | None:
+    """``folder/km.json`` checked; None when there is none."""
+    return read_view(folder, KMDocument)
+
+
+def read_cox(folder: Path) -> CoxView | None:
+    """``folder/cox.json`` checked; None when there is none."""
+    return read_view(folder, CoxDocument)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from fedsplit.protocol.history import SiteEntry
+from fedsplit.protocol.record.horizontal import SiteEntry
 from fedsplit.server.admin.auth import Principal
 from fedsplit.server.admin.errors import NotFoundError
 from fedsplit.server.admin.services import isolation, refusals

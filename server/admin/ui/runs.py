@@ -9,15 +9,15 @@ the search goes `MAX_DEPTH` levels down, skips hidden folders and the bulky ones
 path below DIR and addressed by a 12-hex-digit digest of their absolute path, so a URL never
 carries a path. Files are re-read when their modification time changes.
 
-Survival: ``km.json`` (the pooled Kaplan-Meier curve, `ui.km`) beside ``history.json`` is read
+Survival: ``km.json`` (the pooled Kaplan-Meier curve, `ui.documents`) beside ``history.json`` is read
 with the run. ``fedsplit km`` and ``fedsplit cox`` write a status file ``history.json``
-(`protocol.history.SurvivalAnalysisRecord`: kind, status, mode, no rounds) beside their
+(`protocol.record.survival.SurvivalAnalysisRecord`: kind, status, mode, no rounds) beside their
 output: such a folder is listed as a survival analysis (``analysis`` is its mode) with its
-``km.json`` curve or its ``cox.json`` fit (`ui.cox`), its participants being the hospitals
+``km.json`` curve or its ``cox.json`` fit (`ui.documents`), its participants being the hospitals
 its ``km.json`` names.
 
-Vertical runs (``fedsplit vertical simulate``, `protocol.history.VerticalRunRecord`, told apart
-by `protocol.history.run_kind`, files written before its ``kind`` included) are listed with their
+Vertical runs (``fedsplit vertical simulate``, `protocol.record.vertical.VerticalRunRecord`, told apart
+by `protocol.record.kinds.run_kind`, files written before its ``kind`` included) are listed with their
 rounds, the kept round and the fused model against the centralized one and each site alone
 (``summary.json``'s `VerticalSummary`). The coordinator sees them; a hospital does not (their
 sites are the vertical federation's own names, and the table holds every site's scores).
@@ -35,23 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsplit.protocol.aggregation_report import AggregationReport
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.history import (
-    HISTORY_FILE,
-    SUMMARY_FILE,
-    AggregationReport,
-    Resume,
-    RunRecord,
-    RunSummary,
-    SurvivalAnalysisRecord,
-    VerticalRunRecord,
-    VerticalScores,
-    VerticalSummary,
-    run_kind,
-    scalars,
-)
-from fedsplit.server.admin.ui.cox import COX_FILE, CoxView, read_cox
-from fedsplit.server.admin.ui.km import KM_FILE, KMView, read_km
+from fedsplit.protocol.record.common import HISTORY_FILE, SUMMARY_FILE, scalars
+from fedsplit.protocol.record.horizontal import Resume, RunRecord
+from fedsplit.protocol.record.kinds import run_kind
+from fedsplit.protocol.record.summary import RunSummary
+from fedsplit.protocol.record.survival import SurvivalAnalysisRecord
+from fedsplit.protocol.record.vertical import VerticalRunRecord, VerticalScores, VerticalSummary
+from fedsplit.server.admin.ui.documents import COX_FILE, KM_FILE, CoxView, KMView, read_cox, read_km
 from fedsplit.server.admin.ui.siterows import RoundRows, SiteRow, rows_from_round
 
 HISTORY = HISTORY_FILE
@@ -145,7 +137,7 @@ class FlowerRun:
     cox: CoxView | None = None
     #: what a vertical run shows (None: a horizontal run or a survival analysis)
     vertical: VerticalView | None = None
-    #: the round whose model the run keeps (``global.h5``; `protocol.history.Selection`, chosen
+    #: the round whose model the run keeps (``global.h5``; `protocol.record.horizontal.Selection`, chosen
     #: again as each round is recorded), its rule (``best-val`` or ``last``) and metric; None:
     #: no round kept yet
     kept_round: int | None = None
@@ -154,7 +146,7 @@ class FlowerRun:
 
     @property
     def kind(self) -> str:
-        """``horizontal``, ``vertical`` or the survival analysis (`protocol.history.RUN_KINDS`)."""
+        """``horizontal``, ``vertical`` or the survival analysis (`protocol.record.kinds.RUN_KINDS`)."""
         if self.vertical is not None:
             return "vertical"
         return f"survival-{self.analysis}" if self.analysis else "horizontal"
@@ -356,7 +348,7 @@ def _load_analysis(name: str, path: Path, data: dict[str, Any]) -> FlowerRun | N
 
 
 def load_run(name: str, path: Path) -> FlowerRun | None:
-    """Read the run in ``path`` through the `protocol.history` model of its kind (`run_kind`:
+    """Read the run in ``path`` through the `protocol.record` model of its kind (`run_kind`:
     `RunRecord`, `VerticalRunRecord`, `SurvivalAnalysisRecord`); None when its history is
     missing, not JSON, or not a run record."""
     data = _read_json(path / HISTORY)

@@ -1,6 +1,6 @@
-"""One hospital's part in one round, from the run record's types: its `protocol.history.SiteEntry`
+"""One hospital's part in one round, from the run record's types: its `protocol.record.horizontal.SiteEntry`
 (what it sent, or why nothing usable came) and/or its line of the aggregation report
-(`protocol.history.SiteReport`: what the rule made of its update).
+(`protocol.aggregation_report.SiteReport`: what the rule made of its update).
 
 Both federation kinds end up in the same `SiteRow`: REST rounds (an upload, as a `SiteEntry`,
 plus, once aggregated, the report's line) and Flower rounds (``history.json``'s train entry plus
@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fedsplit.protocol.history import AggregationReport, SiteEntry, SiteReport, scalars
+from fedsplit.protocol.aggregation_report import AggregationReport, SiteReport
 from fedsplit.protocol.horizontal_wire import NUM_EXAMPLES
+from fedsplit.protocol.record.common import scalars
+from fedsplit.protocol.record.horizontal import SiteEntry
 
 FAILED_PREFIX = "the site's ClientApp failed"
 
