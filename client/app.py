@@ -55,6 +55,7 @@ from fedsplit.client.train import (
     step_rows,
 )
 from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol import model_plan
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
@@ -163,7 +164,7 @@ def _model_check(site: SiteData, stats: wire.SiteStats, context: Context,
 
     try:
         schema = site.train.schema
-        request = wire.plan_model(
+        request = model_plan.plan_model(
             [stats], task=cfg.task, model=cfg.model, num_classes=cfg.num_classes,
             hidden=cfg.hidden_widths, norm=cfg.norm,
             recipe=effective_recipe(context.node_config, cfg, site.train.kind).identity,

@@ -7,7 +7,7 @@ model without asking again, the hospital says which tensors its recipe's ``set_s
 writes and with what (`protocol.horizontal_wire.STATISTIC_SOURCES`). It finds out by trying:
 two fresh copies of the model get two different, made-up sets of statistics (one with a
 standard deviation under the floor); every tensor that differs between them must then hold
-exactly one statistic, as `protocol.horizontal_wire.statistic_value` places it, in both. A
+exactly one statistic, as `protocol.model_plan.statistic_value` places it, in both. A
 recipe whose ``set_statistics`` does anything else (derives a tensor, floors otherwise,
 writes nothing that differs) gets None, and the coordinator asks ``query.init`` as before.
 """
@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol import model_plan
 from fedsplit.protocol.update import state_dict_arrays
 from torch import nn
 
@@ -67,5 +68,5 @@ def statistics_map(model: nn.Module, size: int,
 
 
 def _holds(array: np.ndarray, source: str, stats: Statistics) -> bool:
-    expected = wire.statistic_value(source, array.shape, array.dtype, *stats)
+    expected = model_plan.statistic_value(source, array.shape, array.dtype, *stats)
     return expected is not None and np.array_equal(expected, array)

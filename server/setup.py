@@ -18,7 +18,7 @@ exchanges as the hospitals' data allows (one when they agree on the columns; iss
    parameters: `protocol.recipe`); hospitals that differ are refused here, before round 1,
    with the hospital and the difference named.
 3. the model: the coordinator plans the federation's model from the pooled statistics
-   (`protocol.horizontal_wire.plan_model`). A hospital's model check (its seeded model built
+   (`protocol.model_plan.plan_model`). A hospital's model check (its seeded model built
    for the model its own view gives, with its own statistics, and which tensors hold the
    statistics: `client.model_check`) stands for its ``query.init`` reply when it was built for
    the same model (`model_key`: kind, task, input shape, outputs, hidden, norm); only the
@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 from fedsplit.protocol import horizontal_wire as wire
+from fedsplit.protocol import model_plan
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.design import prune_schema
 from fedsplit.protocol.errors import (
@@ -210,7 +211,7 @@ def prepare_model(grid: Grid, nodes: list[int], cfg: RunConfig) -> ModelSetup:
                     f"{_head(mine)} vs {_head(theirs)}"
                 )
     recipe = agree_recipe(stats)
-    request = wire.plan_model(
+    request = model_plan.plan_model(
         stats, task=cfg.task, model=cfg.model, num_classes=cfg.num_classes,
         hidden=cfg.hidden_widths, norm=cfg.norm, recipe=recipe,
         schema_task=agreed.task if agreed is not None else None,
@@ -289,7 +290,7 @@ def _initial_model(grid: Grid, nodes: list[int], cfg: RunConfig, request: wire.M
     if node not in held:
         return reference  # built by query.init with the pooled statistics
     statistics = held[node].statistics
-    placed = (wire.place_statistics(reference, statistics, request)
+    placed = (model_plan.place_statistics(reference, statistics, request)
               if statistics is not None else None)
     if placed is not None:
         return placed
