@@ -12,11 +12,8 @@ Marked ``slow`` (the four commands take about 100 s on two quiet cores); the bro
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +29,8 @@ from fedsplit.server.admin.ui.pages import number
 from fedsplit.server.admin.ui.runs import run_id_of
 
 from tests.admin.conftest import ADMIN_TOKEN
-from tests.ui.browser import browser_missing, chromium, page_text, requested_urls, wait_for
+from tests.admin.test_live_server import LiveServer
+from tests.ui.browser import chromium, page_text, requested_urls, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -60,45 +58,16 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(runs_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """`fedsplit admin serve --runs DIR` in a subprocess; one hospital registered (site-0, a
     name both the horizontal and the vertical run use)."""
-    data = tmp_path_factory.mktemp("admin")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [FEDSPLIT, "admin", "serve", "--data-dir", str(data), "--host", "127.0.0.1",
-         "--port", str(port), "--runs", str(runs_root)],
-        env={**os.environ, "FEDSPLIT_ADMIN_TOKEN": ADMIN_TOKEN}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
+    server = LiveServer(tmp_path_factory.mktemp("admin"), args=("--runs", str(runs_root)))
     try:
-        deadline = time.monotonic() + 90
-        with httpx.Client(timeout=2) as poll:
-            while True:
-                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
-                assert time.monotonic() < deadline, "fedsplit admin serve did not answer in 90 s"
-                try:
-                    if poll.get(f"{base}/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
-        yield {"base": base, "site_token": add_site(data_dir=data, name="site-0")}
+        server.start()
+        yield {"base": server.url, "site_token": add_site(data_dir=server.data_dir, name="site-0")}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        proc.stderr.close()  # type: ignore[union-attr]
+        server.stop()
 
 
 def _signed_in(base: str, token: str) -> httpx.Client:
@@ -140,13 +109,6 @@ def test_serve_lists_every_run_kind_each_with_its_own_page(runs_root: Path,
     # each page is its own kind's: no page shows another kind's sections
     assert 'id="cox-h"' not in km and 'id="km-h"' not in cox and 'id="fused-h"' not in sim
     assert 'id="curves-h"' not in vert and 'id="curves-h"' not in km and 'id="rounds-h"' not in cox
-
-
-@pytest.fixture
-def need_browser() -> None:
-    reason = browser_missing()
-    if reason is not None:
-        pytest.skip(reason)
 
 
 def _sign_in(driver: Any, base: str, token: str) -> None:
