@@ -155,8 +155,8 @@ ALLOWED: dict[str, Allowance] = {
         "Flower records, the hospital's node config and its own files",
         {"round"}),
     "client/site.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
-        {"penalizer", "recipe"}),
+        "a recipe's settings (JSON)",
+        {"penalizer"}),
     "client/survival/app.py": Allowance(
         "Flower records, the hospital's node config and its own files",
         {"at_risk", "events", "name", "schema", "survival", "time"}),
@@ -203,9 +203,6 @@ ALLOWED: dict[str, Allowance] = {
     "orchestration/privacy_audit.py": Allowance(
         "metric names of a recipe",
         {"accuracy"}),
-    "orchestration/site_agent.py": Allowance(
-        "the hospital's node config",
-        {"recipe"}),
     "orchestration/survival/run.py": Allowance(
         "SurvivalRun keyword names",
         {"site_names"}),
@@ -225,8 +222,8 @@ ALLOWED: dict[str, Allowance] = {
         "an array spec's JSON (name, dtype)",
         {"dtype", "name"}),
     "protocol/config.py": Allowance(
-        "Flower run-config keys",
-        {"task"}),
+        "Flower run-config keys and a task kind's recipe settings",
+        {"penalizer", "task"}),
     "protocol/horizontal_wire.py": Allowance(
         "Flower record names and wire keys of horizontal training",
         {"arrays", "config", "features", "kind", "metrics", "name", "recipe", "task"}),
