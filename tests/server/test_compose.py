@@ -22,16 +22,9 @@ from fedsplit.server.privacy import PrivacyHook
 from fedsplit.server.rounds import RoundLoop
 from fedsplit.server.secure.merge import SecureMerge, secure_rules
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 DP = "epsilon=1,delta=1e-3"
 
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Flower refuses to build Messages outside a running app unless this is set."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
 
 
 def parts(loop: RoundLoop) -> list[str]:

@@ -21,7 +21,6 @@ from fedsplit.server.history import RunHistory, find_resume_point
 from fedsplit.server.selection import select, task_metric
 from fedsplit.server.strategy import RegistryStrategy
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsplit import aggregation
 
@@ -29,12 +28,6 @@ CLASSIFIER = "mlp/classification/2/2/-"
 REGRESSOR = "mlp/regression/2/1/-"
 COUNTS = {1: 10, 2: 30}  # evaluation rows per hospital: the weighted mean is count-weighted
 
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Flower refuses to build Messages outside a running app unless this is set."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
 
 
 class Grid:

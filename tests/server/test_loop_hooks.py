@@ -19,14 +19,6 @@ from fedsplit.server.history import RunHistory
 from fedsplit.server.rounds import RoundLoop
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDict
 from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
-
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Flower refuses to build Messages outside a running app unless this is set."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
 
 
 class Step:

@@ -27,19 +27,12 @@ from fedsplit.server.merge import PlainMerge
 from fedsplit.server.rounds import RoundLoop
 from fedsplit.server.secure.merge import SecureMerge
 from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsplit import aggregation
 
 MODEL_ID = "mlp/classification/2/2/-"
 ROWS = {1: 10, 2: 30, 3: 60}  # validation rows: the recorded mean is count-weighted
 
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Flower refuses to build Messages outside a running app unless this is set."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
 
 
 def score_of(w: float, node: int) -> float:

@@ -11,16 +11,8 @@ from fedsplit.protocol import read_weights
 from fedsplit.server.history import RunHistory
 from fedsplit.server.strategy import RegistryStrategy
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsplit import aggregation
-
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Flower refuses to build Messages outside a running app unless this is set."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
 
 
 def reply(node: int, arrays: dict[str, np.ndarray] | None, metrics: dict | None,

@@ -13,18 +13,11 @@ from fedsplit.protocol.errors import ConfigError, ResumeMismatchError
 from fedsplit.server.history import RunHistory, find_resume_point
 from fedsplit.server.strategy import RegistryStrategy
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsplit import aggregation
 
 MODEL_ID = "mlp/classification/2/2/-"
 
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Flower refuses to build Messages outside a running app unless this is set."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
 
 
 class Grid:

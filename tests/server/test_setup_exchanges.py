@@ -25,14 +25,6 @@ from fedsplit.protocol.errors import ConfigError, FedsplitError
 from fedsplit.server import setup as coordinator_setup
 from fedsplit.server.setup import prepare_model
 from flwr.app import Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
-
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Flower refuses to build Messages outside a running app unless this is set."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
 
 
 class Agents:

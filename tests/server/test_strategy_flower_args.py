@@ -16,16 +16,8 @@ from fedsplit.server.history import RunHistory
 from fedsplit.server.strategy import RegistryStrategy
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsplit import aggregation
-
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Flower refuses to build Messages outside a running app unless this is set."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
 
 
 class ConnectedNodes:
