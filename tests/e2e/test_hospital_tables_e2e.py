@@ -11,6 +11,7 @@ import pytest
 from fedsplit.cli.app import app
 from fedsplit.cli.errors import run_guarded
 from fedsplit.client.data import load_heart_disease
+from fedsplit.protocol.schema import Schema
 
 NAMES = ["cleveland", "hungary", "switzerland", "va"]
 
@@ -66,6 +67,10 @@ def test_raw_heart_disease_files_train_with_a_server_optimizer_and_predict(
     history = json.loads((out / "federation" / "history.json").read_text())
     assert history["schema"]["format"] == "fedsplit.schema"
     assert [r["server_opt"]["step"] for r in history["rounds"]] == [1, 2]
+    # derived inputs that carry nothing (set only by categories withheld as rare) are left out
+    # of a classification schema too, with one warning per source column
+    assert any("'sex:missing'" in w and "left out" in w for w in summary["schema"]["warnings"])
+    assert "sex:missing" not in Schema.from_json(history["schema"]).feature_names
     assert {s["site"] for s in history["rounds"][0]["evaluate"]["sites"]} == set(NAMES)
     # predict on a hospital's raw rows
     code = run_guarded(app, ["predict", "--model", str(out / "federation" / "global.h5"),
