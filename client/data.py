@@ -36,6 +36,12 @@ TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 IMAGE_SUFFIXES = (".npz",)
 HEART = "heart-disease"
 DATASETS = ("breast-cancer", "digits", "wine", "diabetes", HEART)
+#: the bundled tables scikit-learn ships: name -> (its loader in sklearn.datasets, task, label dtype)
+_SKLEARN_TABLES: dict[str, tuple[str, str, type[np.generic]]] = {
+    "breast-cancer": ("load_breast_cancer", "classification", np.int64),
+    "wine": ("load_wine", "classification", np.int64),
+    "diabetes": ("load_diabetes", "regression", np.float32),
+}
 #: UCI Heart Disease: the value of column ``dataset`` -> the hospital's name in fedsplit.
 HEART_HOSPITALS = {"Cleveland": "cleveland", "Hungary": "hungary", "Switzerland": "switzerland",
                    "VA Long Beach": "va"}
@@ -78,18 +84,11 @@ def load_bundled(name: str) -> Dataset:
     """Load a dataset that ships inside scikit-learn (no download)."""
     from sklearn import datasets as sk
 
-    if name == "breast-cancer":
-        b = sk.load_breast_cancer()
-        return Dataset(b.data.astype(np.float32), b.target.astype(np.int64), "classification",
-                       "mlp", list(b.feature_names))
-    if name == "wine":
-        b = sk.load_wine()
-        return Dataset(b.data.astype(np.float32), b.target.astype(np.int64), "classification",
-                       "mlp", list(b.feature_names))
-    if name == "diabetes":
-        b = sk.load_diabetes()
-        return Dataset(b.data.astype(np.float32), b.target.astype(np.float32), "regression",
-                       "mlp", list(b.feature_names))
+    if name in _SKLEARN_TABLES:
+        loader, task, target_dtype = _SKLEARN_TABLES[name]
+        b = getattr(sk, loader)()
+        return Dataset(b.data.astype(np.float32), b.target.astype(target_dtype), task, "mlp",
+                       list(b.feature_names))
     if name == "digits":
         b = sk.load_digits()
         x = (b.images / 16.0).astype(np.float32)[:, None, :, :]  # (n, 1, 8, 8) in [0, 1]

@@ -33,10 +33,11 @@ from typing import IO, Any
 
 import h5py
 import numpy as np
-from fedsplit.protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array
+from fedsplit.protocol.arrays import ArraySpec, check_array
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import UpdateError, WeightFileError
 from fedsplit.protocol.h5safety import Tree, looks_like_hdf5, walk
+from fedsplit.protocol.weights import parameter_spec
 
 WHERE = "The uploaded file"
 
@@ -120,12 +121,7 @@ def describe_keras(
     total = 0
     for path, name in zip(paths, names, strict=True):
         info = by_path[path]
-        if info.dtype not in ALLOWED_DTYPES:
-            raise WeightFileError(
-                f"{WHERE}: /{path} has dtype {info.dtype}; model parameters must be float16, "
-                f"float32 or float64. Received: dtype={info.dtype}",
-                reason="dtype",
-            )
+        spec = parameter_spec(name, info, WHERE)
         if name in seen:
             raise WeightFileError(
                 f"{WHERE}: two datasets map to the parameter name {name!r}; rename the layers so "
@@ -141,7 +137,7 @@ def describe_keras(
                 f"at /{path}",
                 reason="too_large",
             )
-        specs.append(ArraySpec(name, info.shape, info.dtype))
+        specs.append(spec)
     if not specs:
         raise WeightFileError(
             f"{WHERE} is a Keras weights file without any model weights (build the model before "

@@ -36,7 +36,7 @@ import numpy as np
 from fedsplit.protocol.arrays import ALLOWED_DTYPES, ArraySpec, check_array, check_num_examples
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import UpdateError, WeightFileError
-from fedsplit.protocol.h5safety import UNKNOWN, mappable_offset, plain_type, walk
+from fedsplit.protocol.h5safety import UNKNOWN, DatasetInfo, mappable_offset, plain_type, walk
 from fedsplit.protocol.update import Update, UpdateHeader
 from h5py import h5a, h5d, h5g, h5s, h5t
 
@@ -185,11 +185,7 @@ class WeightFile:
         try:
             raw = np.asarray(dataset[()])
         except (OSError, RuntimeError) as e:  # damaged or unreadable chunks
-            raise WeightFileError(
-                f"{self._where}: parameter {name!r} could not be read ({e}); the file is damaged. "
-                f"Re-export or re-upload it. Received: {name!r}",
-                reason="corrupt",
-            ) from e
+            raise self._unreadable(name, e) from e
         self._check_not_shrunk(name)
         arr = raw.astype(raw.dtype.newbyteorder("="), copy=False)
         try:
@@ -270,12 +266,16 @@ class WeightFile:
                 fspace.select_hyperslab(start, count)
                 dsid.read(h5s.create_simple((size,)), fspace, out)
         except (OSError, RuntimeError, KeyError) as e:  # damaged or unreadable chunks
-            raise WeightFileError(
-                f"{self._where}: parameter {name!r} could not be read ({e}); the file is damaged. "
-                f"Re-export or re-upload it. Received: {name!r}",
-                reason="corrupt",
-            ) from e
+            raise self._unreadable(name, e) from e
         self._check_not_shrunk(name)
+
+    def _unreadable(self, name: str, error: Exception) -> WeightFileError:
+        """The refusal of parameter ``name``, whose values HDF5 could not read (damaged chunks)."""
+        return WeightFileError(
+            f"{self._where}: parameter {name!r} could not be read ({error}); the file is damaged. "
+            f"Re-export or re-upload it. Received: {name!r}",
+            reason="corrupt",
+        )
 
     def _check_not_shrunk(self, name: str) -> None:
         """Refuse values read from a file that is now shorter than when it was opened: HDF5
@@ -553,13 +553,7 @@ def _validate(
     total = 0
     for name in order:
         info = datasets[name]
-        if info.dtype not in ALLOWED_DTYPES:
-            raise WeightFileError(
-                f"{where}: /{info.path} has dtype {info.dtype}; parameters must be float16, "
-                f"float32 or float64. Received: dtype={info.dtype}",
-                reason="dtype",
-            )
-        specs.append(ArraySpec(name, info.shape, info.dtype))
+        specs.append(parameter_spec(name, info, where))
         total += math.prod(info.shape)  # the spec's size
         if max_elements is not None and total > max_elements:
             raise WeightFileError(
@@ -578,6 +572,17 @@ def _validate(
         model=_text(_attr(root, "model")),
     )
     return header, offsets
+
+
+def parameter_spec(name: str, info: DatasetInfo, where: str) -> ArraySpec:
+    """Dataset ``info`` as parameter ``name``, refused unless its dtype is float16, 32 or 64."""
+    if info.dtype not in ALLOWED_DTYPES:
+        raise WeightFileError(
+            f"{where}: /{info.path} has dtype {info.dtype}; parameters must be float16, "
+            f"float32 or float64. Received: dtype={info.dtype}",
+            reason="dtype",
+        )
+    return ArraySpec(name, info.shape, info.dtype)
 
 
 def _schema_text(f: h5py.File, where: str, root: h5g.GroupID | None = None) -> str | None:
