@@ -26,6 +26,7 @@ from fedsplit.protocol.run_settings import (
     TrainingSettings,
 )
 from fedsplit.protocol.schema import TableSettings
+from fedsplit.protocol.tasks import LabelEncoding, declared, inferred_kind, label_encoding
 from pydantic import ValidationError, model_validator
 
 
@@ -47,22 +48,24 @@ class RunConfig(SimulationSettings, ServerOptimizerSettings, AggregationSettings
     @classmethod
     def _event_means_survival(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("event") and data.get("task", "auto") == "auto":
-            return {**data, "task": "survival"}
+            return {**data, "task": inferred_kind(LabelEncoding.TIME_EVENT).name}
         return data
 
     @model_validator(mode="after")
     def _survival_fits(self) -> RunConfig:
-        if self.task == "survival" and not self.event:
-            raise ValueError("task=survival needs the event column: --time COLUMN --event COLUMN "
-                             f"(target is the time column). Received: event={self.event!r}")
-        if self.event and self.task != "survival":
+        time_event = label_encoding(self.task) is LabelEncoding.TIME_EVENT
+        if time_event and not self.event:
+            raise ValueError(f"task={self.task} needs the event column: --time COLUMN --event "
+                             f"COLUMN (target is the time column). Received: event={self.event!r}")
+        if self.event and not time_event:
             raise ValueError(f"an event column makes the task survival; drop --event or use "
                              f"--task survival. Received: task={self.task!r}, "
                              f"event={self.event!r}")
         if self.event and self.event == self.target:
             raise ValueError(f"the time and event columns must differ. Received: both "
                              f"{self.event!r}")
-        if self.penalizer and self.task != "survival":
+        kind = declared(self.task)
+        if self.penalizer and (kind is None or "penalizer" not in kind.recipe_settings):
             raise ValueError(f"penalizer is the Cox model's ridge penalty (task=survival). "
                              f"Received: penalizer={self.penalizer}, task={self.task!r}")
         return self

@@ -19,6 +19,7 @@ import json
 from typing import Any, Literal
 
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.tasks import check_task
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 
@@ -213,9 +214,10 @@ class ModelSettings(Group):
     norm: Literal["none", "batch"] = Field(
         "none", description="Normalisation after each MLP hidden layer: none, or batch (BatchNorm1d; "
                             "part of the model id; MLP only; needs batch-size >= 2 and parallel=none).")
-    task: Literal["auto", "classification", "regression", "survival"] = Field(
-        "auto", description="Learning task; auto infers it from the target (survival when "
-                            "'event' is set).")
+    task: str = Field(
+        "auto", description="Learning task: a registered task kind (protocol/tasks.py: "
+                            "classification, regression, survival, ...); auto infers it from the "
+                            "target (survival when 'event' is set).")
     penalizer: float = Field(0.0, ge=0, description="Survival: the Cox model's ridge penalty in "
                              "lifelines' convention (n * P * ||w||^2 / 2).")
     num_classes: int = Field(0, ge=0, alias="num-classes",
@@ -227,6 +229,11 @@ class ModelSettings(Group):
     recipe_params: str = Field("{}", alias="recipe-params",
                                description="The recipe's parameters as a JSON object string "
                                            "(validated by the recipe's Params model).")
+
+    @field_validator("task")
+    @classmethod
+    def _task_kind(cls, value: str) -> str:
+        return check_task(value)  # auto, or a registered kind (the error names them)
 
     @field_validator("norm", mode="before")
     @classmethod

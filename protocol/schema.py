@@ -15,8 +15,8 @@ written in several ways, columns in their own order. Three steps turn them into 
    For a survival task (``event`` set), the target is the time column and the event column is
    the second target: the site checks that every row's time is a positive number and its
    event reads as 1/0, TRUE/FALSE or yes/no (`protocol.survival.read_survival`, refused with
-   counts per problem and the fix) and reports the target kind ``survival`` only, never a time
-   or an event count.
+   counts per problem and the fix) and reports the target kind ``time-event`` only
+   (`protocol.tasks.LabelEncoding.TIME_EVENT`), never a time or an event count.
 2. **Merged, versioned schema** (`merge_reports`, run by the coordinator): the columns in the
    order of the first hospital by name, the union vocabulary of each text column in sorted
    order, a missing-indicator for every column with gaps at any site, the class labels in
@@ -65,7 +65,14 @@ import numpy as np
 from fedsplit.protocol.cells import FALSE_WORDS, TRUE_WORDS, na_set
 from fedsplit.protocol.column_sets import check_same_columns
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.survival_rows import SURVIVAL, read_survival
+from fedsplit.protocol.survival_rows import read_survival
+from fedsplit.protocol.tasks import (
+    LabelEncoding,
+    inferred_kind,
+    label_encoding,
+    task_kind,
+    task_names,
+)
 
 SCHEMA_FORMAT = "fedsplit.schema"
 SCHEMA_VERSION = 1
@@ -320,7 +327,7 @@ def named_label_rows(schema: Schema, values: Sequence[Any], named: Collection[st
     column report; the others it withheld as rare) is dropped (False); every other row is
     used, and a label the hospital named but the schema lacks is refused by the encoding as
     before. All True for a schema without class labels."""
-    if not schema.labels or schema.task != "classification":
+    if not schema.labels or not task_kind(schema.task).classes:
         return np.ones(len(values), dtype=bool)
     col = read_column(schema.target, values, na_set(schema.na_values, schema.target))
     known = set(schema.labels) | set(named)
@@ -355,7 +362,8 @@ def column_report(site: str, frame: Any, settings: TableSettings, *,
     if settings.event:  # survival: every row's time and event must read (refused with counts)
         read_survival(f"Hospital {site}", frame, settings.target, settings.event,
                       settings.na_values)
-        return SiteColumns(site, len(frame), True, tuple(reports), TargetReport(SURVIVAL, None))
+        return SiteColumns(site, len(frame), True, tuple(reports),
+                           TargetReport(LabelEncoding.TIME_EVENT.value, None))
     target = read_column(settings.target, frame[settings.target].tolist(),
                          na_set(settings.na_values, settings.target))
     gaps = sum(c is None for c in target.cells)
@@ -447,10 +455,10 @@ class Schema:
             if raw["version"] != SCHEMA_VERSION:
                 raise ValueError(f"version {raw['version']!r}; this fedsplit reads version "
                                  f"{SCHEMA_VERSION} (upgrade fedsplit)")
-            if raw["task"] not in ("classification", "regression", SURVIVAL):
-                raise ValueError(f"task {raw['task']!r}")
+            if raw["task"] not in task_names():
+                raise ValueError(f"task {raw['task']!r} (registered: {', '.join(task_names())})")
             event = str(raw.get("event", ""))
-            if (raw["task"] == SURVIVAL) != bool(event):
+            if task_kind(raw["task"]).time_event != bool(event):
                 raise ValueError(f"task {raw['task']!r} with event column {event!r} (a survival "
                                  f"schema names its event column; no other does)")
             columns = []
@@ -496,7 +504,7 @@ def merge_reports(reports: Sequence[SiteColumns], settings: TableSettings, *,
     """
     if not reports:
         raise ConfigError("No hospital reported its columns. Received: 0 reports")
-    if task not in ("regression", SURVIVAL):
+    if label_encoding(task) in (None, LabelEncoding.CLASSES):
         check_label_count(reports, settings.target, max_labels)
     ordered = sorted(reports, key=lambda r: r.site)
     ref = ordered[0]
@@ -543,7 +551,7 @@ def merge_reports(reports: Sequence[SiteColumns], settings: TableSettings, *,
         raise ConfigError("No feature column holds any value at any hospital. Received: "
                           f"columns {[c.name for c in ref.columns]}")
     task, labels = _merge_target(ordered, settings, task)
-    if task == "classification" and (rare := [f"{r.site} ({r.target.withheld})" for r in ordered
+    if task_kind(task).classes and (rare := [f"{r.site} ({r.target.withheld})" for r in ordered
                                               if r.target is not None and r.target.withheld]):
         warnings.append(
             f"rare class labels withheld (held by fewer than {settings.min_category_count} rows "
@@ -613,18 +621,19 @@ def _merge_target(reports: Sequence[SiteColumns], settings: TableSettings,
                   task: str) -> tuple[str, tuple[str, ...]]:
     target = settings.target
     kinds = {r.site: r.target.kind for r in reports if r.target is not None}
-    if settings.event or task == SURVIVAL or SURVIVAL in kinds.values():
-        if not settings.event or task not in ("auto", SURVIVAL):
+    wanted, time_event = label_encoding(task), LabelEncoding.TIME_EVENT
+    if settings.event or wanted is time_event or time_event in kinds.values():
+        if not settings.event or wanted not in (None, time_event):
             raise ConfigError(
                 f"A survival task needs its time and event columns: --task survival --time COLUMN "
                 f"--event COLUMN. Received: task={task!r}, time={target!r}, "
                 f"event={settings.event!r}")
-        odd = sorted(s for s, k in kinds.items() if k != SURVIVAL)
+        odd = sorted(s for s, k in kinds.items() if k != time_event)
         if odd:
             raise ConfigError(f"Hospital(s) {', '.join(odd)} reported a {kinds[odd[0]]!r} target, "
                               f"not survival columns: every hospital must run the same task. "
                               f"Received: kinds {kinds}")
-        return SURVIVAL, ()
+        return (task if wanted else inferred_kind(time_event).name), ()
     text_sites = [s for s, k in kinds.items() if k == "categorical"]
     if len(set(kinds.values())) > 1:
         first = sorted(kinds)[0]
@@ -635,18 +644,18 @@ def _merge_target(reports: Sequence[SiteColumns], settings: TableSettings,
             f"labels at every hospital. Received: kinds {kinds}"
         )
     continuous = [r.site for r in reports if r.target is not None and r.target.labels is None]
-    if task == "auto":
-        task = "regression" if continuous else "classification"
-    if task == "regression":
+    if wanted is None:  # auto: numbers are values (regression), labels classes
+        task = inferred_kind(LabelEncoding.VALUES if continuous else LabelEncoding.CLASSES).name
+    if task_kind(task).values:
         if text_sites or set(kinds.values()) == {"boolean"}:
-            raise ConfigError(f"task=regression needs a numeric target; {target!r} holds labels. "
-                              f"Use task=classification. Received: kinds {kinds}")
+            raise ConfigError(f"task={task} needs a numeric target; {target!r} holds labels. "
+                              f"Use a task of classes (classification). Received: kinds {kinds}")
         return task, ()
     if continuous:
         raise ConfigError(
-            f"task=classification needs class labels, but {target!r} at {', '.join(continuous)} "
-            f"holds more than {MAX_CLASSES} distinct or non-integer numbers. Use task=regression. "
-            f"Received: {target!r}"
+            f"task={task} needs class labels, but {target!r} at {', '.join(continuous)} holds "
+            f"more than {MAX_CLASSES} distinct or non-integer numbers. Use a task of values "
+            f"(regression). Received: {target!r}"
         )
     label_sets = {r.site: set(r.target.labels or {}) for r in reports if r.target is not None}
     if text_sites and len(label_sets) > 1:
@@ -786,15 +795,15 @@ def encode_frame(schema: Schema, frame: Any, *, where: str, need_target: bool = 
 
 
 def encode_target(schema: Schema, values: Sequence[Any], *, where: str) -> np.ndarray:
-    """Class indices into ``schema.labels``, or float32 regression values."""
+    """Class indices into ``schema.labels``, or float32 values (a task of values: regression)."""
     col = read_column(schema.target, values, na_set(schema.na_values, schema.target))
     if any(c is None for c in col.cells):
         raise ConfigError(f"{where}: target column {schema.target!r} has missing values; drop "
                           f"those rows first. Received: {sum(c is None for c in col.cells)} missing")
-    if schema.task == "regression":
+    if task_kind(schema.task).values:
         if col.kind != "numeric":
             raise ConfigError(f"{where}: target {schema.target!r} must hold numbers for "
-                              f"regression. Received: kind {col.kind}")
+                              f"{schema.task}. Received: kind {col.kind}")
         return col.numbers.astype(np.float32)
     index = {v: i for i, v in enumerate(schema.labels)}
     out = np.empty(len(col.cells), dtype=np.int64)

@@ -241,6 +241,12 @@ def inferred_kind(labels: LabelEncoding) -> TaskKind:
     return next(kind for kind in BUILTIN.values() if kind.labels is labels)
 
 
+def inferred_kind(labels: LabelEncoding) -> TaskKind:
+    """The kind `AUTO` picks for labels the data shows read so: the built-in one
+    (classes: classification; values: regression; time and event: survival)."""
+    return next(kind for kind in BUILTIN.values() if kind.labels is labels)
+
+
 def check_task(task: str) -> str:
     """``task`` if it is `AUTO` or a registered kind, else the `ConfigError` naming them."""
     declared(task)

@@ -49,7 +49,7 @@ def merged(frames: dict[str, pd.DataFrame], task: str = "auto") -> Schema:
 def test_the_schema_carries_both_target_columns_and_encodes_time_and_event():
     frames = {"north": table(40, 0), "south": table(30, 1, event_words=("yes", "no"))}
     report = column_report("north", frames["north"], SETTINGS)
-    assert report.target.kind == "survival" and report.target.labels is None
+    assert report.target.kind == "time-event" and report.target.labels is None
     assert {c.name for c in report.columns} == {"age", "stage"}  # time, event, ID set aside
     schema = merged(frames)
     assert (schema.task, schema.target, schema.event) == ("survival", "days", "died")
