@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from fedsplit.client.models import build_model
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.site import load_site
 from fedsplit.client.train import fit, score
 from fedsplit.protocol.config import RunConfig
@@ -68,7 +69,7 @@ def _model(msg: Message) -> torch.nn.Module:
 def train(msg: Message, context: Context) -> Message:
     """Same local training as fedsplit's agent."""
     cfg = RunConfig.from_flower(context.run_config)
-    site = load_site(context.node_config, context.node_id, cfg)
+    site = load_site(NodeConfig.from_flower(context.node_config), context.node_id, cfg)
     model = _model(msg)
     loss = fit(model, site.train.x, site.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
                batch_size=cfg.batch_size, seed=cfg.seed)
@@ -82,7 +83,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Same local evaluation as fedsplit's agent."""
     cfg = RunConfig.from_flower(context.run_config)
-    site = load_site(context.node_config, context.node_id, cfg)
+    site = load_site(NodeConfig.from_flower(context.node_config), context.node_id, cfg)
     result = score(_model(msg), site.val.x, site.val.y)
     return Message(RecordDict({"metrics": MetricRecord({"num-examples": len(site.val),
                                                         **{k: float(v) for k, v in result.items()}})}),

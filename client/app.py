@@ -27,7 +27,6 @@ numbers, and the site's name. Every instruction and reply is read and built by
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,6 +34,7 @@ import torch
 from fedsplit.client.data import feature_stats, local_state_path
 from fedsplit.client.failures import answered, hospital_stage
 from fedsplit.client.models import ModelSpec, build_model, recipe_of
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.policy import policy_mod
 from fedsplit.client.recipes import ModelInputs, Recipe, recipe_to_build
 from fedsplit.client.site import (
@@ -81,16 +81,22 @@ app = ClientApp(mods=[policy_mod("horizontal")])  # the hospital's policy and eg
 LOCAL = "fedsplit-local"  # Context.state array record: this hospital's tensors that never travel
 
 
+def _node(context: Context) -> NodeConfig:
+    """This hospital's node config, read into its model (`client.node_config`): the one way
+    every handler reads it."""
+    return NodeConfig.from_flower(context.node_config)
+
+
 def _name(context: Context) -> str:
     """This hospital's name (node config site-name, else by partition, else its node id)."""
-    return site_name(context.node_config, context.node_id,
+    return site_name(_node(context), context.node_id,
                      RunConfig.from_flower(context.run_config))
 
 
 def _site(context: Context, cfg: RunConfig, schema: str | None = None) -> SiteData:
     """This hospital's rows, read (and its failures named) as the stage "reading its data"."""
-    with hospital_stage(site_name(context.node_config, context.node_id, cfg), "reading its data"):
-        return load_site(context.node_config, context.node_id, cfg, schema)
+    with hospital_stage(site_name(_node(context), context.node_id, cfg), "reading its data"):
+        return load_site(_node(context), context.node_id, cfg, schema)
 
 
 @app.query("schema")
@@ -100,7 +106,7 @@ def schema(msg: Message, context: Context) -> Message:
     wire.check_content(wire.SCHEMA_QUERY, msg.content, reply=False)
     cfg = RunConfig.from_flower(context.run_config)
     with hospital_stage(_name(context), "reading its data"):
-        report = site_columns(context.node_config, context.node_id, cfg)
+        report = site_columns(_node(context), context.node_id, cfg)
     return Message(wire.build_schema_reply(report), reply_to=msg)
 
 
@@ -127,7 +133,7 @@ def _stats(site: SiteData, context: Context, cfg: RunConfig) -> wire.SiteStats:
         count=count, sum=total, sumsq=sumsq,
         label_max=int(site.train.y.max()) if task_kind(site.train.task).classes else 0,
         y_sum=float(y.sum()), y_sumsq=float((y**2).sum()),
-        recipe=effective_recipe(context.node_config, cfg, site.train.kind).identity.to_json(),
+        recipe=effective_recipe(_node(context), cfg, site.train.kind).identity.to_json(),
     )
 
 
@@ -142,7 +148,7 @@ def setup(msg: Message, context: Context) -> Message:
     wire.check_content(wire.SETUP_QUERY, msg.content, reply=False)
     cfg = RunConfig.from_flower(context.run_config)
     with hospital_stage(_name(context), "reading its data"):
-        report = site_columns(context.node_config, context.node_id, cfg)
+        report = site_columns(_node(context), context.node_id, cfg)
     try:
         site = _site(context, cfg)
         stats = _stats(site, context, cfg)
@@ -167,7 +173,7 @@ def _model_check(site: SiteData, stats: wire.SiteStats, context: Context,
         request = model_plan.plan_model(
             [stats], task=cfg.task, model=cfg.model, num_classes=cfg.num_classes,
             hidden=cfg.hidden_widths, norm=cfg.norm,
-            recipe=effective_recipe(context.node_config, cfg, site.train.kind).identity,
+            recipe=effective_recipe(_node(context), cfg, site.train.kind).identity,
             schema_task=schema.task if schema is not None else None,
             labels=len(schema.labels) if schema is not None else 0)
         model, spec, federated = _initial_model(request, _init_recipe(request, context, cfg), cfg)
@@ -213,7 +219,7 @@ def _init_recipe(request: wire.ModelRequest, context: Context, cfg: RunConfig) -
     """The recipe that builds the requested model: the built-in one it names, else this
     hospital's own (`client.recipes.recipe_to_build`)."""
     return recipe_to_build(requested_recipe(request.kind, request.hidden, request.norm),
-                           site_recipe(context.node_config, cfg), where="The federation's model")
+                           site_recipe(_node(context), cfg), where="The federation's model")
 
 
 def _initial_model(request: wire.ModelRequest, recipe: Recipe, cfg: RunConfig
@@ -255,7 +261,7 @@ def _global_model(instruction: wire.ModelInstruction, context: Context,
     spec = ModelSpec.from_id(instruction.model_id)
     with hospital_stage(_name(context), "loading the global model"):
         _check_outputs(context, _name(context), spec.task, spec.num_outputs)
-        recipe = recipe_to_build(spec.identity, site_recipe(context.node_config, cfg),
+        recipe = recipe_to_build(spec.identity, site_recipe(_node(context), cfg),
                                  where=spec.where)
         model = build_model(spec, recipe=recipe, strict=True)
         arrays = dict(instruction.arrays)
@@ -274,7 +280,7 @@ def _check_outputs(context: Context, name: str, task: str, outputs: int) -> None
         from fedsplit.client.policy.labels import check_federation_labels
         from fedsplit.client.policy.paths import hospital_policy
 
-        check_federation_labels(hospital_policy(context.node_config), name, outputs,
+        check_federation_labels(hospital_policy(_node(context)), name, outputs,
                                 "the federation's model")
 
 
@@ -289,9 +295,8 @@ def _keep_local(context: Context, cfg: RunConfig, server_round: int,
     if own:
         context.state.array_records[LOCAL] = ArrayRecord(
             {k: Array(c_contiguous(a)) for k, a in own.items()})
-        if "partition-id" in context.node_config and cfg.data_dir:
-            path = local_state_path(Path(cfg.data_dir) / f"site-{int(context.node_config['partition-id'])}",
-                                    server_round)
+        if (folder := _node(context).partition_folder(cfg.data_dir)) is not None:
+            path = local_state_path(folder, server_round)
             with atomic_path(path) as tmp, open(tmp, "wb") as fh:
                 np.savez(fh, **own)
     return Update({k: a for k, a in update.arrays.items() if k in shared},
@@ -314,15 +319,15 @@ def _hostile(context: Context, cfg: RunConfig) -> Attack | None:
     attack = parse_attack(cfg.attack)
     if attack is None or cfg.attackers == 0:
         return None
-    if "partition-id" not in context.node_config:
+    node = _node(context)
+    if node.partition_id is None or node.num_partitions is None:
         raise ConfigError(
             "attack/attackers make simulated sites hostile and need Flower's simulation engine "
             "(which numbers sites with partition-id). Received: node config "
-            f"{dict(context.node_config)}"
+            f"{node.given}"
         )
-    sites = int(context.node_config["num-partitions"])
-    hostile = hostile_sites(sites, cfg.attackers)
-    return attack if int(context.node_config["partition-id"]) in hostile else None
+    hostile = hostile_sites(node.num_partitions, cfg.attackers)
+    return attack if node.partition_id in hostile else None
 
 
 def _task_phase(entry: str) -> Callable[[Message, Context], Message]:
@@ -379,7 +384,7 @@ def train(msg: Message, context: Context) -> Message:
 
         # the hospital's own privacy ledger: DP-SGD charged (and refused above its budgets)
         # before it trains, a plain training counted; never by the coordinator's round number
-        account = hospital_account(context.node_config, cfg, site.name, context.run_id)
+        account = hospital_account(_node(context), cfg, site.name, context.run_id)
         if (dp := _patient_dp(cfg)) is not None:  # DP-SGD within the hospital's budgets
             from fedsplit.client.privacy.agent import train_private
 

@@ -31,6 +31,7 @@ from fedsplit.client.data import (
     read_with_recipe,
     split_indices,
 )
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.recipes import Recipe, load_recipe
 from fedsplit.client.recipes.builtin import builtin_for_data
 from fedsplit.protocol.config import RunConfig
@@ -58,14 +59,13 @@ class SiteData:
     val: Dataset
 
 
-def site_recipe(node_config: dict[str, Any], cfg: RunConfig) -> Recipe | None:
+def site_recipe(node: NodeConfig, cfg: RunConfig) -> Recipe | None:
     """This hospital's recipe: node config ``recipe`` (with ``recipe-params``), else the run
     config's ``recipe`` (with ``recipe-params``), else the task kind's own recipe
     (`protocol.tasks`: survival's Cox recipe, with ``hidden`` and ``penalizer``); None: the
     built-in model by the data."""
-    ref = str(node_config.get("recipe", "") or "")
-    if ref:
-        return _recipe(ref, str(node_config.get("recipe-params", "") or "{}"))
+    if node.recipe:
+        return _recipe(node.recipe, node.recipe_params or "{}")
     if cfg.recipe:
         return _recipe(cfg.recipe, cfg.recipe_params)
     if ref := task_recipe(cfg):  # the task kind's own recipe, with run settings as parameters
@@ -94,31 +94,31 @@ def _recipe(ref: str, params: str) -> Recipe:
     return load_recipe(ref, params)
 
 
-def effective_recipe(node_config: dict[str, Any], cfg: RunConfig, data_kind: str) -> Recipe:
+def effective_recipe(node: NodeConfig, cfg: RunConfig, data_kind: str) -> Recipe:
     """The recipe this hospital trains with: its own or the survival task's (`site_recipe`),
     else the built-in one for its data (run config ``model``, or ``mlp`` for tables and ``cnn`` for
     images, with the run config's ``hidden`` and ``norm``)."""
-    recipe = site_recipe(node_config, cfg)
+    recipe = site_recipe(node, cfg)
     if recipe is not None:
         return recipe
     return builtin_for_data(cfg.model, data_kind, hidden=cfg.hidden_widths, norm=cfg.norm)
 
 
 def recipe_line(cfg: RunConfig, data_kind: str | None = None,
-                node_config: dict[str, Any] | None = None, *, load: bool = True) -> str:
+                node: NodeConfig | None = None, *, load: bool = True) -> str:
     """Which model the hospitals train, for a command's start line: ``recipe REF (NAME version
     V, params {...})`` (a user's recipe, or the survival task's Cox recipe), else ``built-in MLP
     (hidden 64-32)`` or ``built-in CNN`` for ``data_kind`` (``mlp``: tables), or, with no data
     kind known yet, both built-ins by each hospital's data. ``load`` False: a user's recipe is
     named by its reference and parameters only (its code may be installed at the hospitals
     alone)."""
-    node = node_config or {}
-    if not load and (ref := str(node.get("recipe") or cfg.recipe or "")):
-        params = str(node.get("recipe-params") or "") if node.get("recipe") else cfg.recipe_params
+    node = node or NodeConfig()
+    if not load and (ref := node.recipe or cfg.recipe):
+        params = node.recipe_params if node.recipe else cfg.recipe_params
         return f"recipe {ref} (params {params or '{}'})"
     recipe = site_recipe(node, cfg)
     if recipe is not None:  # a user's recipe, or the survival task's Cox recipe
-        ref = str(node.get("recipe") or cfg.recipe or task_recipe(cfg))
+        ref = node.recipe or cfg.recipe or task_recipe(cfg)
         return (f"recipe {ref} ({recipe.identity.label()}, params "
                 f"{json.dumps(recipe.identity.params, sort_keys=True)})")
     if data_kind is None:
@@ -132,27 +132,27 @@ def recipe_line(cfg: RunConfig, data_kind: str | None = None,
     return f"built-in {ident.name.upper()}"
 
 
-def raw_data_path(node_config: dict[str, Any], cfg: RunConfig) -> Path:
+def raw_data_path(node: NodeConfig, cfg: RunConfig) -> Path:
     """This node's data as configured (a file or a folder): node config ``data-path``, else
     ``DATA_DIR/site-<partition-id>/``."""
-    if "data-path" in node_config:
-        return Path(str(node_config["data-path"]))
-    if cfg.data_dir and "partition-id" in node_config:
-        return Path(cfg.data_dir) / f"site-{int(node_config['partition-id'])}"
-    return resolve_data_path(node_config, cfg)  # raises with the fix
+    if node.data_path:
+        return Path(node.data_path)
+    if (folder := node.partition_folder(cfg.data_dir)) is not None:
+        return folder
+    return resolve_data_path(node, cfg)  # raises with the fix
 
 
-def resolve_data_path(node_config: dict[str, Any], cfg: RunConfig) -> Path:
+def resolve_data_path(node: NodeConfig, cfg: RunConfig) -> Path:
     """Find this node's data file: node config ``data-path``, else ``DATA_DIR/site-<partition-id>/``."""
-    if "data-path" in node_config:
-        path = Path(str(node_config["data-path"]))
-    elif cfg.data_dir and "partition-id" in node_config:
-        path = Path(cfg.data_dir) / f"site-{int(node_config['partition-id'])}"
+    if node.data_path:
+        path = Path(node.data_path)
+    elif (folder := node.partition_folder(cfg.data_dir)) is not None:
+        path = folder
     else:
         raise ConfigError(
             "This hospital agent does not know where its data is. Start the SuperNode with "
             "--node-config \"data-path='/path/to/site.csv'\" (CSV/Parquet with the target column, "
-            f"or NPZ with x and y). Received: node config {dict(node_config)}"
+            f"or NPZ with x and y). Received: node config {node.given}"
         )
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in DATA_SUFFIXES)
@@ -165,16 +165,10 @@ def resolve_data_path(node_config: dict[str, Any], cfg: RunConfig) -> Path:
     return path
 
 
-def site_name(node_config: dict[str, Any], node_id: int, cfg: RunConfig | None = None) -> str:
+def site_name(node: NodeConfig, node_id: int, cfg: RunConfig | None = None) -> str:
     """Name for reports: node config ``site-name``, else run config ``site-names`` by
     partition-id, else ``site-<partition-id>``, else the node id."""
-    if "site-name" in node_config:
-        return str(node_config["site-name"])
-    if "partition-id" in node_config:
-        pid = int(node_config["partition-id"])
-        names = cfg.names if cfg is not None else []
-        return names[pid] if pid < len(names) else f"site-{pid}"
-    return f"node-{node_id}"
+    return node.name(node_id, cfg.names if cfg is not None else ())
 
 
 def _is_table(path: Path) -> bool:
@@ -212,13 +206,13 @@ def _named_rows(schema: Schema, rows: Any, named: tuple[str, ...]) -> Any:
     return rows if keep.all() else rows[keep].reset_index(drop=True)
 
 
-def hospital_table_settings(node_config: dict[str, Any], cfg: RunConfig) -> TableSettings:
+def hospital_table_settings(node: NodeConfig, cfg: RunConfig) -> TableSettings:
     """The run's table settings with this hospital's own minimum count for categories and class
     labels applied: max(policy ``min_category_count``, run ``min-category-count``)."""
     from fedsplit.client.policy.labels import hospital_settings
     from fedsplit.client.policy.paths import hospital_policy
 
-    return hospital_settings(hospital_policy(node_config), cfg.table_settings)
+    return hospital_settings(hospital_policy(node), cfg.table_settings)
 
 
 @lru_cache(maxsize=8)
@@ -236,45 +230,45 @@ def split_site(data: Dataset, val_fraction: float, seed: int) -> tuple[Dataset, 
     return data.subset(keep), data.subset(held)
 
 
-def site_columns(node_config: dict[str, Any], node_id: int, cfg: RunConfig) -> SiteColumns:
+def site_columns(node: NodeConfig, node_id: int, cfg: RunConfig) -> SiteColumns:
     """This site's column report on its training rows (``query.schema``); NPZ sites report
     ``table`` False."""
-    name = site_name(node_config, node_id, cfg)
-    if (read := _recipe_read(node_config, cfg)) is not None:
+    name = site_name(node, node_id, cfg)
+    if (read := _recipe_read(node, cfg)) is not None:
         return SiteColumns(name, len(split_site(read, cfg.val_fraction, cfg.seed)[0]), False)
-    path = resolve_data_path(node_config, cfg)
+    path = resolve_data_path(node, cfg)
     if not _is_table(path):
-        site = load_site(node_config, node_id, cfg)
+        site = load_site(node, node_id, cfg)
         return SiteColumns(name, len(site.train), False)
     from fedsplit.client.policy.labels import check_report_labels
     from fedsplit.client.policy.paths import hospital_policy
 
     train, _ = _raw(str(path), cfg.val_fraction, cfg.seed)
-    settings = hospital_table_settings(node_config, cfg)
+    settings = hospital_table_settings(node, cfg)
     report = column_report(name, train, settings)  # rare categories and labels withheld
-    check_report_labels(hospital_policy(node_config), report, cfg.target,
+    check_report_labels(hospital_policy(node), report, cfg.target,
                         settings.min_category_count, cfg.task)
     return report
 
 
-def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
+def load_site(node: NodeConfig, node_id: int, cfg: RunConfig,
               schema: str | None = None) -> SiteData:
     """Load (once per process) and split this site's data; tables are encoded with ``schema``
     (the federation's, as JSON), else with the file's own schema (`client.data.local_schema`).
     A recipe with a reader for the data path reads it instead (`client.data.read_with_recipe`)."""
-    name = site_name(node_config, node_id, cfg)
-    if (read := _recipe_read(node_config, cfg)) is not None:
-        return _capped(node_config, SiteData(name, *split_site(read, cfg.val_fraction, cfg.seed)))
-    path = resolve_data_path(node_config, cfg)
+    name = site_name(node, node_id, cfg)
+    if (read := _recipe_read(node, cfg)) is not None:
+        return _capped(node, SiteData(name, *split_site(read, cfg.val_fraction, cfg.seed)))
+    path = resolve_data_path(node, cfg)
     task = None if cfg.task == "auto" else cfg.task
     if not _is_table(path):
         train, val = _load(str(path), cfg.target, task, cfg.val_fraction, cfg.seed)
-        return _capped(node_config, SiteData(name, train, val))
+        return _capped(node, SiteData(name, train, val))
     from fedsplit.client.policy.labels import check_federation_labels, check_own_labels
     from fedsplit.client.policy.paths import hospital_policy
 
-    policy = hospital_policy(node_config)
-    settings = hospital_table_settings(node_config, cfg)
+    policy = hospital_policy(node)
+    settings = hospital_table_settings(node, cfg)
     rows, _ = _raw(str(path), cfg.val_fraction, cfg.seed)
     counts = (target_label_counts(rows, settings)
               if label_encoding(task) is not LabelEncoding.VALUES else None) or {}
@@ -297,7 +291,7 @@ def load_site(node_config: dict[str, Any], node_id: int, cfg: RunConfig,
     else:
         check_federation_labels(policy, name, _label_count(schema), "the agreed schema")
     train, val = _encoded(str(path), cfg.val_fraction, cfg.seed, schema, named)
-    return _enough_rows(node_config, SiteData(name, train, val))
+    return _enough_rows(node, SiteData(name, train, val))
 
 
 @lru_cache(maxsize=8)
@@ -305,7 +299,7 @@ def _label_count(schema_json: str) -> int:
     return len(Schema.from_json(schema_json).labels)
 
 
-def _enough_rows(node_config: dict[str, Any], site: SiteData) -> SiteData:
+def _enough_rows(node: NodeConfig, site: SiteData) -> SiteData:
     """Refuse (policy ``min_rows``) a split that leaves fewer rows on either side than the
     hospital lets any reported number describe: a run config whose ``val-fraction`` leaves one
     training row would have its feature sums be that patient's values, and one held-out row its
@@ -313,9 +307,9 @@ def _enough_rows(node_config: dict[str, Any], site: SiteData) -> SiteData:
     from fedsplit.client.policy.paths import hospital_policy
     from fedsplit.protocol.site_policy import PolicyRefusal
 
-    if "partition-id" in node_config and "data-path" not in node_config:
+    if node.simulated:
         return site  # Flower's simulation engine: one operator's own partitions, not a hospital
-    least = hospital_policy(node_config).min_rows
+    least = hospital_policy(node).min_rows
     small = [f"{what} {len(rows)}" for what, rows in (("training", site.train),
                                                        ("held-out", site.val)) if len(rows) < least]
     if small:
@@ -327,7 +321,7 @@ def _enough_rows(node_config: dict[str, Any], site: SiteData) -> SiteData:
     return site
 
 
-def _capped(node_config: dict[str, Any], site: SiteData) -> SiteData:
+def _capped(node: NodeConfig, site: SiteData) -> SiteData:
     """Refuse (policy ``max_labels``) a site whose own data holds too many class labels, or too
     few rows (`_enough_rows`)."""
     if task_kind(site.train.task).classes and np.ndim(site.train.y) == 1:
@@ -335,19 +329,19 @@ def _capped(node_config: dict[str, Any], site: SiteData) -> SiteData:
         from fedsplit.client.policy.paths import hospital_policy
 
         labels = len(np.union1d(np.unique(site.train.y), np.unique(site.val.y)))
-        check_own_labels(hospital_policy(node_config), site.name, "y", labels, 0, 1)
-    return _enough_rows(node_config, site)
+        check_own_labels(hospital_policy(node), site.name, "y", labels, 0, 1)
+    return _enough_rows(node, site)
 
 
 _READ: dict[tuple[str, str, str], Dataset | None] = {}
 
 
-def _recipe_read(node_config: dict[str, Any], cfg: RunConfig) -> Dataset | None:
+def _recipe_read(node: NodeConfig, cfg: RunConfig) -> Dataset | None:
     """The site's data as its recipe's reader reads it (once per process), or None."""
-    recipe = site_recipe(node_config, cfg)
+    recipe = site_recipe(node, cfg)
     if recipe is None or type(recipe).read_data is Recipe.read_data:
         return None
-    path = raw_data_path(node_config, cfg)
+    path = raw_data_path(node, cfg)
     if is_staged(path):  # rows fedsplit simulate staged: read back exactly, never re-read
         return None
     key = (str(path.resolve()), type(recipe).__qualname__, recipe.identity.to_json())

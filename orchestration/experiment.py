@@ -49,6 +49,7 @@ from fedsplit.client.data import (
 )
 from fedsplit.client.failures import hospital_stage
 from fedsplit.client.models import SiteModel, build_model, load_model, recipe_of
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.policy.paths import STATE_FOLDER
 from fedsplit.client.recipes import ModelInputs
 from fedsplit.client.site import (
@@ -182,7 +183,7 @@ class Experiment:
         resolve_scope(parse_budget(self.personalize) or 1, self.personalize_scope)
         if cfg.recipe or task_recipe(cfg):  # a recipe that cannot be imported or refuses
             # its params fails here
-            recipe = effective_recipe({}, cfg, "mlp")
+            recipe = effective_recipe(NodeConfig(), cfg, "mlp")
             dp = DPSpec.parse(cfg.dp) if cfg.dp else None
             if dp is not None and dp.level == "patient" and not recipe.per_sample_loss:
                 raise ConfigError(  # the hospitals refuse it too; say so before Flower starts
@@ -211,7 +212,7 @@ def _read_site(source: SiteSource, cfg: RunConfig) -> tuple[Any, Any]:
     """A ``--site`` hospital's rows (and its test file's), read as its agent reads them: the
     recipe's own reader first (image folders, signal files), else a table or NPZ. Any failure
     is named with the hospital (`HospitalFailure`, stage "reading its data")."""
-    recipe = site_recipe({}, cfg)  # a recipe's own reader (image folders, arrays) comes first
+    recipe = site_recipe(NodeConfig(), cfg)  # a recipe's own reader (image folders, arrays) comes first
     with hospital_stage(source.name, "reading its data"):
         if (train := read_with_recipe(recipe, source.train)) is not None:
             return train, (load_site_file(source.test, target="y", recipe=recipe)
@@ -362,7 +363,7 @@ def write_site(site: Dataset | Any, folder: Path, target: str) -> Path:
 def _fresh_model(train: Dataset, num_outputs: int, cfg: RunConfig) -> SiteModel:
     """The federation's model (its recipe: `client.site.effective_recipe`), freshly built with
     ``train``'s standardisation statistics."""
-    recipe = effective_recipe({}, cfg, train.kind)
+    recipe = effective_recipe(NodeConfig(), cfg, train.kind)
     spec = recipe.model_spec(ModelInputs(train.task, tuple(train.x.shape[1:]), num_outputs))
     model = build_model(spec, seed=cfg.seed, recipe=recipe)
     flat = train.x.reshape(len(train.x), -1)

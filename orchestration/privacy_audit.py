@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from fedsplit.client.data import Dataset, feature_stats
 from fedsplit.client.models import SiteModel, load_model
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.site import DATA_SUFFIXES
 from fedsplit.client.train import fit, score, set_statistics
 from fedsplit.protocol.atomic import atomic_path
@@ -64,6 +65,7 @@ from fedsplit.protocol.record.privacy import (
 )
 from fedsplit.protocol.record.summary import RunSummary, privacy_section
 from fedsplit.protocol.stats import combine_moments
+from fedsplit.protocol.tasks import task_kind
 
 ATTACKS = ("loss-threshold", "calibrated")
 RESAMPLES = 2000  # bootstrap resamples per confidence interval
@@ -86,7 +88,7 @@ def example_losses(model: SiteModel, data: Dataset) -> np.ndarray:
     """Per-row loss of ``model`` (cross-entropy, or squared error in standardised units)."""
     model.eval()
     out = model(torch.as_tensor(data.x, dtype=torch.float32))
-    if model.spec.task == "classification":
+    if task_kind(model.spec.task).classes:
         y = torch.as_tensor(data.y, dtype=torch.long)
         return torch.nn.functional.cross_entropy(out, y, reduction="none").numpy().astype(np.float64)
     scaled = (torch.as_tensor(data.y, dtype=torch.float32) - model.target_mean) / model.target_std
@@ -263,7 +265,8 @@ def run_sites(run_dir: Path, cfg: RunConfig) -> list[AuditSite]:
     for sub in sorted((p for p in folder.iterdir() if p.is_dir() and p.name.startswith("site-")),
                       key=lambda p: int(p.name.split("-", 1)[1])):
         _site_file(sub)
-        site = load_site({"partition-id": int(sub.name.split("-", 1)[1])}, 0, cfg, schema_json)
+        site = load_site(NodeConfig(partition_id=int(sub.name.split("-", 1)[1])), 0, cfg,
+                         schema_json)
         sites.append(AuditSite(site.name, site.train, site.val))
     return sites
 

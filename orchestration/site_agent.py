@@ -170,11 +170,11 @@ def read_site_data(data: Path, site: str, *, recipe: str = "", recipe_params: st
     """
     from fedsplit.client.data import TABLE_SUFFIXES, read_table
     from fedsplit.client.failures import hospital_stage
+    from fedsplit.client.node_config import NodeConfig
     from fedsplit.client.site import DATA_SUFFIXES, _recipe_read, load_site, resolve_data_path
 
-    node: dict[str, str] = {"data-path": str(data), "site-name": site}
-    if recipe:
-        node.update({"recipe": recipe, "recipe-params": recipe_params or "{}"})
+    node = NodeConfig(data_path=str(data), site_name=site, recipe=recipe,
+                      recipe_params=(recipe_params or "{}") if recipe else "")
     run_cfg = cfg if cfg is not None else RunConfig()
     try:
         with hospital_stage(site, READING):

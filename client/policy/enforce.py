@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedsplit.client.failures import describe
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.policy import egress
 from fedsplit.client.policy.contents import (
     UNKNOWN,
@@ -62,7 +63,6 @@ from fedsplit.protocol.privacy import DPSpec
 from fedsplit.protocol.recipe import BUILTIN_RECIPES
 from fedsplit.protocol.site_policy import (
     BUILTIN,
-    NODE_COORDINATOR,
     RUN_KINDS,
     SURVIVAL_RUN,
     PolicyRefusal,
@@ -121,25 +121,21 @@ def _run_config(context: Any) -> RunConfig | None:
         return None
 
 
-def site_of(app: str, context: Any) -> str:
+def site_of(app: str, context: Any, node: NodeConfig) -> str:
     """This hospital's name as the app's own handlers name it: node config ``site-name``, else
     the run's name for its partition (run config ``site-names``), else ``site-<partition-id>``,
     else ``node-<id>`` (the vertical app: ``site-<id>``)."""
-    node = context.node_config
-    if "site-name" in node and (app != "vertical" or str(node["site-name"])):
-        return str(node["site-name"])
-    if "partition-id" not in node:
+    if node.partition_id is None and not node.site_name:
         return f"{'site' if app == 'vertical' else 'node'}-{context.node_id}"
-    partition = int(node["partition-id"])
-    names: list[str] | tuple[str, ...] = ()
+    names: list[str] = []
     try:
         if app == "horizontal" and (cfg := _run_config(context)) is not None:
             names = cfg.names
         elif app == SURVIVAL_RUN:
             names = sv.SurvivalRun.from_flower(context.run_config).names
     except Exception:  # a misconfigured name is the handler's to report
-        names = ()
-    return str(names[partition]) if 0 <= partition < len(names) else f"site-{partition}"
+        names = []
+    return node.name(context.node_id, names)
 
 
 def _instruction_task(msg: Any) -> str | None:
@@ -162,17 +158,12 @@ def _instruction_task(msg: Any) -> str | None:
     return None
 
 
-def _simulated(node: Any) -> bool:
-    """Whether this node is one of Flower's simulated hospitals (`fedsplit simulate`)."""
-    return "partition-id" in node and "data-path" not in node
-
-
-def read_request(app: str, msg: Any, context: Any) -> Request:
+def read_request(app: str, msg: Any, context: Any, node: NodeConfig) -> Request:
     """What ``msg`` asks of this hospital (never raises: what cannot be read is the
     handler's to report)."""
     message = str(msg.metadata.message_type)
     run_kind = message_run_kind(app, message)
-    site = site_of(app, context)
+    site = site_of(app, context, node)
     raw = context.run_config
     tasks: list[tuple[str, str]] = []
     if SURVIVAL_RUN in (app, run_kind):
@@ -184,8 +175,7 @@ def read_request(app: str, msg: Any, context: Any) -> Request:
             tasks.append((task, "run config task"))
         if (stated := _instruction_task(msg)) is not None:
             tasks.append((stated, f"the {message} instruction"))
-        node = context.node_config
-        own = str(node.get("recipe", "") or "")
+        own = node.recipe
         recipe = own or (cfg.recipe if cfg is not None else str(raw.get("recipe", "") or ""))
         dp = cfg.dp if cfg is not None else str(raw.get("dp", "") or "")
         try:
@@ -193,7 +183,7 @@ def read_request(app: str, msg: Any, context: Any) -> Request:
         except ConfigError:
             spec = None
         return Request(app, run_kind, message, site, tuple(tasks), recipe,
-                       own_recipe=bool(own) or (bool(recipe) and _simulated(node)),
+                       own_recipe=bool(own) or (bool(recipe) and node.simulated),
                        training=message.split(".")[0] == "train",
                        patient_dp=spec is not None and spec.level == "patient", dp=dp)
     if app == "vertical":
@@ -303,13 +293,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _fields(request: Request, instruction: Instruction, msg: Any, context: Any, outcome: str,
+def _fields(request: Request, instruction: Instruction, msg: Any, node: NodeConfig, outcome: str,
             reason: str | None, contents: Contents | None = None) -> dict[str, Any]:
     """An egress record's fields (`protocol.egress_log.FIELDS` but id, at and prev_hash)."""
     sent = contents if contents is not None else Contents()
     return _plain({
         "run": int(msg.metadata.run_id), "site": request.site,
-        "coordinator": str(context.node_config.get(NODE_COORDINATOR, "") or ""),
+        "coordinator": node.coordinator,
         "run_kind": request.run_kind, "message": instruction.message,
         "group": str(msg.metadata.group_id or ""), "round": instruction.server_round,
         "outcome": outcome, "reason": reason, "tensors": [i.to_json() for i in sent.items],
@@ -318,34 +308,40 @@ def _fields(request: Request, instruction: Instruction, msg: Any, context: Any, 
         "bytes": sent.nbytes})
 
 
-def _state(app: str, context: Any, site: str) -> Any:
+def _state(app: str, context: Any, node: NodeConfig, site: str) -> Any:
     cfg = _run_config(context) if app == "horizontal" else None
     if cfg is None:
         cfg = RunConfig.model_validate(
             {"data-dir": str(context.run_config.get("data-dir", "") or "")})
-    return state_dir(context.node_config, cfg, site)
+    return state_dir(node, cfg, site)
 
 
-def _record(app: str, context: Any, site: str, fields: dict[str, Any]) -> None:
-    egress.append(_state(app, context, site), fields)
+def _record(app: str, context: Any, node: NodeConfig, site: str, fields: dict[str, Any]) -> None:
+    egress.append(_state(app, context, node, site), fields)
 
 
 def _enforce(app: str, msg: Any, context: Any, call_next: Callable[[Any, Any], Any]) -> Any:
-    request = read_request(app, msg, context)
+    try:  # the node config, read once per message (`client.node_config`)
+        node, unread = NodeConfig.from_flower(context.node_config), None
+    except ConfigError as e:  # refused below, once the request is named
+        node, unread = NodeConfig(), e
+    request = read_request(app, msg, context, node)
     instruction = read_instruction(msg)
 
     def refuse(error: Exception) -> Any:
         line = str(HospitalFailure(request.site, STAGE, describe(error)
                                    if not isinstance(error, PolicyRefusal) else str(error)))
         try:
-            _record(app, context, request.site,
-                    _fields(request, instruction, msg, context, "refused", line))
+            _record(app, context, node, request.site,
+                    _fields(request, instruction, msg, node, "refused", line))
         except Exception as e:  # the refusal goes back all the same
             log.warning("hospital %s: the egress log did not take a refusal: %s", request.site, e)
         return _error_reply(msg, line)
 
     try:
-        policy = hospital_policy(context.node_config)
+        if unread is not None:
+            raise unread
+        policy = hospital_policy(node)
         check_request(policy, request)
     except ConfigError as e:  # a refusal, or a policy file that cannot be read
         return refuse(e)
@@ -353,7 +349,7 @@ def _enforce(app: str, msg: Any, context: Any, call_next: Callable[[Any, Any], A
         reply = call_next(msg, context)
     except Exception as e:  # the handler's own failure: Flower replies with it
         try:
-            _record(app, context, request.site, _fields(request, instruction, msg, context,
+            _record(app, context, node, request.site, _fields(request, instruction, msg, node,
                                                         "failed", describe(e)))
         except Exception as logged:
             log.warning("hospital %s: the egress log did not take a failure: %s", request.site,
@@ -361,8 +357,8 @@ def _enforce(app: str, msg: Any, context: Any, call_next: Callable[[Any, Any], A
         raise
     if reply.has_error():  # the handler's own error reply passes, recorded
         try:
-            _record(app, context, request.site, _fields(
-                request, instruction, msg, context, "failed", one_line(reply.error.reason)))
+            _record(app, context, node, request.site, _fields(
+                request, instruction, msg, node, "failed", one_line(reply.error.reason)))
         except Exception as e:
             log.warning("hospital %s: the egress log did not take a failure: %s", request.site, e)
         return reply
@@ -372,8 +368,8 @@ def _enforce(app: str, msg: Any, context: Any, call_next: Callable[[Any, Any], A
     except PolicyRefusal as e:
         return refuse(e)
     try:
-        _record(app, context, request.site,
-                _fields(request, instruction, msg, context, "sent", None, contents))
+        _record(app, context, node, request.site,
+                _fields(request, instruction, msg, node, "sent", None, contents))
     except Exception as e:  # nothing leaves unrecorded
         line = str(HospitalFailure(
             request.site, STAGE, "the reply was not sent: its egress log cannot be written",

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.site_policy import NODE_POLICY, NODE_STATE_DIR, SitePolicy
+from fedsplit.protocol.site_policy import SitePolicy
 
 STATE_FOLDER = "hospital-state"
 
 
-def hospital_policy(node_config: dict[str, Any]) -> SitePolicy:
+def hospital_policy(node: NodeConfig) -> SitePolicy:
     """This hospital's policy (read once per process and file)."""
-    return _policy(str(node_config.get(NODE_POLICY, "") or ""))
+    return _policy(node.policy)
 
 
 @lru_cache(maxsize=4)
@@ -36,12 +36,12 @@ def default_root() -> Path:
     return Path.home() / ".fedsplit"
 
 
-def state_dir(node_config: dict[str, Any], cfg: RunConfig, site: str) -> Path:
+def state_dir(node: NodeConfig, cfg: RunConfig, site: str) -> Path:
     """The folder holding this hospital's privacy ledger and egress log (created)."""
-    if configured := str(node_config.get(NODE_STATE_DIR, "") or ""):
-        folder = Path(configured)
-    elif "partition-id" in node_config and "data-path" not in node_config and cfg.data_dir:
-        folder = Path(cfg.data_dir) / f"site-{int(node_config['partition-id'])}" / STATE_FOLDER
+    if node.state_dir:
+        folder = Path(node.state_dir)
+    elif node.simulated and (partition := node.partition_folder(cfg.data_dir)) is not None:
+        folder = partition / STATE_FOLDER
     else:
         folder = default_root() / site / "state"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)

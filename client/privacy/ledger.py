@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.privacy.dpsgd import DPPlan
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
@@ -217,27 +217,27 @@ class LedgerAccount:
             _entry(ledger, data).plain_trainings += 1
 
 
-def ledger_data_path(node_config: dict[str, Any], cfg: RunConfig) -> Path:
+def ledger_data_path(node: NodeConfig, cfg: RunConfig) -> Path:
     """The data the node config names, as the ledger keys it: the one data file
     (`client.site.resolve_data_path`), else the configured path itself (a recipe reader's
     folder or file)."""
     from fedsplit.client.site import raw_data_path, resolve_data_path
 
     try:
-        return resolve_data_path(node_config, cfg).resolve()
+        return resolve_data_path(node, cfg).resolve()
     except ConfigError:
-        return raw_data_path(node_config, cfg).resolve()
+        return raw_data_path(node, cfg).resolve()
 
 
-def hospital_account(node_config: dict[str, Any], cfg: RunConfig, site: str,
+def hospital_account(node: NodeConfig, cfg: RunConfig, site: str,
                      run_id: int | str) -> LedgerAccount:
     """This hospital's ledger account for its data file and run ``run_id`` (its state folder
     and budget from its node config: `client.policy.paths`)."""
     from fedsplit.client.policy.paths import hospital_policy, state_dir
 
-    return LedgerAccount(folder=state_dir(node_config, cfg, site), site=site,
-                         data=ledger_data_path(node_config, cfg), run_id=str(run_id),
-                         budget=hospital_policy(node_config).dp_budget)
+    return LedgerAccount(folder=state_dir(node, cfg, site), site=site,
+                         data=ledger_data_path(node, cfg), run_id=str(run_id),
+                         budget=hospital_policy(node).dp_budget)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 from fedsplit.client.data import TABLE_SUFFIXES, read_table
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.policy import policy_mod
 from fedsplit.client.secure import secagg
 from fedsplit.client.secure.agent import handle_query, take_secure_record
@@ -48,16 +49,16 @@ from flwr.clientapp import ClientApp
 app = ClientApp(mods=[policy_mod("survival")])  # the hospital's policy and egress log
 
 
-def data_path(node_config: Any, run: sv.SurvivalRun) -> Path:
+def data_path(node: NodeConfig, run: sv.SurvivalRun) -> Path:
     """This hospital's table: node config ``data-path``, else ``DATA_DIR/site-<partition-id>/``."""
-    if "data-path" in node_config:
-        path = Path(str(node_config["data-path"]))
-    elif run.data_dir and "partition-id" in node_config:
-        path = Path(run.data_dir) / f"site-{int(node_config['partition-id'])}"
+    if node.data_path:
+        path = Path(node.data_path)
+    elif (folder := node.partition_folder(run.data_dir)) is not None:
+        path = folder
     else:
         raise ConfigError("This hospital agent does not know where its table is: start the "
                           "SuperNode with --node-config \"data-path='/path/to/site.csv'\". "
-                          f"Received: node config {dict(node_config)}")
+                          f"Received: node config {node.given}")
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in TABLE_SUFFIXES)
         if len(files) != 1:
@@ -65,16 +66,6 @@ def data_path(node_config: Any, run: sv.SurvivalRun) -> Path:
                               f"Received: {[p.name for p in files]}")
         path = files[0]
     return path
-
-
-def site_name(node_config: Any, node_id: int, run: sv.SurvivalRun) -> str:
-    """Node config ``site-name``, else the run's name for this partition, else the node id."""
-    if "site-name" in node_config:
-        return str(node_config["site-name"])
-    if "partition-id" in node_config:
-        pid = int(node_config["partition-id"])
-        return run.names[pid] if pid < len(run.names) else f"site-{pid}"
-    return f"node-{node_id}"
 
 
 @lru_cache(maxsize=4)
@@ -102,23 +93,25 @@ def _covariates(path: str, name: str, run: sv.SurvivalRun, schema_json: str) -> 
     return x
 
 
-def _site(context: Context, msg_node: int) -> tuple[sv.SurvivalRun, str, str]:
+def _site(context: Context, msg_node: int) -> tuple[sv.SurvivalRun, NodeConfig, str, str]:
+    """The run config and the node config (read here, once per message), the table's path and
+    the hospital's name."""
     run = sv.SurvivalRun.from_flower(context.run_config)
-    return run, str(data_path(context.node_config, run)), site_name(context.node_config, msg_node,
-                                                                      run)
+    node = NodeConfig.from_flower(context.node_config)
+    return run, node, str(data_path(node, run)), node.name(msg_node, run.names)
 
 
 @app.query("schema")
 def schema(msg: Message, context: Context) -> Message:
     """The column report of this hospital's table (time as target, event set aside)."""
     wire.check_content(wire.SCHEMA_QUERY, msg.content, reply=False)
-    run, path, name = _site(context, msg.metadata.dst_node_id)
+    run, node, path, name = _site(context, msg.metadata.dst_node_id)
     frame, _, _ = _table(path, name, run.time, run.event, run.missing_markers)
     from fedsplit.client.policy.labels import hospital_settings
     from fedsplit.client.policy.paths import hospital_policy
 
     # rare categories withheld at max(the hospital's policy min_category_count, the run's)
-    report = column_report(name, frame, hospital_settings(hospital_policy(context.node_config),
+    report = column_report(name, frame, hospital_settings(hospital_policy(node),
                                                           run.table_settings))
     return Message(wire.build_schema_reply(report), reply_to=msg)
 
@@ -177,7 +170,7 @@ def survival(msg: Message, context: Context) -> Message:
                           f"{list(msg.content.keys())}")
     record = dict(msg.content.config_records[sv.RECORD])
     stage = sv.check_instruction(record)
-    run, path, name = _site(context, msg.metadata.dst_node_id)
+    run, _, path, name = _site(context, msg.metadata.dst_node_id)
     vector = _vector(stage, record, run, path, name)
     site = ConfigRecord({"name": name})
     if collect is None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from fedsplit.client.models import ModelSpec, build_model, recipe_of
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.secure import secagg
 from fedsplit.client.secure.agent import take_secure_record
 from fedsplit.client.site import effective_recipe, load_site
@@ -77,7 +78,7 @@ def _model(record: dict[str, Any], arrays: ArrayRecord, context: Context, cfg: R
            data_kind: str) -> Any:
     """The kept model, rebuilt with this hospital's recipe (it must be the federation's)."""
     spec = ModelSpec.from_id(str(record["model-id"]))
-    recipe = effective_recipe(context.node_config, cfg, data_kind)
+    recipe = effective_recipe(NodeConfig.from_flower(context.node_config), cfg, data_kind)
     model = build_model(spec, recipe=recipe, strict=True)
     model.load_state_dict(arrays_to_state_dict({k: a.numpy() for k, a in arrays.items()},
                                                like=model.state_dict()))
@@ -140,7 +141,8 @@ def exact_vector(stage: str, record: dict[str, Any], site: Any) -> np.ndarray:
 def stage_vector(stage: str, record: dict[str, Any], arrays: ArrayRecord | None,
                  context: Context, cfg: RunConfig) -> tuple[str, np.ndarray]:
     """(this hospital's name, its vector for ``stage``)."""
-    site = load_site(context.node_config, context.node_id, cfg, str(record["schema"]))
+    site = load_site(NodeConfig.from_flower(context.node_config), context.node_id, cfg,
+                     str(record["schema"]))
     if stage in ("moments", "newton", "concordance"):
         return site.name, exact_vector(stage, record, site)
     x, y = site_rows(site, str(record["rows"]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import torch
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.policy import policy_mod
 from fedsplit.client.vertical.site import SiteAgent, SiteState
 from fedsplit.protocol.errors import ConfigError
@@ -26,13 +27,14 @@ app = ClientApp(mods=[policy_mod("vertical")])  # the hospital's policy and egre
 
 def _agent(context: Context) -> SiteAgent:
     cfg = VerticalConfig.from_flower(context.run_config)
-    index = int(context.node_config.get("partition-id", -1))
-    path = str(context.node_config.get("data-path", "") or cfg.site_entry("site-files", index))
+    node = NodeConfig.from_flower(context.node_config)
+    index = node.partition_id if node.partition_id is not None else -1
+    path = node.data_path or cfg.site_entry("site-files", index)
     if not path:
         raise ConfigError("This site has no data file: give the SuperNode --node-config "
                           "'data-path=\"...\"'. Received: no data-path")
-    out = str(context.node_config.get("out-dir", "") or cfg.site_entry("site-out-dirs", index))
-    name = str(context.node_config.get("site-name", "") or f"site-{index if index >= 0 else context.node_id}")
+    out = node.out_dir or cfg.site_entry("site-out-dirs", index)
+    name = node.site_name or f"site-{index if index >= 0 else context.node_id}"
     return SiteAgent(path, cfg.id_column, name, out)
 
 

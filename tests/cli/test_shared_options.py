@@ -16,6 +16,7 @@ from fedsplit.cli.cox import cox
 from fedsplit.cli.km import km
 from fedsplit.cli.simulate import simulate
 from fedsplit.cli.up import up
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.site import load_site, site_columns
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import HospitalFailure
@@ -93,7 +94,7 @@ def test_up_site_options_reach_the_hospitals_reading(
     cfg = RunConfig.from_flower(federation.cfg.to_flower())
     assert (cfg.target, cfg.na_values, cfg.ignore_columns) == ("diagnosis", "chol=unknown", "note")
     for site in federation.sites:
-        node = {"data-path": str(site.data), "site-name": site.name}
+        node = NodeConfig(data_path=str(site.data), site_name=site.name)
         report = site_columns(node, 0, cfg)  # the hospital's reply to the schema exchange
         assert [c.name for c in report.columns] == ["age", "chol"], report
         chol = report.columns[1]

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from fedsplit.client.app import app
 from fedsplit.client.data import split_indices
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.site import load_site, site_columns
 from fedsplit.protocol import RunConfig
 from fedsplit.protocol import horizontal_wire as wire
@@ -82,12 +83,12 @@ def test_a_one_patient_label_never_leaves_and_its_rows_train_only_if_others_name
         sent = repr(reply.content) + str(dict(reply.content.config_records[wire.COLUMNS]))
         for part in (RARE, "HIV", "MRN", "123456", "J. Doe"):
             assert part not in sent
-    report = site_columns(node, NODE_ID, CFG)
+    report = site_columns(NodeConfig.from_flower(node), NODE_ID, CFG)
     assert report.target == TargetReport("categorical", {"benign": report.target.labels["benign"],
                                                          "malignant": report.target.labels[
                                                              "malignant"]}, withheld=1)
     # alone (its own schema), its row is dropped from training
-    alone = load_site(node, NODE_ID, CFG)
+    alone = load_site(NodeConfig.from_flower(node), NODE_ID, CFG)
     assert len(alone.train) == report.rows - 1 and alone.train.schema.labels == ("benign",
                                                                                  "malignant")
     # another hospital names the label (12 of its patients): the agreed schema holds it, and
@@ -95,10 +96,11 @@ def test_a_one_patient_label_never_leaves_and_its_rows_train_only_if_others_name
     south = _table(50, seed=1)
     south.loc[:11, "diagnosis"] = RARE
     south_node = _hospital(tmp_path, south, name="south")
-    merged = merge_reports([report, site_columns(south_node, NODE_ID, CFG)], CFG.table_settings)
+    merged = merge_reports([report, site_columns(NodeConfig.from_flower(south_node), NODE_ID, CFG)],
+                           CFG.table_settings)
     assert RARE in merged.schema.labels
     assert any("rare class labels withheld" in w and "north (1)" in w for w in merged.warnings)
-    agreed = load_site(node, NODE_ID, CFG, merged.schema.to_json())
+    agreed = load_site(NodeConfig.from_flower(node), NODE_ID, CFG, merged.schema.to_json())
     assert len(agreed.train) == report.rows
     assert merged.schema.labels.index(RARE) in set(agreed.train.y.tolist())
 
@@ -111,7 +113,7 @@ def test_rare_labels_refuse_stops_the_run_without_naming_the_label(tmp_path) -> 
     assert "\n" not in reason and "Hospital north refuses the run: 1 of its class labels" in reason
     assert "HIV" not in reason and "MRN" not in reason and "Received: 1 rare label(s)" in reason
     with pytest.raises(PolicyRefusal, match="refuses the run"):
-        load_site(node, NODE_ID, CFG)  # nor does it train
+        load_site(NodeConfig.from_flower(node), NODE_ID, CFG)  # nor does it train
 
 
 def test_the_hospital_applies_its_own_minimum_count_to_categories_and_numeric_labels(tmp_path
@@ -121,13 +123,14 @@ def test_the_hospital_applies_its_own_minimum_count_to_categories_and_numeric_la
     frame = _table(100, labels=[str(v) for v in [0] * 47 + [1] * 47 + [2] * 6])
     frame["ward"] = ["C"] * 6 + ["A"] * 47 + ["B"] * 47
     node = _hospital(tmp_path, frame, "min_category_count = 10\n")
-    report = site_columns(node, NODE_ID, CFG)
+    report = site_columns(NodeConfig.from_flower(node), NODE_ID, CFG)
     keep, _ = split_indices(100, CFG.val_fraction, CFG.seed)
     ward = next(c for c in report.columns if c.name == "ward")
     assert ward.withheld == 1 and set(ward.categories) == {"A", "B"}  # 'C' (6 rows) withheld
     assert report.target.kind == "numeric" and set(report.target.labels) == {"0", "1"}
     assert report.target.withheld == 1
-    site = load_site(node, NODE_ID, CFG)  # the rows of class 2 are dropped, train and held-out
+    # the rows of class 2 are dropped, train and held-out
+    site = load_site(NodeConfig.from_flower(node), NODE_ID, CFG)
     assert len(site.train) == len(keep) - int((keep >= 94).sum()) and len(site.val) == 100 - len(
         keep) - (6 - int((keep >= 94).sum()))
 
@@ -149,10 +152,11 @@ def test_a_schema_with_more_labels_than_the_hospital_allows_is_refused(tmp_path)
                                             ColumnReport("ward", "categorical", 30, 0,
                                                          categories={"A": 15, "B": 15})),
                         TargetReport("categorical", {"benign": 10, "malignant": 10, "other": 10}))
-    schema = merge_reports([site_columns(node, NODE_ID, CFG), other], CFG.table_settings).schema
+    schema = merge_reports([site_columns(NodeConfig.from_flower(node), NODE_ID, CFG), other],
+                           CFG.table_settings).schema
     with pytest.raises(PolicyRefusal, match=r"north refuses the agreed schema with 3 class "
                                             r"labels.*Received: 3 labels"):
-        load_site(node, NODE_ID, CFG, schema.to_json())
+        load_site(NodeConfig.from_flower(node), NODE_ID, CFG, schema.to_json())
 
 
 def test_the_merge_refuses_100000_labels_in_one_line_naming_the_hospital() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.site import load_site
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.site_policy import PolicyRefusal
@@ -23,7 +24,7 @@ def test_a_split_that_isolates_a_patient_is_refused(tmp_path: Path, val_fraction
     data = _table(tmp_path / "north.csv", 60)
     cfg = RunConfig(target="target", val_fraction=val_fraction, task="regression")
     with pytest.raises(PolicyRefusal) as refused:
-        load_site({"data-path": str(data), "site-name": "north"}, 1, cfg)
+        load_site(NodeConfig(data_path=str(data), site_name="north"), 1, cfg)
     line = str(refused.value)
     assert "fewer than 5 patients (its policy's min_rows)" in line and "\n" not in line
     assert "val-fraction" in line
@@ -34,8 +35,8 @@ def test_the_hospital_may_lower_it_and_a_normal_split_passes(tmp_path: Path) -> 
     policy = tmp_path / "policy.toml"
     policy.write_text("min_rows = 1\n")
     cfg = RunConfig(target="target", val_fraction=0.95, task="regression")
-    site = load_site({"data-path": str(data), "site-name": "north", "policy": str(policy)}, 1, cfg)
+    site = load_site(NodeConfig(data_path=str(data), site_name="north", policy=str(policy)), 1, cfg)
     assert len(site.train) >= 1
-    normal = load_site({"data-path": str(data), "site-name": "north"}, 1,
+    normal = load_site(NodeConfig(data_path=str(data), site_name="north"), 1,
                        RunConfig(target="target", task="regression"))
     assert len(normal.train) >= 5 and len(normal.val) >= 5

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from fedsplit.client.app import app
 from fedsplit.client.models import build_model
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.policy import check_reply, check_request, read_request, reply_contents
 from fedsplit.client.policy.contents import read_instruction
 from fedsplit.client.survival.app import app as survival_app
@@ -170,7 +171,7 @@ def test_plain_training_is_refused_when_the_policy_asks_for_patient_dp(tmp_path,
         run = context(tmp_path, hospital, policy, dp=dp)
         msg = Message(RecordDict({"config": ConfigRecord({"model-id": MODEL_ID})}),
                       dst_node_id=NODE_ID, message_type="train")
-        request = read_request("horizontal", msg, run)
+        request = read_request("horizontal", msg, run, NodeConfig.from_flower(run.node_config))
         if passes:
             check_request(SitePolicy(allow_plain_training=False), request)
         else:

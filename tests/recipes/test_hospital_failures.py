@@ -19,6 +19,7 @@ from fedsplit.client.app import app
 from fedsplit.client.data import is_staged, load_site_file, read_staged, write_staged
 from fedsplit.client.failures import answered, hospital_stage
 from fedsplit.client.models import build_model
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.recipes import ModelInputs, load_recipe
 from fedsplit.client.site import load_site
 from fedsplit.orchestration.experiment import Experiment, prepare_tables
@@ -177,7 +178,7 @@ def test_signals_reach_every_process_with_the_shape_the_reader_gave(
     np.testing.assert_array_equal(back.x, data.x)
     assert load_site_file(folder / "data.npz", target="y").x.shape == (250, 2, 32)
     cfg = RunConfig(recipe=RECIPE, data_dir=str(tmp_path))
-    site = load_site({"partition-id": 0, "num-partitions": 1}, 1, cfg)
+    site = load_site(NodeConfig(partition_id=0, num_partitions=1), 1, cfg)
     assert site.train.x.shape[1:] == (2, 32)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from fedsplit.client.models import ModelSpec, SiteModel, build_model, load_model, recipe_of
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.recipes import CNN, MLP, ModelInputs, load_recipe
 from fedsplit.client.site import load_site, site_columns
 from fedsplit.client.train import fit, score, set_statistics
@@ -152,7 +153,7 @@ def test_entry_point_recipe(on_path: Path, tmp_path: Path, monkeypatch: pytest.M
 def test_png_reader_feeds_the_agent(on_path: Path, png_hospitals: dict[str, Path]) -> None:
     """A hospital agent whose recipe reads PNG folders: images, labels, no table report."""
     cfg = RunConfig(recipe="png_cnn:PngCNN")
-    node = {"data-path": str(png_hospitals["north"]), "site-name": "north"}
+    node = NodeConfig(data_path=str(png_hospitals["north"]), site_name="north")
     site = load_site(node, 1, cfg)
     assert site.train.x.shape[1:] == (1, 8, 8) and site.train.x.dtype == np.float32
     assert site.train.x.min() >= 0.0 and site.train.x.max() <= 1.0

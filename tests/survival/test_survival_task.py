@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.recipes import load_recipe
 from fedsplit.client.site import effective_recipe, site_recipe
 from fedsplit.client.survival.recipe import Cox
@@ -170,10 +171,10 @@ def test_tcga_brca_gives_flambys_regions_and_split(tmp_path):
 
 def test_the_survival_task_trains_the_cox_recipe_with_hidden_and_penalizer():
     cfg = RunConfig(target="days", event="died", hidden="none", penalizer=0.01)
-    recipe = site_recipe({}, cfg)
+    recipe = site_recipe(NodeConfig(), cfg)
     assert isinstance(recipe, Cox) and recipe.params.hidden == [] and recipe.params.penalizer == 0.01
-    assert effective_recipe({}, cfg, "mlp") is recipe
-    assert site_recipe({}, RunConfig()) is None
+    assert effective_recipe(NodeConfig(), cfg, "mlp") is recipe
+    assert site_recipe(NodeConfig(), RunConfig()) is None
     with pytest.raises(ConfigError, match="the run's: --time, --event"):
         load_recipe("fedsplit.client.survival.recipe:Cox", {"time": "T", "event": "E"})
 
