@@ -12,6 +12,7 @@ from fedsplit.protocol import open_weights, write_weights
 from fedsplit.protocol.arrays import ArraySpec
 
 from fedsplit import aggregation
+from tests._helpers.weight_files import opened
 
 ROBUST = [
     ("median", {}),
@@ -64,12 +65,8 @@ def test_tiny_budget_equals_default_budget_and_files_equal_memory(
     full = aggregation.aggregate_updates(strat, updates)
     tiny = aggregation.aggregate_updates(strat, updates, memory_budget=budget)
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
-    files = [open_weights(p) for p in paths]
-    try:
+    with opened(paths) as files:
         from_files = aggregation.aggregate_updates(strat, files, memory_budget=budget)
-    finally:
-        for f in files:
-            f.close()
     for key, arr in full.arrays.items():
         if name == "geometric-median":
             np.testing.assert_allclose(tiny.arrays[key], arr, rtol=1e-5, atol=1e-6)
@@ -88,12 +85,8 @@ def test_float16_file_blocks_equal_memory(h, tmp_path: Path) -> None:
     updates = h.make_updates(6, dtype=np.float16, shapes=[(5, 8), (3,)], seed=4)
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
     strat = aggregation.get_strategy("median")
-    files = [open_weights(p) for p in paths]
-    try:
+    with opened(paths) as files:
         got = aggregation.aggregate_updates(strat, files, memory_budget=6 * 6 * 10 + 2048)
-    finally:
-        for f in files:
-            f.close()
     ref = aggregation.aggregate_updates(strat, updates)
     for key, arr in ref.arrays.items():
         assert got.arrays[key].dtype == np.float16

@@ -16,9 +16,10 @@ import pytest
 from fedsplit.aggregation._device import TorchDevice, resolve
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.aggregation.settings import BackendSettings
-from fedsplit.protocol import open_weights, write_weights
+from fedsplit.protocol import write_weights
 
 from fedsplit import aggregation
+from tests._helpers.weight_files import opened
 
 RULES = [
     ("fedavg", {}),
@@ -45,15 +46,11 @@ def _check(h, device, tmp_path: Path) -> None:
             ref = aggregation.aggregate_updates(
                 strat, updates, settings=BackendSettings(mode="numpy", device="cpu"))
             budget = 9 * 64 * 30 + 4096  # several blocks per parameter
-            files = [open_weights(p) for p in paths]
-            try:
+            with opened(paths) as files:
                 got = aggregation.aggregate_updates(
                     strat, files, settings=BackendSettings(mode="numpy", device=device),
                     memory_budget=budget,
                 )
-            finally:
-                for f in files:
-                    f.close()
             assert got.report.working_bytes <= budget
             exact = (name, bool(params.get("weighted"))) in EXACT and dtype != np.float16
             for key, want in ref.arrays.items():

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fedsplit.aggregation import IncompatibleUpdatesError, StrategyParamsError, UnknownStrategyError
-from fedsplit.protocol import Update, open_weights, write_weights
+from fedsplit.protocol import Update, write_weights
 
 from fedsplit import aggregation
+from tests._helpers.weight_files import opened
 
 
 def make_updates(rng: np.random.Generator, counts: list[int], dtype=np.float32) -> list[Update]:
@@ -41,12 +42,8 @@ def test_fedavg_streams_from_weight_files(tmp_path: Path, rng) -> None:
     updates = make_updates(rng, [3, 9, 27])
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
     strat = aggregation.get_strategy("fedavg")
-    files = [open_weights(p) for p in paths]
-    try:
+    with opened(paths) as files:
         from_files = aggregation.aggregate_updates(strat, files)
-    finally:
-        for f in files:
-            f.close()
     in_memory = aggregation.aggregate_updates(strat, updates)
     for name in in_memory.arrays:
         np.testing.assert_array_equal(from_files.arrays[name], in_memory.arrays[name])

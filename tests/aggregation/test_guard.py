@@ -12,6 +12,7 @@ from fedsplit.aggregation.guard import guard_updates
 from fedsplit.protocol import Update, open_weights, write_weights
 
 from fedsplit import aggregation
+from tests._helpers.weight_files import opened
 
 
 def _poison(update: Update, name: str, value: float) -> Update:
@@ -45,12 +46,8 @@ def test_inf_in_weight_file_is_excluded(h, tmp_path: Path) -> None:
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
     with h5py.File(paths[1], "r+") as f:
         f["arrays/p0"][0, 0] = np.inf
-    files = [open_weights(p) for p in paths]
-    try:
+    with opened(paths) as files:
         got = aggregation.aggregate_updates(aggregation.get_strategy("fedavg"), files)
-    finally:
-        for f in files:
-            f.close()
     assert got.report.sites[1].excluded and "NaN/Inf" in got.report.sites[1].reason
     assert got.num_examples == updates[0].num_examples + updates[2].num_examples
 
@@ -162,11 +159,7 @@ def test_damaged_chunk_in_weight_file_is_excluded(h, tmp_path: Path) -> None:
     raw = bytearray(paths[2].read_bytes())
     raw[offset : offset + 64] = b"\xff" * 64
     paths[2].write_bytes(bytes(raw))
-    files = [open_weights(p) for p in paths]
-    try:
+    with opened(paths) as files:
         got = aggregation.aggregate_updates(aggregation.get_strategy("median"), files)
-    finally:
-        for f in files:
-            f.close()
     assert got.report.sites[2].excluded and "damaged" in got.report.sites[2].reason
     assert not got.report.sites[0].excluded

@@ -19,9 +19,10 @@ import pytest
 from fedsplit.aggregation._compiled import batcher_network, selection_network
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.aggregation.settings import BackendSettings
-from fedsplit.protocol import open_weights, write_weights
+from fedsplit.protocol import write_weights
 
 from fedsplit import aggregation
+from tests._helpers.weight_files import opened
 
 pytest.importorskip("numba")
 
@@ -110,12 +111,8 @@ def test_kernels_hold_the_budget_and_read_files_alike(h, tmp_path: Path, monkeyp
     ref = _run("numpy", name, params, updates, memory_budget=budget)
     got = _run("compiled", name, params, updates, memory_budget=budget)
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
-    files = [open_weights(p) for p in paths]
-    try:
+    with opened(paths) as files:
         from_files = _run("compiled", name, params, files, memory_budget=budget)
-    finally:
-        for f in files:
-            f.close()
     assert got.report.working_bytes <= budget
     for key, want in ref.arrays.items():
         np.testing.assert_allclose(got.arrays[key], want, rtol=1e-5, atol=1e-6)

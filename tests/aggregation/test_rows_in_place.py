@@ -22,6 +22,7 @@ from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol import Update, open_weights, write_weights
 
 from fedsplit import aggregation
+from tests._helpers.weight_files import opened
 
 pytest.importorskip("numba")
 
@@ -109,13 +110,9 @@ def test_mapped_files_in_place_equal_hdf5_reads(tmp_path: Path, monkeypatch, nam
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
 
     def from_files(mmap: str):
-        files = [open_weights(p) for p in paths]
-        try:
+        with opened(paths) as files:
             return _run("compiled", name, params, files,
                         reads=_filereads.ReadSettings(mmap=mmap != "0"))
-        finally:
-            for f in files:
-                f.close()
 
     seen = _count_rows(monkeypatch)
     mapped = from_files("1")
@@ -175,12 +172,8 @@ def test_fedavg_distances_in_the_mean_pass_equal_the_distance_pass(tmp_path: Pat
         np.testing.assert_array_equal(fused.arrays[key], plain.arrays[key])
     # from weight files (mapped, and read with HDF5 calls), under a budget of short blocks
     paths = [write_weights(u, tmp_path / f"{u.site}.h5") for u in updates]
-    files = [open_weights(p) for p in paths]
-    try:
+    with opened(paths) as files:
         from_files = strategy.aggregate(files, distances=True, memory_budget=4096)
-    finally:
-        for f in files:
-            f.close()
     np.testing.assert_allclose(
         [s.l2_to_aggregate for s in from_files.report.sites], separate, rtol=1e-5
     )

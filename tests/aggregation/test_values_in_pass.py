@@ -16,6 +16,7 @@ from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol import open_weights, write_weights
 
 from fedsplit import aggregation
+from tests._helpers.weight_files import opened
 
 RULES = ["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "geometric-median"]
 
@@ -52,15 +53,11 @@ def test_finite_inputs_are_read_once_and_give_the_scanned_result(h, tmp_path, sc
     """No separate scan when every value is finite; result and report equal the scanned run."""
     paths = _files(h, tmp_path, 7, seed=3)
     strategy = aggregation.get_strategy(rule, _params(rule))
-    files = [open_weights(p) for p in paths]
-    try:
+    with opened(paths) as files:
         got = aggregation.aggregate_updates(strategy, files)
         assert scans == []
         scanned = guard_updates(files)  # the old order: scan first, then the rule
         ref = strategy.aggregate(scanned.accepted)
-    finally:
-        for f in files:
-            f.close()
     for name, arr in ref.arrays.items():
         np.testing.assert_array_equal(got.arrays[name], arr)
     assert [s.excluded for s in got.report.sites] == [False] * 7
@@ -211,16 +208,12 @@ def test_a_pass_leaves_no_done_block_resident(h, tmp_path) -> None:
 
     updates = h.make_updates(3, shapes=[(600, 500)], seed=12)  # 1.2 MB each
     paths = [write_weights(u, tmp_path / f"{u.site}.h5").resolve() for u in updates]
-    files = [open_weights(p) for p in paths]
-    try:
+    with opened(paths) as files:
         mean = weighted_sum(files, [1.0, 2.0, 3.0], settings=DEFAULT_SETTINGS)
         weighted = zip([1, 2, 3], updates, strict=True)
         expected = sum(w * u.arrays["p0"].astype(np.float64) for w, u in weighted) / 6
         np.testing.assert_allclose(mean.arrays["p0"], expected, rtol=1e-5, atol=1e-6)
         assert all(_resident_kb(p) <= 64 for p in paths), [_resident_kb(p) for p in paths]
-    finally:
-        for f in files:
-            f.close()
 
 
 def test_compressed_big_endian_and_userblock_files(tmp_path) -> None:
@@ -258,13 +251,9 @@ def test_mapping_off_reads_the_same(h, tmp_path, monkeypatch) -> None:
     results = []
     for flag in ("1", "0"):
         settings = BackendSettings(reads=_filereads.ReadSettings(mmap=flag != "0"))
-        files = [open_weights(p) for p in paths]
-        try:
+        with opened(paths) as files:
             results.append(aggregation.aggregate_updates(strategy, files, settings=settings))
             assert (reads_of(files[0]).mapped("p0") is None) == (flag == "0")
-        finally:
-            for f in files:
-                f.close()
     for name, arr in results[0].arrays.items():
         np.testing.assert_array_equal(results[1].arrays[name], arr)
 
