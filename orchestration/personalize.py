@@ -51,6 +51,7 @@ from fedsplit.client.train import fit_steps, loss_function, score, training_targ
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.record.summary import Personalized, PriorTest
+from fedsplit.protocol.tasks import task_kind
 from torch import nn
 
 #: ``--personalize alone``: each hospital's hospital-alone step budget
@@ -193,7 +194,7 @@ def prior_test(model: SiteModel, train: Dataset) -> tuple[SiteModel, PriorTest]:
         before = float(loss_fn(logits, target))
         after = min(float(loss_fn(logits + shift, target)), before)  # never above the start
     n = len(train)
-    if model.spec.task == "classification":
+    if task_kind(model.spec.task).classes:
         df = logits.shape[1] - 1
         statistic = 2.0 * n * (before - after)
     else:
@@ -219,8 +220,9 @@ def pooled_metrics(per_site: Mapping[str, Mapping[str, float]],
                    tests: Sequence[tuple[str, Dataset]], task: str) -> dict[str, float]:
     """The metrics over all test rows, each predicted by its own hospital's model.
 
-    Exact from the per-hospital metrics: loss and accuracy are row means (weighted by test
-    rows); rmse pools the squared errors; r2 divides them by the pooled targets' variance.
+    Exact from the per-hospital metrics: loss and the task kind's metrics are row means
+    (accuracy: weighted by test rows), except rmse, which pools the squared errors, and r2,
+    which divides them by the pooled targets' variance.
     """
     sizes = np.array([len(t) for _, t in tests], dtype=np.float64)
     names = [name for name, _ in tests]
@@ -228,14 +230,16 @@ def pooled_metrics(per_site: Mapping[str, Mapping[str, float]],
     def weighted(key: str) -> float:
         return float(np.dot(sizes, [per_site[n][key] for n in names]) / sizes.sum())
 
-    out = {"loss": weighted("loss")}
-    if task == "classification":
-        out["accuracy"] = weighted("accuracy")
+    metrics = task_kind(task).metrics
+    out = {"loss": weighted("loss"), **{key: weighted(key) for key in metrics
+                                        if key not in ("r2", "rmse")}}
+    if "rmse" not in metrics:
         return out
     ss_res = float(np.dot(sizes, [per_site[n]["rmse"] ** 2 for n in names]))
     truth = np.concatenate([np.asarray(t.y, dtype=np.float64) for _, t in tests])
     ss_tot = float(((truth - truth.mean()) ** 2).sum())
-    out["r2"] = 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
+    if "r2" in metrics:
+        out["r2"] = 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
     out["rmse"] = float(np.sqrt(ss_res / len(truth)))
     return out
 
