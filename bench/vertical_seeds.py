@@ -30,6 +30,7 @@ def main() -> None:
     import torch
     from fedsplit.orchestration.vertical.datasets import write_bundled, write_titanic
     from fedsplit.orchestration.vertical.local import baselines, train_kept
+    from fedsplit.protocol.selection import selection_metric
     from fedsplit.protocol.vertical.config import FusionParams
     from fedsplit.server.vertical.coordinator import read_label_file
 
@@ -53,7 +54,7 @@ def main() -> None:
             params = FusionParams(embedding_dim=args.embedding_dim)
             fused = train_kept(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
             base = baselines(labels, files.sites, files.id_column, params, args.rounds, seed=seed)
-            key = "accuracy" if labels.task == "classification" else "r2"
+            key = selection_metric(labels.task)
             central = base.centralized
             row = {"seed": seed, "metric": key, "fused": fused.metrics[key],
                    "centralized": central.metrics[key],

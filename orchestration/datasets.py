@@ -10,6 +10,7 @@ from typing import Any
 from fedsplit.client.data import DATASETS
 from fedsplit.client.survival import tcga
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.tasks import AUTO, SURVIVAL, LabelEncoding, label_encoding
 
 #: every bundled dataset `fedsplit simulate` takes (FLamby's Fed-TCGA-BRCA: a survival task)
 SIMULATE_DATASETS = (*DATASETS, tcga.DATASET)
@@ -39,11 +40,12 @@ def table_keys(dataset: str | None, *, target: str = "target", time: str = "", e
         if time and not event:
             raise ConfigError(f"--time needs --event (the 1/0 event column) for a survival task. "
                               f"Received: --time {time!r}")
-        survival = task == "survival" or (bool(event) and task == "auto")
+        survival = (label_encoding(task) is LabelEncoding.TIME_EVENT
+                    or (bool(event) and task == AUTO))
         return {**keys, "hidden": hidden or ("none" if survival else "64-32"),
                 "penalizer": penalizer or 0.0}
     own = {"target": (tcga.TIME, "target", "--time"), "event": (tcga.EVENT, "", "--event"),
-           "id_column": (tcga.ID, "", "--id-column"), "task": ("survival", "auto", "--task")}
+           "id_column": (tcga.ID, "", "--id-column"), "task": (SURVIVAL.name, AUTO, "--task")}
     for key, (value, default, flag) in own.items():
         if keys[key] not in (default, value):
             raise ConfigError(f"--dataset {tcga.DATASET} has time column {tcga.TIME!r}, event "

@@ -15,6 +15,7 @@ import numpy as np
 from fedsplit.client.vertical.data import Preprocessor, read_site_table
 from fedsplit.client.vertical.model import Branch, build_branch
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.tasks import task_kind
 from fedsplit.protocol.vertical.psi import PsiSession
 from fedsplit.protocol.vertical.saved import SiteModelMeta
 from fedsplit.server.vertical.coordinator import read_label_file
@@ -79,7 +80,7 @@ def predict_rows(model_dir: Path, site_files: Sequence[Path], id_column: str,
     out = head.outputs(embeddings)
     ids = [tables[0].ids[r] for r in rows[:, 0]]
     frame = pd.DataFrame({id_column: ids})
-    if meta.task == "classification":
+    if task_kind(meta.task).classes:
         frame["prediction"] = [meta.classes[i] for i in out.argmax(1)]
         probs = torch.softmax(torch.from_numpy(out), dim=1).numpy()
         for i, c in enumerate(meta.classes):
@@ -89,12 +90,12 @@ def predict_rows(model_dir: Path, site_files: Sequence[Path], id_column: str,
     result = Prediction(frame=frame, skipped=len(tables[0]) - len(rows))
     if labels is not None:
         table = read_label_file(str(labels), id_column, target, meta.task)
-        truth = {i: (table.classes[int(v)] if table.task == "classification" else float(v))
+        truth = {i: (table.classes[int(v)] if task_kind(table.task).classes else float(v))
                  for i, v in zip(table.ids, table.y, strict=True)}
         known = [i for i, x in enumerate(ids) if x in truth]
         pred = frame["prediction"].to_numpy()[known]
         y = [truth[ids[i]] for i in known]
-        if meta.task == "classification":
+        if task_kind(meta.task).classes:
             hits = [str(a) == str(b) for a, b in zip(pred, y, strict=True)]
             result.metrics = {"accuracy": float(np.mean(hits)), "scored": len(known)}
         else:

@@ -21,6 +21,7 @@ import numpy as np
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.record.vertical import SiteOverlap, VerticalEvaluation, VerticalRound
 from fedsplit.protocol.selection import BestRound, selection_metric
+from fedsplit.protocol.tasks import task_kind, task_names
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.psi import PsiSession
 from fedsplit.protocol.vertical.saved import HeadMeta
@@ -54,19 +55,25 @@ class LabelTable:
 
     @property
     def num_outputs(self) -> int:
-        """Logits per row (classes), or 1 for regression."""
-        return len(self.classes) if self.task == "classification" else 1
+        """Logits per row (a task of classes), or 1 (values: regression)."""
+        return len(self.classes) if task_kind(self.task).classes else 1
 
 
 def encode_labels(ids: list[str], values: np.ndarray, task: str | None) -> LabelTable:
-    """Encode a target column: classes become 0..K-1 (sorted), regression stays float."""
+    """Encode a target column by its task kind (given, else inferred): classes become 0..K-1
+    (sorted), values stay float; a kind split learning does not train is refused."""
     values = np.asarray(values)
     missing = [v is None or v != v for v in values]  # None or NaN
     if any(missing):
         raise ConfigError("The label file has rows without a target; drop them first. "
                           f"Received: {sum(missing)} missing")
     task = task or infer_task(values)
-    if task == "classification":
+    kind = task_kind(task)
+    if not kind.vertical:
+        trained = ", ".join(name for name in task_names() if task_kind(name).vertical)
+        raise ConfigError(f"Vertical split learning trains {trained}; not {task}. Choose one of "
+                          f"those with --task. Received: {task!r}")
+    if kind.classes:
         keys = [str(int(v)) if isinstance(v, float | np.floating) and float(v).is_integer() else str(v)
                 for v in values]
         uniq = sorted(set(keys), key=lambda s: (0, float(s)) if _is_number(s) else (1, s))
@@ -216,7 +223,7 @@ class VerticalCoordinator:
             raise ConfigError(f"Only {len(self.train_rows)} linked training row(s) remain with fill "
                               f"{self.p.fill!r}; add linked patients or choose another fill. "
                               f"Received: {len(self.train_rows)}")
-        if self.labels.task == "regression":
+        if task_kind(self.labels.task).values:  # standardised targets
             y = self.labels.y[self.train_rows]
             self.y_mean, self.y_std = float(y.mean()), float(y.std()) or 1.0
         payloads = {}
@@ -233,7 +240,7 @@ class VerticalCoordinator:
 
     def _target(self, rows: np.ndarray) -> np.ndarray:
         y = self.labels.y[rows]
-        return y if self.labels.task == "classification" else (y - self.y_mean) / self.y_std
+        return y if task_kind(self.labels.task).classes else (y - self.y_mean) / self.y_std
 
     # --- 3. split training ------------------------------------------------------------------
     def _next_batch(self) -> np.ndarray:
@@ -405,13 +412,10 @@ class VerticalCoordinator:
         return rule, entries
 
     def _metrics(self, out: np.ndarray, rows: np.ndarray) -> dict[str, float]:
-        y = self.labels.y[rows]
-        if self.labels.task == "classification":
-            return {"accuracy": float((out.argmax(1) == y).mean())}
-        pred = out[:, 0] * self.y_std + self.y_mean
-        mse = float(((pred - y) ** 2).mean())
-        var = float(((y - y.mean()) ** 2).mean()) or 1.0
-        return {"r2": 1 - mse / var, "rmse": mse ** 0.5}
+        """The task kind's metrics (`protocol.tasks`: accuracy; r2 and rmse in target units)."""
+        kind = task_kind(self.labels.task)
+        pred = out.argmax(1) if kind.classes else out[:, 0] * self.y_std + self.y_mean
+        return kind.score(self.labels.y[rows], pred)
 
     def save_sites(self, tag: str, slot: str = "") -> list[str]:
         """Ask every site to save its branch and preprocessing where it keeps its data

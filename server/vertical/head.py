@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from fedsplit.protocol.errors import ConfigError, ReplyError
+from fedsplit.protocol.tasks import task_kind
 from fedsplit.protocol.vertical.saved import HeadMeta
 
 
@@ -37,15 +38,15 @@ class FusionHead:
         self.task = task
         width = sum(self.dims)
         layers: list[torch.nn.Module] = []
-        if hidden and task == "classification":
+        if hidden and task_kind(task).classes:
             layers += [torch.nn.Linear(width, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_outputs)]
-        else:  # regression: linear head, squared error
+        else:  # values (regression): linear head, squared error
             layers += [torch.nn.Linear(width, num_outputs)]
         self.module = torch.nn.Sequential(*layers)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=lr)
 
     def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.task == "classification":
+        if task_kind(self.task).classes:
             return torch.nn.functional.cross_entropy(out, y.long())
         return torch.nn.functional.mse_loss(out.squeeze(1), y.float())
 
