@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from fedsplit.protocol import Update, write_weights
+from fedsplit.server.admin import audit
 from fedsplit.server.admin.app import create_app
 from fedsplit.server.admin.config import AdminSettings
 from fedsplit.server.admin.sandbox import Sandbox
@@ -129,3 +131,26 @@ def post_file(
             data=data,
             headers=bearer(token),
         )
+
+
+def verify_audit(data_dir: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    """`fedsplit admin audit verify`'s exit code and what it printed."""
+    from fedsplit.cli.app import app as fedsplit_app
+    from fedsplit.cli.errors import run_guarded
+
+    code = run_guarded(fedsplit_app, ["admin", "audit", "verify", "--data-dir", str(data_dir), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def forge_audit_record(data_dir: Path, *, mac: str | None = None) -> int:
+    """Append a record as someone with the database but not the key (hash recomputed); its id."""
+    with sqlite3.connect(data_dir / "fedsplit-admin.db") as db:
+        last_id, last_hash = db.execute("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1").fetchone()
+        fields = {"id": last_id + 1, "at": "2026-12-04T00:00:00.000000+00:00", "event": "signin",
+                  "actor": "admin", "site_id": None, "address": "127.0.0.1", "detail": "{}",
+                  "prev_hash": last_hash}
+        db.execute("INSERT INTO audit_log (id, at, event, actor, site_id, address, detail, prev_hash, "
+                   "hash, mac) VALUES (:id, :at, :event, :actor, :site_id, :address, :detail, "
+                   ":prev_hash, :hash, :mac)", {**fields, "hash": audit.record_hash(fields), "mac": mac})
+    return last_id + 1

@@ -13,19 +13,21 @@ from fedsplit.server.admin import audit
 from fedsplit.server.admin.store import open_engine
 
 from tests.admin.asgi import call
-from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, create_round, post_file, write_model
+from tests.admin.conftest import (
+    ADMIN,
+    ADMIN_TOKEN,
+    bearer,
+    create_round,
+    post_file,
+    verify_audit,
+    write_model,
+)
 
 SAME_ORIGIN = {"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}
 
 
 def _db(data_dir) -> sqlite3.Connection:
     return sqlite3.connect(data_dir / "fedsplit-admin.db")
-
-
-def _verify(data_dir, capsys, *extra: str) -> tuple[int, str]:
-    code = run_guarded(fedsplit_app, ["admin", "audit", "verify", "--data-dir", str(data_dir), *extra])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
 
 
 def _show(data_dir, capsys, *extra: str) -> list[dict]:
@@ -77,7 +79,7 @@ def test_every_security_event_is_recorded(history, data_dir, capsys):
     assert [r["id"] for r in records] == list(range(1, len(records) + 1))
     upload = next(r for r in records if r["event"] == "upload")
     assert len(upload["detail"]["sha256"]) == 64 and upload["address"] == "testclient"
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     assert code == 0 and f"{len(records)} record(s)" in out
 
 
@@ -103,34 +105,34 @@ def test_verify_finds_an_edited_record(history, data_dir, capsys):
         db.execute("UPDATE audit_log SET actor = 'hospital-x' "
                    "WHERE id = (SELECT min(id) FROM audit_log WHERE event = 'model_download')")
         bad = db.execute("SELECT min(id) FROM audit_log WHERE event = 'model_download'").fetchone()[0]
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     assert code == 1 and f"record {bad} was altered" in out
 
 
 def test_verify_finds_a_deleted_record(history, data_dir, capsys):
     """Deleting a record from the middle leaves a gap; putting one back breaks the chain."""
-    assert _verify(data_dir, capsys)[0] == 0
+    assert verify_audit(data_dir, capsys)[0] == 0
     with _db(data_dir) as db:
         db.execute("DELETE FROM audit_log WHERE id = 5")
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     assert code == 1 and "record 5 is missing" in out
     with _db(data_dir) as db:  # put it back by hand (wrong content): now the chain breaks at 5
         db.execute("INSERT INTO audit_log (id, at, event, actor, detail, prev_hash, hash) VALUES "
                    "(5, '2026-01-01T00:00:00+00:00', 'signin', 'admin', '{}', 'x', 'y')")
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     assert code == 1 and "record 5 does not follow record 4" in out
 
 
 def test_verify_with_a_noted_head_finds_records_deleted_from_the_end(history, data_dir, capsys):
     """A head hash noted from an earlier verify catches the last records being deleted."""
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     head = out.split("head ")[-1].strip()
-    assert _verify(data_dir, capsys, "--head", head)[0] == 0
+    assert verify_audit(data_dir, capsys, "--head", head)[0] == 0
     with _db(data_dir) as db:
         db.execute("DELETE FROM audit_log WHERE id = (SELECT max(id) FROM audit_log)")
-    code, out = _verify(data_dir, capsys)  # the audit key's head file knows (issue 33) ...
+    code, out = verify_audit(data_dir, capsys)  # the audit key's head file knows (issue 33) ...
     assert code == 1 and "records after it were deleted" in out
-    code, out = _verify(data_dir, capsys, "--head", head)
+    code, out = verify_audit(data_dir, capsys, "--head", head)
     assert code == 1 and "deleted" in out  # ... and so does a noted head
 
 
@@ -145,7 +147,7 @@ def test_verify_finds_reordered_records(history, data_dir, capsys):
         assign = ", ".join(f"{c.strip()} = ?" for c in columns.split(","))
         db.execute(f"UPDATE audit_log SET {assign} WHERE id = 6", seven)
         db.execute(f"UPDATE audit_log SET {assign} WHERE id = 7", six)
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     assert code == 1 and "record 6 does not follow record 5" in out
 
 

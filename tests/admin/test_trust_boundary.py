@@ -22,8 +22,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 from fastapi.testclient import TestClient
-from fedsplit.cli.app import app as fedsplit_app
-from fedsplit.cli.errors import run_guarded
 from fedsplit.protocol import Update, read_weights, write_weights
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.server.admin import audit
@@ -41,9 +39,11 @@ from tests.admin.conftest import (
     ADMIN_TOKEN,
     bearer,
     create_round,
+    forge_audit_record,
     model_arrays,
     post_file,
     raw_weights,
+    verify_audit,
     write_model,
 )
 
@@ -324,23 +324,6 @@ def test_site_removed_during_its_upload_stores_nothing(client, site_token, data_
 
 
 # 10. The audit chain was unkeyed ----------------------------------------------------------------------
-def _verify(data_dir: Path, capsys, *extra: str) -> tuple[int, str]:
-    code = run_guarded(fedsplit_app, ["admin", "audit", "verify", "--data-dir", str(data_dir), *extra])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
-
-
-def _forge(data_dir: Path, *, mac: str | None = None) -> int:
-    """Append a record as someone with the database but not the key: hash recomputed."""
-    with sqlite3.connect(data_dir / "fedsplit-admin.db") as db:
-        last_id, last_hash = db.execute("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1").fetchone()
-        fields = {"id": last_id + 1, "at": "2026-12-04T00:00:00.000000+00:00", "event": "signin",
-                  "actor": "admin", "site_id": None, "address": "127.0.0.1", "detail": "{}",
-                  "prev_hash": last_hash}
-        db.execute("INSERT INTO audit_log (id, at, event, actor, site_id, address, detail, prev_hash, "
-                   "hash, mac) VALUES (:id, :at, :event, :actor, :site_id, :address, :detail, "
-                   ":prev_hash, :hash, :mac)", {**fields, "hash": audit.record_hash(fields), "mac": mac})
-    return last_id + 1
 
 
 def test_forged_appends_and_an_emptied_log_fail_verify(client, site_token, data_dir, capsys):
@@ -350,23 +333,23 @@ def test_forged_appends_and_an_emptied_log_fail_verify(client, site_token, data_
     record it signed."""
     site_token("hosp-a")
     assert client.get("/api/v1/rounds", headers=ADMIN).status_code == 200
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     assert code == 0 and "intact" in out
     head = out.split("head ")[-1].strip()
     key = data_dir / "audit.key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert stat.S_IMODE(Path(str(key) + ".head").stat().st_mode) == 0o600
-    forged = _forge(data_dir)
+    forged = forge_audit_record(data_dir)
     for extra in ((), ("--head", head)):
-        code, out = _verify(data_dir, capsys, *extra)
+        code, out = verify_audit(data_dir, capsys, *extra)
         assert code == 1 and f"record {forged} carries no MAC" in out, out
     with sqlite3.connect(data_dir / "fedsplit-admin.db") as db:
         db.execute("UPDATE audit_log SET mac = ? WHERE id = ?", ("ab" * 32, forged))
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     assert code == 1 and "carries a MAC this key did not make" in out
     with sqlite3.connect(data_dir / "fedsplit-admin.db") as db:
         db.execute("DELETE FROM audit_log")
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     assert code == 1 and "the log ends at record 0" in out and "deleted" in out
 
 
@@ -388,17 +371,17 @@ def test_rewritten_chain_and_loose_key_are_caught(client, site_token, data_dir, 
             previous = audit.record_hash(fields)
             db.execute("UPDATE audit_log SET actor = ?, prev_hash = ?, hash = ? WHERE id = ?",
                        (fields["actor"], fields["prev_hash"], previous, fields["id"]))
-    code, out = _verify(data_dir, capsys)
+    code, out = verify_audit(data_dir, capsys)
     assert code == 1 and "record 1 carries a MAC this key did not make" in out
     fresh = data_dir.parent / "legacy"
     add_site(data_dir=fresh, name="hosp-a")
     add_site(data_dir=fresh, name="hosp-b")
     with sqlite3.connect(fresh / "fedsplit-admin.db") as db:  # as a server before issue 33 wrote it
         db.execute("UPDATE audit_log SET mac = NULL WHERE id = 1")
-    code, out = _verify(fresh, capsys)
+    code, out = verify_audit(fresh, capsys)
     assert code == 0 and "2 record(s) (1 written before the log had a key" in out
     (fresh / "audit.key").chmod(0o644)
-    code, out = _verify(fresh, capsys)
+    code, out = verify_audit(fresh, capsys)
     assert code != 0 and "chmod 600" in out
 
 

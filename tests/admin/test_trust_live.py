@@ -9,19 +9,16 @@ test_trust_boundary.py, through uvicorn's own proxy-headers middleware.
 from __future__ import annotations
 
 import socket
-import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from fedsplit.cli.app import app as fedsplit_app
-from fedsplit.cli.errors import run_guarded
 from fedsplit.server.admin import audit
 from fedsplit.server.admin.store import add_site, open_engine
 
-from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, write_model
+from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, forge_audit_record, verify_audit, write_model
 from tests.admin.test_live_server import LiveServer
 from tests.admin.test_trust_boundary import chunk_bomb, gzip_bomb
 
@@ -155,19 +152,6 @@ def test_attackers_view(plain, tmp_path, capsys):
         assert http.post(f"/api/v1/rounds/{rnd['id']}/aggregate", headers=ADMIN).status_code == 200
         trick = http.get(f"/api/v1/rounds/{rnd['id']}/model", headers=bearer(a))
         assert trick.status_code == 403 and "hosp-b" not in trick.text
-    assert _verify(plain.data_dir, capsys) == 0
-    with sqlite3.connect(plain.data_dir / "fedsplit-admin.db") as db:
-        last_id, last_hash = db.execute("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1").fetchone()
-        fields = {"id": last_id + 1, "at": "2026-12-04T00:00:00.000000+00:00", "event": "signin",
-                  "actor": "admin", "site_id": None, "address": "127.0.0.1", "detail": "{}",
-                  "prev_hash": last_hash}
-        db.execute("INSERT INTO audit_log (id, at, event, actor, site_id, address, detail, prev_hash, "
-                   "hash) VALUES (:id, :at, :event, :actor, :site_id, :address, :detail, :prev_hash, "
-                   ":hash)", {**fields, "hash": audit.record_hash(fields)})
-    assert _verify(plain.data_dir, capsys) == 1
-
-
-def _verify(data_dir: Path, capsys) -> int:
-    code = run_guarded(fedsplit_app, ["admin", "audit", "verify", "--data-dir", str(data_dir)])
-    capsys.readouterr()
-    return code
+    assert verify_audit(plain.data_dir, capsys)[0] == 0
+    forge_audit_record(plain.data_dir)
+    assert verify_audit(plain.data_dir, capsys)[0] == 1
