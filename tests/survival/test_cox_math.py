@@ -20,6 +20,8 @@ from lifelines import CoxPHFitter, KaplanMeierFitter
 from lifelines.fitters.coxph_fitter import SemiParametricPHFitter
 from lifelines.utils import concordance_index
 
+from tests._helpers.survival import assert_km_is_lifelines
+
 #: lifelines' defaults stop on a relative log-likelihood change of 1e-9, which on TCGA-BRCA
 #: leaves a gradient norm of 4e-3 (coefficients off the maximum by up to 1e-4 relative); the
 #: reference here runs lifelines to its own maximum
@@ -156,14 +158,7 @@ def test_km_from_summed_counts_equals_lifelines_at_every_event_time():
     curve = pooled_km(hospitals)
     t_all = np.concatenate([t for t, _ in hospitals])
     e_all = np.concatenate([e for _, e in hospitals])
-    ref = KaplanMeierFitter().fit(t_all, e_all)
-    event_times = np.unique(t_all[e_all])
-    np.testing.assert_array_equal(curve.times, event_times)
-    np.testing.assert_allclose(curve.survival, ref.survival_function_.loc[event_times].iloc[:, 0],
-                               rtol=1e-12)
-    band = ref.confidence_interval_.loc[event_times]
-    np.testing.assert_allclose(curve.lower, band.iloc[:, 0], rtol=1e-10)
-    np.testing.assert_allclose(curve.upper, band.iloc[:, 1], rtol=1e-10)
+    assert_km_is_lifelines(t_all, e_all, curve.times, curve.survival, curve.lower, curve.upper)
 
 
 def test_min_count_rule_groups_small_cells_and_cuts_the_thin_tail():
