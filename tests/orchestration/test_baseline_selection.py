@@ -23,11 +23,6 @@ from fedsplit.orchestration.selection import BestRound, selection_metric
 from fedsplit.protocol.config import RunConfig
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 def first_hospital(dataset: str, tmp_path: Path, cfg: RunConfig) -> tuple[Dataset, Dataset]:
     """Site 0 of a bundled dataset split three ways: (rows it trains on, its evaluation rows)."""
     tables = prepare_tables(Experiment(cfg=cfg, out=tmp_path, dataset=dataset, num_sites=3))

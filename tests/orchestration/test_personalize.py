@@ -63,11 +63,6 @@ def weights(model: SiteModel) -> list[np.ndarray]:
     return [p.detach().numpy().copy() for p in model.parameters()]
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 def test_fine_tune_trains_a_copy_and_leaves_the_global_model(tmp_path: Path) -> None:
     # Prepare
     cfg = RunConfig(seed=0, target="target", hidden="16")
@@ -254,13 +249,20 @@ def test_a_bad_scope_names_the_choices(tmp_path: Path, value: str) -> None:
         fine_tune(model, trains["site-0"], cfg, steps=5, seed=0, scope=value)
 
 
+def simulate_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """`fedsplit simulate ARGS --out DIR` exits with a ConfigError before writing DIR; the error
+    it printed."""
+    code = run_guarded(app, ["simulate", *args, "--out", str(tmp_path / "run")])
+    assert code == ConfigError.exit_code
+    assert not (tmp_path / "run").exists()
+    return capsys.readouterr().err
+
+
 def test_simulate_refuses_a_bad_scope_before_training(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = run_guarded(app, ["simulate", "--dataset", "wine", "--personalize", "alone",
-                             "--personalize-scope", "head", "--out", str(tmp_path / "run")])
-    assert code == ConfigError.exit_code
-    assert "--personalize-scope is one of auto, all, bias" in capsys.readouterr().err
-    assert not (tmp_path / "run").exists()
+    err = simulate_refuses(tmp_path, capsys, "--dataset", "wine", "--personalize", "alone",
+                           "--personalize-scope", "head")
+    assert "--personalize-scope is one of auto, all, bias" in err
 
 
 @pytest.mark.slow

@@ -9,8 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fedsplit.cli.app import app
-from fedsplit.cli.errors import run_guarded
 from fedsplit.client.data import Dataset
 from fedsplit.client.models import SiteModel
 from fedsplit.client.train import score
@@ -28,12 +26,7 @@ from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from scipy.stats import chi2
 
-from tests.orchestration.test_personalize import hospitals
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    torch.set_num_threads(1)
+from tests.orchestration.test_personalize import hospitals, simulate_refuses
 
 
 def tensors(model: SiteModel) -> dict[str, np.ndarray]:
@@ -148,11 +141,9 @@ def test_prior_is_a_budget_and_refuses_the_all_scope() -> None:
 
 def test_simulate_refuses_prior_with_every_weight(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = run_guarded(app, ["simulate", "--dataset", "wine", "--personalize", "prior",
-                             "--personalize-scope", "all", "--out", str(tmp_path / "run")])
-    assert code == ConfigError.exit_code
-    assert "--personalize prior refits only the final layer's bias" in capsys.readouterr().err
-    assert not (tmp_path / "run").exists()
+    err = simulate_refuses(tmp_path, capsys, "--dataset", "wine", "--personalize", "prior",
+                           "--personalize-scope", "all")
+    assert "--personalize prior refits only the final layer's bias" in err
 
 
 def test_a_hospital_without_rows_is_refused(tmp_path: Path) -> None:
