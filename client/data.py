@@ -30,7 +30,7 @@ from fedsplit.protocol.schema import (
     merge_reports,
 )
 from fedsplit.protocol.stats import Moments, moments
-from fedsplit.protocol.tasks import task_kind
+from fedsplit.protocol.tasks import infer_task, task_kind
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 IMAGE_SUFFIXES = (".npz",)
@@ -95,15 +95,6 @@ def load_bundled(name: str) -> Dataset:
         return Dataset(x, b.target.astype(np.int64), "classification", "cnn",
                        [f"pixel_{i}" for i in range(64)])
     raise ConfigError(f"Unknown dataset. Choose one of {', '.join(DATASETS)}. Received: {name!r}")
-
-
-def infer_task(y: np.ndarray) -> str:
-    """Classification for integer-like targets with at most 20 values, else regression."""
-    if y.dtype.kind in "OUSb":
-        return "classification"
-    values = np.unique(y[~np.isnan(y)] if y.dtype.kind == "f" else y)
-    integer_like = bool(np.all(np.mod(values, 1) == 0))
-    return "classification" if integer_like and len(values) <= 20 else "regression"
 
 
 def read_table(path: Path) -> "pandas.DataFrame":  # type: ignore[name-defined]  # noqa: F821, UP037

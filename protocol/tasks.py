@@ -247,6 +247,21 @@ def inferred_kind(labels: LabelEncoding) -> TaskKind:
     return next(kind for kind in BUILTIN.values() if kind.labels is labels)
 
 
+#: a numeric target with more distinct values than this, or with fractions, is read as values
+MAX_INFERRED_CLASSES = 20
+
+
+def infer_task(values: np.ndarray) -> str:
+    """The kind `AUTO` picks for a target column's values: classes (text, booleans, or at most
+    `MAX_INFERRED_CLASSES` distinct whole numbers: classification), else values (regression)."""
+    values = np.asarray(values)
+    if values.dtype.kind not in "iuf":
+        return inferred_kind(LabelEncoding.CLASSES).name
+    uniq = np.unique(values[~np.isnan(values)] if values.dtype.kind == "f" else values)
+    classes = bool(np.all(np.mod(uniq, 1) == 0)) and len(uniq) <= MAX_INFERRED_CLASSES
+    return inferred_kind(LabelEncoding.CLASSES if classes else LabelEncoding.VALUES).name
+
+
 def check_task(task: str) -> str:
     """``task`` if it is `AUTO` or a registered kind, else the `ConfigError` naming them."""
     declared(task)

@@ -50,12 +50,3 @@ def id_column_values(frame: Any, id_column: str, source: Path | str) -> list[str
             f"aligned, drop them first. Received: {missing} missing IDs"
         )
     return normalise_ids(frame[id_column])
-
-
-def infer_task(values: np.ndarray) -> str:
-    """Classification for text or integer-like targets with at most 20 values, else regression."""
-    values = np.asarray(values)
-    if values.dtype.kind not in "iuf":
-        return "classification"
-    uniq = np.unique(values[~np.isnan(values)] if values.dtype.kind == "f" else values)
-    return "classification" if bool(np.all(np.mod(uniq, 1) == 0)) and len(uniq) <= 20 else "regression"

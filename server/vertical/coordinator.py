@@ -21,11 +21,11 @@ import numpy as np
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.record.vertical import SiteOverlap, VerticalEvaluation, VerticalRound
 from fedsplit.protocol.selection import BestRound, selection_metric
-from fedsplit.protocol.tasks import task_kind, task_names
+from fedsplit.protocol.tasks import infer_task, task_kind, task_names
 from fedsplit.protocol.vertical.config import FusionParams
 from fedsplit.protocol.vertical.psi import PsiSession
 from fedsplit.protocol.vertical.saved import HeadMeta
-from fedsplit.protocol.vertical.table import id_column_values, infer_task, read_frame
+from fedsplit.protocol.vertical.table import id_column_values, read_frame
 from fedsplit.protocol.vertical.wire import Payload, pack_points, unpack_points
 from fedsplit.server.vertical.head import FusionHead
 

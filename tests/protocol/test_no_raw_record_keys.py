@@ -194,9 +194,6 @@ ALLOWED: dict[str, Allowance] = {
     "orchestration/local_federation.py": Allowance(
         "a local process record's JSON",
         {"at"}),
-    "orchestration/personalize.py": Allowance(
-        "metric names of a recipe",
-        {"accuracy"}),
     "orchestration/plots.py": Allowance(
         "vertical fill names (plot labels)",
         {"fill"}),
@@ -319,8 +316,8 @@ ALLOWED: dict[str, Allowance] = {
         {"baseline", "hospitals", "model", "model_id", "rows", "schema", "secure_aggregation",
          "shared"}),
     "server/vertical/coordinator.py": Allowance(
-        "Flower records of vertical messages and metric names",
-        {"accuracy", "lr", "rows", "shared", "site"}),
+        "Flower records of vertical messages",
+        {"lr", "rows", "shared", "site"}),
 }
 
 
