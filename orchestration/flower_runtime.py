@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fedsplit.orchestration import watchdog
 from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FlowerRunError, error_from_record
@@ -252,15 +253,25 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
         settle = time.monotonic() + 5
         while _group_alive(proc.pid) and time.monotonic() < settle:
             time.sleep(0.1)
+    if (dog := watchdog.current()) is not None:
+        dog.forget(proc.pid)
 
 
 def spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` in its own session with output appended to ``log_path``."""
+    """Start ``cmd`` in its own session with output appended to ``log_path``.
+
+    This process's `watchdog` (started with the first) watches its group and carries its mark
+    into ``cmd``'s environment: if this process is killed outright, the group and everything it
+    started are stopped too (`stop` tells the watchdog to forget a group it stopped)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    dog = watchdog.ensure()
     with open(log_path, "ab") as log:
         try:
-            return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(cmd, env={**env, watchdog.MARK_ENV: dog.mark}, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            dog.watch(proc.pid)
+            return proc
         except FileNotFoundError as e:
             raise FlowerRunError(
                 f"Cannot start {cmd[0]!r}: no such executable beside this Python "
