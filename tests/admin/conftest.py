@@ -8,7 +8,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -96,20 +95,6 @@ def write_model(path: Path, value: float = 0.0, *, num_examples: int = 10, **fie
     return write_weights(
         Update(arrays=model_arrays(value, hidden=hidden), num_examples=num_examples, **fields), path
     )
-
-
-def raw_weights(path: Path, build: Callable[[h5py.File, h5py.Group], None], **attrs: Any) -> Path:
-    """A fedsplit-looking file whose /arrays content ``build`` writes (for malicious variants)."""
-    with h5py.File(path, "w") as f:
-        f.attrs["format"] = "fedsplit.weights"
-        f.attrs["format_version"] = np.int64(1)
-        for key, value in {"num_examples": np.int64(10), **attrs}.items():
-            if value is not None:
-                f.attrs[key] = value
-        group = f.create_group("arrays")
-        build(f, group)
-        group.attrs["order"] = np.array(list(group.keys()), dtype=h5py.string_dtype())
-    return path
 
 
 def create_round(client: TestClient, **body: Any) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from fedsplit.cli.errors import run_guarded
 from fedsplit.protocol.errors import UploadFailedError
 from fedsplit.server.admin.store import add_site
 
-from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, raw_weights, write_model
+from tests._helpers.weight_files import raw_weights
+from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, write_model
 
 REPO = Path(__file__).resolve().parents[2]
 # The `fedsplit admin` sub-app itself (cli.app imports every other command too, which is slow).

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from httpx import Response
 
-from tests.admin.conftest import ADMIN, bearer, create_round, post_file, raw_weights, write_model
+from tests._helpers.weight_files import raw_weights
+from tests.admin.conftest import ADMIN, bearer, create_round, post_file, write_model
 
 W = np.ones((3, 4), dtype=np.float32)
 

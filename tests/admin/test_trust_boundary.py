@@ -33,6 +33,7 @@ from fedsplit.server.admin.store import add_site, remove_site
 from fedsplit.server.admin.tables import Round
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from tests._helpers.weight_files import raw_weights
 from tests.admin.asgi import call
 from tests.admin.conftest import (
     ADMIN,
@@ -42,7 +43,6 @@ from tests.admin.conftest import (
     forge_audit_record,
     model_arrays,
     post_file,
-    raw_weights,
     verify_audit,
     write_model,
 )
@@ -235,22 +235,23 @@ def test_replaced_uploads_are_pruned(make_client, site_token, tmp_path, data_dir
     assert [r.status_code for r in receipts] == [201] * 3
     folder = data_dir / "files" / "rounds" / str(rnd["id"]) / "uploads"
     last = receipts[-1].json()["id"]
-    assert sorted(p.name for p in folder.iterdir()) == [f"{last}.h5", f"{last}.upload"]
+    assert sorted(p.name for p in folder.iterdir()) == [f"{last}.h5"]
     body = client.get(f"/api/v1/rounds/{rnd['id']}", headers=bearer(token)).json()
     assert [u["sha256"] for u in body["history"]] == [r.json()["sha256"] for r in receipts[:2]]
-    left = folder / f"{receipts[0].json()['id']}.upload"  # as a server that kept them left it
+    left = folder / f"{receipts[0].json()['id']}.h5"  # as a server that kept them left it
     left.write_bytes(b"old copy")
     make_client()  # a server starting on this data directory
-    assert not left.exists() and (folder / f"{last}.upload").exists()
+    assert not left.exists() and (folder / f"{last}.h5").exists()
 
 
 def test_site_quota(make_client, site_token, tmp_path):
     """--site-quota-mb bounds what one hospital holds in open rounds; a replaced upload does not
     count (its files go), another hospital is not affected."""
-    client = make_client(site_quota_mb=0.02)  # 20 KiB: one tiny model's two copies fit
+    model = write_model(tmp_path / "m.h5", 1.0)
+    # one upload fits, two do not (an upload is stored once: issue 43)
+    client = make_client(site_quota_mb=1.5 * model.stat().st_size / 1024 / 1024)
     a, b = site_token("hosp-a"), site_token("hosp-b")
     first, second = create_round(client), create_round(client)
-    model = write_model(tmp_path / "m.h5", 1.0)
     assert post_file(client, first["id"], a, model).status_code == 201
     assert post_file(client, first["id"], a, model).status_code == 201  # replaces: fits
     over = post_file(client, second["id"], a, model)
@@ -550,7 +551,7 @@ def test_stored_files_are_private_under_a_permissive_umask(make_client, site_tok
         os.umask(old)
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
     stored = [p for p in data_dir.rglob("*") if p.is_file()]
-    assert any(p.suffix == ".upload" for p in stored) and any(p.name == "model.h5" for p in stored)
+    assert any(p.parent.name == "uploads" for p in stored) and any(p.name == "model.h5" for p in stored)
     loose = {str(p.relative_to(data_dir)): oct(stat.S_IMODE(p.stat().st_mode)) for p in stored
              if stat.S_IMODE(p.stat().st_mode) & 0o077}
     assert loose == {}

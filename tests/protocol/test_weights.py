@@ -16,6 +16,8 @@ from fedsplit.protocol import (
     write_weights,
 )
 
+from tests._helpers.weight_files import raw_weights
+
 
 def make_update(**fields) -> Update:
     """A small update with every allowed dtype and a 0-dim parameter."""
@@ -169,12 +171,8 @@ def test_external_storage_is_refused(tmp_path: Path) -> None:
     """A dataset whose bytes live in another file is refused before it is read."""
     raw = tmp_path / "secret.bin"
     raw.write_bytes(np.ones(4, np.float32).tobytes())
-    path = tmp_path / "w.h5"
-    with h5py.File(path, "w") as f:
-        f.attrs.update({"format": FORMAT, "format_version": 1, "num_examples": 3})
-        g = f.create_group("arrays")
-        g.create_dataset("w", shape=(4,), dtype="f4", external=[(str(raw), 0, 16)])
-        g.attrs["order"] = ["w"]
+    path = raw_weights(tmp_path / "w.h5", lambda f, g: g.create_dataset(
+        "w", shape=(4,), dtype="f4", external=[(str(raw), 0, 16)]))
     with pytest.raises(WeightFileError, match="external raw storage") as err:
         read_weights(path)
     assert err.value.reason == "external_storage"
@@ -186,11 +184,7 @@ def test_virtual_dataset_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "w.h5"
     layout = h5py.VirtualLayout(shape=(3,), dtype="f4")
     layout[:] = h5py.VirtualSource(str(src), "/arrays/w", shape=(3,))
-    with h5py.File(path, "w") as f:
-        f.attrs.update({"format": FORMAT, "format_version": 1, "num_examples": 3})
-        g = f.create_group("arrays")
-        g.create_virtual_dataset("w", layout)
-        g.attrs["order"] = ["w"]
+    raw_weights(path, lambda f, g: g.create_virtual_dataset("w", layout))
     with pytest.raises(WeightFileError, match="virtual dataset") as err:
         read_weights(path)
     assert err.value.reason == "virtual_dataset"
