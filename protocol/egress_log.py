@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import hmac
 import json
 import os
 from collections.abc import Iterator
@@ -46,9 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsplit.protocol.atomic import atomic_path
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.keyfile import read_key
+from fedsplit.protocol.keyfile import LogKey, read_key
 from pydantic import BaseModel, ConfigDict
 
 LOG_NAME = "egress.jsonl"
@@ -86,25 +84,10 @@ def record_line(record: dict[str, Any]) -> str:
                       allow_nan=False)
 
 
-@dataclass(frozen=True)
-class Head:
-    """The last record written: its id and hash."""
+class EgressKey(LogKey):
+    """The log's HMAC key: MACs records and its head file (`HEAD_NAME`, beside the key)."""
 
-    id: int
-    hash: str
-
-
-class EgressKey:
-    """The log's HMAC key: MACs records and its head file."""
-
-    def __init__(self, path: Path, secret: bytes) -> None:
-        self.path = path
-        self._secret = secret
-
-    @property
-    def head_path(self) -> Path:
-        """The head file beside the key."""
-        return self.path.with_name(HEAD_NAME)
+    head_name = "The egress log's head file"
 
     @classmethod
     def open(cls, folder: Path, *, create: bool) -> EgressKey:
@@ -116,50 +99,12 @@ class EgressKey:
             records="egress records",
             made_by="the hospital's agent creates it with the first record; point --state-dir at "
                     "the hospital's state folder",
-            restore="restore it from the hospital's backup"))
-
-    def mac(self, hash_: str) -> str:
-        """HMAC-SHA256 of a record's hash (which covers its id and the previous record's hash)."""
-        return hmac.new(self._secret, b"record:" + hash_.encode("ascii"),
-                        hashlib.sha256).hexdigest()
-
-    def valid(self, hash_: str, mac: Any) -> bool:
-        """Whether ``mac`` is this key's MAC of ``hash_``."""
-        return isinstance(mac, str) and hmac.compare_digest(self.mac(hash_), mac)
+            restore="restore it from the hospital's backup"), path.with_name(HEAD_NAME))
 
     def seal(self, fields: dict[str, Any]) -> dict[str, Any]:
         """``fields`` with their ``hash`` and ``mac``."""
         hash_ = record_hash(fields)
         return {**{k: fields.get(k) for k in FIELDS}, "hash": hash_, "mac": self.mac(hash_)}
-
-    def _head_mac(self, head: Head) -> str:
-        return hmac.new(self._secret, f"head:{head.id}:{head.hash}".encode("ascii"),
-                        hashlib.sha256).hexdigest()
-
-    def read_head(self) -> Head | None:
-        """The head file's record; None when there is none; `ConfigError` when it is damaged or
-        its MAC is not this key's."""
-        try:
-            data = json.loads(self.head_path.read_text())
-            head = Head(int(data["id"]), str(data["hash"]))
-            mac = str(data["mac"])
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"The egress log's head file is damaged ({e}); records deleted "
-                              f"from the log's end cannot be told. Received: {self.head_path}"
-                              ) from e
-        if not hmac.compare_digest(self._head_mac(head), mac):
-            raise ConfigError(f"The egress log's head file was not written with this key (its "
-                              f"MAC does not match): it was edited or belongs to another key. "
-                              f"Received: {self.head_path}")
-        return head
-
-    def write_head(self, head: Head) -> None:
-        """Note ``head`` as the last record (atomically; the file is 0600)."""
-        with atomic_path(self.head_path) as tmp:
-            tmp.write_text(json.dumps({"id": head.id, "hash": head.hash,
-                                       "mac": self._head_mac(head)}))
 
 
 @contextlib.contextmanager

@@ -23,11 +23,11 @@ from fedsplit.protocol.egress_log import (
     GENESIS,
     LOG_NAME,
     EgressKey,
-    Head,
     locked,
     record_line,
 )
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.keyfile import Head
 
 _CHUNK = 64 * 1024
 
