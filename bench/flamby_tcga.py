@@ -56,6 +56,7 @@ from fedsplit.orchestration.survival.run import run_survival  # noqa: E402
 from fedsplit.protocol.config import RunConfig  # noqa: E402
 from fedsplit.protocol.record.common import HISTORY_FILE  # noqa: E402
 from fedsplit.protocol.record.horizontal import RunRecord  # noqa: E402
+from fedsplit.protocol.record.survival import CoxDocument  # noqa: E402
 from fedsplit.protocol.survival import SurvivalRun  # noqa: E402
 from fedsplit.protocol.tasks import SURVIVAL  # noqa: E402
 from lifelines import CoxPHFitter  # noqa: E402
@@ -146,7 +147,7 @@ def main() -> None:
     run = SurvivalRun(mode="cox", time=TIME, event=EVENT, out_dir="", id_column=ID,
                       penalizer=args.penalizer, secure_aggregation="on" if args.secure else "")
     started = time.monotonic()
-    doc = run_survival(run, dataset="tcga-brca", site_files=[], out=out)
+    doc = run_survival(run, CoxDocument, dataset="tcga-brca", site_files=[], out=out)
     seconds = time.monotonic() - started
     names = list(doc.covariates)
     fed = pd.Series([doc.covariates[n].coef for n in names], index=names)

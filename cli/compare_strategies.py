@@ -75,7 +75,7 @@ def compare_strategies(
     results, comparison = run_comparison(
         comp, on_run=lambda i, n, label: console.print(f"[bold]run {i}/{n}[/]: {label}"))
 
-    key = comparison["metric"]
+    key = str(comparison.metric)
     label = f" under {attack} x{attackers}" if hostile else ""
     table = Table(title=f"{dataset}, {sites} sites ({partition}){label}: test {key} after {rounds} rounds")
     table.add_column("run")

@@ -16,6 +16,7 @@ from fedsplit.cli.options import (
     Time,
     split_values,
 )
+from fedsplit.cli.survival_options import SurvivalDataset, SurvivalSites, run_analysis
 from rich.console import Console
 from rich.table import Table
 
@@ -23,13 +24,8 @@ console = Console()
 
 
 def cox(
-    dataset: Annotated[str | None, typer.Option(help="Bundled survival dataset: tcga-brca "
-                                                     "(FLamby's 6 regions, training rows).")] = None,
-    site: Annotated[
-        list[str] | None,
-        typer.Option("--site", help="A hospital's CSV/Parquet table, as PATH, NAME=PATH or "
-                                    "NAME=TRAIN:TEST (the TRAIN file is fitted; repeat per site)."),
-    ] = None,
+    dataset: SurvivalDataset = None,
+    site: SurvivalSites = None,
     time: Time = "",
     event: Event = "",
     id_column: IdColumn = "",
@@ -43,7 +39,7 @@ def cox(
     out: Annotated[Path, typer.Option(help="Output folder: cox.json, cox.png.")] = Path("runs/cox"),
 ) -> None:
     """Newton-Raphson on the hospitals' summed gradients and Hessians: the pooled stratified fit."""
-    from fedsplit.orchestration.survival.run import dataset_columns, run_survival
+    from fedsplit.orchestration.survival.run import dataset_columns
     from fedsplit.protocol.record.survival import COX_FILE, CoxDocument
     from fedsplit.protocol.survival import SurvivalRun
 
@@ -53,10 +49,8 @@ def cox(
                       na_values=tuple(split_values(na_values)), penalizer=penalizer,
                       min_category_count=min_category_count,
                       secure_aggregation=secure_aggregation)
-    with console.status("fitting the federated Cox model ..."):
-        doc = run_survival(run, dataset=dataset, site_files=site or [], out=out)
-    if not isinstance(doc, CoxDocument):
-        raise TypeError(f"fedsplit cox read {doc.file_name()}, not {COX_FILE}")
+    doc = run_analysis(run, CoxDocument, dataset=dataset, site=site, out=out, console=console,
+                       doing="fitting the federated Cox model ...")
     table = Table(title=f"Cox model stratified by hospital: {len(doc.hospitals)} hospitals, "
                         f"{doc.rows} patients, {doc.events} events")
     for column in ("covariate", "coef", "HR", "95% CI", "p"):

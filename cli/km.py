@@ -7,19 +7,15 @@ from typing import Annotated
 
 import typer
 from fedsplit.cli.options import Event, NaValues, SecureAggregation, Time, split_values
+from fedsplit.cli.survival_options import SurvivalDataset, SurvivalSites, run_analysis
 from rich.console import Console
 
 console = Console()
 
 
 def km(
-    dataset: Annotated[str | None, typer.Option(help="Bundled survival dataset: tcga-brca "
-                                                     "(FLamby's 6 regions, training rows).")] = None,
-    site: Annotated[
-        list[str] | None,
-        typer.Option("--site", help="A hospital's CSV/Parquet table, as PATH, NAME=PATH or "
-                                    "NAME=TRAIN:TEST (the TRAIN file is used; repeat per site)."),
-    ] = None,
+    dataset: SurvivalDataset = None,
+    site: SurvivalSites = None,
     time: Time = "",
     event: Event = "",
     na_values: NaValues = None,
@@ -32,7 +28,7 @@ def km(
     out: Annotated[Path, typer.Option(help="Output folder: km.json, km.png.")] = Path("runs/km"),
 ) -> None:
     """Each hospital shares its number at risk and its events per time point; nothing else."""
-    from fedsplit.orchestration.survival.run import dataset_columns, run_survival
+    from fedsplit.orchestration.survival.run import dataset_columns
     from fedsplit.protocol.record.survival import KM_FILE, KMDocument
     from fedsplit.protocol.survival import SurvivalRun
 
@@ -40,10 +36,8 @@ def km(
     run = SurvivalRun(mode="km", time=time_col, event=event_col, out_dir=str(out),
                       na_values=tuple(split_values(na_values)), min_count=min_count,
                       secure_aggregation=secure_aggregation)
-    with console.status("pooling the Kaplan-Meier counts ..."):
-        doc = run_survival(run, dataset=dataset, site_files=site or [], out=out)
-    if not isinstance(doc, KMDocument):
-        raise TypeError(f"fedsplit km read {doc.file_name()}, not {KM_FILE}")
+    doc = run_analysis(run, KMDocument, dataset=dataset, site=site, out=out, console=console,
+                       doing="pooling the Kaplan-Meier counts ...")
     curve = doc.curve
     console.print(f"Kaplan-Meier over {len(doc.hospitals)} hospitals: {doc.rows} patients, "
                   f"{doc.events} events, {len(curve.time)} published drops (min-count "

@@ -10,13 +10,11 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from fedsplit.orchestration.experiment import Experiment, check_attack, run_experiment
 from fedsplit.orchestration.plots import metric_key, plot_comparison
-from fedsplit.protocol.atomic import write_json_atomic
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.record.summary import RunSummary
+from fedsplit.protocol.record.summary import ComparedRun, RunSummary, StrategyComparison
 
 
 @dataclass
@@ -47,7 +45,7 @@ def run_label(name: str, attack: str, attackers: int) -> str:
 
 def run_comparison(
     comp: Comparison, *, on_run: Callable[[int, int, str], None] | None = None
-) -> tuple[dict[str, RunSummary], dict[str, Any]]:
+) -> tuple[dict[str, RunSummary], StrategyComparison]:
     """Run one federation per strategy; write comparison.json and comparison.png into ``comp.out``.
 
     Returns (run label -> that run's summary, the comparison written).
@@ -73,21 +71,16 @@ def run_comparison(
         results[label] = run_experiment(exp)
 
     key = metric_key(next(iter(results.values())))
-    comparison = {
-        "dataset": comp.dataset, "sites": comp.sites, "partition": comp.partition,
-        "attack": comp.attack, "hostile_sites": [f"site-{i}" for i in hostile], "rounds": comp.rounds,
-        "metric": key,
-        "runs": {
-            label: {
-                "strategy": summary.strategy, "strategy_params": summary.strategy_params,
-                "final": summary.federated.metrics[key] if summary.federated else None,
-                "per_round": summary.round_metric(key),
-                "centralized": summary.centralized.metrics[key] if summary.centralized else None,
-            }
-            for label, summary in results.items()
-        },
-    }
-    write_json_atomic(comp.out / "comparison.json", comparison)
+    comparison = StrategyComparison(
+        dataset=comp.dataset, sites=comp.sites, partition=comp.partition, attack=comp.attack,
+        hostile_sites=[f"site-{i}" for i in hostile], rounds=comp.rounds, metric=key,
+        runs={label: ComparedRun(
+            strategy=summary.strategy, strategy_params=summary.strategy_params,
+            final=summary.federated.metrics[key] if summary.federated else None,
+            per_round=summary.round_metric(key),
+            centralized=summary.centralized.metrics[key] if summary.centralized else None)
+            for label, summary in results.items()})
+    comparison.save(comp.out / StrategyComparison.file_name())
     suffix = f" under {comp.attack} x{comp.attackers}" if hostile else ""
     plot_comparison(results, comp.out / "comparison.png", f"{comp.dataset}: {comp.sites} sites{suffix}")
     return results, comparison

@@ -116,7 +116,14 @@ class Baseline:
     min_count: int
     rows: int
     events: int
-    extra: Mapping[str, Any] | None = None
+    #: the kept model's file name and id, the hospitals, the estimator in words, the secure
+    #: aggregation spec and what each hospital shared (the coordinator's account of the fit)
+    model: str | None = None
+    model_id: str | None = None
+    hospitals: tuple[str, ...] = ()
+    estimator: str | None = None
+    secure_aggregation: str | None = None
+    shared: str | None = None
 
     def __post_init__(self) -> None:
         t = np.asarray(self.times, np.float64)
@@ -130,10 +137,14 @@ class Baseline:
 
     def to_json(self) -> dict[str, Any]:
         """The file's document."""
+        account = {"model": self.model, "model_id": self.model_id,
+                   "hospitals": list(self.hospitals) or None, "estimator": self.estimator,
+                   "secure_aggregation": self.secure_aggregation, "shared": self.shared}
         return {"format": FORMAT, "format_version": FORMAT_VERSION,
                 "model_sha256": self.model_sha256, "time": list(self.times),
                 "cumulative_hazard": list(self.cumulative_hazard), "min_count": self.min_count,
-                "rows": self.rows, "events": self.events, **dict(self.extra or {})}
+                "rows": self.rows, "events": self.events,
+                **{k: v for k, v in account.items() if v is not None}}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> Baseline:
@@ -142,13 +153,17 @@ class Baseline:
             raise ConfigError(f"{where} is not a fedsplit baseline file (format {FORMAT!r} "
                               f"version {FORMAT_VERSION}). Received: format="
                               f"{doc.get('format')!r}, version={doc.get('format_version')!r}")
+        def text(key: str) -> str | None:
+            return None if doc.get(key) is None else str(doc[key])
+
         try:
-            known = {"format", "format_version", "model_sha256", "time", "cumulative_hazard",
-                     "min_count", "rows", "events"}
             return cls(str(doc["model_sha256"]), tuple(float(v) for v in doc["time"]),
                        tuple(float(v) for v in doc["cumulative_hazard"]), int(doc["min_count"]),
-                       int(doc["rows"]), int(doc["events"]),
-                       {k: v for k, v in doc.items() if k not in known})
+                       int(doc["rows"]), int(doc["events"]), model=text("model"),
+                       model_id=text("model_id"),
+                       hospitals=tuple(str(h) for h in doc.get("hospitals") or ()),
+                       estimator=text("estimator"),
+                       secure_aggregation=text("secure_aggregation"), shared=text("shared"))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{where} lacks or garbles a baseline field ({e}). Received: keys "
                               f"{sorted(doc)}") from e

@@ -16,7 +16,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fedsplit.client.data import read_table
 from fedsplit.client.survival.tcga import DATASET, EVENT, ID, TIME, load_tcga_brca
@@ -30,6 +30,8 @@ from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.record.survival import CoxDocument, KMDocument
 from fedsplit.protocol.schema import column_report, merge_reports
 
+#: the document a survival analysis writes: `KMDocument` or `CoxDocument`
+D = TypeVar("D", KMDocument, CoxDocument)
 #: the survival app's (serverapp, clientapp)
 SURVIVAL_COMPONENTS = ("fedsplit.server.survival.app:app", "fedsplit.client.survival.app:app")
 DATASETS = (DATASET,)
@@ -99,20 +101,23 @@ def stage(run: sv.SurvivalRun, tables: dict[str, Any], out: Path) -> sv.Survival
                              "min_nodes": len(tables)})
 
 
-def run_survival(run: sv.SurvivalRun, *, dataset: str | None, site_files: Sequence[str],
-                 out: Path, timeout: float = 1800) -> KMDocument | CoxDocument:
+def run_survival(run: sv.SurvivalRun, document: type[D], *, dataset: str | None,
+                 site_files: Sequence[str], out: Path, timeout: float = 1800) -> D:
     """Run ``run.mode`` ("cox" or "km") end to end; return its document (``cox.json`` or
-    ``km.json``, read through its model, with ``wall_seconds`` added)."""
+    ``km.json``) read through ``document``, the mode's model (`CoxDocument` / `KMDocument`),
+    with ``wall_seconds`` added."""
+    if document.mode != run.mode:
+        raise ConfigError(f"A {run.mode} run writes {run.mode}.json, not {document.file_name()}. "
+                          f"Received: mode={run.mode!r}")
     out = out.resolve()
     tables = survival_tables(dataset, site_files)
     run = stage(run, tables, out)
     started = time.monotonic()
     simulation(run, len(tables), out / "flower", components=SURVIVAL_COMPONENTS,  # type: ignore[arg-type]
                timeout=timeout)
-    model = CoxDocument if run.mode == "cox" else KMDocument
-    doc = model.load(out / model.file_name())
+    doc = document.load(out / document.file_name())
     doc.wall_seconds = time.monotonic() - started
-    doc.save(out / doc.file_name())
+    doc.save(out / document.file_name())
     if isinstance(doc, CoxDocument):
         forest_plot(doc, out / "cox.png")
     else:

@@ -50,6 +50,11 @@ class JsonFile(RecordPart):
     _fix: ClassVar[str] = ""  # advice after a malformed record
 
     @classmethod
+    def file_name(cls) -> str:
+        """The file's usual name in its run folder."""
+        return cls._file
+
+    @classmethod
     def from_json(cls, data: Any, *, source: str | None = None) -> Self:
         """Check and read the file's content (as parsed JSON)."""
         source = source or cls._file

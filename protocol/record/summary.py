@@ -208,3 +208,34 @@ def privacy_section(record: RunRecord, *, dp: str | None, level: str | None,
     return SummaryPrivacy(dp=dp, level=level, epsilon_budget=epsilon_budget, delta=delta,
                           per_site={site: SitePrivacy(epsilon=eps, round=rnd)
                                     for site, (eps, rnd) in record.spent_epsilon().items()})
+
+
+class ComparedRun(RecordPart):
+    """One federation of ``fedsplit compare-strategies``: its strategy and parameters, the
+    compared metric of its kept model (``final``), of each round's model and of the centralized
+    baseline on the same test rows (each from the run's `RunSummary`)."""
+
+    strategy: str | None = None
+    strategy_params: dict[str, Any] = Field(default_factory=dict)
+    final: float | None = None
+    per_round: list[float] = Field(default_factory=list)
+    centralized: float | None = None
+
+
+class StrategyComparison(JsonFile):
+    """``comparison.json`` of ``fedsplit compare-strategies`` (`orchestration.comparison`): the
+    ``dataset``, ``sites``, ``partition``, the ``attack`` and its ``hostile_sites``, the
+    ``rounds``, the compared ``metric`` and each run (`ComparedRun`) by its label."""
+
+    _file: ClassVar[str] = "comparison.json"
+    _kind: ClassVar[str] = "strategy comparison"
+
+    dataset: str | None = None
+    sites: int | None = None
+    partition: str | None = None
+    attack: str | None = None
+    hostile_sites: list[str] = Field(default_factory=list)
+    rounds: int | None = None
+    metric: str | None = None
+    runs: dict[str, ComparedRun] = Field(default_factory=dict)
+

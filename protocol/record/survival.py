@@ -106,14 +106,10 @@ class KMPoints(RecordPart):
 
 class SurvivalDocument(JsonFile):
     """A survival analysis's output file (``km.json``, ``cox.json``); ``writer`` names the
-    command that writes it."""
+    command that writes it, ``mode`` the analysis (`SurvivalAnalysisRecord.mode`)."""
 
     writer: ClassVar[str]
-
-    @classmethod
-    def file_name(cls) -> str:
-        """The file's name in its run folder."""
-        return cls._file
+    mode: ClassVar[str]
 
     @classmethod
     def kind(cls) -> str:
@@ -146,6 +142,7 @@ class KMDocument(SurvivalDocument):
     _kind: ClassVar[str] = "Kaplan-Meier curve"
     _fix: ClassVar[str] = " Write it again with fedsplit km."
     writer: ClassVar[str] = "fedsplit km"
+    mode: ClassVar[str] = "km"
 
     hospitals: list[str] = Field(default_factory=list, max_length=MAX_HOSPITALS)
     rows: int = Field(ge=0)
@@ -224,6 +221,7 @@ class CoxDocument(SurvivalDocument):
     _kind: ClassVar[str] = "Cox model"
     _fix: ClassVar[str] = " Write it again with fedsplit cox."
     writer: ClassVar[str] = "fedsplit cox"
+    mode: ClassVar[str] = "cox"
 
     model: str | None = None
     ties: str | None = None

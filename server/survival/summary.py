@@ -119,10 +119,10 @@ def run_summary(grid: Grid, cfg: RunConfig, run_config: Mapping[str, Any] | None
                               f"Lower min-count. Received: {int(km.events.sum())} events")
     baseline = ss.Baseline(
         digest, tuple(float(t) for t in times), tuple(float(h) for h in hazard), min_count,
-        km.rows, int(km.events.sum()),
-        {"model": MODEL_FILE, "model_id": update.model, "hospitals": coord.sites,
-         "estimator": "Breslow, pooled over hospitals (one baseline for the federation)",
-         "secure_aggregation": km.document.secure_aggregation, "shared": SHARED_BASELINE})
+        km.rows, int(km.events.sum()), model=MODEL_FILE, model_id=update.model,
+        hospitals=tuple(coord.sites),
+        estimator="Breslow, pooled over hospitals (one baseline for the federation)",
+        secure_aggregation=km.document.secure_aggregation, shared=SHARED_BASELINE)
     path = ss.baseline_path(model_path)
     write_json_atomic(path, baseline.to_json())
     seconds = time.monotonic() - started

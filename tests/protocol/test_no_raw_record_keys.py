@@ -44,66 +44,63 @@ class Allowance(NamedTuple):
 #: file -> the format whose keys it reads or builds, and exactly those keys.
 ALLOWED: dict[str, Allowance] = {
     "aggregation/geometric_median.py": Allowance(
-        "an aggregation rule's free-form report details",
+        "the rule's free-form report details (AggregationReport.details)",
         {"steps"}),
     "bench/aggregation.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "the bench's own result JSON",
         {"details", "memory_budget", "params", "working_bytes"}),
     "bench/bare_flower_app.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "a bare Flower app's own status file and Flower records",
         {"arrays", "config", "metrics", "round", "rounds", "seconds", "status"}),
     "bench/deploy_bare/bare_app/client_app.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "a bare Flower app's records and metric names",
         {"accuracy", "arrays", "metrics"}),
     "bench/deploy_bare/bare_app/server_app.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "a bare Flower app's run config",
         {"evaluate"}),
     "bench/deploy_rounds.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "the bench's own timing notes",
         {"round"}),
     "bench/flamby_heart.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
-        {"accuracy", "adopted", "config", "mean_per_site", "per_site", "prior_test", "seconds",
-         "server_opt"}),
+        "the bench's own rows per seed (runs read through RunSummary); metric names",
+        {"accuracy", "adopted", "config", "mean_per_site", "per_site", "prior_test", "runs",
+         "seconds", "server_opt"}),
     "bench/flamby_tcga.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "RunConfig keyword names and the bench's own rows per seed",
         {"penalizer", "per_site", "recipe", "seconds"}),
     "bench/hospital_policy_overhead.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "Flower records of a hand-built message",
         {"arrays", "config"}),
     "bench/psi_bench.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "the bench's own result rows",
         {"shared"}),
     "bench/round_overhead.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "the bench's own result JSON",
         {"dataset", "model_id", "rounds", "sites"}),
     "bench/secure_aggregation_flower.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "secure aggregation's free-form report details; the bench's rows",
         {"accuracy", "hospitals", "secure_aggregation"}),
     "bench/survival_seeds.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "RunConfig keyword names and the bench's own rows per seed",
         {"centralized", "dataset", "federated", "lr", "rounds", "seconds", "server_opt",
          "test_rows", "train_rows"}),
     "bench/vertical_seeds.py": Allowance(
-        "the bench's own result rows (its runs are read through the models)",
+        "the bench's own rows per seed",
         {"centralized", "metric", "rounds_kept"}),
     "cli/admin_audit_show.py": Allowance(
-        "an admin audit-log entry (server.admin.audit)",
+        "an admin audit-log entry as JSON (server.admin.audit)",
         {"at"}),
-    "cli/compare_strategies.py": Allowance(
-        "comparison.json of compare-strategies (orchestration.comparison)",
-        {"metric"}),
     "cli/options.py": Allowance(
         "RunConfig keyword names built from the command's options",
         {"keep", "min_count", "recipe", "secure_aggregation", "strategy_params"}),
     "cli/pipeline_schedule.py": Allowance(
-        "a pipeline schedule's own table",
+        "pipeline phase names (fill, steady, drain)",
         {"fill"}),
     "cli/simulate.py": Allowance(
         "RunConfig keyword names built from the command's options",
         {"attack", "dp"}),
     "cli/site_egress.py": Allowance(
-        "the hospital's egress log entries (protocol.egress_log)",
+        "the egress log's count names",
         {"rows"}),
     "cli/up.py": Allowance(
         "metric names of a recipe",
@@ -112,65 +109,65 @@ ALLOWED: dict[str, Allowance] = {
         "the admin server's upload receipt (HTTP JSON)",
         {"num_examples"}),
     "cli/vertical.py": Allowance(
-        "VerticalConfig keyword names and printed table columns",
+        "FusionParams keyword names",
         {"fill", "lr", "steps_per_round"}),
     "client/app.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "the train reply's site record (protocol.horizontal_wire)",
         {"name"}),
     "client/data.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "a bundled dataset's column",
         {"dataset"}),
     "client/optim.py": Allowance(
         "torch optimizer state keys",
         {"step"}),
     "client/parallel/api.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "in-site parallel training's job settings",
         {"lr"}),
     "client/parallel/config.py": Allowance(
         "the hospital's parallel-training settings (JSON)",
         {"mode", "model"}),
     "client/parallel/launch.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "in-site parallel workers' results",
         {"seconds"}),
     "client/parallel/pipeline.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "in-site parallel workers' results",
         {"seconds"}),
     "client/parallel/replicas.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "in-site parallel workers' results",
         {"seconds"}),
     "client/policy/contents.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "Flower record contents the hospital's policy inspects",
         {"dtype", "name", "rows", "task"}),
     "client/policy/egress.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "the egress log's entries (protocol.egress_log)",
         {"at"}),
     "client/policy/enforce.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "the hospital's policy decisions and the records they inspect",
         {"dp", "epsilon", "labels", "metrics", "reason", "recipe", "round", "run", "site",
          "task"}),
     "client/secure/agent.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "Flower records of secure aggregation",
         {"metrics", "site"}),
     "client/secure/secagg.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "SecAgg+ stage state (Flower's protocol)",
         {"round"}),
     "client/site.py": Allowance(
         "a recipe's settings (JSON)",
         {"penalizer"}),
     "client/survival/app.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "Flower records of the survival instructions",
         {"at_risk", "events", "name", "schema", "survival", "time"}),
     "client/survival/recipe.py": Allowance(
         "a survival recipe's metric names",
         {"auc"}),
     "client/survival/summary.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "Flower records of the survival summary",
         {"name", "rows", "schema"}),
     "client/vertical/model.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "torch optimizer state keys",
         {"step"}),
     "client/vertical/site.py": Allowance(
-        "Flower records, the hospital's node config and its own files",
+        "Flower records of vertical messages",
         {"lr", "rows", "shared", "site"}),
     "orchestration/app_launcher.py": Allowance(
         "a Flower app's pyproject metadata",
@@ -178,39 +175,35 @@ ALLOWED: dict[str, Allowance] = {
     "orchestration/app_trust.py": Allowance(
         "the trusted Flower apps by task name",
         {"survival"}),
-    "orchestration/comparison.py": Allowance(
-        "comparison.json, compare-strategies' own document (read from RunSummary)",
-        {"attack", "centralized", "dataset", "hostile_sites", "metric", "partition", "per_round",
-         "rounds", "sites", "strategy", "strategy_params"}),
     "orchestration/datasets.py": Allowance(
         "RunConfig keyword names of a bundled dataset",
         {"penalizer", "task"}),
     "orchestration/experiment.py": Allowance(
-        "the task kind's name in the run config",
+        "the run settings' keyword names",
         {"site_names", "task"}),
     "orchestration/fingerprint.py": Allowance(
         "a data fingerprint's JSON (rows, columns per site)",
         {"columns", "rows"}),
     "orchestration/local_federation.py": Allowance(
-        "a local process record's JSON",
+        "a local process's event record",
         {"at"}),
     "orchestration/plots.py": Allowance(
-        "vertical fill names (plot labels)",
+        "pipeline phase names (plot colours)",
         {"fill"}),
     "orchestration/privacy_audit.py": Allowance(
         "metric names of a recipe",
         {"accuracy"}),
     "orchestration/survival/run.py": Allowance(
-        "SurvivalRun keyword names",
+        "SurvivalRun's field names",
         {"site_names"}),
     "orchestration/up.py": Allowance(
         "a data fingerprint's JSON (rows, columns per site)",
         {"columns", "rows"}),
     "orchestration/vertical/experiment.py": Allowance(
-        "vertical fill names and VerticalConfig keyword names",
+        "FusionParams' field names",
         {"fill"}),
     "orchestration/vertical/local.py": Allowance(
-        "vertical fill names and VerticalConfig keyword names",
+        "FusionParams' field names",
         {"fill"}),
     "orchestration/vertical/predict.py": Allowance(
         "metric names of a recipe",
@@ -241,7 +234,8 @@ ALLOWED: dict[str, Allowance] = {
         {"concordance"}),
     "protocol/survival_summary.py": Allowance(
         "survival summary stages and global.baseline.json (Baseline)",
-        {"baseline", "concordance", "events", "min_count", "rows", "time"}),
+        {"baseline", "concordance", "events", "hospitals", "min_count", "model", "model_id",
+         "rows", "secure_aggregation", "shared", "time"}),
     "protocol/tasks.py": Allowance(
         "a task kind's metric and client-phase names",
         {"accuracy", "survival"}),
@@ -252,47 +246,47 @@ ALLOWED: dict[str, Allowance] = {
         "HDF5 attributes of a weights file",
         {"model", "num_examples", "round", "schema", "site"}),
     "server/admin/app.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "the admin API's error JSON",
         {"error", "reason"}),
     "server/admin/audit.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "an admin audit-log entry as JSON",
         {"at"}),
     "server/admin/inspection.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "a refusal's JSON (admin API)",
         {"reason"}),
     "server/admin/keras_layouts.py": Allowance(
         "Keras model.json layout keys",
         {"kind", "name"}),
     "server/admin/limits.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "ASGI messages and the admin API's error JSON",
         {"error", "reason", "status"}),
     "server/admin/routes/health.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "the admin API's JSON (health, rounds)",
         {"model", "schema", "status"}),
     "server/admin/routes/rounds.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "FastAPI's response declarations",
         {"model", "num_examples", "schema"}),
     "server/admin/services/downloads.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "a Keras layout's kind",
         {"kind"}),
     "server/admin/services/isolation.py": Allowance(
-        "a hospital's view of a REST round (admin API JSON)",
+        "a hospital's view of a REST round (the report keys it may see); words of an error",
         {"late", "sites"}),
     "server/admin/services/rounds.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "a Keras layout's kind",
         {"kind"}),
     "server/admin/store.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "SQL column descriptions",
         {"name"}),
     "server/admin/ui/curves.py": Allowance(
         "Flower run-config keys",
         {"dp"}),
     "server/admin/ui/pages.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
+        "the web view's template context",
         {"status"}),
     "server/admin/ui/routes.py": Allowance(
-        "admin API JSON, its store's rows and the web view's template context",
-        {"error", "events", "metric", "privacy", "round", "rounds", "run"}),
+        "the web view's template context",
+        {"error", "events", "metric", "privacy", "round", "rounds", "run", "runs"}),
     "server/admin/ui/runs.py": Allowance(
         "Flower run-config keys and analysis names",
         {"km", "strategy"}),
@@ -300,23 +294,22 @@ ALLOWED: dict[str, Allowance] = {
         "Flower run-config keys and a data fingerprint's JSON",
         {"keep", "rounds", "rows"}),
     "server/secure/merge.py": Allowance(
-        "Flower records of secure aggregation and a rule's free-form report details",
+        "Flower records of secure aggregation and its report details",
         {"hospitals", "metrics", "secure", "secure_aggregation", "site"}),
     "server/secure/secagg.py": Allowance(
-        "Flower records of secure aggregation and a rule's free-form report details",
+        "SecAgg+ stage instructions (Flower's protocol)",
         {"round"}),
     "server/survival/app.py": Allowance(
-        "survival instruction keys, a rule's report details and global.baseline.json",
+        "survival instruction keys",
         {"name", "schema"}),
     "server/survival/exact.py": Allowance(
-        "survival instruction keys, a rule's report details and global.baseline.json",
+        "survival instruction keys, the Newton rule's report details and metrics",
         {"concordance", "log_likelihood", "penalizer", "schema"}),
     "server/survival/summary.py": Allowance(
-        "survival instruction keys, a rule's report details and global.baseline.json",
-        {"baseline", "hospitals", "model", "model_id", "rows", "schema", "secure_aggregation",
-         "shared"}),
+        "survival summary instruction keys",
+        {"baseline", "rows", "schema"}),
     "server/vertical/coordinator.py": Allowance(
-        "Flower records of vertical messages",
+        "Flower records of vertical messages and metric names",
         {"lr", "rows", "shared", "site"}),
 }
 

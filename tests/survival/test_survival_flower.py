@@ -11,7 +11,7 @@ import pytest
 from fedsplit.cli.app import app
 from fedsplit.client.survival.tcga import load_tcga_brca
 from fedsplit.orchestration.survival.run import run_survival
-from fedsplit.protocol.record.survival import CoxDocument
+from fedsplit.protocol.record.survival import CoxDocument, KMDocument
 from fedsplit.protocol.survival import SurvivalDataError, SurvivalRun
 from lifelines import CoxPHFitter, KaplanMeierFitter
 from typer.testing import CliRunner
@@ -51,7 +51,7 @@ def test_bad_tables_are_refused_before_flower_with_counts(tmp_path):
     bad.to_csv(tmp_path / "hosp1.csv", index=False)
     run = SurvivalRun(mode="cox", time="days", event="died", out_dir="", id_column="pid")
     with pytest.raises(SurvivalDataError) as err:
-        run_survival(run, dataset=None, site_files=paths, out=tmp_path / "out")
+        run_survival(run, CoxDocument, dataset=None, site_files=paths, out=tmp_path / "out")
     text = str(err.value)
     assert "hosp1: event column 'died' holds ['maybe'] in 3 row(s)" in text
     assert "hosp1: time column 'days' holds text in 1 row(s) (e.g. ['unknown'])" in text
@@ -80,7 +80,7 @@ def test_secure_cox_on_site_tables_equals_lifelines(tmp_path):
     paths, frames = write_sites(tmp_path)
     run = SurvivalRun(mode="cox", time="days", event="died", out_dir="", id_column="pid",
                       penalizer=0.05, secure_aggregation="on")
-    doc = run_survival(run, dataset=None, site_files=paths, out=tmp_path / "out")
+    doc = run_survival(run, CoxDocument, dataset=None, site_files=paths, out=tmp_path / "out")
     ref = CoxPHFitter(penalizer=0.05).fit(pooled_encoded(frames), "T", "E", strata=["h"],
                                           fit_options=TIGHT)
     cov = doc.covariates
@@ -124,7 +124,7 @@ def test_secure_km_on_site_tables_equals_lifelines(tmp_path):
     paths, frames = write_sites(tmp_path, seed=3)
     run = SurvivalRun(mode="km", time="days", event="died", out_dir="", min_count=1,
                       secure_aggregation="on")
-    doc = run_survival(run, dataset=None, site_files=paths, out=tmp_path / "out")
+    doc = run_survival(run, KMDocument, dataset=None, site_files=paths, out=tmp_path / "out")
     pooled = pooled_encoded(frames)
     curve = doc.curve
     assert_km_is_lifelines(pooled["T"], pooled["E"] == 1, curve.time, curve.survival,
