@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
+from fedsplit.protocol import tasks
 
 # --- how a hospital reads its table (every command that reads data) --------------------------
 Target = Annotated[str, typer.Option(help="Target column of the hospitals' tables.")]
@@ -44,8 +45,10 @@ MinCategoryCount = Annotated[int, typer.Option(
     min=1, help="A text category or class label held by fewer rows at a hospital is withheld "
                 "from its column report.")]
 # --- the model ---------------------------------------------------------------------------------
-Task = Annotated[str, typer.Option(help="auto, classification, regression or survival (with "
-                                        "--time and --event; docs/survival.md).")]
+Task = Annotated[str, typer.Option(help=f"auto, or a task kind: {', '.join(tasks.BUILTIN)} "
+                                        "(survival with --time and --event; docs/survival.md) "
+                                        "or one a package registers (docs/architecture.md, "
+                                        "'Task kinds').")]
 Hidden = Annotated[str | None, typer.Option(
     help="MLP hidden widths, e.g. 64-32 (the default), or none (logistic or linear regression; "
          "for survival the linear Cox model, its default).")]

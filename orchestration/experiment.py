@@ -96,6 +96,7 @@ from fedsplit.protocol.record.summary import (
 )
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
+from fedsplit.protocol.tasks import CENTRALIZED, LOCAL, task_kind
 from fedsplit.protocol.update import arrays_to_state_dict
 from fedsplit.protocol.weights import read_schema
 from fedsplit.server.compose import check_composition
@@ -666,11 +667,13 @@ def run_experiment(
             done.site = site
         return done
 
+    wanted = task_kind(final.spec.task).baselines  # the task kind's (`protocol.tasks`)
     centralized = baseline("the centralized baseline", _concat(list(trains.values())),
-                           list(vals.values()), central_steps)
+                           list(vals.values()), central_steps) if CENTRALIZED in wanted else None
     local_only = [entry for (name, train), steps in zip(trains.items(), site_steps, strict=True)
-                  if (entry := baseline(f"hospital {name} alone (baseline)", train, [vals[name]],
-                                        steps, site=name)) is not None]
+                  if LOCAL in wanted and (entry := baseline(
+                      f"hospital {name} alone (baseline)", train, [vals[name]], steps,
+                      site=name)) is not None]
     # rows behind the kept model: excluded (e.g. hostile) sites do not count
     kept = history.round(history.selection.rounds_kept or 0) if history.selection else None
     fed_examples = (kept.aggregation.num_examples if kept is not None and kept.aggregation

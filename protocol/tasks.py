@@ -8,7 +8,7 @@ A `TaskKind` declares, in one place:
 - ``scores``: how the built-in models compute those metrics from truth and prediction (a kind
   whose recipe computes its own, as the Cox recipe does, leaves it empty);
 - ``labels``: how a hospital's target column is read and encoded (`LabelEncoding`);
-- ``baselines``: the models a ``simulate`` run compares the federated one with;
+- ``baselines``: the models a ``simulate`` run compares the federated one with (`BASELINES`);
 - ``plots``: what a ``simulate`` run draws after its rounds (``module:function`` entries called
   with the federation's folder; each returns the run-summary fields it fills);
 - ``server_phases``: ``module:function`` entries the general coordinator runs
@@ -49,6 +49,11 @@ ENTRY_POINT_GROUP = "fedsplit.tasks"
 AUTO = "auto"
 
 Score = Callable[[np.ndarray, np.ndarray], float]
+#: The baselines a ``simulate`` run can train beside the federation: the pooled rows, and each
+#: hospital's rows alone (same model, same optimizer steps).
+CENTRALIZED = "centralized"
+LOCAL = "local"
+BASELINES = (CENTRALIZED, LOCAL)
 
 
 class LabelEncoding(StrEnum):
@@ -92,7 +97,7 @@ class TaskKind:
     metrics: tuple[str, ...]
     selection: str
     scores: Mapping[str, Score] = field(default_factory=dict)
-    baselines: tuple[str, ...] = ("centralized", "local")
+    baselines: tuple[str, ...] = BASELINES
     plots: tuple[str, ...] = ()
     server_phases: Mapping[str, str] = field(default_factory=dict)
     client_phases: Mapping[str, str] = field(default_factory=dict)
@@ -111,6 +116,9 @@ class TaskKind:
         if unknown := sorted(set(self.scores) - set(self.metrics)):
             raise ConfigError(f"Task kind {self.name} scores metrics it does not declare: "
                               f"{unknown}; add them to metrics={self.metrics}")
+        if unknown := sorted(set(self.baselines) - set(BASELINES)):
+            raise ConfigError(f"Task kind {self.name}'s baselines are some of {BASELINES}. "
+                              f"Received: {unknown}")
         if self.server_phases.keys() - SERVER_PHASES:
             raise ConfigError(f"Task kind {self.name}'s server phases are {sorted(SERVER_PHASES)}. "
                               f"Received: {sorted(self.server_phases)}")

@@ -14,22 +14,31 @@ from dataclasses import dataclass
 from fedsplit.protocol.horizontal_wire import TRAIN_LOSS
 from fedsplit.protocol.recipe import model_selection
 from fedsplit.protocol.record.privacy import SummaryPrivacy
+from fedsplit.protocol.tasks import task_kind, task_names
 from fedsplit.server.admin.ui.baselines import metric_label
 from fedsplit.server.admin.ui.charts import Chart, Series, line_chart, survival_chart
 from fedsplit.server.admin.ui.runs import FlowerRun
 
-PREFERRED = ("accuracy", "r2", "c_index", "auc", "rmse", "loss")
+
+def preferred_metrics() -> tuple[str, ...]:
+    """The metrics a run without a known selection metric is judged by, in order: every task
+    kind's selection metric (`protocol.tasks`: accuracy, r2, c_index, ...), then their other
+    metrics, then the loss."""
+    kinds = [task_kind(name) for name in task_names()]
+    return tuple(dict.fromkeys([k.selection for k in kinds] + [m for k in kinds for m in k.metrics]
+                               + ["loss"]))
 
 
 def primary_metric(run: FlowerRun) -> str | None:
-    """The metric the run is judged by: a recipe model's own selection metric (its model id
-    names it, `protocol.recipe`), else accuracy, else r2, ..., else the first one recorded."""
+    """The metric the run is judged by: its model's selection metric (its model id names it,
+    `protocol.recipe`: a recipe's own, else its task kind's), else the first recorded of
+    `preferred_metrics`, else the first one recorded."""
     keys: set[str] = set()
     for rnd in run.rounds:
         keys |= set(rnd.metrics) | set(rnd.test_metrics)
     if (selection := model_selection(run.model_id)) in keys:
         return selection
-    return next((k for k in PREFERRED if k in keys), min(keys) if keys else None)
+    return next((k for k in preferred_metrics() if k in keys), min(keys) if keys else None)
 
 
 def epsilon_budget(run: FlowerRun, privacy: SummaryPrivacy | None = None) -> float | None:
