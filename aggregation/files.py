@@ -62,6 +62,7 @@ def aggregate_files(
     *,
     report_path: PathLike | None = None,
     labels: Sequence[str] | None = None,
+    counts: Sequence[int] | None = None,
     expected: Sequence[ArraySpec] | None = None,
     reference: PathLike | None = None,
     cohort_caps: Mapping[str, int] | None = None,
@@ -88,6 +89,9 @@ def aggregate_files(
     labels : one str per input, optional
         Site label of each input in the report when its file names no site. Default: the file
         name's stem. Inputs that end up with the same label get their file name added.
+    counts : one int per input, optional
+        Sample count of each input, instead of the file's own ``num_examples`` (the admin API
+        stores an upload as sent and records its count apart).
     expected, reference : the round's model, optional (at most one)
         Its layout as specs, or a weight file holding it. Default: the layout shared by more
         than half the inputs (a minority layout is excluded and reported).
@@ -100,6 +104,11 @@ def aggregate_files(
     if labels is not None and len(labels) != len(paths):
         raise AggregationError(
             f"aggregate_files takes one label per input file. Received: {len(labels)} labels "
+            f"for {len(paths)} files"
+        )
+    if counts is not None and len(counts) != len(paths):
+        raise AggregationError(
+            f"aggregate_files takes one count per input file. Received: {len(counts)} counts "
             f"for {len(paths)} files"
         )
     if expected is not None and reference is not None:
@@ -123,6 +132,8 @@ def aggregate_files(
             )
             for k, path in enumerate(paths)
         ]
+        for f, count in zip(files, counts or (), strict=False):
+            f.recount(count)
         # Files that carry the same site name (e.g. several rounds' global.h5) get their file
         # name added, so the report's rows can be told apart.
         seen = [f.header.label for f in files]

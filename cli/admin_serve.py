@@ -13,7 +13,7 @@ def serve(
     data_dir: Annotated[Path, typer.Option(help="Database and stored files live here.")],
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
-    max_upload_mb: Annotated[float, typer.Option(help="Largest accepted weight file, MiB.")] = 512.0,
+    max_upload_mb: Annotated[float, typer.Option(help="Largest accepted weight file, MiB.")] = 1088.0,
     database_url: DatabaseUrl = None,
     runs: Annotated[
         list[Path] | None,
@@ -44,10 +44,10 @@ def serve(
     max_model_mb: Annotated[
         float, typer.Option(help="Largest model (decompressed) a round's first upload or template may "
                             "declare, MiB; later uploads: the round's model.")
-    ] = 128.0,
+    ] = 1024.0,
     site_quota_mb: Annotated[
         float, typer.Option(help="Bytes one hospital may hold in open rounds, MiB.")
-    ] = 2048.0,
+    ] = 4096.0,
     site_concurrent_uploads: Annotated[
         int, typer.Option(min=1, help="Uploads one hospital may have in progress at once.")
     ] = 2,

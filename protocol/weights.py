@@ -170,6 +170,12 @@ class WeightFile:
         """Name this update ``site`` in reports (the file itself is not changed)."""
         self._header = dataclasses.replace(self._header, site=site)
 
+    def recount(self, num_examples: int) -> None:
+        """Weight this update by ``num_examples`` (checked >= 1) instead of the file's own count
+        (the file itself is not changed): the admin API's count recorded at upload."""
+        count = check_num_examples(num_examples, where=self._where)
+        self._header = dataclasses.replace(self._header, num_examples=count)
+
     def dataset(self, name: str) -> h5py.Dataset:
         """Return the validated HDF5 dataset of parameter ``name`` (for block-wise reads)."""
         if name not in self._header.names:

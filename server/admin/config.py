@@ -28,15 +28,15 @@ class AdminSettings(BaseModel):
         names). At least 16 characters; placeholders such as "changethis" are refused.
     database_url : str | None (default: None)
         SQLAlchemy URL of the metadata store; None means ``sqlite:///DATA_DIR/fedsplit-admin.db``.
-    max_upload_mb : float (default: 512)
+    max_upload_mb : float (default: 1088)
         Largest accepted weight file, enforced while the body streams in (HTTP 413 past it).
-    max_model_mb : float (default: 128)
+    max_model_mb : float (default: 1024)
         Largest model, decompressed, a round's first upload (or template) may declare; later
         uploads may declare no more than the round's model. Checked from the shapes before any
         value is read (a gzip file is small; its values need not be).
-    site_quota_mb : float (default: 2048)
-        Bytes one hospital may hold in rounds still open (its uploads' original and canonical
-        files); an upload past it is refused (``quota``).
+    site_quota_mb : float (default: 4096)
+        Bytes one hospital may hold in rounds still open (its uploads' files, one per upload);
+        an upload past it is refused (``quota``).
     site_concurrent_uploads : int (default: 2)
         Uploads one hospital may have in progress at once; more get 429 before their body is read.
     site_requests_per_minute : int (default: 600)
@@ -80,9 +80,9 @@ class AdminSettings(BaseModel):
     data_dir: Path
     admin_token: SecretStr
     database_url: str | None = None
-    max_upload_mb: float = Field(default=512.0, gt=0)
-    max_model_mb: float = Field(default=128.0, gt=0)
-    site_quota_mb: float = Field(default=2048.0, gt=0)
+    max_upload_mb: float = Field(default=1088.0, gt=0)  # a 1 GiB model's file (issue 43)
+    max_model_mb: float = Field(default=1024.0, gt=0)
+    site_quota_mb: float = Field(default=4096.0, gt=0)
     site_concurrent_uploads: int = Field(default=2, ge=1)
     site_requests_per_minute: int = Field(default=600, ge=1)
     parse_timeout_s: float = Field(default=120.0, gt=0)

@@ -7,6 +7,7 @@
         ├── NotFoundError              HTTP 404  no such round, model or start model
         ├── ConflictError              HTTP 409  the round's state forbids it (aggregated, deadline)
         ├── UploadTooLargeError        HTTP 413  body over the size limit (checked while streaming)
+        ├── InsufficientStorageError   HTTP 507  no room on the server's disk for the upload
         ├── TooManyRequestsError       HTTP 429  sign-in failures from this address: wait Retry-After
         └── UploadRefusedError         HTTP 422  the file or its count is refused; `reason` names why
 
@@ -52,6 +53,10 @@ class UploadTooLargeError(AdminError):
     """The upload is larger than the server's limit."""
 
 
+class InsufficientStorageError(AdminError):
+    """The server's files directory has no room for the upload (checked before its body is read)."""
+
+
 class UploadRefusedError(AdminError):
     """An uploaded weight file or its sample count was refused; nothing was stored.
 
@@ -79,6 +84,7 @@ STATUS_OF: dict[type[FedsplitError], int] = {
     NotFoundError: 404,
     ConflictError: 409,
     UploadTooLargeError: 413,
+    InsufficientStorageError: 507,
     TooManyRequestsError: 429,
     UploadRefusedError: 422,
     WeightFileError: 422,

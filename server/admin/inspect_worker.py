@@ -5,9 +5,12 @@ at all, reason ``sandbox_limits``, when any limit cannot be set), empties HDF5's
 path, checks the file's structure (`protocol.keras_layout.open_upload`, which walks it with
 `protocol.h5safety`) before reading any value, compares names, shapes and dtypes with the
 round's model (`protocol.arrays.layout_difference`), reads and checks every value (finite
-floats), and writes a canonical fedsplit weight file with the protocol's writer. The
-coordinator only ever opens files this canonical writer produced. The answer is a typed
-`server.admin.inspection.InspectResult`, written as JSON for the parent.
+floats). A file in fedsplit's own layout is checked where it lies, block by block (at most
+`CHECK_BLOCK_VALUES` values in memory at a time), and stored as it was sent: no second copy on
+disk, whatever the model's size. A Keras file is rewritten as a canonical fedsplit weight file
+with the protocol's writer (its values in memory once). The coordinator opens only files this
+sandbox has read to the last value with the same reader (`protocol.weights.open_weights`). The
+answer is a typed `server.admin.inspection.InspectResult`, written as JSON for the parent.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import resource
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+from fedsplit.aggregation._blocks import plan_blocks
 from fedsplit.protocol import h5safety
-from fedsplit.protocol.arrays import ArraySpec, layout_difference
+from fedsplit.protocol.arrays import ArraySpec, check_array, layout_difference
 from fedsplit.protocol.errors import FedsplitError, UpdateError, WeightFileError
 from fedsplit.protocol.keras_layout import FEDSPLIT, open_upload
 from fedsplit.protocol.update import Update
-from fedsplit.protocol.weights import open_weights, write_weights
+from fedsplit.protocol.weights import WeightFile, open_weights, write_weights
 from fedsplit.server.admin.errors import UploadRefusedError
 from fedsplit.server.admin.inspection import InspectRequest, InspectResult, Parsed, Refused, result_to_json
 
@@ -35,6 +40,8 @@ MISMATCH_HINT = (
 
 #: No hospital cohort is larger; a bigger count is a bug or an attempt to dominate the average.
 MAX_NUM_EXAMPLES = 10**9
+#: Values read at a time when a fedsplit-layout upload is checked in place (32 MiB of float64).
+CHECK_BLOCK_VALUES = 4 * 1024 * 1024
 
 
 class SandboxLimitsError(Exception):
@@ -88,7 +95,8 @@ def _inspect_safely(source: Path, dest: Path, request: InspectRequest) -> Inspec
 
 
 def inspect(source: Path, dest: Path, request: InspectRequest) -> Parsed:
-    """Validate ``source`` and write its canonical fedsplit copy to ``dest``."""
+    """Validate ``source``; write its canonical fedsplit copy to ``dest`` only when it is a Keras
+    file (``Parsed.rewritten``): a fedsplit-layout file is checked in place and kept as sent."""
     h5safety.disable_plugins()
     with open(source, "rb") as fh:
         keras = open_upload(fh, max_depth=request.max_depth, max_elements=request.max_elements,
@@ -99,6 +107,8 @@ def inspect(source: Path, dest: Path, request: InspectRequest) -> Parsed:
                 check_declared_size(request, keras.specs)
                 count, count_source = _resolve_count(request, 0)
                 arrays = {spec.name: keras.array(spec.name) for spec in keras.specs}
+            write_weights(Update(arrays=arrays, num_examples=count, site=request.site,
+                                 round=request.round, model=None), dest)
             specs, layout, descriptor = keras.specs, keras.kind, keras.layout
             file_count, file_site, model = 0, None, None
         else:
@@ -111,12 +121,8 @@ def inspect(source: Path, dest: Path, request: InspectRequest) -> Parsed:
                 check_declared_size(request, header.specs)
                 file_count, file_site, model = header.num_examples, header.site, header.model
                 count, count_source = _resolve_count(request, file_count)
-                arrays = {name: wf.array(name) for name in header.names}
+                check_values(wf)
             specs, layout, descriptor = header.specs, FEDSPLIT, None
-    update = Update(
-        arrays=arrays, num_examples=count, site=request.site, round=request.round, model=model
-    )
-    write_weights(update, dest)
     return Parsed(
         layout=layout,
         specs=tuple(specs),
@@ -126,7 +132,30 @@ def inspect(source: Path, dest: Path, request: InspectRequest) -> Parsed:
         file_site=file_site,
         model=model,
         keras_layout=descriptor,
+        rewritten=keras is not None,
     )
+
+
+def check_values(wf: WeightFile, block_values: int = CHECK_BLOCK_VALUES) -> None:
+    """Read every value of ``wf`` (finite floats, readable chunks), at most ``block_values`` at a
+    time: the check's memory is one block, whatever the model's size. A refusal names the
+    parameter and the non-finite values of the first block holding any."""
+    specs = wf.header.specs
+    buffers: dict[np.dtype, np.ndarray] = {}
+    for block in plan_blocks(specs, block_values):
+        spec = wf.spec(block.name)
+        dtype = np.dtype(spec.dtype).newbyteorder("=")
+        if dtype not in buffers:
+            buffers[dtype] = np.empty(min(block_values, max(s.size for s in specs)), dtype)
+        out = buffers[dtype][: block.size]
+        if block.selection == ():
+            wf.read_into(block.name, out)
+        else:
+            wf.read_into(block.name, out, start=block.hyperslab_start, count=block.hyperslab_count)
+        try:  # check_array's own refusal; for a parameter cut in blocks it counts one block
+            check_array(block.name, out, where=wf.where)
+        except UpdateError as e:
+            raise WeightFileError(str(e), reason=e.reason) from e
 
 
 def check_declared_size(request: InspectRequest, specs: Sequence[ArraySpec]) -> None:

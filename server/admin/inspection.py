@@ -57,7 +57,7 @@ class InspectRequest:
 
 @dataclass(frozen=True)
 class Parsed:
-    """An accepted upload: what the sandbox read and wrote (its canonical copy is at ``dest``)."""
+    """An accepted upload: what the sandbox read and, for a Keras file, wrote (at ``dest``)."""
 
     layout: str  # "fedsplit", "keras3" or "keras-legacy"
     specs: tuple[ArraySpec, ...]
@@ -67,6 +67,9 @@ class Parsed:
     file_site: str | None  # the site the file names itself, if any
     model: str | None  # the file's model id, if any
     keras_layout: KerasLayout | None  # how to write the model back as Keras, for Keras uploads
+    #: True: a canonical copy was written at ``dest`` (a Keras file); False: the file was checked
+    #: where it lies and is stored as sent (fedsplit's own layout)
+    rewritten: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from fedsplit.server.admin.errors import UploadRefusedError, UploadTooLargeError
+from fedsplit.server.admin.errors import (
+    InsufficientStorageError,
+    UploadRefusedError,
+    UploadTooLargeError,
+)
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
@@ -25,6 +30,8 @@ _FORM_FIELD_MAX = 1024
 _MAX_FIELDS = 16
 # Multipart framing and small form fields ride on top of the file's bytes.
 BODY_OVERHEAD = 64 * 1024
+#: Free space an upload must leave on the files directory's disk (the database, the aggregate).
+DISK_RESERVE = 256 * 1024 * 1024
 
 
 @dataclass
@@ -57,6 +64,20 @@ def too_large(limit: int, received: str) -> UploadTooLargeError:
         f"({limit / 1024 / 1024:g} MiB). Upload the round's model only (no optimizer state), or "
         f"ask the coordinator to raise --max-upload-mb. Received: {received}"
     )
+
+
+def check_disk_space(folder: Path, needed: int, reserve: int = DISK_RESERVE) -> None:
+    """Refuse (HTTP 507) an upload of ``needed`` bytes that would leave less than ``reserve`` free
+    on ``folder``'s disk: checked before the body is read, so a full disk costs the sender a
+    refusal, not a transfer that fails at its end."""
+    free = shutil.disk_usage(folder).free
+    if needed + reserve > free:
+        raise InsufficientStorageError(
+            f"The server has {free} bytes free on its files disk, too few for an upload of "
+            f"{needed} bytes (it keeps {reserve} bytes free). Ask the coordinator to free space "
+            f"(aggregate or close finished rounds) or to move --data-dir to a larger disk, then "
+            f"send it again. Received: {needed} bytes"
+        )
 
 
 class _Collector:
@@ -188,6 +209,8 @@ async def receive_upload(request: Request, tmp_dir: Path, limit: int,
             "bad_request",
         )
     tmp_dir.mkdir(parents=True, exist_ok=True)
+    # the whole upload lands on this disk once (issue 43): room for its declared size, else the limit
+    check_disk_space(tmp_dir, int(declared) if declared is not None and declared.isdigit() else limit)
     collector = _Collector(tmp_dir, limit)
     callbacks = {
         name: getattr(collector, name)

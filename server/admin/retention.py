@@ -28,8 +28,9 @@ OPEN = "open"
 
 
 def upload_paths(files: FileStore, upload: Upload) -> list[Path]:
-    """The stored files of one upload (original bytes and canonical copy)."""
-    return [files.absolute(p) for p in (upload.original_file, upload.weights_file) if p]
+    """The stored files of one upload, each once: one file since issue 43 (the bytes sent, or a
+    Keras file's canonical copy); an older upload's original bytes and canonical copy."""
+    return [files.absolute(p) for p in dict.fromkeys((upload.original_file, upload.weights_file)) if p]
 
 
 def prune_files(files: FileStore, upload: Upload) -> None:

@@ -1,9 +1,12 @@
 """Where files live under ``DATA_DIR/files`` and how they get there (rename + directory fsync).
 
-    files/tmp/                       bodies being received and canonical copies being written
-    files/rounds/ID/uploads/N.upload the bytes a site sent (their sha256 is the receipt's)
-    files/rounds/ID/uploads/N.h5     canonical fedsplit copy written by the sandbox (aggregated)
-    files/rounds/ID/template.h5      the admin's template (canonical), if any
+    files/tmp/                       bodies being received (and Keras files' canonical copies)
+    files/rounds/ID/uploads/N.h5     the upload, aggregated: the bytes a site sent (their sha256
+                                     is the receipt's) when in fedsplit's layout, checked in place;
+                                     a Keras file's canonical fedsplit copy (the sandbox's)
+    files/rounds/ID/uploads/N.upload an upload stored before issue 43: the bytes sent (N.h5 then
+                                     is the canonical copy)
+    files/rounds/ID/template.h5      the admin's template (as N.h5), if any
     files/rounds/ID/model.h5         the aggregate; model.keras.h5 its Keras-layout copy
     files/rounds/ID/report.json      the aggregation report
 """

@@ -27,7 +27,7 @@ def test_reupload_replaces_and_keeps_history(client, site_token, data_dir, tmp_p
     assert [(u["id"], u["current"]) for u in body["history"]] == [(first["id"], False)]
     assert body["history"][0]["replaced_at"] is not None
     stored = data_dir / "files" / "rounds" / str(rnd["id"]) / "uploads"
-    assert sorted(p.name for p in stored.iterdir()) == ["2.h5", "2.upload"]
+    assert sorted(p.name for p in stored.iterdir()) == ["2.h5"]  # one file per upload (issue 43)
 
 
 def test_receipt_matches_the_bytes_sent(client, site_token, tmp_path):

@@ -54,7 +54,8 @@ def test_malformed_answer_is_a_parser_crash() -> None:
 
 
 def test_sandbox_answers_with_a_typed_result(sandbox: Sandbox, tmp_path: Path) -> None:
-    """A good file comes back as Parsed with ArraySpec specs and the canonical copy written."""
+    """A good file comes back as Parsed with ArraySpec specs; a fedsplit-layout file is checked
+    where it lies, with no copy written (issue 43: an upload costs its size once on disk)."""
     source = write_model(tmp_path / "a.h5", num_examples=7, model="mlp")
     dest = tmp_path / "canonical.h5"
     got = sandbox.inspect(source, dest, request())
@@ -63,7 +64,7 @@ def test_sandbox_answers_with_a_typed_result(sandbox: Sandbox, tmp_path: Path) -
     assert got.specs[0] == ArraySpec("layer.0.weight", (3, 4), np.dtype("float32"))
     assert (got.num_examples, got.count_source, got.model, got.layout) == (7, "file", "mlp",
                                                                           "fedsplit")
-    assert dest.is_file()
+    assert not got.rewritten and not dest.exists()
 
 
 def test_sandbox_that_cannot_set_its_limits_refuses_to_parse(

@@ -40,6 +40,7 @@ def aggregate_round(ctx: AdminContext, round_id: int) -> Round:
             folder / "model.h5",
             report_path=folder / "report.json",
             labels=[u.site.name for u in current],
+            counts=[u.num_examples for u in current],  # as recorded: the file is stored as sent
             expected=rnd.specs,
             cohort_caps={u.site.name: u.site.cohort_size for u in current if u.site.cohort_size},
             cap_policy="refuse",

@@ -1,11 +1,13 @@
 """Accept a site's weight file (or the admin's template) for a round: check, store, record.
 
 Order of events, so that a crash at any point leaves no visible partial upload and loses no
-acknowledged one: the body is streamed to ``files/tmp`` and fsynced; the sandbox parses it and
-writes a canonical copy (fsynced); inside the commit step the site is checked again (a site
-removed meanwhile stores nothing) with its quota, both files are renamed into the round's
-directory (directory fsynced); only then is the row committed, and only after the commit is the
-receipt sent. The upload it replaced keeps its row; its files are deleted after the commit.
+acknowledged one: the body is streamed to ``files/tmp`` (the files directory's own file system)
+and fsynced; the sandbox checks it where it lies (a Keras file: it writes a canonical copy,
+fsynced, and the bytes sent are dropped); inside the commit step the site is checked again (a
+site removed meanwhile stores nothing) with its quota, the one stored file is renamed into the
+round's directory (directory fsynced); only then is the row committed, and only after the commit
+is the receipt sent. The upload it replaced keeps its row; its file is deleted after the commit.
+An upload costs its own size on disk once (`stored_file`), not a second copy.
 """
 
 from __future__ import annotations
@@ -155,11 +157,20 @@ def _check_quota(ctx: AdminContext, session: Session, principal: Principal, new_
     if held + new_bytes > quota:
         raise UploadRefusedError(
             f"Site {principal.site_name!r} would hold {held + new_bytes} bytes in open rounds with "
-            f"this upload (its original and the server's canonical copy), more than the "
+            f"this upload, more than the "
             f"{quota} bytes one hospital may hold (--site-quota-mb). Ask the coordinator to "
             f"aggregate or close earlier rounds, or to raise the quota. Received: {new_bytes} bytes",
             "quota",
         )
+
+
+def stored_file(received: ReceivedUpload, canonical: Path, result: Parsed) -> Path:
+    """The one file an accepted upload keeps: the bytes sent (fedsplit layout, checked in place),
+    or the sandbox's canonical copy of a Keras file (the bytes sent are deleted now)."""
+    if result.rewritten:
+        received.path.unlink(missing_ok=True)
+        return canonical
+    return received.path
 
 
 def store_upload(
@@ -196,7 +207,8 @@ def store_upload(
                     Upload.round_id == round_id, Upload.site_id == principal.site_id, Upload.current
                 )
             )
-            _check_quota(ctx, session, principal, received.size + canonical.stat().st_size,
+            kept = stored_file(received, canonical, result)
+            _check_quota(ctx, session, principal, kept.stat().st_size,
                          previous.id if previous is not None else None)
             if previous is not None:
                 previous.current = False
@@ -219,13 +231,11 @@ def store_upload(
             )
             session.add(upload)
             session.flush()
-            folder = ctx.files.round_dir(round_id) / "uploads"
-            original, weights = folder / f"{upload.id}.upload", folder / f"{upload.id}.h5"
-            ctx.files.place(received.path, original)
-            placed.append(original)
-            ctx.files.place(canonical, weights)
+            weights = ctx.files.round_dir(round_id) / "uploads" / f"{upload.id}.h5"
+            ctx.files.place(kept, weights)
             placed.append(weights)
-            upload.original_file = ctx.files.relative(original)
+            # the bytes sent are what is aggregated (fedsplit layout), or are not kept (Keras)
+            upload.original_file = "" if result.rewritten else ctx.files.relative(weights)
             upload.weights_file = ctx.files.relative(weights)
             upload.site = site
             session.commit()
@@ -271,10 +281,9 @@ def store_template(ctx: AdminContext, *, round_id: int, received: ReceivedUpload
                     f"was being checked. Create a new round. Received: model_source {rnd.model_source!r}"
                 )
             _fix_model(rnd, result, "template")
-            folder = ctx.files.round_dir(round_id)
-            ctx.files.place(received.path, folder / "template.upload")
-            ctx.files.place(canonical, folder / "template.h5")
-            rnd.template_file = ctx.files.relative(folder / "template.h5")
+            template = ctx.files.round_dir(round_id) / "template.h5"
+            ctx.files.place(stored_file(received, canonical, result), template)
+            rnd.template_file = ctx.files.relative(template)
             session.commit()
             session.refresh(rnd)
             _ = rnd.uploads
