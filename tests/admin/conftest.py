@@ -44,15 +44,6 @@ def app_clients(sandbox: Sandbox, *, base_url: str = "http://testserver",
         yield make
 
 
-def site_tokens(data_dir: Path) -> Callable[..., str]:
-    """Registers a site in the store over ``data_dir`` (the one the CLI uses), returns its token."""
-
-    def make(name: str, cohort_size: int | None = None) -> str:
-        return add_site(data_dir=data_dir, name=name, cohort_size=cohort_size)
-
-    return make
-
-
 @pytest.fixture
 def make_client(data_dir: Path, sandbox: Sandbox) -> Iterator[Callable[..., TestClient]]:
     """Factory of TestClients over one data directory (settings overridable)."""
@@ -69,7 +60,11 @@ def client(make_client: Callable[..., TestClient]) -> TestClient:
 @pytest.fixture
 def site_token(data_dir: Path) -> Callable[..., str]:
     """Register a site (through the same store the CLI uses) and return its token."""
-    return site_tokens(data_dir)
+
+    def make(name: str, cohort_size: int | None = None) -> str:
+        return add_site(data_dir=data_dir, name=name, cohort_size=cohort_size)
+
+    return make
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -9,7 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from fedsplit.server.admin.sandbox import Sandbox
 
-from tests.admin.conftest import app_clients, site_tokens
+# the admin tests' client and site_token fixtures, over this folder's make_client and data_dir
+from tests.admin.conftest import app_clients, client, site_token  # noqa: F401
 from tests.ui.browser import browser_missing
 
 
@@ -22,32 +23,27 @@ def runs_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ui_app(tmp_path: Path, runs_dir: Path, sandbox: Sandbox) -> Iterator[Callable[..., TestClient]]:
-    """Factory of TestClients over one data directory with the web view's ``--runs`` set."""
-    with app_clients(sandbox, base_url="http://127.0.0.1:8080", data_dir=tmp_path / "admin",
+def data_dir(tmp_path: Path) -> Path:
+    """The web view's admin API data directory."""
+    return tmp_path / "admin"
+
+
+@pytest.fixture
+def make_client(data_dir: Path, runs_dir: Path, sandbox: Sandbox) -> Iterator[Callable[..., TestClient]]:
+    """Factory of TestClients over one data directory with the web view's ``--runs`` set (the
+    admin tests' ``client`` and ``site_token`` fixtures use it here)."""
+    with app_clients(sandbox, base_url="http://127.0.0.1:8080", data_dir=data_dir,
                      runs=(runs_dir,)) as make:
         yield make
 
 
-@pytest.fixture
-def client(ui_app: Callable[..., TestClient]) -> TestClient:
-    """An anonymous browser-like client."""
-    return ui_app()
-
-
-@pytest.fixture
-def site_token(tmp_path: Path) -> Callable[..., str]:
-    """Register a site in the app's store and return its token."""
-    return site_tokens(tmp_path / "admin")
-
-
-def sign_in(client: TestClient, token: str) -> TestClient:
-    """Post the sign-in form as the browser would (same origin)."""
-    response = client.post("/ui/login", data={"token": token}, follow_redirects=False,
+def sign_in(anonymous: TestClient, token: str) -> TestClient:
+    """Post the sign-in form as the browser would (same origin); the client, now signed in."""
+    response = anonymous.post("/ui/login", data={"token": token}, follow_redirects=False,
                            headers={"Origin": "http://127.0.0.1:8080", "Sec-Fetch-Site": "same-origin"})
     assert response.status_code == 303, response.text
     assert response.headers["location"] == "/ui"
-    return client
+    return anonymous
 
 
 @pytest.fixture(scope="module")

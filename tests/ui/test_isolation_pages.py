@@ -14,7 +14,7 @@ from tests.ui.conftest import sign_in
 
 
 def test_hospital_pages_show_nothing_of_other_hospitals(
-    client: TestClient, ui_app: Callable[..., TestClient], site_token: Callable[..., str], tmp_path: Path
+    client: TestClient, make_client: Callable[..., TestClient], site_token: Callable[..., str], tmp_path: Path
 ) -> None:
     a, b = site_token("hospital-a"), site_token("hospital-b")
     shared, lone = create_round(client), create_round(client)
@@ -28,7 +28,7 @@ def test_hospital_pages_show_nothing_of_other_hospitals(
     assert post_file(client, lone["id"], a, write_model(tmp_path / "alpha-lone.h5", 2.0)).status_code == 201
     for rnd in (shared, lone):
         assert client.post(f"/api/v1/rounds/{rnd['id']}/aggregate", headers=ADMIN).status_code == 200
-    hospital = sign_in(ui_app(), b)
+    hospital = sign_in(make_client(), b)
     pages = ["/ui", "/ui/uploads", f"/ui/rounds/{shared['id']}", f"/ui/rounds/{lone['id']}"]
     for page in pages:
         html = hospital.get(page).text
@@ -38,6 +38,6 @@ def test_hospital_pages_show_nothing_of_other_hospitals(
     assert f'href="/ui/rounds/{lone["id"]}/model"' not in hospital.get(f"/ui/rounds/{lone['id']}").text
     assert hospital.get(f"/ui/rounds/{lone['id']}/model").status_code == 403
     assert hospital.get(f"/ui/rounds/{shared['id']}/model").status_code == 200
-    admin = sign_in(ui_app(), ADMIN_TOKEN)
+    admin = sign_in(make_client(), ADMIN_TOKEN)
     assert "hospital-a" in admin.get(f"/ui/rounds/{shared['id']}").text
     assert admin.get(f"/ui/rounds/{lone['id']}/model").status_code == 200

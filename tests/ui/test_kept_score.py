@@ -50,13 +50,13 @@ def _run_page(client: TestClient, overview: str, folder: str) -> str:
     return client.get(f"/ui/runs/{run_id}").text
 
 
-def test_the_run_list_shows_the_kept_rounds_score(ui_app: Callable[..., TestClient],
+def test_the_run_list_shows_the_kept_rounds_score(make_client: Callable[..., TestClient],
                                                   runs_dir: Path) -> None:
     """Finished, keeping round 2 of 3: the list shows round 2's 0.933 and names the round, not
     the last round's 0.722; the run page names the kept round, its rule and score, and tags its
     row in the rounds table."""
     _write_run(runs_dir / "kept", status="finished", kept=2)
-    client = sign_in(ui_app(), ADMIN_TOKEN)
+    client = sign_in(make_client(), ADMIN_TOKEN)
     overview = client.get("/ui").text
     assert "Score (kept round)" in overview
     row = _row(overview, "kept")
@@ -69,21 +69,21 @@ def test_the_run_list_shows_the_kept_rounds_score(ui_app: Callable[..., TestClie
     assert tagged == ["2"]
 
 
-def test_a_running_run_shows_the_round_kept_so_far(ui_app: Callable[..., TestClient],
+def test_a_running_run_shows_the_round_kept_so_far(make_client: Callable[..., TestClient],
                                                    runs_dir: Path) -> None:
     _write_run(runs_dir / "live", status="running", kept=1)
-    client = sign_in(ui_app(), ADMIN_TOKEN)
+    client = sign_in(make_client(), ADMIN_TOKEN)
     overview = client.get("/ui").text
     row = _row(overview, "live")
     assert "accuracy 0.611" in row and "(round 1, so far)" in row
     assert "Round 1 so far (best-val" in _run_page(client, overview, "live")
 
 
-def test_a_failed_run_shows_no_score(ui_app: Callable[..., TestClient], runs_dir: Path) -> None:
+def test_a_failed_run_shows_no_score(make_client: Callable[..., TestClient], runs_dir: Path) -> None:
     """A failed run (here with a round kept before it failed, and rounds that were scored) is
     listed without a score; its page says it keeps none and tags no round."""
     _write_run(runs_dir / "broken", status="failed", kept=2)
-    client = sign_in(ui_app(), ADMIN_TOKEN)
+    client = sign_in(make_client(), ADMIN_TOKEN)
     overview = client.get("/ui").text
     row = _row(overview, "broken")
     assert "none (failed)" in row
@@ -94,11 +94,11 @@ def test_a_failed_run_shows_no_score(ui_app: Callable[..., TestClient], runs_dir
     assert "tag-kept" not in page
 
 
-def test_a_run_without_a_kept_round_shows_no_score(ui_app: Callable[..., TestClient],
+def test_a_run_without_a_kept_round_shows_no_score(make_client: Callable[..., TestClient],
                                                    runs_dir: Path) -> None:
     """No selection recorded and no summary naming one: no score rather than the last round's."""
     _write_run(runs_dir / "old", status="finished", kept=None)
-    client = sign_in(ui_app(), ADMIN_TOKEN)
+    client = sign_in(make_client(), ADMIN_TOKEN)
     overview = client.get("/ui").text
     assert not re.search(r"accuracy \d", _row(overview, "old"))
     assert "none yet" in _run_page(client, overview, "old")

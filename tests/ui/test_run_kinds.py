@@ -76,7 +76,7 @@ def test_old_status_files_load_unchanged_and_new_ones_carry_their_kind(tmp_path:
             SurvivalAnalysisRecord.from_json(bad)
 
 
-def test_a_cox_folder_shows_its_fit_to_the_coordinator(ui_app: Callable[..., TestClient],
+def test_a_cox_folder_shows_its_fit_to_the_coordinator(make_client: Callable[..., TestClient],
                                                        runs_dir: Path,
                                                        site_token: Callable[..., str]) -> None:
     folder = write_analysis(runs_dir / "cox", {"kind": "survival-cox", "status": "finished",
@@ -85,7 +85,7 @@ def test_a_cox_folder_shows_its_fit_to_the_coordinator(ui_app: Callable[..., Tes
     run = load_run("cox", folder)
     assert run is not None and run.kind == "survival-cox" and run.cox is not None
     assert run.cox.doc is not None and next(iter(run.cox.doc.covariates)) == "age_at_index"
-    admin = sign_in(ui_app(), ADMIN_TOKEN)
+    admin = sign_in(make_client(), ADMIN_TOKEN)
     overview = admin.get("/ui").text
     run_id = run_id_of(folder)
     assert f"/ui/runs/{run_id}" in overview and "Cox model (fedsplit cox)" in overview
@@ -101,7 +101,7 @@ def test_a_cox_folder_shows_its_fit_to_the_coordinator(ui_app: Callable[..., Tes
         assert shown in page, shown
     sites = page.split('id="cox-sites"')[1].split("</table>")[0]
     assert "north" in sites and "0.8245" in sites and "366" in sites
-    hospital = sign_in(ui_app(), site_token("north"))
+    hospital = sign_in(make_client(), site_token("north"))
     assert "fedsplit cox" not in hospital.get("/ui").text
     assert hospital.get(f"/ui/runs/{run_id}").status_code == 404
 
@@ -111,10 +111,10 @@ def test_a_cox_folder_shows_its_fit_to_the_coordinator(ui_app: Callable[..., Tes
     json.dumps({**cox_document(), "covariates": {"x": {"coef": "high"}}}),
     json.dumps({**cox_document(), "concordance": 1.5}),
 ])
-def test_a_malformed_cox_json_gives_a_note_never_an_error(ui_app: Callable[..., TestClient],
+def test_a_malformed_cox_json_gives_a_note_never_an_error(make_client: Callable[..., TestClient],
                                                           runs_dir: Path, content: str) -> None:
     folder = write_analysis(runs_dir / "cox", {"status": "finished", "mode": "cox"}, content)
-    page = sign_in(ui_app(), ADMIN_TOKEN).get(f"/ui/runs/{run_id_of(folder)}")
+    page = sign_in(make_client(), ADMIN_TOKEN).get(f"/ui/runs/{run_id_of(folder)}")
     assert page.status_code == 200
     [note] = re.findall(r'<p class="error" role="note">(.*?)</p>', page.text, re.S)
     assert note.startswith("The Cox model is not shown: cox.json") and str(runs_dir) not in note
@@ -129,13 +129,13 @@ def test_parse_cox_keeps_what_the_fit_could_not_estimate_as_missing() -> None:
     assert gender.se is None and gender.p is None and gender.z is None and gender.coef == 0.4260
 
 
-def test_a_failed_or_running_analysis_says_so(ui_app: Callable[..., TestClient],
+def test_a_failed_or_running_analysis_says_so(make_client: Callable[..., TestClient],
                                               runs_dir: Path) -> None:
     failed = write_analysis(runs_dir / "cox", {"status": "failed", "mode": "cox",
                                                "error": "CollinearError: covariates are collinear"})
     running = write_analysis(runs_dir / "km", {"kind": "survival-km", "status": "running",
                                                "mode": "km", "started_at": 1_700_000_000.0})
-    admin = sign_in(ui_app(), ADMIN_TOKEN)
+    admin = sign_in(make_client(), ADMIN_TOKEN)
     page = admin.get(f"/ui/runs/{run_id_of(failed)}").text
     assert "CollinearError: covariates are collinear" in page and "the fit failed" in page
     page = admin.get(f"/ui/runs/{run_id_of(running)}").text

@@ -153,10 +153,10 @@ def test_survival_run_is_judged_by_the_c_index_in_curves_and_baselines(tmp_path:
     assert [r.label for r in own.rows] == ["west"]
 
 
-def test_run_page_and_overview_show_the_c_index(ui_app: Callable[..., TestClient],
+def test_run_page_and_overview_show_the_c_index(make_client: Callable[..., TestClient],
                                                 runs_dir: Path) -> None:
     write_survival_run(runs_dir / "surv")
-    client = sign_in(ui_app(), ADMIN_TOKEN)
+    client = sign_in(make_client(), ADMIN_TOKEN)
     overview = client.get("/ui").text
     assert "C-index 0.873" in overview  # the last round's score on the test split
     [run_id] = _run_ids(overview)
@@ -173,12 +173,12 @@ def test_run_page_and_overview_show_the_c_index(ui_app: Callable[..., TestClient
 
 
 # --- the Kaplan-Meier curve beside a run -----------------------------------------------------------
-def test_km_curve_beside_a_run_is_an_accessible_inline_svg(ui_app: Callable[..., TestClient],
+def test_km_curve_beside_a_run_is_an_accessible_inline_svg(make_client: Callable[..., TestClient],
                                                            runs_dir: Path) -> None:
     doc = km_document()
     fed = write_survival_run(runs_dir / "surv")
     (fed / "km.json").write_text(json.dumps(doc))
-    client = sign_in(ui_app(), ADMIN_TOKEN)
+    client = sign_in(make_client(), ADMIN_TOKEN)
     [run_id] = _run_ids(client.get("/ui").text)
     response = client.get(f"/ui/runs/{run_id}")
     assert response.status_code == 200
@@ -208,13 +208,13 @@ def test_km_curve_beside_a_run_is_an_accessible_inline_svg(ui_app: Callable[...,
     assert not re.search(r'(src|href)="(https?:)?//', page)
 
 
-def test_km_rule_off_and_empty_curve_are_said(ui_app: Callable[..., TestClient],
+def test_km_rule_off_and_empty_curve_are_said(make_client: Callable[..., TestClient],
                                               runs_dir: Path) -> None:
     write_km_analysis(runs_dir / "k1", km_document(min_count=1))
     empty = km_document()
     empty["curve"] = {k: [] for k in empty["curve"]}
     write_km_analysis(runs_dir / "k0", empty)
-    client = sign_in(ui_app(), ADMIN_TOKEN)
+    client = sign_in(make_client(), ADMIN_TOKEN)
     pages = [client.get(f"/ui/runs/{i}").text for i in _run_ids(client.get("/ui").text)]
     assert any("Minimum-count rule off (K = 1)" in p for p in pages)
     assert any("no event time had at least 5 patients at risk" in p for p in pages)
@@ -231,13 +231,13 @@ def test_km_rule_off_and_empty_curve_are_said(ui_app: Callable[..., TestClient],
     json.dumps({**km_document(), "curve": {**km_document()["curve"],
                                            "time": list(reversed(km_document()["curve"]["time"]))}}),
 ])
-def test_malformed_km_json_shows_a_note_never_a_500(ui_app: Callable[..., TestClient],
+def test_malformed_km_json_shows_a_note_never_a_500(make_client: Callable[..., TestClient],
                                                     runs_dir: Path, content: str) -> None:
     fed = write_survival_run(runs_dir / "surv")
     (fed / "km.json").write_text(content)
     folder = write_km_analysis(runs_dir / "km")
     (folder / "km.json").write_text(content)
-    client = sign_in(ui_app(), ADMIN_TOKEN)
+    client = sign_in(make_client(), ADMIN_TOKEN)
     ids = _run_ids(client.get("/ui").text)
     assert len(ids) == 2  # both still listed
     for run_id in ids:
@@ -273,11 +273,11 @@ def test_changed_km_json_is_read_again(tmp_path: Path) -> None:
 
 
 # --- fedsplit km / cox folders ---------------------------------------------------------------------
-def test_km_folder_is_listed_as_a_survival_analysis(ui_app: Callable[..., TestClient],
+def test_km_folder_is_listed_as_a_survival_analysis(make_client: Callable[..., TestClient],
                                                     runs_dir: Path) -> None:
     write_km_analysis(runs_dir / "km", km_document())
     write_km_analysis(runs_dir / "cox", mode="cox")
-    client = sign_in(ui_app(), ADMIN_TOKEN)
+    client = sign_in(make_client(), ADMIN_TOKEN)
     overview = client.get("/ui").text
     assert "Kaplan-Meier curve (fedsplit km)" in overview and "Cox model (fedsplit cox)" in overview
     assert "started (?, ? rounds)" not in overview  # not a Flower run in the feed
@@ -290,7 +290,7 @@ def test_km_folder_is_listed_as_a_survival_analysis(ui_app: Callable[..., TestCl
 
 
 # --- what a hospital sees --------------------------------------------------------------------------
-def test_hospital_sees_its_row_and_the_pooled_curve_only(ui_app: Callable[..., TestClient],
+def test_hospital_sees_its_row_and_the_pooled_curve_only(make_client: Callable[..., TestClient],
                                                          runs_dir: Path,
                                                          site_token: Callable[..., str]) -> None:
     fed = write_survival_run(runs_dir / "surv")
@@ -299,8 +299,8 @@ def test_hospital_sees_its_row_and_the_pooled_curve_only(ui_app: Callable[..., T
     write_km_analysis(runs_dir / "other-km", km_document(hospitals=("northeast", "west")))
     write_km_analysis(runs_dir / "cox", mode="cox")
     token = site_token("south")
-    admin_ids = _run_ids(sign_in(ui_app(), ADMIN_TOKEN).get("/ui").text)
-    client = sign_in(ui_app(), token)
+    admin_ids = _run_ids(sign_in(make_client(), ADMIN_TOKEN).get("/ui").text)
+    client = sign_in(make_client(), token)
     overview = client.get("/ui").text
     ids = _run_ids(overview)
     assert len(ids) == 2 and len(admin_ids) == 4  # the run and the km analysis it took part in

@@ -79,13 +79,13 @@ def test_the_vertical_writer_saves_the_kind_through_the_model(tmp_path) -> None:
 
 
 def test_the_view_lists_and_shows_a_vertical_run(runs_dir: Path,
-                                                 ui_app: Callable[..., TestClient]) -> None:
+                                                 make_client: Callable[..., TestClient]) -> None:
     folder = _write_run(runs_dir / "vertical-heart", OLD_HISTORY, SUMMARY)
     run = load_run("vertical-heart/federation", folder)
     assert run is not None and run.kind == "vertical" and run.vertical is not None
     assert [label for label, _ in run.vertical.comparison] == [
         "Fused (federation)", "Centralized (all columns pooled)", "site-0 alone", "site-1 alone"]
-    admin = sign_in(ui_app(), ADMIN_TOKEN)
+    admin = sign_in(make_client(), ADMIN_TOKEN)
     overview = admin.get("/ui").text
     run_id = run_id_of(folder)
     assert f"/ui/runs/{run_id}" in overview and "vertical fusion" in overview and "3 / 3" in overview
@@ -98,8 +98,8 @@ def test_the_view_lists_and_shows_a_vertical_run(runs_dir: Path,
     assert html.count('tag-kept') == 1  # the kept round is marked, once
 
 
-def test_a_hospital_does_not_see_a_vertical_run(runs_dir: Path, ui_app: Callable[..., TestClient],
+def test_a_hospital_does_not_see_a_vertical_run(runs_dir: Path, make_client: Callable[..., TestClient],
                                                 site_token: Callable[..., str]) -> None:
     folder = _write_run(runs_dir / "v", OLD_HISTORY, SUMMARY)
-    site = sign_in(ui_app(), site_token("site-0"))
+    site = sign_in(make_client(), site_token("site-0"))
     assert site.get(f"/ui/runs/{run_id_of(folder)}").status_code == 404

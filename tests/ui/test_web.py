@@ -61,7 +61,7 @@ def test_sign_out_ends_the_session_on_the_server(client: TestClient) -> None:
 
 
 def test_admin_sees_rest_round_hospitals_and_site_sees_only_itself(
-    client: TestClient, ui_app: Callable[..., TestClient], site_token: Callable[..., str], tmp_path: Path
+    client: TestClient, make_client: Callable[..., TestClient], site_token: Callable[..., str], tmp_path: Path
 ) -> None:
     """Admin: both hospitals, counts, weights, sha256; hospital-a: itself only, model link."""
     a, b = site_token("hospital-a"), site_token("hospital-b")
@@ -71,14 +71,14 @@ def test_admin_sees_rest_round_hospitals_and_site_sees_only_itself(
         assert post_file(client, rnd["id"], token, weights).status_code == 201
     assert client.post(f"/api/v1/rounds/{rnd['id']}/aggregate", headers=ADMIN).status_code == 200
     sha_a = hashlib.sha256((tmp_path / "30.h5").read_bytes()).hexdigest()
-    admin = sign_in(ui_app(), ADMIN_TOKEN)
+    admin = sign_in(make_client(), ADMIN_TOKEN)
     page = admin.get(f"/ui/rounds/{rnd['id']}").text
     assert "hospital-a" in page and "hospital-b" in page and sha_a in page
     assert "0.75" in page and "0.25" in page  # count-weighted FedAvg weights
     assert 'tag-aggregated' in page and f'href="/ui/rounds/{rnd["id"]}/model"' in page
     model = admin.get(f"/ui/rounds/{rnd['id']}/model")
     assert model.status_code == 200 and model.content[:8] == b"\x89HDF\r\n\x1a\n"
-    site = sign_in(ui_app(), a)
+    site = sign_in(make_client(), a)
     for path in ("/ui", f"/ui/rounds/{rnd['id']}", "/ui/uploads"):
         html = site.get(path).text
         assert "hospital-a" in html and "hospital-b" not in html, path
@@ -86,7 +86,7 @@ def test_admin_sees_rest_round_hospitals_and_site_sees_only_itself(
 
 
 def test_refused_upload_is_shown_with_reason_size_and_sha(
-    client: TestClient, ui_app: Callable[..., TestClient], site_token: Callable[..., str]
+    client: TestClient, make_client: Callable[..., TestClient], site_token: Callable[..., str]
 ) -> None:
     """The upload route stores nothing on refusal; the view still lists who, what and why.
 
@@ -103,21 +103,21 @@ def test_refused_upload_is_shown_with_reason_size_and_sha(
     unknown = client.post(f"/api/v1/rounds/{rnd['id']}/uploads", headers=bearer("nobody-" * 4),
                           files={"file": ("x.h5", b"x", "application/x-hdf5")})
     assert unknown.status_code == 401
-    admin = sign_in(ui_app(), ADMIN_TOKEN)
+    admin = sign_in(make_client(), ADMIN_TOKEN)
     html = admin.get("/ui/uploads").text
     assert hashlib.sha256(body).hexdigest() in html and f"{len(body):,} B" in html
     assert "bad&lt;name&gt;.h5" in html and reason in html and "unknown token" not in html
     assert "hospital-x" in admin.get(f"/ui/rounds/{rnd['id']}").text
-    other = sign_in(ui_app(), site_token("hospital-y"))
+    other = sign_in(make_client(), site_token("hospital-y"))
     assert "hospital-x" not in other.get("/ui/uploads").text
 
 
 def test_flower_run_pages_escape_names_and_scope_models(
-    runs_dir: Path, ui_app: Callable[..., TestClient], site_token: Callable[..., str]
+    runs_dir: Path, make_client: Callable[..., TestClient], site_token: Callable[..., str]
 ) -> None:
     """Rounds, statuses and reasons from the out-dir; names escaped; models admin-only."""
     write_hostile_run(runs_dir / "krum")
-    admin = sign_in(ui_app(), ADMIN_TOKEN)
+    admin = sign_in(make_client(), ADMIN_TOKEN)
     overview = admin.get("/ui").text
     (run_id,) = _run_ids(overview)
     assert "runs/krum/federation" in overview and "round 3</a>:" in overview
@@ -134,11 +134,11 @@ def test_flower_run_pages_escape_names_and_scope_models(
     assert admin.get(f"/ui/runs/{run_id}/rounds/3/model").status_code == 404  # error round: none saved
     assert admin.get("/ui/runs/0123456789ab").status_code == 404
     assert admin.get("/ui/runs/..%2F..%2Fetc").status_code in (404, 422)
-    site = sign_in(ui_app(), site_token("hospital-a"))
+    site = sign_in(make_client(), site_token("hospital-a"))
     mine = site.get(f"/ui/runs/{run_id}/rounds/1").text
     assert "hospital-a" in mine and "hospital-b" not in mine and "hospital-c" not in mine
     assert site.get(f"/ui/runs/{run_id}/rounds/1/model").status_code == 403
-    outsider = sign_in(ui_app(), site_token("hospital-z"))
+    outsider = sign_in(make_client(), site_token("hospital-z"))
     assert _run_ids(outsider.get("/ui").text) == []
     assert outsider.get(f"/ui/runs/{run_id}").status_code == 404
 
