@@ -31,7 +31,6 @@ from fedsplit.protocol.survival_rows import (  # noqa: F401 (re-exported: the re
     EVENT_FALSE,
     EVENT_TRUE,
     MISSING,
-    SURVIVAL,
     SurvivalDataError,
     SurvivalProblems,
     check_columns,

@@ -27,9 +27,6 @@ from fedsplit.protocol.errors import ConfigError
 
 EVENT_TRUE = frozenset({"1", "1.0", "true", "yes", "t", "y"})
 EVENT_FALSE = frozenset({"0", "0.0", "false", "no", "f", "n"})
-#: the task name of time-to-event models (`protocol.schema`: the time column is the target and
-#: the schema names the event column too)
-SURVIVAL = "survival"
 
 #: cells read as missing in the time and event columns (besides --na-values)
 MISSING = frozenset({"", "na", "n/a", "nan", "null", "none", "?"})

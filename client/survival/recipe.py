@@ -39,8 +39,9 @@ import torch
 from fedsplit.client.recipes.base import ModelInputs, Recipe, Standardize
 from fedsplit.client.survival.cox import concordance_counts
 from fedsplit.protocol.errors import ConfigError
-from fedsplit.protocol.survival import SURVIVAL, pair_rates
+from fedsplit.protocol.survival import pair_rates
 from fedsplit.protocol.survival_exact import SOLVERS
+from fedsplit.protocol.tasks import SURVIVAL
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
@@ -90,7 +91,7 @@ class Cox(Recipe):
     name: ClassVar[str] = "cox"
     version: ClassVar[str] = "2"
     Params: ClassVar[type[BaseModel]] = CoxParams
-    tasks: ClassVar[tuple[str, ...]] = (SURVIVAL,)
+    tasks: ClassVar[tuple[str, ...]] = (SURVIVAL.name,)
     per_sample_loss: ClassVar[bool] = False
 
     # --- model ------------------------------------------------------------------------------
