@@ -1,7 +1,7 @@
 """Repair ``fedsplit`` when a clone's folder named ``fedsplit`` shadowed it (see ``__init__.py``).
 
-Not imported: each package's ``__init__`` runs this file by path when ``from fedsplit import
-only_as_fedsplit`` fails, and calls `adopt` with its own ``__file__``.
+Not imported: each package's ``__init__`` runs this file by path (`runpy.run_path`) when ``from
+fedsplit import only_as_fedsplit`` fails, and calls `adopt` with its own ``__file__``.
 """
 
 from __future__ import annotations

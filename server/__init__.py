@@ -4,12 +4,11 @@
 try:
     from fedsplit import only_as_fedsplit
 except ImportError:  # Python found a clone's folder named fedsplit first: see fedsplit/__init__.py
+    import runpy
     from pathlib import Path
 
-    _repair: dict = {}
-    exec(Path(__file__).resolve().parents[1].joinpath("fedsplit", "_clone_root.py").read_text(),
-         _repair)
-    _repair["adopt"](__file__)
+    _repair = Path(__file__).resolve().parents[1] / "fedsplit" / "_clone_root.py"
+    runpy.run_path(str(_repair))["adopt"](__file__)
     from fedsplit import only_as_fedsplit
 
 only_as_fedsplit(__name__)
