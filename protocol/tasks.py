@@ -92,7 +92,6 @@ class TaskKind:
     """One learning task (module docstring): what it reports, keeps, reads, draws and runs."""
 
     name: str
-    description: str
     labels: LabelEncoding
     metrics: tuple[str, ...]
     selection: str
@@ -152,7 +151,6 @@ SERVER_PHASES = frozenset({"fit", "after"})
 
 CLASSIFICATION = TaskKind(
     name="classification",
-    description="a category per patient; accuracy picks the kept round",
     labels=LabelEncoding.CLASSES,
     metrics=("accuracy",),
     selection="accuracy",
@@ -161,7 +159,6 @@ CLASSIFICATION = TaskKind(
 )
 REGRESSION = TaskKind(
     name="regression",
-    description="a number per patient; r2 picks the kept round",
     labels=LabelEncoding.VALUES,
     metrics=("r2", "rmse"),
     selection="r2",
@@ -170,7 +167,6 @@ REGRESSION = TaskKind(
 )
 SURVIVAL = TaskKind(
     name="survival",
-    description="time to an event, censored; Harrell's C picks the kept round",
     labels=LabelEncoding.TIME_EVENT,
     metrics=("c_index", "auc"),
     selection="c_index",
@@ -241,12 +237,6 @@ def label_encoding(task: str | None) -> LabelEncoding | None:
     """How a run setting's task reads its labels, or None where the data decides (`AUTO`)."""
     kind = declared(task)
     return kind.labels if kind is not None else None
-
-
-def inferred_kind(labels: LabelEncoding) -> TaskKind:
-    """The kind `AUTO` picks for labels the data shows read so: the built-in one
-    (classes: classification; values: regression; time and event: survival)."""
-    return next(kind for kind in BUILTIN.values() if kind.labels is labels)
 
 
 def inferred_kind(labels: LabelEncoding) -> TaskKind:

@@ -27,7 +27,6 @@ def mae(truth: np.ndarray, predicted: np.ndarray) -> float:
 
 COUNT = register(TaskKind(
     name="count",
-    description="a count per patient (visits, events); within-one picks the kept round",
     labels=LabelEncoding.VALUES,
     metrics=("within_one", "mae"),
     selection="within_one",
