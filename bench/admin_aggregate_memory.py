@@ -11,11 +11,7 @@ server's idle RSS, its peak RSS during aggregation, and the difference.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,14 +24,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from admin_large_upload import TOKEN, admin_server  # noqa: E402  (bench/ is on sys.path)
 from fedsplit.protocol import Update, write_weights  # noqa: E402
 from fedsplit.server.admin.store import add_site  # noqa: E402
-
-TOKEN = "bench-admin-token-0123456789abcdef"
-SERVE = (
-    "import sys; from fedsplit.cli.admin import admin_app; from fedsplit.cli.errors import run_guarded; "
-    "sys.exit(run_guarded(admin_app, sys.argv[1:]))"
-)
 
 
 def status_kb(pid: int, key: str) -> int:
@@ -63,67 +54,43 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fedsplit-bench-"))
     data = work / "data"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "FEDSPLIT_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE, "serve", "--data-dir", str(data), "--port", str(port),
-         "--max-upload-mb", "100"],
-        env=env, cwd=REPO,
-    )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise RuntimeError("server did not start")
-        admin = {"Authorization": f"Bearer {TOKEN}"}
-        rnd = httpx.post(f"{url}/api/v1/rounds", json={"min_uploads": args.files}, headers=admin).json()
-        sources = [make_file(work / f"src{i}.h5", args.params, i) for i in range(4)]
-        size_mb = sources[0].stat().st_size / 2**20
-        tokens = [add_site(data_dir=data, name=f"site{i}") for i in range(args.files)]
+        with admin_server(REPO, data, ["--max-upload-mb", "100"]) as (proc, url):
+            admin = {"Authorization": f"Bearer {TOKEN}"}
+            rnd = httpx.post(f"{url}/api/v1/rounds", json={"min_uploads": args.files}, headers=admin).json()
+            sources = [make_file(work / f"src{i}.h5", args.params, i) for i in range(4)]
+            size_mb = sources[0].stat().st_size / 2**20
+            tokens = [add_site(data_dir=data, name=f"site{i}") for i in range(args.files)]
 
-        def send(i: int) -> None:
-            with open(sources[i % 4], "rb") as fh:
-                r = httpx.post(
-                    f"{url}/api/v1/rounds/{rnd['id']}/uploads",
-                    files={"file": (f"s{i}.h5", fh)},
-                    headers={"Authorization": f"Bearer {tokens[i]}"},
-                    timeout=600,
-                )
+            def send(i: int) -> None:
+                with open(sources[i % 4], "rb") as fh:
+                    r = httpx.post(
+                        f"{url}/api/v1/rounds/{rnd['id']}/uploads",
+                        files={"file": (f"s{i}.h5", fh)},
+                        headers={"Authorization": f"Bearer {tokens[i]}"},
+                        timeout=600,
+                    )
+                r.raise_for_status()
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(args.parallel) as pool:
+                list(pool.map(send, range(args.files)))
+            upload_s = time.perf_counter() - t0
+            time.sleep(1)
+            idle_kb = status_kb(proc.pid, "VmRSS")
+            Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+            t0 = time.perf_counter()
+            r = httpx.post(f"{url}/api/v1/rounds/{rnd['id']}/aggregate", headers=admin, timeout=3600)
             r.raise_for_status()
-
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(args.parallel) as pool:
-            list(pool.map(send, range(args.files)))
-        upload_s = time.perf_counter() - t0
-        time.sleep(1)
-        idle_kb = status_kb(proc.pid, "VmRSS")
-        Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-        t0 = time.perf_counter()
-        r = httpx.post(f"{url}/api/v1/rounds/{rnd['id']}/aggregate", headers=admin, timeout=3600)
-        r.raise_for_status()
-        agg_s = time.perf_counter() - t0
-        peak_kb = status_kb(proc.pid, "VmHWM")
-        print(
-            f"files={args.files} params={args.params} file_mb={size_mb:.1f} upload_s={upload_s:.1f} "
-            f"aggregate_s={agg_s:.1f} idle_rss_mb={idle_kb / 1024:.0f} peak_rss_mb={peak_kb / 1024:.0f} "
-            f"peak_above_idle_mb={(peak_kb - idle_kb) / 1024:.0f}"
-        )
+            agg_s = time.perf_counter() - t0
+            peak_kb = status_kb(proc.pid, "VmHWM")
+            print(
+                f"files={args.files} params={args.params} file_mb={size_mb:.1f} upload_s={upload_s:.1f} "
+                f"aggregate_s={agg_s:.1f} idle_rss_mb={idle_kb / 1024:.0f} peak_rss_mb={peak_kb / 1024:.0f} "
+                f"peak_above_idle_mb={(peak_kb - idle_kb) / 1024:.0f}"
+            )
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
         shutil.rmtree(work, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

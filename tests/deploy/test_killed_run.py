@@ -51,10 +51,13 @@ def _kill_mid_round(args: list[str], out: Path, log: Path, env: dict[str, str], 
             time.sleep(0.5)
         noted = tree(run.pid)
         assert len(noted) > 3, f"the run should have started its processes: {noted}"
+        killed = time.monotonic()
         os.kill(run.pid, signal.SIGKILL)
         run.wait(10)
         left = left_after(tag, noted, timeout=20)
         assert not left, f"still running 20 s after the run was SIGKILLed: {left}"
+        print(f"{args[0]}: {len(noted)} processes, all gone {time.monotonic() - killed:.1f} s "
+              f"after the SIGKILL")
     finally:
         for pid in tagged_processes(tag):
             with contextlib.suppress(OSError):
