@@ -153,7 +153,8 @@ class RegistryStrategy(FedAvg):
             evaluation=Evaluation(weighted_by_key, evaluate_metrics_aggr_fn),
             quorum=quorum, deadline=deadline, server_optimizer=server_optimizer,
             federated=federated, site_names=dict(site_names or {}))
-        #: Flower round -> the loop's round, from configure_train to aggregate_evaluate
+        #: Flower round -> the loop's round, from configure_train to aggregate_evaluate (the
+        #: current one only)
         self._rounds: dict[int, Round] = {}
         #: Flower round -> (evaluate instructions sent, why the phase was skipped)
         self._evaluating: dict[int, tuple[list[Message], str | None]] = {}
@@ -166,7 +167,8 @@ class RegistryStrategy(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:
         """The loop opens the round; Flower's sampling, once a quorum is connected."""
-        rnd = self._rounds[server_round] = self.loop.open(server_round, arrays)
+        rnd = self.loop.open(server_round, arrays)
+        self._rounds = {server_round: rnd}  # Flower's earlier rounds are over
         if (reason := self._quorum(server_round, "train", grid)) is not None:
             rnd.skipped = reason
             return []
