@@ -59,7 +59,8 @@ stats (count, sum, sum of squares) already give.
 One message per hospital per round: a train instruction with ``evaluate-first`` asks the
 hospital to score the model it receives (the previous round's global model) on its validation
 rows before it trains, and to put those metrics in its reply's ``evaluation`` record, so the
-coordinator needs no separate evaluate exchange for that model (`server.rounds`).
+coordinator needs no separate evaluate exchange for that model (`server.rounds`). A masked
+train reply (secure aggregation, `protocol.privacy`) carries the same record (`evaluation_record`).
 
 Record and configuration keys are closed lists. Array names are the model's parameter names
 (the coordinator checks every reply's layout against the round's model). Metric names in
