@@ -38,10 +38,11 @@ from fedsplit.aggregation.registry import (
     strategy_names,
 )
 from fedsplit.aggregation.run import aggregate_updates
-from fedsplit.aggregation.settings import BackendSettings
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
+    "DEFAULT_SETTINGS",
     "AggregateResult",
     "AggregationError",
     "AggregationReport",

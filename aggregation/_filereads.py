@@ -42,10 +42,10 @@ class ReadSettings:
     mmap: bool = True
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> ReadSettings:
-        """The settings the environment names (``FEDSPLIT_MMAP``: "0" off, anything else on)."""
-        env = os.environ if environ is None else environ
-        return cls(mmap=env.get(MMAP_ENV, "1").strip() != "0")
+    def from_environ(cls, environ: Mapping[str, str]) -> ReadSettings:
+        """The settings ``environ`` (the process's environment, read where it starts) names
+        (``FEDSPLIT_MMAP``: "0" off, anything else on)."""
+        return cls(mmap=environ.get(MMAP_ENV, "1").strip() != "0")
 
 
 #: Pages of values a pass is done with are dropped from the process in runs of this many

@@ -23,7 +23,7 @@ def cpu_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def worker_count(environ: Mapping[str, str] | None = None) -> int:
+def worker_count(environ: Mapping[str, str]) -> int:
     """Threads an aggregation uses as ``FEDSPLIT_AGG_THREADS`` says (default `cpu_threads`),
     read by `aggregation.backend.BackendSettings.from_environ` once at start-up.
 
@@ -31,8 +31,7 @@ def worker_count(environ: Mapping[str, str] | None = None) -> int:
     threads. On a coordinator whose cores are busy with other work, set
     ``FEDSPLIT_AGG_THREADS=1``.
     """
-    env = os.environ if environ is None else environ
-    raw = env.get(THREADS_ENV, "").strip()
+    raw = environ.get(THREADS_ENV, "").strip()
     if not raw:
         return cpu_threads()
     if not raw.isdigit() or int(raw) < 1:

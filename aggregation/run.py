@@ -25,7 +25,7 @@ from fedsplit.aggregation.base import AggregateResult, AggregationStrategy
 from fedsplit.aggregation.building_blocks import require_updates
 from fedsplit.aggregation.errors import NotEnoughUpdatesError
 from fedsplit.aggregation.guard import Expected, guard_updates
-from fedsplit.aggregation.settings import BackendSettings
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol.aggregation_report import SiteReport
 from fedsplit.protocol.update import UpdateSource
 
@@ -58,14 +58,14 @@ def aggregate_updates(
         Working memory (bytes) the strategy may use beyond its output (on the GPU too).
     settings : BackendSettings, optional
         How the passes run (backend mode, device, threads; `aggregation.settings`), built once
-        where the command or service starts (``BackendSettings.from_environ(device=...)``) and
-        used for every pass of this aggregation. Default: `BackendSettings.from_environ`,
-        called now (device ``auto``).
+        where the command or service starts (``BackendSettings.from_environ(os.environ,
+        device=...)``) and used for every pass of this aggregation. Default: the library's
+        defaults (`aggregation.settings.DEFAULT_SETTINGS`; nothing is read from the environment).
     """
     if not updates:
         raise NotEnoughUpdatesError("No updates to aggregate. Received: 0 updates")
     check_budget(memory_budget)
-    settings = settings if settings is not None else BackendSettings.from_environ()
+    settings = settings if settings is not None else DEFAULT_SETTINGS
     settings.prepare_reads(updates)  # the guard's scans read the files too
     args = (strategy, updates, expected, cohort_caps, cap_policy, memory_budget, settings)
     if getattr(strategy, "checks_values_in_pass", False):

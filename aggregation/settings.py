@@ -5,7 +5,6 @@ the technology of a pass is chosen. The operations themselves are `aggregation.b
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -100,14 +99,14 @@ class BackendSettings:
             )
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None, *,
+    def from_environ(cls, environ: Mapping[str, str], *,
                      device: str | _device.TorchDevice = "auto") -> BackendSettings:
-        """The settings the environment names (``FEDSPLIT_AGG_BACKEND``, the deprecated
+        """The settings ``environ`` names (``FEDSPLIT_AGG_BACKEND``, the deprecated
         ``FEDSPLIT_AGG_KERNELS``, ``FEDSPLIT_AGG_THREADS``, ``FEDSPLIT_MMAP``), with ``device``
-        (the command's ``--device``): what a command or a service builds once when it starts."""
-        env = os.environ if environ is None else environ
-        return cls(mode=_mode_from(env), device=device, threads=worker_count(env),
-                   reads=ReadSettings.from_environ(env))
+        (the command's ``--device``): what a command or a service builds once when it starts,
+        from the process's environment (``os.environ``, read there and nowhere else)."""
+        return cls(mode=_mode_from(environ), device=device, threads=worker_count(environ),
+                   reads=ReadSettings.from_environ(environ))
 
     def prepare_reads(self, updates: Iterable[UpdateSource]) -> None:
         """Make the read engine of each weight file among ``updates`` with `reads` (a file

@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedsplit.aggregation import _compiled
 
-    settings = aggregation.BackendSettings.from_environ()  # once, as a command does
+    settings = aggregation.BackendSettings.from_environ(os.environ)  # once, as a command does
     stacked = settings.select("trimmed_mean", 1 << 30)
     streamed = settings.select("weighted_sum", 1 << 30)
     c_kernels = _compiled.c_kernels() if streamed.name == "compiled" else None

@@ -178,7 +178,7 @@ def in_process(hospitals: list[int], args: argparse.Namespace) -> None:
     """The in-process table (see the module docstring)."""
     torch.set_num_threads(1)
     spec = SecureSpec(bound=args.bound, neighbours=args.neighbours)
-    workers = args.workers or unmask.workers()
+    workers = args.workers or unmask.workers_from(os.environ)
     for ready in unmask.warm_up(unmask.MIN_PARALLEL, workers):  # a coordinator starts it once
         ready.result()
     train, delta = train_seconds(args.params, args.steps, args.batch)

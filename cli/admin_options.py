@@ -10,7 +10,8 @@ import typer
 SiteName = Annotated[str, typer.Argument(help="The site's name, as add-site registered it.")]
 DataDir = Annotated[Path, typer.Option(help="The admin API's --data-dir.")]
 DatabaseUrl = Annotated[
-    str | None, typer.Option(help="SQLAlchemy URL; default sqlite in --data-dir.")
+    str | None, typer.Option(envvar="FEDSPLIT_DATABASE_URL",
+                             help="SQLAlchemy URL; default sqlite in --data-dir.")
 ]
 AuditKeyFile = Annotated[
     Path | None,

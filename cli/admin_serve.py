@@ -78,6 +78,8 @@ def serve(
     ] = 5,
 ) -> None:
     """Serve the admin API; the admin token comes from FEDSPLIT_ADMIN_TOKEN(_FILE)."""
+    import os
+
     import uvicorn
     from fedsplit.protocol.errors import ConfigError
     from fedsplit.server.admin.app import create_app
@@ -100,7 +102,8 @@ def serve(
     # loopback names are always answered (health checks; a rebinding page never sends them)
     hosts = (tuple(dict.fromkeys([*allowed_hosts, *LOCAL_HOSTS])) if allowed_hosts
              else default_allowed_hosts(host))
-    settings = AdminSettings.from_env(
+    settings = AdminSettings.from_environ(
+        os.environ,
         data_dir=data_dir, max_upload_mb=max_upload_mb, database_url=database_url,
         runs=tuple(check_runs_dirs(runs or [], warn=typer.echo)), allowed_hosts=hosts,
         min_model_sites=min_model_sites, max_site_share=max_site_share, min_own_share=min_own_share,
@@ -108,8 +111,6 @@ def serve(
         site_concurrent_uploads=site_concurrent_uploads,
         site_requests_per_minute=site_requests_per_minute, audit_key_file=audit_key_file, docs=docs,
     )
-    import os
-
     os.umask(0o077)  # every file the server writes (uploads, models, database): this user's only
     app = create_app(settings)
     scheme = "https" if https else "http"

@@ -9,6 +9,7 @@ is `aggregation.files.aggregate_files`, the same flow the admin API aggregates a
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated
@@ -162,7 +163,7 @@ def aggregate(
     ] = "auto",
 ) -> None:
     """Aggregate weight files; the output's num_examples is the sum of the used inputs'."""
-    settings = aggregation.BackendSettings.from_environ(device=device)  # once, before any file is read
+    settings = aggregation.BackendSettings.from_environ(os.environ, device=device)  # once, first
     strat = aggregation.get_strategy(strategy, aggregation.parse_param_pairs(param or []))
     budget = parse_bytes(memory_budget)
     caps = parse_caps(cohort_cap or [], cohort_caps)

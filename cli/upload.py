@@ -8,6 +8,7 @@ the environment variable ``FEDSPLIT_SITE_TOKEN``. Surrounding whitespace is stri
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -42,7 +43,7 @@ def upload(
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-    token = read_token(token_file)
+    token = read_token(token_file, os.environ)
     with Progress(
         "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn()
     ) as progress:

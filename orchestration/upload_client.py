@@ -11,7 +11,6 @@ way, and checks the server's receipt: HTTP 201 and the same sha256. Every failur
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import ssl
 from collections.abc import Callable, Iterator, Mapping
@@ -24,9 +23,9 @@ CHUNK = 1024 * 1024
 TOKEN_ENV = "FEDSPLIT_SITE_TOKEN"
 
 
-def read_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str:
-    """Return the site token from ``token_file`` (when given) or ``$FEDSPLIT_SITE_TOKEN``."""
-    env = os.environ if environ is None else environ
+def read_token(token_file: Path | None, environ: Mapping[str, str]) -> str:
+    """Return the site token from ``token_file`` (when given) or ``FEDSPLIT_SITE_TOKEN`` in
+    ``environ`` (the command's environment, read where it starts)."""
     if token_file is not None:
         try:
             text = token_file.read_text(encoding="utf-8")
@@ -47,12 +46,12 @@ def read_token(token_file: Path | None, environ: Mapping[str, str] | None = None
                 f"`fedsplit admin add-site`). Received: {len(text)} byte(s) of whitespace"
             )
         return token
-    if TOKEN_ENV in env:
-        token = env[TOKEN_ENV].strip()
+    if TOKEN_ENV in environ:
+        token = environ[TOKEN_ENV].strip()
         if not token:
             raise ConfigError(
                 f"{TOKEN_ENV} is set but empty; set it to the site's token (from `fedsplit admin "
-                f"add-site`) or pass --token-file PATH. Received: {TOKEN_ENV}={env[TOKEN_ENV]!r}"
+                f"add-site`) or pass --token-file PATH. Received: {TOKEN_ENV}={environ[TOKEN_ENV]!r}"
             )
         return token
     raise ConfigError(

@@ -10,16 +10,19 @@ start with the fix, not after the first round's training.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from fedsplit.aggregation.base import AggregationStrategy
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
+from fedsplit.aggregation.settings import BackendSettings
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FedsplitError, NoTrainingError
 from fedsplit.server.compose import compose_aggregator, compose_loop
 from fedsplit.server.history import RunHistory, find_resume_point
 from fedsplit.server.phases import run_phase
+from fedsplit.server.secure import unmask
 from fedsplit.server.setup import ModelSetup, prepare_model, wait_for_nodes
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -69,6 +72,9 @@ def server_optimizer(cfg: RunConfig) -> ServerOptimizer | None:
 def main(grid: Grid, context: Context) -> None:
     """Agree on a starting model, then run the configured rounds."""
     cfg = RunConfig.from_flower(context.run_config)
+    # the coordinator's process settings, read from its environment once, here (docs/settings.md)
+    backend = BackendSettings.from_environ(os.environ)
+    unmask.use_workers(unmask.workers_from(os.environ))
     # the rule under the run's privacy settings (server/compose.py): a rule the privacy
     # wrappers cannot wrap is refused here
     aggregator = compose_aggregator(cfg)
@@ -109,6 +115,7 @@ def main(grid: Grid, context: Context) -> None:
             deadline=cfg.round_timeout,
             cohort_caps=cfg.caps,
             cap_policy=cfg.cap_policy,
+            backend=backend,
             fraction_train=cfg.fraction_train,
             server_optimizer=optimizer,
             federated=setup.federated,

@@ -137,9 +137,10 @@ class PlainMerge:
     cohort_caps, cap_policy
         Registered cohort size per site and what a larger claimed count gets (`aggregation.guard`).
     backend : aggregation.BackendSettings | None (default: None)
-        How the merges' passes run (backend mode, device, threads), for every round. Default:
-        read from the coordinator's environment once, here (``FEDSPLIT_AGG_BACKEND``,
-        ``FEDSPLIT_AGG_THREADS``).
+        How the merges' passes run (backend mode, device, threads), for every round: the
+        ServerApp builds it once from the coordinator's environment where it starts
+        (``FEDSPLIT_AGG_BACKEND``, ``FEDSPLIT_AGG_THREADS``; `server.app.main`). Default: the
+        library's defaults (`aggregation.DEFAULT_SETTINGS`; nothing is read from the environment).
     weighted_by_key : str (default: "num-examples")
         The reply metric that weights each reply (its count).
     metrics_aggr_fn : callable | None (default: None)
@@ -155,7 +156,7 @@ class PlainMerge:
         self.quorum = max(1, quorum)
         self.cohort_caps = cohort_caps or {}
         self.cap_policy = cap_policy
-        self.backend = backend if backend is not None else aggregation.BackendSettings.from_environ()
+        self.backend = backend if backend is not None else aggregation.DEFAULT_SETTINGS
         self.weighted_by_key = weighted_by_key
         self.average = MetricsAverage(weighted_by_key, metrics_aggr_fn, "train_metrics_aggr_fn")
 

@@ -15,7 +15,6 @@ noted by hand.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from fedsplit.protocol.errors import ConfigError
@@ -27,10 +26,10 @@ _KEY_BYTES = 32
 
 
 def key_path(data_dir: Path, configured: Path | None = None) -> Path:
-    """Where the key lives: ``configured``, else ``FEDSPLIT_AUDIT_KEY_FILE``, else the data
-    directory's `DEFAULT_KEY_NAME`; always absolute."""
-    chosen = configured or (Path(os.environ[KEY_FILE_ENV]) if os.environ.get(KEY_FILE_ENV) else None)
-    return (chosen or Path(data_dir) / DEFAULT_KEY_NAME).expanduser().resolve()
+    """Where the key lives: ``configured`` (``--audit-key-file``, or ``FEDSPLIT_AUDIT_KEY_FILE``
+    read by the command's option), else the data directory's `DEFAULT_KEY_NAME`; always
+    absolute."""
+    return (configured or Path(data_dir) / DEFAULT_KEY_NAME).expanduser().resolve()
 
 
 class AuditKey(LogKey):

@@ -1,13 +1,24 @@
-"""`AdminSettings`: the admin service's configuration, read once from the environment."""
+"""`AdminSettings`: the admin service's configuration, built once where its process starts
+(``fedsplit admin serve``: `AdminSettings.from_environ` with the command's options and
+``os.environ``) and passed to the app factory (`server.admin.app.create_app`)."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
 from fedsplit.protocol.errors import ConfigError
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
 ADMIN_TOKEN_ENV = "FEDSPLIT_ADMIN_TOKEN"
 ADMIN_TOKEN_FILE_ENV = "FEDSPLIT_ADMIN_TOKEN_FILE"
@@ -73,6 +84,9 @@ class AdminSettings(BaseModel):
     docs : bool (default: True)
         Serve the API's interactive docs at ``/docs`` (from local files; ``--no-docs`` turns
         them off).
+    backend : BackendSettings (default: the library's defaults)
+        How the service's aggregations run (``FEDSPLIT_AGG_BACKEND``, ``FEDSPLIT_AGG_THREADS``,
+        ``FEDSPLIT_MMAP``; `aggregation.BackendSettings`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -97,6 +111,7 @@ class AdminSettings(BaseModel):
     min_own_share: float = Field(default=0.1, ge=0, le=1)
     audit_key_file: Path | None = None
     docs: bool = True
+    backend: InstanceOf[BackendSettings] = DEFAULT_SETTINGS
 
     @field_validator("data_dir", "audit_key_file")
     @classmethod
@@ -143,12 +158,12 @@ class AdminSettings(BaseModel):
         return self.database_url or default_database_url(self.data_dir)
 
     @classmethod
-    def from_env(cls, **values: Any) -> AdminSettings:
-        """Build settings from keyword values plus the admin token from the environment."""
-        if "admin_token" not in values:
-            values["admin_token"] = read_admin_token()
-        if values.get("database_url") is None and os.environ.get("FEDSPLIT_DATABASE_URL"):
-            values["database_url"] = os.environ["FEDSPLIT_DATABASE_URL"]
+    def from_environ(cls, environ: Mapping[str, str], **values: Any) -> AdminSettings:
+        """Build settings from keyword values (the command's options) plus what ``environ``
+        (the process's environment, read where it starts) names: the admin token and how
+        aggregations run."""
+        values.setdefault("admin_token", read_admin_token(environ))
+        values.setdefault("backend", BackendSettings.from_environ(environ))
         try:
             return cls(**values)
         except ValidationError as e:
@@ -163,12 +178,13 @@ def default_database_url(data_dir: Path) -> str:
     return f"sqlite:///{(Path(data_dir) / 'fedsplit-admin.db').resolve()}"
 
 
-def read_admin_token() -> str:
-    """Return the admin token from ``FEDSPLIT_ADMIN_TOKEN`` or the file ``FEDSPLIT_ADMIN_TOKEN_FILE``."""
-    token = os.environ.get(ADMIN_TOKEN_ENV)
+def read_admin_token(environ: Mapping[str, str]) -> str:
+    """Return the admin token from ``FEDSPLIT_ADMIN_TOKEN`` or the file ``FEDSPLIT_ADMIN_TOKEN_FILE``
+    named in ``environ``."""
+    token = environ.get(ADMIN_TOKEN_ENV)
     if token:
         return token
-    token_file = os.environ.get(ADMIN_TOKEN_FILE_ENV)
+    token_file = environ.get(ADMIN_TOKEN_FILE_ENV)
     if token_file:
         try:
             return Path(token_file).read_text().strip()

@@ -41,8 +41,6 @@ class AdminContext:
     metrics: AdminMetrics
     admin_token_hash: str
     owns_sandbox: bool = True
-    # How aggregations' passes run: read from the environment once, when the service starts.
-    backend: BackendSettings = field(default_factory=BackendSettings.from_environ)
     # Serialises the short "rename files + commit rows" step of uploads.
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # One aggregation at a time: bounds memory to one strategy's working set.
@@ -89,6 +87,11 @@ class AdminContext:
             metrics=AdminMetrics(),
             admin_token_hash=hash_token(settings.admin_token.get_secret_value()),
         )
+
+    @property
+    def backend(self) -> BackendSettings:
+        """How aggregations' passes run (`AdminSettings.backend`, built where the service starts)."""
+        return self.settings.backend
 
     @property
     def allowed_hosts(self) -> tuple[str, ...]:

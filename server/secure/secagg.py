@@ -94,7 +94,7 @@ class SecureSum:
         """The unmasked sum of U2's vectors, from the stage-4 replies.
 
         The reconstructions and masks run in ``workers`` processes (`server.secure.unmask`;
-        default ``FEDSPLIT_SECAGG_WORKERS``)."""
+        default the process's pool size, `unmask.workers`)."""
         collected: dict[int, list[bytes]] = {}
         for _sender, (owners, shares) in replies.items():
             for owner, share in zip(owners, shares, strict=True):

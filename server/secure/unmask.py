@@ -9,8 +9,9 @@ of the jobs into one correction vector. Nothing here is cryptography of its own:
 Flower primitives run, only in other processes.
 
 Workers: ``FEDSPLIT_SECAGG_WORKERS`` (an integer >= 1; default: the CPUs this process may use,
-at most 8). One worker, or fewer than `MIN_PARALLEL` jobs, runs the serial path in process
-(same function, same result). The pool uses the ``forkserver`` start method (the coordinator
+at most 8), read by the ServerApps where they start (`workers_from`, `use_workers`). One
+worker, or fewer than `MIN_PARALLEL` jobs, runs the serial path in process (same function,
+same result). The pool uses the ``forkserver`` start method (the coordinator
 runs inside Flower's multi-threaded simulation or ServerApp process, where a plain ``fork`` is
 unsafe) and is started in the background when a large enough round begins (`warm_up`), so its
 start overlaps the key-exchange stages. It lives as long as the coordinator: each worker exits
@@ -24,7 +25,7 @@ import logging
 import multiprocessing
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -71,19 +72,43 @@ def correction(jobs: Sequence[Job], size: int) -> np.ndarray:
     return out
 
 
-def workers() -> int:
-    """Worker processes for unmasking (``FEDSPLIT_SECAGG_WORKERS``, see the module docstring)."""
-    raw = os.environ.get(WORKERS_ENV, "").strip()
+def default_workers() -> int:
+    """The CPUs this process may use, at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
+def workers_from(environ: Mapping[str, str]) -> int:
+    """Worker processes for unmasking as ``environ`` (the coordinator's environment, read
+    where its process starts) names them: ``FEDSPLIT_SECAGG_WORKERS``, else `default_workers`."""
+    raw = environ.get(WORKERS_ENV, "").strip()
     if not raw:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cpus = os.cpu_count() or 1
-        return max(1, min(8, cpus))
+        return default_workers()
     if not raw.isdigit() or int(raw) < 1:
         raise ConfigError(f"{WORKERS_ENV} is the number of unmasking worker processes, an integer "
                           f">= 1 (1 = serial). Received: {raw!r}")
     return int(raw)
+
+
+#: The unmasking pool's size in this process (`use_workers`); None: `default_workers`.
+_workers: int | None = None
+
+
+def use_workers(count: int) -> None:
+    """Size the process's unmasking pool (one per process, as the pool): set once by the
+    ServerApp where it starts, from `workers_from` its environment."""
+    global _workers
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"Unmasking needs at least one worker. Received: {count!r}")
+    _workers = count
+
+
+def workers() -> int:
+    """Worker processes for unmasking in this process (`use_workers`, else `default_workers`)."""
+    return _workers if _workers is not None else default_workers()
 
 
 _lock = threading.Lock()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from fedsplit.protocol.record.survival import (
 )
 from fedsplit.protocol.schema import Schema, merge_reports
 from fedsplit.server.exchange import collect_all
+from fedsplit.server.secure import unmask
 from fedsplit.server.secure.secagg import SecureSum
 from fedsplit.server.setup import wait_for_nodes
 from fedsplit.server.survival import km as kmm
@@ -249,6 +251,7 @@ def pooled_km(coord: Coordinator, min_count: int, inputs: Mapping[str, Any] | No
 def main(grid: Grid, context: Context) -> None:
     """Run the configured survival path; write its document and the history."""
     run = sv.SurvivalRun.from_flower(context.run_config)
+    unmask.use_workers(unmask.workers_from(os.environ))  # read once, here (docs/settings.md)
     out = Path(run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     record = SurvivalAnalysisRecord.start(run.mode, at=time.time())

@@ -5,6 +5,7 @@ in test_kernels.py)."""
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import numpy as np
@@ -102,11 +103,12 @@ def test_auto_leaves_the_gram_matrix_to_numpy_at_any_size() -> None:
 
 
 def test_settings_are_read_once_and_passed_in(monkeypatch, h) -> None:
-    """The environment is read when the settings are built (`from_environ`), never during a
-    pass: changing it afterwards changes nothing, and each setting is checked when built."""
+    """The environment is read when the settings are built (`from_environ`, where a process
+    starts), never during a pass: changing it afterwards changes nothing, and each setting is
+    checked when built."""
     monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "numpy")
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "3")
-    built = BackendSettings.from_environ(device="cpu")
+    built = BackendSettings.from_environ(os.environ, device="cpu")
     assert (built.mode, built.device, built.threads) == ("numpy", "cpu", 3)
     monkeypatch.setenv("FEDSPLIT_AGG_BACKEND", "gpu")  # too late: the settings are built
     monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "x")

@@ -114,6 +114,11 @@ def test_budget_too_small_is_a_clear_error(h) -> None:
                                       memory_budget=0)
 
 
+def _threaded(threads: str) -> aggregation.BackendSettings:
+    """The settings a process whose environment holds ``FEDSPLIT_AGG_THREADS=threads`` builds."""
+    return aggregation.BackendSettings.from_environ({"FEDSPLIT_AGG_THREADS": threads})
+
+
 @pytest.mark.parametrize("name,params", ROBUST[:4])
 def test_worker_threads_give_the_same_bits(h, monkeypatch, tmp_path: Path, name, params) -> None:
     """FEDSPLIT_AGG_THREADS=3 splits blocks into parallel tiles: identical result and report.
@@ -126,13 +131,12 @@ def test_worker_threads_give_the_same_bits(h, monkeypatch, tmp_path: Path, name,
     monkeypatch.setattr(_threads, "THREADED_FROM", 0)
     updates = h.make_updates(9, shapes=[(40, 300), (7,)], seed=21)
     strat = aggregation.get_strategy(name, params)
-    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "1")
-    one = aggregation.aggregate_updates(strat, updates)
-    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "3")
-    three = aggregation.aggregate_updates(strat, updates)
+    one = aggregation.aggregate_updates(strat, updates, settings=_threaded("1"))
+    three = aggregation.aggregate_updates(strat, updates, settings=_threaded("3"))
     files = [open_weights(write_weights(u, tmp_path / f"{u.site}.h5")) for u in updates]
     try:
-        from_files = aggregation.aggregate_updates(strat, files, memory_budget=2_000_000)
+        from_files = aggregation.aggregate_updates(strat, files, memory_budget=2_000_000,
+                                                   settings=_threaded("3"))
     finally:
         for f in files:
             f.close()
@@ -142,9 +146,8 @@ def test_worker_threads_give_the_same_bits(h, monkeypatch, tmp_path: Path, name,
     for a, b in zip(one.report.sites, three.report.sites, strict=True):
         assert a.trimmed_fraction == pytest.approx(b.trimmed_fraction, rel=1e-12)
         assert a.l2_to_aggregate == pytest.approx(b.l2_to_aggregate, rel=1e-6)
-    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "many")
     with pytest.raises(AggregationError, match="Received: 'many'"):
-        aggregation.aggregate_updates(strat, updates)
+        _threaded("many")
 
 
 def test_non_contiguous_in_memory_arrays_read_correctly(h) -> None:
@@ -169,17 +172,18 @@ def test_report_distances_equal_direct_computation(h, monkeypatch, threads) -> N
     """
     from fedsplit.aggregation import _threads
 
-    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", threads)
+    settings = _threaded(threads)
     monkeypatch.setattr(_threads, "THREADED_FROM", 0)
     updates = h.make_updates(6, seed=23)
     poisoned = h.make_updates(7, seed=23)
     next(iter(poisoned[6].arrays.values())).reshape(-1)[3] = np.nan
-    res = aggregation.aggregate_updates(aggregation.get_strategy("fedavg"), poisoned)
+    res = aggregation.aggregate_updates(aggregation.get_strategy("fedavg"), poisoned,
+                                        settings=settings)
     assert [s.excluded for s in res.report.sites] == [False] * 6 + [True]
     assert "NaN/Inf" in res.report.sites[6].reason
     for name in ("fedavg", "median", "geometric-median"):
         res = aggregation.aggregate_updates(aggregation.get_strategy(name), updates,
-                                            memory_budget=6 * 4 * 50 + 8192)
+                                            memory_budget=6 * 4 * 50 + 8192, settings=settings)
         agg = np.concatenate([a.reshape(-1) for a in res.arrays.values()]).astype(np.float64)
         for u, site in zip(updates, res.report.sites, strict=True):
             flat = np.concatenate([a.reshape(-1) for a in u.arrays.values()]).astype(np.float64)
@@ -193,12 +197,13 @@ def test_forked_child_gets_its_own_worker_pool(h, monkeypatch) -> None:
     from fedsplit.aggregation import _threads
 
     monkeypatch.setattr(_threads, "THREADED_FROM", 0)
-    monkeypatch.setenv("FEDSPLIT_AGG_THREADS", "2")
+    settings = _threaded("2")
     updates = h.make_updates(4, shapes=[(30, 20)], seed=5)
-    parent = aggregation.aggregate_updates(aggregation.get_strategy("median"), updates)
+    parent = aggregation.aggregate_updates(aggregation.get_strategy("median"), updates,
+                                           settings=settings)
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(1) as pool:
         child = pool.apply_async(
-            aggregation.aggregate_updates, (aggregation.get_strategy("median"), updates)
-        ).get(timeout=60)
+            aggregation.aggregate_updates, (aggregation.get_strategy("median"), updates),
+            {"settings": settings}).get(timeout=60)
     np.testing.assert_array_equal(child.arrays["p0"], parent.arrays["p0"])

@@ -212,7 +212,7 @@ def test_a_failed_build_is_recorded_and_auto_falls_back_to_numpy(tmp_path: Path)
         "print(r.arrays['w'].tolist())\n"
         "os.environ['FEDSPLIT_AGG_BACKEND'] = 'compiled'\n"
         "try:\n"
-        "    BackendSettings.from_environ().select('weighted_sum', 10)\n"
+        "    BackendSettings.from_environ(os.environ).select('weighted_sum', 10)\n"
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
     )

@@ -54,15 +54,19 @@ def test_parallel_secure_sum_with_dropped_hospitals_completes() -> None:
     assert np.array_equal(parallel, exact) and np.array_equal(serial, exact)
 
 
-def test_worker_count_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(unmask.WORKERS_ENV, "3")
-    assert unmask.workers() == 3
-    monkeypatch.delenv(unmask.WORKERS_ENV)
-    assert 1 <= unmask.workers() <= 8
+def test_worker_count_comes_from_the_environment_the_entry_hands_in(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert unmask.workers_from({unmask.WORKERS_ENV: "3"}) == 3
+    assert 1 <= unmask.workers_from({}) == unmask.default_workers() <= 8
     for bad in ("0", "two", "-1"):
-        monkeypatch.setenv(unmask.WORKERS_ENV, bad)
         with pytest.raises(ConfigError, match=r"FEDSPLIT_SECAGG_WORKERS.*Received"):
-            unmask.workers()
+            unmask.workers_from({unmask.WORKERS_ENV: bad})
+    monkeypatch.setattr(unmask, "_workers", None)  # this process's pool size, restored after
+    assert unmask.workers() == unmask.default_workers()
+    unmask.use_workers(3)
+    assert unmask.workers() == 3
+    with pytest.raises(ConfigError, match="at least one worker"):
+        unmask.use_workers(0)
 
 
 def test_private_mask_seed_is_128_bits_in_two_shamir_blocks() -> None:
