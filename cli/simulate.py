@@ -15,7 +15,7 @@ from fedsplit.cli.options import (
     grouped,
 )
 from fedsplit.orchestration.datasets import SIMULATE_DATASETS
-from fedsplit.orchestration.tables import metric_key, summary_tables
+from fedsplit.orchestration.tables import SITE_TABLE_FILE, metric_key, summary_tables
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.record.common import SUMMARY_FILE, scalars
 from fedsplit.protocol.record.horizontal import RunRecord
@@ -47,12 +47,14 @@ def round_status(history: RunRecord) -> str:
     return shown
 
 
-def print_summary(summary: RunSummary) -> None:
-    """Print each model's score on every hospital's test patients, their mean and the pooled test."""
+def print_summary(summary: RunSummary, site_table: Path | None = None) -> None:
+    """Print each model's score on every hospital's test patients, their mean and the pooled test
+    (above `orchestration.tables.CONSOLE_SITES` hospitals their spread; ``site_table``: the file
+    with every hospital's row)."""
     tuned = summary.personalized
     prior = tuned is not None and tuned.prior_test is not None
     tuned_label = "federated + prior" if prior else "federated + fine-tuned"
-    for table in summary_tables(summary):
+    for table in summary_tables(summary, site_table):
         console.print(table)
     if tuned is not None and tuned.prior_test is not None:
         console.print("federated + prior: each hospital refits the global model's final bias "
@@ -139,6 +141,19 @@ def simulate(
                                "auto = all for a step budget, bias for prior.",
                           metavar="auto|all|bias")
     ] = "auto",
+    baselines: Annotated[
+        str, typer.Option(help="Baselines trained beside the federation: auto (the task kind's: "
+                               "centralized and each hospital alone), none, or a comma list of "
+                               "centralized, local. Each is scored in O(hospitals): the "
+                               "centralized model on every hospital's test patients, a hospital "
+                               "alone on its own (also on the others' up to 20 hospitals).",
+                          metavar="auto|none|centralized,local")
+    ] = "auto",
+    ray_address: Annotated[
+        str | None, typer.Option(help="Run the simulated hospitals on an existing Ray cluster: "
+                                      "its head's HOST:PORT (`ray start --head`; docs/simulate.md, "
+                                      "'On a Ray cluster'). Default: Ray on this machine.")
+    ] = None,
     data: DataOptions = DataOptions(),
     model: ModelOptions = ModelOptions(),
     training: TrainingOptions = TrainingOptions(),
@@ -154,12 +169,13 @@ def simulate(
         **aggregation.run_keys(), **run.run_keys(), parallel=parallel, attack=attack,
         attackers=attackers, dp=dp))
     check_site_files(site or [])  # a missing file at any hospital: one line, before torch loads
-    from fedsplit.orchestration.experiment import Experiment, run_simulation
+    from fedsplit.orchestration.experiment import Experiment, parse_baselines, run_simulation
     from fedsplit.protocol.privacy import DPSpec
 
     exp = Experiment(cfg=cfg, out=out, dataset=dataset, site_files=site or [], num_sites=sites,
                      partition=partition, test_fraction=test_fraction, leave_out=leave_out or [],
-                     personalize=personalize, personalize_scope=personalize_scope)
+                     personalize=personalize, personalize_scope=personalize_scope,
+                     baselines=parse_baselines(baselines), ray_address=ray_address)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                   console=console) as progress:
@@ -173,7 +189,7 @@ def simulate(
                                  on_stage=lambda msg: progress.console.print(f"[dim]{msg}[/]"),
                                  on_phase=lambda name: progress.update(bar, status=name))
         progress.update(bar, completed=run.rounds, status="done")
-    print_summary(summary)
+    print_summary(summary, out / SITE_TABLE_FILE)
     dp_spec = DPSpec.parse(cfg.dp)
     if dp_spec is not None and summary.privacy is not None:
         audit = summary.privacy.audit or PrivacyAudit()
@@ -185,7 +201,8 @@ def simulate(
         if head is not None:
             console.print(f"membership AUC (federation, {head.attack}): {head.auc:.3f} "
                           f"[{head.ci95[0]:.3f}, {head.ci95[1]:.3f}]")
-    console.print(f"wrote {out / SUMMARY_FILE}, {out / 'rounds.png'}, global model "
+    console.print(f"wrote {out / SUMMARY_FILE}, {out / SITE_TABLE_FILE}, {out / 'rounds.png'}, "
+                  f"global model "
                   f"{summary.federated.model if summary.federated else '-'}")
     if summary.survival is not None:
         console.print(f"survival: pooled Kaplan-Meier curve {summary.survival.km_plot} (and "

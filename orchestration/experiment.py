@@ -76,13 +76,14 @@ from fedsplit.orchestration.plots import plot_rounds
 from fedsplit.orchestration.selection import BestRound
 from fedsplit.orchestration.site_files import SiteSource, check_site_files, parse_site
 from fedsplit.orchestration.survival_baselines import exact_baseline, fitted_exactly
+from fedsplit.orchestration.tables import SITE_TABLE_FILE, write_site_table
 from fedsplit.orchestration.task_kinds import draw_task_plots
 from fedsplit.protocol.column_sets import check_table_columns
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, HospitalFailure
 from fedsplit.protocol.privacy import DPSpec
 from fedsplit.protocol.record.common import HISTORY_FILE, SUMMARY_FILE
-from fedsplit.protocol.record.horizontal import RunRecord
+from fedsplit.protocol.record.horizontal import RunRecord, SiteEntry
 from fedsplit.protocol.record.summary import (
     AttackSummary,
     Baseline,
@@ -96,11 +97,34 @@ from fedsplit.protocol.record.summary import (
 )
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
-from fedsplit.protocol.tasks import CENTRALIZED, LOCAL, task_kind
+from fedsplit.protocol.tasks import AUTO, BASELINES, CENTRALIZED, LOCAL, task_kind
 from fedsplit.protocol.update import arrays_to_state_dict
 from fedsplit.protocol.weights import read_schema
 from fedsplit.server.compose import check_composition
 from fedsplit.server.history import find_resume_point
+
+#: Up to this many hospitals, each hospital-alone model is also scored on every other
+#: hospital's test patients (the Models table's row per hospital alone: its mean over every
+#: hospital and the pooled test). Above, each is scored on its own test patients only, so the
+#: closing scores N models on N test sets, not N x N (1,000 hospitals: a million scorings, the
+#: quadratic closing of issue 43), and the Models table shows one row, "each hospital alone":
+#: the mean of the hospitals' own scores, pooled with each test row scored by its hospital's model.
+CROSS_SCORED_SITES = 20
+
+
+def parse_baselines(text: str) -> tuple[str, ...] | None:
+    """``--baselines``: ``auto`` (None: the task kind's, `protocol.tasks`), ``none`` (an empty
+    tuple) or a comma list of `protocol.tasks.BASELINES`; anything else is a `ConfigError`."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == [AUTO]:
+        return None
+    if names == ["none"]:
+        return ()
+    if not names or any(n not in BASELINES for n in names):
+        raise ConfigError(f"--baselines is auto (the task kind's), none, or a comma list of "
+                          f"{', '.join(BASELINES)}, e.g. --baselines centralized. Received: "
+                          f"{text!r}")
+    return tuple(dict.fromkeys(names))
 
 
 @dataclass
@@ -147,6 +171,12 @@ class Experiment:
     #: what personalization fine-tunes: ``all`` weights or the final layer's ``bias``; ``auto``:
     #: ``all`` for a step budget, ``bias`` for ``prior``
     personalize_scope: str = "auto"
+    #: the baselines trained beside the federation (`protocol.tasks.BASELINES`); None: the task
+    #: kind's, () none (`parse_baselines`)
+    baselines: Sequence[str] | None = None
+    #: an existing Ray cluster (its head's ``HOST:PORT``) that runs the simulated hospitals
+    #: (`orchestration.flower_runtime.simulation`); None: Ray on this machine
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         """Cross-field checks (each a `ConfigError` that says how to fix it); fills ``num_sites``."""
@@ -182,6 +212,8 @@ class Experiment:
             set(self.leave_out))
         check_attack(cfg.attack, cfg.attackers, joined)
         resolve_scope(parse_budget(self.personalize) or 1, self.personalize_scope)
+        if self.baselines is not None:
+            check_baselines(self.baselines, cfg.task)
         if cfg.recipe or task_recipe(cfg):  # a recipe that cannot be imported or refuses
             # its params fails here
             recipe = effective_recipe(NodeConfig(), cfg, "mlp")
@@ -192,6 +224,16 @@ class Experiment:
                     f"a sum over patients; recipe {recipe.name}'s loss is not (per_sample_loss = "
                     f"False: e.g. a Cox partial likelihood couples the patients of a risk set). "
                     f"Use --dp ...,level=hospital, or train without --dp. Received: --dp {cfg.dp}")
+
+
+def check_baselines(chosen: Sequence[str], task: str) -> tuple[str, ...]:
+    """``chosen``, each one a baseline of `protocol.tasks.BASELINES` the task kind ``task``
+    declares (``auto``: not known before the data decides; checked again after the run)."""
+    declared = BASELINES if task == AUTO else task_kind(task).baselines
+    if any(b not in declared for b in chosen):
+        raise ConfigError(f"Task kind {task} trains the baselines {', '.join(declared) or 'none'}"
+                          f"; choose among them or --baselines none. Received: {list(chosen)}")
+    return tuple(chosen)
 
 
 def _concat(parts: Sequence[Dataset]) -> Dataset:
@@ -589,12 +631,14 @@ def run_experiment(
     on_stage: Callable[[str], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
 ) -> RunSummary:
-    """Run the federation and the baselines; write summary.json (`RunSummary`) and rounds.png
-    into ``exp.out``; return the summary.
+    """Run the federation and the baselines; write summary.json (`RunSummary`), per_site.csv
+    (`orchestration.tables.write_site_table`) and rounds.png into ``exp.out``; return the
+    summary.
 
     ``on_progress`` gets the coordinator's run record each time it is rewritten; ``on_stage``
     a line for each stage; ``on_phase`` the name of each step before Flower (`PHASES`)."""
     stage = on_stage or (lambda _msg: None)
+    phase = on_phase or (lambda _name: None)
     budget = parse_budget(exp.personalize)  # a bad value stops before Flower starts
     scope = resolve_scope(budget or 1, exp.personalize_scope)
     out = exp.out.resolve()
@@ -602,23 +646,26 @@ def run_experiment(
     cfg, joined, everyone = stage_sites(exp, on_phase)
     if on_phase is not None:
         on_phase(PHASES[3])
-    stage(f"federation: {len(joined)} hospitals ({', '.join(t.name for t in joined)}), "
+    stage(f"federation: {len(joined)} hospitals ({_names([t.name for t in joined])}), "
           f"{recipe_line(cfg, 'mlp' if joined[0].is_table else joined[0].train.kind)}, "
           f"{cfg.strategy}{'' if cfg.server_opt == 'none' else ' + ' + cfg.server_opt}, "
           f"{cfg.num_server_rounds} rounds")
     fed_dir = out / "federation"
     progress = None if on_progress is None else (
         lambda raw: on_progress(RunRecord.from_json(raw, source=str(fed_dir / HISTORY_FILE))))
-    history = RunRecord.from_json(simulation(cfg, len(joined), out / "flower", on_progress=progress),
+    history = RunRecord.from_json(simulation(cfg, len(joined), out / "flower", on_progress=progress,
+                                             ray_address=exp.ray_address),
                                   source=str(fed_dir / HISTORY_FILE))
     schema_text = read_schema(fed_dir / "global.h5")
     schema = Schema.from_json(schema_text) if schema_text else None
+    phase(f"encoding {len(everyone)} hospitals' rows with the federation's schema")
     data = dict(zip([t.name for t in everyone], encode_sites(everyone, schema), strict=True))
     tests = [(name, test) for name, (_, test) in data.items()]
 
     stage("scoring the federated model per round on every hospital's test patients")
     rounds = []
     for entry in history.model_rounds:
+        phase(f"scoring round {entry.round}'s model on {len(tests)} hospitals")
         scored = evaluate(load_model(fed_dir / str(entry.model)), tests,
                           local_states(out, joined, entry.round))
         rounds.append(SummaryRound(round=entry.round, **scored.fields(), site_evaluation=dict(
@@ -632,48 +679,22 @@ def run_experiment(
     # pooled Kaplan-Meier curve and the kept model's Breslow baseline, from the hospitals' sums)
     drawn = draw_task_plots(cfg.task, fed_dir)
 
-    stage("baselines: centralized and each hospital alone (same model, same optimizer steps)")
+    declared = task_kind(final.spec.task).baselines  # the task kind's (`protocol.tasks`)
+    wanted = declared if exp.baselines is None else check_baselines(exp.baselines,
+                                                                     final.spec.task)
+    stage("baselines: none (--baselines none)" if not wanted else "baselines: " + " and ".join(
+        ["centralized (scored on every hospital's test patients)"] * (CENTRALIZED in wanted)
+        + [f"each hospital alone (scored on "
+           f"{'every' if len(tests) <= CROSS_SCORED_SITES else 'its own'} hospital's test "
+           f"patients)"] * (LOCAL in wanted)) + "; same model, same optimizer steps")
     # the rows each agent trains on: its file minus its own held-out evaluation rows
     splits = {t.name: split_site(data[t.name][0], cfg.val_fraction, cfg.seed) for t in joined}
     trains = {name: train for name, (train, _) in splits.items()}
-    vals = {name: val for name, (_, val) in splits.items()}
     recipe = recipe_of(final)  # its loss decides the rows of a step (`step_batch_size`)
-    central_steps, site_steps = baseline_steps([len(t) for t in trains.values()], cfg, recipe)
     exact = fitted_exactly(history) and schema is not None  # the exact Cox fit's baselines
-
-    failures: list[str] = []  # one line per party whose own code failed (HospitalFailure)
-
-    def baseline(who: str, train: Dataset, own_vals: Sequence[Dataset], steps: int,
-                 site: str | None = None) -> Baseline | None:
-        """A baseline's record, or None (its failure named in ``failures``): the recipe's
-        own code runs here too, and may raise on the pooled rows or one hospital's.
-        ``own_vals``: the validation rows of each hospital whose rows it trains on."""
-        val = own_vals[0] if len(own_vals) == 1 else _concat(list(own_vals))
-        def trained() -> tuple[SiteModel, BestRound]:
-            return train_baseline(train, own_vals, num_outputs, cfg, steps)
-
-        try:
-            with hospital_stage(who, "training"):
-                model, chosen = (exact_baseline(_fresh_model(train, num_outputs, cfg), train, val,
-                                                schema.to_json(), trained)
-                                 if exact else trained())
-                scored = evaluate(model, tests)
-        except HospitalFailure as e:
-            failures.append(str(e))
-            return None
-        done = Baseline(num_examples=len(train), steps=steps, rounds_kept=chosen.round,
-                        val_metric=chosen.scores, val_examples=len(val), **scored.fields())
-        if site is not None:  # the centralized baseline has no site key
-            done.site = site
-        return done
-
-    wanted = task_kind(final.spec.task).baselines  # the task kind's (`protocol.tasks`)
-    centralized = baseline("the centralized baseline", _concat(list(trains.values())),
-                           list(vals.values()), central_steps) if CENTRALIZED in wanted else None
-    local_only = [entry for (name, train), steps in zip(trains.items(), site_steps, strict=True)
-                  if LOCAL in wanted and (entry := baseline(
-                      f"hospital {name} alone (baseline)", train, [vals[name]], steps,
-                      site=name)) is not None]
+    centralized, local_only, failures = train_baselines(
+        wanted, splits, tests, cfg, num_outputs, recipe,
+        exact_schema=schema.to_json() if exact and schema is not None else None, on_phase=phase)
     # rows behind the kept model: excluded (e.g. hostile) sites do not count
     kept = history.round(history.selection.rounds_kept or 0) if history.selection else None
     fed_examples = (kept.aggregation.num_examples if kept is not None and kept.aggregation
@@ -735,6 +756,8 @@ def run_experiment(
         **drawn,
     )
     summary.save(out / SUMMARY_FILE)
+    phase(f"writing {SITE_TABLE_FILE} and rounds.png")
+    write_site_table(summary, out / SITE_TABLE_FILE)
     plot_rounds(summary, out / "rounds.png")
     if summary.failures:  # written and plotted; the command still says what failed, and fails
         first, *more = summary.failures
@@ -742,6 +765,84 @@ def run_experiment(
             first + (f" (and {len(more)} more failure(s))" if more else "")
             + f". The federated model and summary were written to {out}; see its 'failures'")
     return summary
+
+
+def train_baselines(
+    wanted: Sequence[str],
+    splits: Mapping[str, tuple[Dataset, Dataset]],
+    tests: Sequence[tuple[str, Dataset]],
+    cfg: RunConfig,
+    num_outputs: int,
+    recipe: object | None = None,
+    *,
+    exact_schema: str | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> tuple[Baseline | None, list[Baseline], list[str]]:
+    """The baselines ``wanted`` (`protocol.tasks.BASELINES`): the centralized model (or None)
+    and each hospital alone, trained on ``splits`` (each joined hospital's (training,
+    validation) rows) to the step budgets of `baseline_steps`, and one line per party whose own
+    code failed (`HospitalFailure`; that baseline is then missing).
+
+    Scoring is O(hospitals): the centralized model on every hospital's test patients
+    (``tests``), a hospital alone on its own, and also on the others' up to
+    `CROSS_SCORED_SITES` hospitals. ``exact_schema``: the schema (JSON) of an exact Cox fit,
+    whose baselines are fitted exactly too (`orchestration.survival_baselines`). ``on_phase``
+    gets a line as each baseline starts."""
+    phase = on_phase or (lambda _name: None)
+    own_tests = dict(tests)
+    cross = len(tests) <= CROSS_SCORED_SITES
+    trains = {name: train for name, (train, _) in splits.items()}
+    vals = {name: val for name, (_, val) in splits.items()}
+    central_steps, site_steps = baseline_steps([len(t) for t in trains.values()], cfg, recipe)
+    failures: list[str] = []
+
+    def baseline(who: str, train: Dataset, own_vals: Sequence[Dataset], steps: int,
+                 site: str | None = None) -> Baseline | None:
+        """A baseline's record, or None (its failure named in ``failures``): the recipe's
+        own code runs here too, and may raise on the pooled rows or one hospital's.
+        ``own_vals``: the validation rows of each hospital whose rows it trains on."""
+        val = own_vals[0] if len(own_vals) == 1 else _concat(list(own_vals))
+
+        def trained() -> tuple[SiteModel, BestRound]:
+            return train_baseline(train, own_vals, num_outputs, cfg, steps)
+
+        try:
+            with hospital_stage(who, "training"):
+                model, chosen = (exact_baseline(_fresh_model(train, num_outputs, cfg), train, val,
+                                                exact_schema, trained)
+                                 if exact_schema is not None else trained())
+                scored = evaluate(model, tests if site is None or cross
+                                  else [(site, own_tests[site])])
+        except HospitalFailure as e:
+            failures.append(str(e))
+            return None
+        done = Baseline(num_examples=len(train), steps=steps, rounds_kept=chosen.round,
+                        val_metric=chosen.scores, val_examples=len(val), **scored.fields())
+        if site is not None:  # the centralized baseline has no site key
+            done.site = site
+        return done
+
+    centralized = None
+    if CENTRALIZED in wanted:
+        phase(f"centralized baseline: {central_steps} steps on {len(trains)} hospitals' rows")
+        centralized = baseline("the centralized baseline", _concat(list(trains.values())),
+                               list(vals.values()), central_steps)
+    local_only = []
+    for k, ((name, train), steps) in enumerate(zip(trains.items(), site_steps, strict=True)):
+        if LOCAL not in wanted:
+            break
+        phase(f"hospital-alone baselines: {k + 1} of {len(trains)}")
+        entry = baseline(f"hospital {name} alone (baseline)", train, [vals[name]], steps,
+                         site=name)
+        if entry is not None:
+            local_only.append(entry)
+    return centralized, local_only, failures
+
+
+def _names(names: Sequence[str], shown: int = 8) -> str:
+    """The hospitals' names for a progress line: all of a few, else the first ``shown``."""
+    return ", ".join(names) if len(names) <= shown else (
+        f"{', '.join(names[:shown])}, ... {len(names) - shown} more")
 
 
 def local_states(out: Path, joined: Sequence[SiteTable], server_round: int | None
@@ -757,9 +858,13 @@ def _left_out(history: RunRecord, names: Sequence[str]) -> list[str]:
     the federation trained without them (one line each, as the hospital reported it). A
     hospital that withheld an update outside the secure-aggregation range did what the
     protocol asks (the round goes on without it, docs/privacy.md): that is no failure here."""
+    reports: dict[str, list[SiteEntry]] = {}  # each hospital's reports, in round order: O(N x R)
+    for r in history.rounds:
+        for s in r.train.sites if r.train else []:
+            reports.setdefault(s.site, []).append(s)
     lines = []
     for name in names:
-        entries = [s for r in history.rounds if r.train for s in r.train.sites if s.site == name]
+        entries = reports.get(name, [])
         own = f"hospital {name},"
         if entries and all(s.excluded and s.reason and s.reason.startswith(own)
                            and not s.reason.startswith(f"{own} secure aggregation:")

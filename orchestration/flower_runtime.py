@@ -382,13 +382,23 @@ def simulation(
     components: tuple[str, str] = HORIZONTAL_COMPONENTS,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     timeout: float = 3600,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` in Flower's simulation engine with ``num_sites`` virtual hospitals.
 
     ``components`` picks the app: `HORIZONTAL_COMPONENTS` by default, or `VERTICAL_COMPONENTS`.
+    ``ray_address``: an existing Ray cluster's GCS address (``HOST:PORT``, as ``ray start
+    --head`` prints it) that runs the hospitals, checked to answer first (`check_ray_address`);
+    None: Flower starts Ray on this machine (or joins the one Ray's own ``RAY_ADDRESS`` names).
+    Flower 1.42's simulation settings carry no Ray address (their ``init_args`` are only
+    num_cpus, num_gpus, logging_level and log_to_driver), but its Ray backend calls
+    ``ray.init()`` in the SuperLink's simulation process, which joins the cluster that
+    ``RAY_ADDRESS`` in its environment names: that is how the address travels.
     """
     flwr_home = work / "flwr-home"
     env = flower_env(flwr_home)
+    if ray_address:
+        env["RAY_ADDRESS"] = check_ray_address(ray_address)
     app_dir = stage_app(work / "app", cfg, components=components)
     with simulation_superlink(work, env) as address:
         write_connection(flwr_home, address)
@@ -398,6 +408,22 @@ def simulation(
                                f"client-resources-num-gpus=0"),
             timeout=timeout, on_progress=on_progress,
         )
+
+
+def check_ray_address(address: str) -> str:
+    """``address`` (a Ray cluster's ``HOST:PORT``), once its port accepts a connection (at most
+    2 s); otherwise a `ConfigError` that names the address, the cause and how to start a head."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"--ray-address is a Ray cluster's HOST:PORT (the head's GCS address "
+                          f"that `ray start --head --port=6379` prints, e.g. 10.0.0.5:6379). "
+                          f"Received: {address!r}")
+    why = probe(address.strip())
+    if why is not None:
+        raise ConfigError(f"No Ray cluster answers at {address.strip()} ({why}); start its head "
+                          f"with `ray start --head --port={port}` there (docs/simulate.md, 'On a "
+                          f"Ray cluster'). Received: --ray-address {address}")
+    return address.strip()
 
 
 #: How long `fedsplit up --superlink` waits for the SuperLink's port to accept a connection.

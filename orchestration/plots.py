@@ -63,6 +63,11 @@ def _summary(summary: RunSummary | Mapping[str, Any]) -> RunSummary:
     return summary if isinstance(summary, RunSummary) else RunSummary.from_json(dict(summary))
 
 
+#: Up to this many hospitals `plot_rounds` draws a line per hospital (with a legend entry);
+#: above, the per-round range and median over the hospitals.
+PLOTTED_SITES = 20
+
+
 def plot_rounds(summary: RunSummary | Mapping[str, Any], path: Path) -> None:
     """Draw the federated metric per round against the baselines (``fedsplit simulate``).
 
@@ -77,7 +82,8 @@ def plot_rounds(summary: RunSummary | Mapping[str, Any], path: Path) -> None:
     key = metric_key(summary)
     rounds = [r.round for r in summary.rounds]
     with round_axes(path, ylabel=f"test {key}", title=f"fedsplit: {summary.strategy} over "
-                    f"{len(summary.local_only)} hospitals", size=(8, 4.8)) as ax:
+                    f"{len(summary.test_examples_per_site) or summary.sites} hospitals",
+                    size=(8, 4.8)) as ax:
         ax.plot(rounds, summary.round_metric(key), "o-", color="C0",
                 label="federated (pooled test)", lw=2.5)
         fed = summary.federated
@@ -89,6 +95,16 @@ def plot_rounds(summary: RunSummary | Mapping[str, Any], path: Path) -> None:
                        label="centralized (pooled test)")
         alone = {s.site: s for s in summary.local_only}
         names = list(summary.rounds[0].per_site) if summary.rounds else []
+        if len(names) > PLOTTED_SITES:  # a band, not a line per hospital
+            import numpy as np
+
+            per_round = np.array([[r.per_site[n][key] for n in names] for r in summary.rounds])
+            ax.fill_between(rounds, per_round.min(axis=1), per_round.max(axis=1), color="C1",
+                            alpha=0.25, label=f"federated on each of {len(names)} hospitals "
+                            f"(range)")
+            ax.plot(rounds, np.median(per_round, axis=1), "-", color="C1", lw=1.2,
+                    label="federated, median hospital")
+            names = []
         for i, name in enumerate(names):
             color = f"C{i + 1}"
             ax.plot(rounds, [r.per_site[name][key] for r in summary.rounds], "-", lw=1.2,
