@@ -44,7 +44,7 @@ class NodeConfig(Group):
         """Read Flower's ``context.node_config``; an unknown key or a bad value is a
         `ConfigError` naming it and the known keys."""
         try:
-            return cls.model_validate(dict(node_config))
+            return cls.model_validate(dict(node_config), by_alias=True, by_name=False)
         except ValidationError as e:
             known = ", ".join(f.alias or n for n, f in cls.model_fields.items())
             raise ConfigError(f"Invalid node config: {problems(cls, e)}. Known keys: {known}. "

@@ -24,6 +24,7 @@ from fedsplit.protocol.run_settings import (
     SimulationSettings,
     StartSettings,
     TrainingSettings,
+    problems,
 )
 from fedsplit.protocol.schema import TableSettings
 from fedsplit.protocol.tasks import LabelEncoding, declared, inferred_kind, label_encoding
@@ -112,20 +113,14 @@ class RunConfig(SimulationSettings, ServerOptimizerSettings, AggregationSettings
         try:
             return cls.model_validate(dict(run_config))
         except ValidationError as e:
-            messages = [
-                f"{'.'.join(str(p) for p in err['loc'])}: "
-                f"{str(err['msg']).removeprefix('Value error, ')}" if err["loc"]
-                else str(err["msg"]).removeprefix("Value error, ")
-                for err in e.errors()
-            ]
-            problems = "; ".join(m.rstrip(".") for m in messages)
             known = (f" Known keys: "
                      f"{', '.join(sorted(f.alias or n for n, f in cls.model_fields.items()))}."
                      if any(err["type"] == "extra_forbidden" for err in e.errors()) else "")
             # a message that names what it received says enough; else the whole config
-            received = ("" if all("Received:" in m for m in messages)
+            received = ("" if all("Received:" in str(err["msg"]) for err in e.errors())
                         else f" Received: {dict(run_config)}")
-            raise ConfigError(f"Invalid run configuration: {problems}.{known}{received}") from e
+            raise ConfigError(f"Invalid run configuration: {problems(cls, e)}.{known}{received}"
+                              ) from e
 
     @classmethod
     def resumable_keys(cls) -> frozenset[str]:
@@ -135,10 +130,3 @@ class RunConfig(SimulationSettings, ServerOptimizerSettings, AggregationSettings
     def to_flower(self) -> dict[str, Any]:
         """Return the kebab-case dict Flower's ``--run-config`` and pyproject expect."""
         return self.model_dump(by_alias=True)
-
-
-def parse_min_count(value: Any) -> int:
-    """``min-count`` (the minimum-count rule's K: a whole number >= 1) read by the one parse of it,
-    `RunConfig.min_count`, for the run configs that are not a `RunConfig` (``fedsplit km`` /
-    ``cox``: `protocol.survival.SurvivalRun`); a `ConfigError` naming ``min-count`` otherwise."""
-    return RunConfig.from_flower({"min-count": value}).min_count

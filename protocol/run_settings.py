@@ -51,15 +51,19 @@ def comma_list(value: Any) -> str:
 
 
 def problems(model: type[BaseModel], error: ValidationError) -> str:
-    """What ``error`` found wrong, each field named by its run-config key."""
-    def key(loc: tuple[Any, ...]) -> str:
-        field = model.model_fields.get(str(loc[0])) if loc else None
-        head = (field.alias or str(loc[0])) if field is not None else ".".join(map(str, loc[:1]))
-        return ".".join([head, *map(str, loc[1:])])
+    """What ``error`` found wrong, each field named by its run-config key (an unknown key as
+    it was given)."""
+    def key(err: Any) -> str:
+        loc = tuple(err["loc"])
+        field = model.model_fields.get(str(loc[0]))
+        if err["type"] == "extra_forbidden" or field is None:  # as it was given
+            return ".".join(map(str, loc))
+        return ".".join([field.alias or str(loc[0]), *map(str, loc[1:])])
 
-    return "; ".join(f"{key(tuple(err['loc']))}: {str(err['msg']).removeprefix('Value error, ')}"
-                     if err["loc"] else str(err["msg"]).removeprefix("Value error, ")
-                     for err in error.errors())
+    messages = (f"{key(err)}: {str(err['msg']).removeprefix('Value error, ')}"
+                if err["loc"] else str(err["msg"]).removeprefix("Value error, ")
+                for err in error.errors())
+    return "; ".join(m.rstrip(".") for m in messages)
 
 
 def split_list(value: str) -> tuple[str, ...]:

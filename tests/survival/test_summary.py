@@ -10,9 +10,10 @@ import pytest
 from fedsplit.client.survival.summary import baseline_vector, km_vector
 from fedsplit.protocol import survival as sv
 from fedsplit.protocol import survival_summary as ss
-from fedsplit.protocol.config import RunConfig, parse_min_count
+from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError
 from fedsplit.protocol.privacy import SecureSpec
+from fedsplit.protocol.run_settings import SecureSettings
 from fedsplit.protocol.survival import SurvivalRun
 from fedsplit.server.survival import km as kmm
 from fedsplit.server.survival.summary import publish_baseline
@@ -105,14 +106,14 @@ def test_min_count_publishes_the_baseline_where_the_curve_is_published() -> None
 
 
 def test_min_count_is_read_as_run_config_reads_it_and_times_are_checked() -> None:
-    # one parse of min-count (RunConfig.min_count): the km / cox app's config reads it the same way
+    # one definition of min-count (protocol.run_settings.SecureSettings): the km / cox app's
+    # config and the horizontal run's read it the same way
+    assert SecureSettings in SurvivalRun.__mro__ and SecureSettings in RunConfig.__mro__
     run = SurvivalRun(mode="km", time="t", event="e", out_dir="out")
     flower = run.to_flower()
     assert SurvivalRun.from_flower({**flower, "min-count": 3}).min_count == 3
-    assert parse_min_count(3) == RunConfig.from_flower({"min-count": 3}).min_count == 3
+    assert RunConfig.from_flower({"min-count": 3}).min_count == 3
     for bad in (0, "x", 2.5):
-        with pytest.raises(ConfigError, match="min-count"):
-            parse_min_count(bad)
         with pytest.raises(ConfigError, match="min-count"):
             SurvivalRun.from_flower({**flower, "min-count": bad})
         with pytest.raises(ConfigError, match="min-count"):
