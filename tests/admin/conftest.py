@@ -134,3 +134,11 @@ def forge_audit_record(data_dir: Path, *, mac: str | None = None) -> int:
                    "hash, mac) VALUES (:id, :at, :event, :actor, :site_id, :address, :detail, "
                    ":prev_hash, :hash, :mac)", {**fields, "hash": audit.record_hash(fields), "mac": mac})
     return last_id + 1
+
+
+def post_not_hdf5(client: TestClient, round_id: int, token: str, path: Path) -> Any:
+    """Write 128 bytes of text (no HDF5 signature) to ``path`` and upload it: refused with 422."""
+    path.write_bytes(b"not an hdf5 file" * 8)
+    response = post_file(client, round_id, token, path)
+    assert response.status_code == 422, response.text
+    return response

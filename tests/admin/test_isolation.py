@@ -17,7 +17,15 @@ from fedsplit.server.admin.ui.sessions import MAX_SESSIONS_PER_IDENTITY
 from sqlalchemy import func, select
 
 from tests.admin.asgi import call
-from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, create_round, post_file, write_model
+from tests.admin.conftest import (
+    ADMIN,
+    ADMIN_TOKEN,
+    bearer,
+    create_round,
+    post_file,
+    post_not_hdf5,
+    write_model,
+)
 
 HOST = {"Host": "127.0.0.1:8080"}
 MIB = 1024 * 1024
@@ -87,10 +95,7 @@ def test_unauthenticated_flood_keeps_every_refusal_and_audit_record(client, site
     """Probe: 5,000 empty POST .../uploads without a token evicted every real refusal."""
     token = site_token("hospital-a")
     rnd = create_round(client)
-    bad = tmp_path / "bad.h5"
-    bad.write_bytes(b"not an hdf5 file" * 8)
-    refused = post_file(client, rnd["id"], token, bad)
-    assert refused.status_code == 422
+    post_not_hdf5(client, rnd["id"], token, tmp_path / "bad.h5")
     ctx = client.app.state.admin
     with ctx.sessions() as session:
         refusals_before = session.scalar(select(func.count()).select_from(RefusedUpload))

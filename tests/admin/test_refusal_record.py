@@ -14,7 +14,15 @@ from fedsplit.server.admin.tables import AuditRecord, RefusedUpload
 from fedsplit.server.admin.ui import rest
 from sqlalchemy import func, select
 
-from tests.admin.conftest import ADMIN, ADMIN_TOKEN, bearer, create_round, post_file, write_model
+from tests.admin.conftest import (
+    ADMIN,
+    ADMIN_TOKEN,
+    bearer,
+    create_round,
+    post_file,
+    post_not_hdf5,
+    write_model,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,9 +52,7 @@ def test_a_refused_file_is_one_row_one_audit_record_one_count(client, site_token
     token = site_token("hospital-a")
     rnd = create_round(client)
     bad = tmp_path / "bad.h5"
-    bad.write_bytes(b"not an hdf5 file" * 8)
-    answer = post_file(client, rnd["id"], token, bad)
-    assert answer.status_code == 422
+    answer = post_not_hdf5(client, rnd["id"], token, bad)
     (row,) = _rows(client)
     assert (row.who, row.round_id, row.filename, row.size_bytes, row.sha256, row.status_code) == (
         "hospital-a", rnd["id"], "bad.h5", bad.stat().st_size,
