@@ -70,7 +70,7 @@ from fedsplit.client.train import (
 from fedsplit.orchestration.certs import site_names
 from fedsplit.orchestration.datasets import table_keys
 from fedsplit.orchestration.fingerprint import data_fingerprint
-from fedsplit.orchestration.flower_runtime import simulation
+from fedsplit.orchestration.flower_runtime import check_ray_address, simulation
 from fedsplit.orchestration.personalize import ALONE, PRIOR, parse_budget, personalize, resolve_scope
 from fedsplit.orchestration.plots import plot_rounds
 from fedsplit.orchestration.selection import BestRound
@@ -214,6 +214,8 @@ class Experiment:
         resolve_scope(parse_budget(self.personalize) or 1, self.personalize_scope)
         if self.baselines is not None:
             check_baselines(self.baselines, cfg.task)
+        if self.ray_address:  # a cluster that does not answer: refused before any data is read
+            check_ray_address(self.ray_address)
         if cfg.recipe or task_recipe(cfg):  # a recipe that cannot be imported or refuses
             # its params fails here
             recipe = effective_recipe(NodeConfig(), cfg, "mlp")

@@ -389,16 +389,19 @@ def simulation(
     ``components`` picks the app: `HORIZONTAL_COMPONENTS` by default, or `VERTICAL_COMPONENTS`.
     ``ray_address``: an existing Ray cluster's GCS address (``HOST:PORT``, as ``ray start
     --head`` prints it) that runs the hospitals, checked to answer first (`check_ray_address`);
-    None: Flower starts Ray on this machine (or joins the one Ray's own ``RAY_ADDRESS`` names).
-    Flower 1.42's simulation settings carry no Ray address (their ``init_args`` are only
-    num_cpus, num_gpus, logging_level and log_to_driver), but its Ray backend calls
-    ``ray.init()`` in the SuperLink's simulation process, which joins the cluster that
-    ``RAY_ADDRESS`` in its environment names: that is how the address travels.
+    None: Flower starts Ray on this machine (``RAY_ADDRESS=local``), not joining a cluster that
+    ``ray start`` left here (Ray's default), unless the caller's environment sets Ray's own
+    ``RAY_ADDRESS``. Flower 1.42's simulation settings carry no Ray address (their
+    ``init_args`` are only num_cpus, num_gpus, logging_level and log_to_driver), but its Ray
+    backend calls ``ray.init()`` in the SuperLink's simulation process, which joins the cluster
+    that ``RAY_ADDRESS`` in its environment names: that is how the address travels.
     """
     flwr_home = work / "flwr-home"
     env = flower_env(flwr_home)
     if ray_address:
         env["RAY_ADDRESS"] = check_ray_address(ray_address)
+    else:
+        env.setdefault("RAY_ADDRESS", "local")
     app_dir = stage_app(work / "app", cfg, components=components)
     with simulation_superlink(work, env) as address:
         write_connection(flwr_home, address)

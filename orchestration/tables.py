@@ -88,9 +88,11 @@ def _rounds_kept(entry: Scores, summary: RunSummary) -> str:
 
 def _site_columns(summary: RunSummary) -> list[tuple[str, Scores | None]]:
     """The per-hospital models, labelled: centralized, alone (each hospital's own: None),
-    federated, and the personalized model when there is one."""
+    federated, and the personalized model when there is one; a baseline not trained
+    (``--baselines``) has no column."""
     columns: list[tuple[str, Scores | None]] = [
-        ("centralized", summary.centralized), ("alone", None), ("federated", summary.federated)]
+        *[("centralized", summary.centralized)] * (summary.centralized is not None),
+        *[("alone", None)] * bool(summary.local_only), ("federated", summary.federated)]
     tuned_label = _personalized_label(summary)
     if tuned_label:
         columns.append((tuned_label.replace("federated + fine-tuned", "+ tuned")

@@ -160,3 +160,9 @@ def test_a_small_federation_prints_a_row_per_hospital_and_per_model() -> None:
     for i in range(4):
         assert f"site-{i} (1{i})" in text and f"site-{i} alone" in text
     assert "each hospital alone" not in rendered([models_table(summary)])
+
+
+def test_a_baseline_not_trained_has_no_column() -> None:
+    summary = summary_of(3, cross=True).model_copy(update={"centralized": None, "local_only": []})
+    text = rendered(summary_tables(summary))
+    assert "centralized" not in text and "alone" not in text and "federated" in text
