@@ -99,10 +99,14 @@ def test_baselines_are_trained_as_chosen_and_scored_in_linear_time(
 def test_a_small_federation_still_scores_each_hospital_alone_on_every_hospital(
         tmp_path: Path, scored: list[list[str]]) -> None:
     splits, tests = federation(3, tmp_path, CFG)
-    _, alone, _ = train_baselines(("local",), splits, tests, CFG, num_outputs=2)
+    said: list[str] = []  # what the progress bar shows while the closing runs
+    _, alone, _ = train_baselines(("local", "centralized"), splits, tests, CFG, num_outputs=2,
+                                  on_phase=said.append)
     names = [name for name, _ in tests]
     assert [list(b.per_site) for b in alone] == [names] * 3
-    assert scored == [names] * 3
+    assert scored == [names] * 4  # the centralized model, then each hospital alone
+    assert said[0].startswith("centralized baseline: ") and "3 hospitals' rows" in said[0]
+    assert said[1:] == [f"hospital-alone baselines: {k} of 3" for k in (1, 2, 3)]
 
 
 def summary_of(sites: int, *, cross: bool) -> RunSummary:
