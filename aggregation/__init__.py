@@ -2,7 +2,8 @@
 
 Importing this package registers every built-in strategy. Look one up with
 `get_strategy(name, params)`; list them with `describe_strategies()`; run one with
-`aggregate_updates`. The rules are built from six operations of `aggregation.backend`, which
+`aggregate_updates`, or fold a round's updates in one at a time (`Fold`). The rules are built
+from six operations of `aggregation.backend`, which
 runs each pass on the numpy reference, compiled kernels (C through cffi, numba) or a CUDA GPU
 (torch), as the `BackendSettings` passed in decide (built once at start-up, e.g. from
 ``FEDSPLIT_AGG_BACKEND`` by `BackendSettings.from_environ`); importing this package imports
@@ -39,6 +40,7 @@ from fedsplit.aggregation.registry import (
 )
 from fedsplit.aggregation.run import aggregate_updates
 from fedsplit.aggregation.settings import DEFAULT_SETTINGS, BackendSettings
+from fedsplit.aggregation.stream import Fold
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -48,6 +50,7 @@ __all__ = [
     "AggregationReport",
     "AggregationStrategy",
     "BackendSettings",
+    "Fold",
     "IncompatibleUpdatesError",
     "NotEnoughUpdatesError",
     "SiteReport",
