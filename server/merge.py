@@ -5,7 +5,9 @@ merged with the registry rule, metrics averaged.
   wire contract (`protocol.horizontal_wire`) and become `protocol.Update` objects (validated:
   finite float arrays, integer count >= 1); a reply that fails is excluded with its reason
   instead of ending the run, and the merge itself is `aggregation.aggregate_updates`, the same
-  code the REST upload path and the CLI use. A round updates the global model only when at
+  code the REST upload path and the CLI use, through `aggregation.Fold`: each reply's arrays
+  are folded in as it is parsed and dropped from its message (held under the memory budget,
+  else spilled to a temporary file), so the coordinator never holds every reply's model twice. A round updates the global model only when at
   least ``quorum`` replies are usable: the count is taken after the input checks (layout,
   count, cohort cap, finite values), so excluded updates never make up a quorum.
 - `Evaluation`: a global model's federated evaluation from evaluate replies and from train
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
 from fedsplit.aggregation.base import AggregationStrategy
 from fedsplit.protocol import horizontal_wire as wire
@@ -110,6 +113,16 @@ def split_errors(replies: Iterable[Message], phase: str) -> tuple[list[Message],
     return valid, failed
 
 
+class _Folded(NamedTuple):
+    """A parsed training reply once `aggregation.Fold` holds its arrays: what the round's
+    record and metrics still read."""
+
+    num_examples: int
+    metrics: dict[str, Metric]
+    site: str
+    info: dict[str, str]
+
+
 class MetricsAverage:
     """A user's metrics aggregation function, else the weighted mean without the weight key."""
 
@@ -171,40 +184,44 @@ class PlainMerge:
         # in a fixed order (by site name, then node), not the order replies arrived in: the
         # float sums, and so the run, are then the same every time
         valid = sorted(valid, key=lambda m: (reply_site(m), m.metadata.src_node_id))
-        parsed: list[wire.TrainReply] = []
+        parsed: list[_Folded] = []  # each reply's arrays are the fold's once parsed
         contents: list[RecordDict] = []
         excluded: list[SiteReport] = []
         for msg in failed:
             excluded.append(SiteReport(site=replies.site(msg), num_examples=0, weight=0.0,
                                        excluded=True, reason=wire.failure_reason(msg.error.reason)))
-        for msg in valid:
-            replies.site(msg)
+        with aggregation.Fold(self.aggregator, expected=rnd.layout, cohort_caps=self.cohort_caps,
+                              cap_policy=self.cap_policy, settings=self.backend) as fold:
+            for msg in valid:
+                replies.site(msg)
+                try:
+                    reply = wire.parse_train_reply(msg, weight_key=self.weighted_by_key,
+                                                   server_round=rnd.number)
+                except FedsplitError as e:
+                    excluded.append(SiteReport(site=reply_site(msg), num_examples=0, weight=0.0,
+                                               excluded=True, reason=str(e)))
+                    continue
+                fold.add(reply.update, key=len(parsed))
+                parsed.append(_Folded(reply.update.num_examples, reply.metrics, reply.site,
+                                      reply.info))
+                del msg.content.array_records[wire.ARRAYS]  # the fold holds (or spilled) them
+                contents.append(_without_evaluation(msg.content))
+            # one entry per parsed reply first, in order (aligned with the aggregation report)
+            sites = [SiteEntry(site=r.site, num_examples=r.num_examples,
+                               metrics=r.metrics, info=r.info) for r in parsed]
+            for rep in excluded:
+                log.warning("Round %s: excluded %s: %s", rnd.number, rep.site, rep.reason)
+                sites.append(SiteEntry(site=rep.site, excluded=True, reason=rep.reason))
+            if not parsed:
+                return Merge(sites, error="no usable training replies; global model unchanged")
+            if len(parsed) < self.quorum:
+                return Merge(sites, error=f"only {len(parsed)} valid training replies, fewer "
+                                          f"than the quorum of {self.quorum}; global model "
+                                          f"unchanged")
             try:
-                parsed.append(wire.parse_train_reply(msg, weight_key=self.weighted_by_key,
-                                                     server_round=rnd.number))
+                result = fold.result()
             except FedsplitError as e:
-                excluded.append(SiteReport(site=reply_site(msg), num_examples=0, weight=0.0,
-                                           excluded=True, reason=str(e)))
-                continue
-            contents.append(_without_evaluation(msg.content))
-        # one entry per parsed reply first, in order (aligned with the aggregation report)
-        sites = [SiteEntry(site=r.site, num_examples=r.update.num_examples, metrics=r.metrics,
-                           info=r.info) for r in parsed]
-        for rep in excluded:
-            log.warning("Round %s: excluded %s: %s", rnd.number, rep.site, rep.reason)
-            sites.append(SiteEntry(site=rep.site, excluded=True, reason=rep.reason))
-        if not parsed:
-            return Merge(sites, error="no usable training replies; global model unchanged")
-        if len(parsed) < self.quorum:
-            return Merge(sites, error=f"only {len(parsed)} valid training replies, fewer than "
-                                      f"the quorum of {self.quorum}; global model unchanged")
-        try:
-            result = aggregation.aggregate_updates(
-                self.aggregator, [r.update for r in parsed], expected=rnd.layout,
-                cohort_caps=self.cohort_caps, cap_policy=self.cap_policy, settings=self.backend,
-            )
-        except FedsplitError as e:
-            return Merge(sites, error=str(e))
+                return Merge(sites, error=str(e))
         # The report holds one entry per update, in input order: updates the input checks
         # excluded (wrong layout, refused count, NaN) leave the quorum and the metrics too.
         usable = []
@@ -219,7 +236,7 @@ class PlainMerge:
                                       f"input checks (of {len(parsed)} received), fewer than "
                                       f"the quorum of {self.quorum}; global model unchanged")
         metrics = self.average(
-            [(parsed[k].update.num_examples, parsed[k].metrics) for k in usable],
+            [(parsed[k].num_examples, parsed[k].metrics) for k in usable],
             [contents[k] for k in usable])
         return Merge(sites, result=result, metrics=metrics)
 
