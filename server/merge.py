@@ -7,9 +7,10 @@ merged with the registry rule, metrics averaged.
   instead of ending the run, and the merge itself is `aggregation.aggregate_updates`, the same
   code the REST upload path and the CLI use, through `aggregation.Fold`: each reply's arrays
   are folded in as it is parsed and dropped from its message (held under the memory budget,
-  else spilled to a temporary file), so the coordinator never holds every reply's model twice. A round updates the global model only when at
-  least ``quorum`` replies are usable: the count is taken after the input checks (layout,
-  count, cohort cap, finite values), so excluded updates never make up a quorum.
+  else spilled to a temporary file), so the coordinator never holds every reply's model
+  twice. A round updates the global model only when at least ``quorum`` replies are usable:
+  the count is taken after the input checks (layout, count, cohort cap, finite values), so
+  excluded updates never make up a quorum.
 - `Evaluation`: a global model's federated evaluation from evaluate replies and from train
   replies that carry it (``evaluate-first``: `server.rounds`): one history entry per hospital
   and the weighted mean of their metrics.
