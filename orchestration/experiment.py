@@ -108,7 +108,7 @@ from fedsplit.server.history import find_resume_point
 #: hospital and the pooled test). Above, each is scored on its own test patients only, so the
 #: closing scores N models on N test sets, not N x N (1,000 hospitals: a million scorings, the
 #: quadratic closing of issue 43), and the Models table shows one row, "each hospital alone":
-#: the mean of the hospitals' own scores, pooled with each test row scored by its hospital's model.
+#: the mean of the hospitals' own scores (no pooled score: no one model scores every row).
 CROSS_SCORED_SITES = 20
 
 
@@ -638,7 +638,9 @@ def run_experiment(
     summary.
 
     ``on_progress`` gets the coordinator's run record each time it is rewritten; ``on_stage``
-    a line for each stage; ``on_phase`` the name of each step before Flower (`PHASES`)."""
+    a line for each stage; ``on_phase`` the name of each step before Flower (`PHASES`), then
+    of each step of the closing analyses as it starts (encoding, scoring round R, each
+    baseline: ``hospital-alone baselines: K of N``, writing the files)."""
     stage = on_stage or (lambda _msg: None)
     phase = on_phase or (lambda _name: None)
     budget = parse_budget(exp.personalize)  # a bad value stops before Flower starts
