@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from fedsplit.cli.options import Lr, Rounds, Seed
 from fedsplit.protocol.selection import selection_metric
 from fedsplit.protocol.tasks import task_kind
 from rich.console import Console
@@ -80,16 +81,16 @@ def simulate(
     overlap: Annotated[float, typer.Option(help="--dataset: share of patients every site holds.")] = 1.0,
     task: Annotated[str, typer.Option(help="auto, classification or regression.")] = "auto",
     fill: Annotated[str, typer.Option(help="Missing views: nearest, mean, zero or drop.")] = "nearest",
-    rounds: Annotated[int, typer.Option(min=1, help="Flower rounds.")] = 10,
+    rounds: Rounds = 10,
     steps: Annotated[int, typer.Option(min=1, help="Mini-batch steps per round.")] = 20,
     batch_size: Annotated[int, typer.Option(min=1, help="Aligned rows per step.")] = 64,
-    lr: Annotated[float, typer.Option(min=0.0, help="Adam learning rate.")] = 0.01,
+    lr: Lr = 0.01,
     embedding_dim: Annotated[int, typer.Option(min=1, help="Embedding width per site.")] = 16,
     branch_hidden: Annotated[int, typer.Option(min=0, help="Hidden width in each branch (0 = none).")] = 0,
     head_hidden: Annotated[int, typer.Option(min=0, help="Head hidden width (0 = linear).")] = 16,
     min_overlap: Annotated[float, typer.Option(help="Refuse under this share of shared patients.")] = 0.2,
     test_fraction: Annotated[float, typer.Option(min=0.05, max=0.9, help="Held-out share.")] = 0.2,
-    seed: Annotated[int, typer.Option(help="Seed for splits and initial weights.")] = 0,
+    seed: Seed = 0,
     keep: Annotated[str, typer.Option(
         help="Which round the fused model keeps: best-val (the round that scores best on "
              "validation rows cut from the label holder's training rows, ties to the later: the "
@@ -131,10 +132,10 @@ def compare_fills(
         help="Bundled data: breast-cancer, digits or diabetes (regression).")] = None,
     sites: Annotated[int, typer.Option(min=1, help="Sites for --dataset.")] = 2,
     overlap: Annotated[float, typer.Option(help="--dataset: share of patients every site holds.")] = 0.6,
-    rounds: Annotated[int, typer.Option(min=1)] = 10,
+    rounds: Rounds = 10,
     steps: Annotated[int, typer.Option(min=1)] = 20,
     embedding_dim: Annotated[int, typer.Option(min=1)] = 16,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Seed = 0,
 ) -> None:
     """Accuracy of each fill (nearest, mean, zero, drop) on the same held-out rows, in-process."""
     import torch

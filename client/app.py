@@ -162,11 +162,11 @@ def setup(msg: Message, context: Context) -> Message:
 
 def _model_check(site: SiteData, stats: wire.SiteStats, context: Context,
                  cfg: RunConfig) -> dict[str, object] | None:
-    """The model ``query.init`` would build here if the federation's statistics were this
-    site's own (its records: `protocol.horizontal_wire.build_model_check`), and which tensors
-    hold them (`client.model_check`); None when it cannot be built here on its own (``query.init``
-    then builds it, and names any failure, as before)."""
-    from fedsplit.client.model_check import statistics_map
+    """The fingerprint of the model ``query.init`` would build here if the federation's
+    statistics were this site's own (its records: `protocol.horizontal_wire.build_model_check`:
+    no weights), and which tensors hold them (`client.model_check`); None when it cannot be
+    built here on its own (``query.init`` then builds it, and names any failure, as before)."""
+    from fedsplit.client.model_check import probe_statistics
 
     try:
         schema = site.train.schema
@@ -177,11 +177,12 @@ def _model_check(site: SiteData, stats: wire.SiteStats, context: Context,
             schema_task=schema.task if schema is not None else None,
             labels=len(schema.labels) if schema is not None else 0)
         model, spec, federated = _initial_model(request, _init_recipe(request, context, cfg), cfg)
-        statistics = statistics_map(model, int(np.asarray(request.mean).size), set_statistics)
+        statistics, varying = probe_statistics(model, int(np.asarray(request.mean).size),
+                                               set_statistics)
         set_statistics(model, request.mean, request.std, request.y_mean, request.y_std)
         _check_dp(model, federated, cfg)
         return wire.build_model_check(state_dict_arrays(model.state_dict()), spec.to_id(),
-                                      federated, request, statistics)
+                                      federated, request, statistics, varying)
     except Exception:  # asked again (query.init) with the federation's statistics
         return None
 

@@ -18,8 +18,9 @@ query.stats    config: schema (optional: the agreed   stats (metrics): num-examp
                                                       input-shape, features, recipe (the
                                                       identity of the site's recipe as JSON:
                                                       `protocol.recipe.RecipeIdentity`);
-                                                      optional model check: arrays and model
-                                                      (as query.init's) and check (config):
+                                                      optional model check: fingerprint
+                                                      (config): tensors (no weights: `ModelPrint`),
+                                                      model (as query.init's) and check (config):
                                                       kind, task, input-shape, num-outputs,
                                                       hidden, norm, statistics (optional)
 query.setup    config: {}                             columns (as query.schema's); and, when the
@@ -44,17 +45,16 @@ evaluate       arrays; config: model-id,              metrics: the weight key an
                server-round, schema (optional)        metrics; site (optional): name
 =============  =====================================  =========================================
 
-Set-up in one exchange: a ``query.setup`` reply's model check is the model the site would
-return to ``query.init`` if the federation's statistics were its own (`ModelCheck`): built for
-the request `protocol.model_plan.plan_model` gives from its own stats and schema, with the
-names of the tensors that hold the statistics (``statistics``: JSON {tensor: mean | std |
+Set-up never moves a model up from every hospital: a ``query.setup`` reply's model check is
+the fingerprint (`ModelPrint`: each tensor's name, shape, dtype and a digest of its starting
+values where they must agree, i.e. every tensor the statistics do not fill) of the model the
+site would return to ``query.init`` if the federation's statistics were its own (`ModelCheck`):
+built for the request `protocol.model_plan.plan_model` gives from its own stats and schema, with
+the names of the tensors that hold the statistics (``statistics``: JSON {tensor: mean | std |
 y-mean | y-std}). Where the coordinator's request has the same `model_key`, the check stands
-for the site's ``query.init`` reply (the majority check compares the checks), and the
-coordinator puts the pooled statistics into the reference's check itself
-(`protocol.model_plan.place_statistics`), so a federation whose hospitals agree on the schema
-sets up in one exchange. ``query.stats`` carries the check
-built under the agreed schema. The check's arrays hold the site's own mean and std, which its
-stats (count, sum, sum of squares) already give.
+for the site's ``query.init`` reply in the majority check, and only the reference hospital
+builds the starting weights (``query.init``, one model up); the coordinator sends them out.
+``query.stats`` carries the check built under the agreed schema.
 
 One message per hospital per round: a train instruction with ``evaluate-first`` asks the
 hospital to score the model it receives (the previous round's global model) on its validation
@@ -78,6 +78,7 @@ Arrays are float16/32/64 everywhere; integer buffers travel as float64 (see
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -118,6 +119,7 @@ SCHEMA = "schema"
 MODEL = "model"
 COLUMNS = "columns"
 CHECK = "check"  # query.setup / query.stats reply: what the model check was built for
+FINGERPRINT = "fingerprint"  # query.setup / query.stats reply: the model check's tensors
 
 # --- keys -----------------------------------------------------------------------------------
 NUM_EXAMPLES = "num-examples"  # the default weight key (Flower's weighted_by_key)
@@ -145,6 +147,8 @@ MODEL_KEYS = INIT_KEYS[:6]
 #: {tensor name: one of STATISTIC_SOURCES}; absent when the site's recipe does more than place them
 STATISTICS = "statistics"
 STATISTIC_SOURCES = ("mean", "std", "y-mean", "y-std")
+#: model check: its tensors as JSON [[name, shape, dtype, digest or null], ...] (`ModelPrint`)
+TENSORS = "tensors"
 SITE_KEYS = ("name", "device", "parallel-mode", "parallel-config")
 TRAIN_LOSS = "train-loss"  # a train reply's mean training loss
 ON_GPU = "on-gpu"  # 1 when the hospital trained on a GPU
@@ -181,10 +185,10 @@ def _rule(type_: str, keys: Sequence[str] | None = None, required: Sequence[str]
     return RecordRule(type_, allowed, need, optional)
 
 
-#: a query.setup or query.stats reply's model check (all three records or none): the model the
-#: site built under the schema it encoded with and its own statistics (`ModelCheck`)
+#: a query.setup or query.stats reply's model check (all three records or none): the fingerprint
+#: of the model the site built under the schema it encoded with (`ModelCheck`), never its weights
 _CHECK_RULES: dict[str, RecordRule] = {
-    ARRAYS: _rule("arrays", optional=True),
+    FINGERPRINT: _rule("config", (TENSORS,), optional=True),
     MODEL: _rule("config", (MODEL_ID, FEDERATED), (MODEL_ID,), optional=True),
     CHECK: _rule("config", (*MODEL_KEYS, STATISTICS), MODEL_KEYS, optional=True),
 }
@@ -594,18 +598,26 @@ def build_init_reply(arrays: Mapping[str, np.ndarray], model_id: str,
     """A site's ``query.init`` reply: the initial model in wire form (see `state_dict_arrays`),
     the names of the tensors that travel (a subset of the arrays, in their order) and the site."""
     checked = check_arrays(arrays, where="initial model")
-    model: dict[str, Any] = {MODEL_ID: model_id}
-    if federated is not None:
-        if unknown := [n for n in federated if n not in checked]:
-            raise ConfigError(f"The tensors that travel must be entries of the model's state_dict. "
-                              f"Received: {unknown[:8]}")
-        model[FEDERATED] = list(federated)
-    records: dict[str, Any] = {ARRAYS: to_array_record(checked), MODEL: _config_record(model)}
+    records: dict[str, Any] = {ARRAYS: to_array_record(checked),
+                               MODEL: _model_record(model_id, federated, checked)}
     if site is not None:
         records[SITE] = _config_record({SITE_NAME: site})
     content = _record_dict(records)
     check_content(INIT, content, reply=True)
     return content
+
+
+def _model_record(model_id: str, federated: Sequence[str] | None,
+                  names: Mapping[str, Any]) -> ConfigRecord:
+    """The ``model`` record: the architecture id and the tensors that travel (a subset of
+    ``names``, in their order)."""
+    model: dict[str, Any] = {MODEL_ID: model_id}
+    if federated is not None:
+        if unknown := [n for n in federated if n not in names]:
+            raise ConfigError(f"The tensors that travel must be entries of the model's state_dict. "
+                              f"Received: {unknown[:8]}")
+        model[FEDERATED] = list(federated)
+    return _config_record(model)
 
 
 def parse_init_reply(msg: Message) -> InitialModel:
@@ -646,39 +658,84 @@ def model_key(request: ModelRequest) -> tuple[Any, ...]:
             int(request.num_outputs), tuple(int(h) for h in request.hidden), str(request.norm))
 
 
+#: One tensor of a model's fingerprint: name, shape, dtype and the digest of its starting values
+#: (None: its values depend on the statistics, e.g. a standardisation layer's mean and std).
+TensorPrint = tuple[str, tuple[int, ...], str, str | None]
+
+
+def tensor_digest(array: np.ndarray) -> str:
+    """The digest of one tensor's values as they travel (`check_arrays`' wire form): the first
+    16 hex digits of the SHA-256 of its C-ordered bytes, dtype and shape."""
+    value = np.ascontiguousarray(array)
+    text = f"{value.dtype.str}{value.shape}".encode()
+    return hashlib.sha256(text + value.tobytes()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ModelPrint:
+    """What the same-code check compares of a hospital's model, without its weights: every
+    tensor's name, shape, dtype and, where the starting weights must agree (every tensor the
+    statistics do not fill), a digest of its values (`TensorPrint`, in state_dict order); the
+    architecture id, the tensors that travel (None: all) and the hospital."""
+
+    tensors: tuple[TensorPrint, ...]
+    model_id: str
+    federated: tuple[str, ...] | None = None
+    site: str | None = None
+
+    @classmethod
+    def of(cls, model: InitialModel, varying: Sequence[str] = ()) -> ModelPrint:
+        """The fingerprint of a whole model (a ``query.init`` reply): every tensor digested but
+        the ``varying`` ones (those the statistics fill)."""
+        return cls(fingerprint({k: a.numpy() for k, a in model.arrays.items()}, varying),
+                   model.model_id, model.federated, model.site)
+
+
+def fingerprint(arrays: Mapping[str, np.ndarray], varying: Sequence[str] = ()
+                ) -> tuple[TensorPrint, ...]:
+    """Each tensor's name, shape, dtype and digest (`tensor_digest`; None for ``varying``)."""
+    checked = check_arrays(arrays, where="model check")
+    skip = set(varying)
+    return tuple((name, tuple(int(d) for d in a.shape), str(a.dtype),
+                  None if name in skip else tensor_digest(a)) for name, a in checked.items())
+
+
 @dataclass(frozen=True)
 class ModelCheck:
-    """A site's model built in its ``query.setup`` (or ``query.stats``) reply, before the
-    coordinator pooled any statistics: built as ``query.init`` would build it for the request
-    whose `model_key` is ``key``, with the site's own statistics. It stands for the site's
-    ``query.init`` reply when the coordinator's request has the same key: the models' tensors
-    (names, shapes, dtypes, which travel) are what the majority check compares, and
-    ``statistics`` (tensor name -> one of `STATISTIC_SOURCES`; None: the site's recipe does more
-    than place them) lets the coordinator put the pooled statistics into the starting weights
-    (`place_statistics`) without the ``query.init`` exchange."""
+    """A site's model in its ``query.setup`` (or ``query.stats``) reply, before the coordinator
+    pooled any statistics, as a fingerprint (`ModelPrint`: no weights travel): built as
+    ``query.init`` would build it for the request whose `model_key` is ``key``. It stands for
+    the site's ``query.init`` reply in the majority check when the coordinator's request has the
+    same key; ``statistics`` (tensor name -> one of `STATISTIC_SOURCES`; None: the site's recipe
+    does more than place them) says where the pooled statistics go in the starting weights
+    (`protocol.model_plan.place_statistics`), which the coordinator checks in the starting model
+    the reference hospital builds."""
 
-    model: InitialModel
+    model: ModelPrint
     key: tuple[Any, ...]
     statistics: dict[str, str] | None = None
 
 
 def build_model_check(arrays: Mapping[str, np.ndarray], model_id: str,
                       federated: Sequence[str] | None, request: ModelRequest,
-                      statistics: Mapping[str, str] | None) -> dict[str, Any]:
-    """The records of a model check (for `build_setup_reply` / `build_stats_reply`)."""
-    init = build_init_reply(arrays, model_id, federated)
+                      statistics: Mapping[str, str] | None,
+                      varying: Sequence[str] = ()) -> dict[str, Any]:
+    """The records of a model check (for `build_setup_reply` / `build_stats_reply`): the
+    fingerprint of ``arrays`` (``varying``: the tensors the statistics fill, not digested), never
+    the arrays themselves."""
+    tensors = fingerprint(arrays, varying)
     key = model_key(request)
     values: dict[str, Any] = {
         "kind": key[0], "task": key[1], "input-shape": list(key[2]), "num-outputs": key[3],
         "hidden": list(key[4]), "norm": key[5]}
     if statistics is not None:
-        values[STATISTICS] = json.dumps(_statistics_map(statistics, init.array_records[ARRAYS]),
-                                        sort_keys=True)
-    return {ARRAYS: init.array_records[ARRAYS], MODEL: init.config_records[MODEL],
-            CHECK: _config_record(values)}
+        values[STATISTICS] = json.dumps(_statistics_map(statistics, arrays), sort_keys=True)
+    return {FINGERPRINT: _config_record({TENSORS: json.dumps(
+                [[n, list(shape), dtype, digest] for n, shape, dtype, digest in tensors])}),
+            MODEL: _model_record(model_id, federated, arrays), CHECK: _config_record(values)}
 
 
-def _statistics_map(raw: Any, arrays: Mapping[str, Any]) -> dict[str, str]:
+def _statistics_map(raw: Any, arrays: Mapping[str, Any] | Sequence[str]) -> dict[str, str]:
     if not isinstance(raw, Mapping) or not raw:
         raise ReplyError(f"A model check's statistics name at least one tensor. Received: "
                          f"{str(raw)[:200]}")
@@ -690,14 +747,45 @@ def _statistics_map(raw: Any, arrays: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _read_tensors(text: str) -> tuple[TensorPrint, ...]:
+    """A model check's fingerprint (JSON), each entry checked."""
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise ReplyError(f"A model check's fingerprint is JSON. Received: {text[:200]}") from e
+    out: list[TensorPrint] = []
+    for entry in raw if isinstance(raw, list) else [raw]:
+        if (not isinstance(entry, list) or len(entry) != 4 or not isinstance(entry[0], str)
+                or not isinstance(entry[1], list)
+                or not all(isinstance(d, int) and d >= 0 for d in entry[1])
+                or not isinstance(entry[2], str)
+                or not (entry[3] is None or isinstance(entry[3], str))):
+            raise ReplyError(f"A model check's fingerprint lists [name, shape, dtype, digest or "
+                             f"null] per tensor. Received: {str(entry)[:200]}")
+        out.append((entry[0], tuple(entry[1]), entry[2], entry[3]))
+    names = [t[0] for t in out]
+    if not out or len(set(names)) != len(names):
+        raise ReplyError(f"A model check's fingerprint names each tensor once, at least one. "
+                         f"Received: {names[:8]}")
+    return tuple(out)
+
+
 def _read_check(content: RecordDict, site: str, kind: str) -> ModelCheck | None:
-    present = [name for name in (ARRAYS, MODEL, CHECK) if name in content]
+    present = [name for name in (FINGERPRINT, MODEL, CHECK) if name in content]
     if not present:
         return None
     if len(present) != 3:
-        raise ReplyError(f"A {kind} reply's model check holds the records arrays, model and "
+        raise ReplyError(f"A {kind} reply's model check holds the records fingerprint, model and "
                          f"check together. Received: {present}")
-    model = _read_initial(content, site)
+    tensors = _read_tensors(str(content.config_records[FINGERPRINT][TENSORS]))
+    names = [t[0] for t in tensors]
+    model = content.config_records[MODEL]
+    federated = None
+    if FEDERATED in model:
+        federated = tuple(str(n) for n in model[FEDERATED])
+        if not federated or any(n not in names for n in federated):
+            raise ReplyError(f"A model check's travelling tensors must be a non-empty subset "
+                             f"of its tensors. Received: {list(federated)[:8]}")
     c = content.config_records[CHECK]
     key = (str(c["kind"]), str(c["task"]),
            tuple(int(d) for d in np.atleast_1d(c["input-shape"])), int(c["num-outputs"]),
@@ -710,8 +798,8 @@ def _read_check(content: RecordDict, site: str, kind: str) -> ModelCheck | None:
         except ValueError as e:
             raise ReplyError(f"A model check's statistics are JSON. Received: "
                              f"{str(c[STATISTICS])[:200]}") from e
-        statistics = _statistics_map(raw, model.arrays)
-    return ModelCheck(model, key, statistics)
+        statistics = _statistics_map(raw, names)
+    return ModelCheck(ModelPrint(tensors, str(model[MODEL_ID]), federated, site), key, statistics)
 
 
 # --- train and evaluate ---------------------------------------------------------------------

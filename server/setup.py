@@ -18,26 +18,26 @@ exchanges as the hospitals' data allows (one when they agree on the columns; iss
    parameters: `protocol.recipe`); hospitals that differ are refused here, before round 1,
    with the hospital and the difference named.
 3. the model: the coordinator plans the federation's model from the pooled statistics
-   (`protocol.model_plan.plan_model`). A hospital's model check (its seeded model built
-   for the model its own view gives, with its own statistics, and which tensors hold the
-   statistics: `client.model_check`) stands for its ``query.init`` reply when it was built for
-   the same model (`model_key`: kind, task, input shape, outputs, hidden, norm); only the
-   hospitals without one (a check they could not build, another label count, ...) get
-   ``query.init`` with the pooled statistics, as every hospital did before. The coordinator
-   compares the models' states (names, shapes, dtypes, and which tensors travel) before round
-   1: the majority's defines the federation's model, and a hospital whose model differs
-   (another layer width under the same recipe name, version and parameters) is refused by name
-   with the difference, whatever order the replies came in; no majority (a tie) refuses the
-   run naming the groups. The first hospital by name among the majority gives the shared
-   starting weights (sites must share an initialisation for averaging to work): its check with
-   the pooled statistics placed in the tensors it named (`place_statistics`: the model
-   ``query.init`` returns, to the bit), or, when its recipe does more than place them, its
-   ``query.init`` reply (one more exchange, to it alone). A recipe's model id must carry the
-   recipe the hospitals agreed on.
+   (`protocol.model_plan.plan_model`). A hospital's model check is a fingerprint, never its
+   weights (`protocol.horizontal_wire.ModelPrint`: each tensor's name, shape, dtype and a digest
+   of its seeded starting values, left out for the tensors its statistics fill:
+   `client.model_check`); it stands for its ``query.init`` reply when it was built for the same
+   model (`model_key`: kind, task, input shape, outputs, hidden, norm); only the hospitals
+   without one (a check they could not build, another label count, ...) get ``query.init``
+   with the pooled statistics, and the coordinator fingerprints their models. The majority's
+   fingerprint defines the federation's model, and a hospital whose model differs (another
+   layer width, dtype or tensor name, other starting values under the same recipe name,
+   version and parameters) is refused by name with the tensor and the difference, whatever
+   order the replies came in; no majority (a tie) refuses the run naming the groups. The first
+   hospital by name among the majority builds the shared starting weights with the pooled
+   statistics (``query.init`` to it alone: the one model that moves up in set-up), checked
+   against the majority's fingerprint and against the statistics map its check sent
+   (`place_statistics`); the coordinator sends them out in round 1. A recipe's model id must
+   carry the recipe the hospitals agreed on.
 
-So set-up is one exchange when every hospital's own schema is the agreed one (and every image
-federation whose hospitals hold every class), two when some schema differs (``query.stats`` to
-those hospitals) or the recipe derives tensors from the statistics, three at most.
+So set-up is two exchanges when every hospital's own schema is the agreed one (the second to
+the reference hospital alone), three when some schema differs (``query.stats`` to those
+hospitals). Its replies' sizes do not grow with the model, but for the reference's.
 
 The coordinator never imports model code: it only routes statistics and arrays. Every
 exchange is built and checked by `protocol.horizontal_wire`.
@@ -264,60 +264,73 @@ def prune_design(schema: Schema, stats: list[wire.SiteStats]
 
 def _initial_model(grid: Grid, nodes: list[int], cfg: RunConfig, request: wire.ModelRequest,
                    checks: dict[int, wire.ModelCheck], names: dict[int, str]) -> wire.InitialModel:
-    """Every hospital's model for ``request``, compared (`agree_models`), and the starting
-    weights: a hospital's model check stands for its ``query.init`` reply when it was built for
-    the same model (`protocol.horizontal_wire.model_key`); only the others are asked
-    ``query.init`` (with, in the same exchange, those whose checks name no statistics). The
-    reference (first by name among the majority) gets the pooled statistics placed into its
-    check's tensors; a reference whose recipe does more than place them, when nobody else was
-    asked, is asked ``query.init`` alone."""
+    """Every hospital's model for ``request``, compared by fingerprint (`agree_models`), and the
+    starting weights, built once: a hospital's model check (a fingerprint, no weights) stands for
+    its ``query.init`` reply when it was built for the same model
+    (`protocol.horizontal_wire.model_key`); only the others are asked ``query.init``. The
+    reference (first by name among the majority) builds the starting weights with the pooled
+    statistics (``query.init`` to it alone, unless it was just asked), checked against the
+    majority's fingerprint and its check's statistics map."""
     key = wire.model_key(request)
     held = {n: c for n, c in checks.items() if c.key == key}
     instruction = wire.build_init_instruction(request)
+    built: dict[int, wire.InitialModel] = {}
     if missing := [n for n in nodes if n not in held]:
-        # in the same exchange, the hospitals whose checks cannot take the pooled statistics
-        missing += [n for n in nodes if n in held and held[n].statistics is None]
-        held = {n: c for n, c in held.items() if n not in missing}
-    models = {n: c.model for n, c in held.items()}
-    if missing:
         log.info("Set-up: asking %d of %d hospitals to build the model (query.init)",
                  len(missing), len(nodes))
-        models.update({r.metadata.src_node_id: _init_model(r, names)
-                       for r in _ask(grid, missing, wire.INIT, instruction, cfg.round_timeout,
-                                     names)})
-    reference = agree_models([models[n] for n in nodes])
-    node = next(n for n in nodes if models[n] is reference)
-    if node not in held:
-        return reference  # built by query.init with the pooled statistics
-    statistics = held[node].statistics
-    placed = (model_plan.place_statistics(reference, statistics, request)
-              if statistics is not None else None)
-    if placed is not None:
-        return placed
+        built = {r.metadata.src_node_id: _init_model(r, names)
+                 for r in _ask(grid, missing, wire.INIT, instruction, cfg.round_timeout, names)}
+    # tensors the statistics fill differ between hospitals' checks: compared by layout only
+    varying = sorted({name for c in held.values() for name, *_, digest in c.model.tensors
+                      if digest is None})
+    prints = {n: c.model for n, c in held.items()}
+    prints.update({n: wire.ModelPrint.of(model, varying) for n, model in built.items()})
+    reference = agree_models([_comparable(prints[n], varying) for n in nodes])
+    node = next(n for n in nodes if _comparable(prints[n], varying) == reference)
+    if node in built:
+        return built[node]  # built by query.init with the pooled statistics
     log.info("Set-up: asking hospital %s to build the starting weights (query.init)",
              reference.site)
-    built = _init_model(_ask(grid, [node], wire.INIT, instruction, cfg.round_timeout,
+    start = _init_model(_ask(grid, [node], wire.INIT, instruction, cfg.round_timeout,
                              names)[0], names)
-    if _signature(built) != _signature(reference):
+    made = _comparable(wire.ModelPrint.of(start, varying), varying)
+    if _signature(made) != _signature(reference):
         raise FederationError(
             f"Hospital {reference.site} built another model for query.init than in its "
-            f"set-up reply: {_difference(built, reference)}. Received: {built.model_id[:200]}")
-    return built
+            f"set-up reply: {_difference(made, reference)}. Received: {start.model_id[:200]}")
+    statistics = held[node].statistics
+    placed = (model_plan.place_statistics(start, statistics, request)
+              if statistics is not None else None)
+    if placed is not None and (wrong := [
+            name for name in statistics
+            if not np.array_equal(placed.arrays[name].numpy(), start.arrays[name].numpy())]):
+        raise FederationError(
+            f"Hospital {reference.site} built starting weights whose {', '.join(wrong[:4])} do "
+            f"not hold the pooled statistics its set-up reply said they hold. Install the same "
+            f"recipe code at every hospital. Received: {start.model_id[:200]}")
+    return start
 
 
-def _signature(model: wire.InitialModel) -> tuple[Any, ...]:
-    """What two hospitals' models must share: every tensor's name, shape and dtype, in order,
-    and which tensors travel."""
-    return (tuple((name, tuple(int(d) for d in a.shape), str(a.dtype))
-                  for name, a in model.arrays.items()), model.federated)
+def _comparable(model: wire.ModelPrint, varying: list[str]) -> wire.ModelPrint:
+    """``model``'s fingerprint without a digest for the ``varying`` tensors."""
+    return replace(model, tensors=tuple((name, shape, dtype, None if name in varying else digest)
+                                        for name, shape, dtype, digest in model.tensors))
 
 
-def _difference(mine: wire.InitialModel, theirs: wire.InitialModel) -> str:
-    """The first differences between two hospitals' model states, for a message."""
-    a = {k: (tuple(int(d) for d in v.shape), str(v.dtype)) for k, v in mine.arrays.items()}
-    b = {k: (tuple(int(d) for d in v.shape), str(v.dtype)) for k, v in theirs.arrays.items()}
+def _signature(model: wire.ModelPrint) -> tuple[Any, ...]:
+    """What two hospitals' models must share: every tensor's name, shape, dtype and starting
+    values' digest (where they must agree), in order, and which tensors travel."""
+    return model.tensors, model.federated
+
+
+def _difference(mine: wire.ModelPrint, theirs: wire.ModelPrint) -> str:
+    """The first differences between two hospitals' model fingerprints, for a message."""
+    a = {name: rest for name, *rest in mine.tensors}
+    b = {name: rest for name, *rest in theirs.tensors}
     out = [f"{k} {a[k][0]} {a[k][1]} vs {b[k][0]} {b[k][1]}"
-           for k in a if k in b and a[k] != b[k]]
+           for k in a if k in b and a[k][:2] != b[k][:2]]
+    out += [f"{k} has other starting values ({mine.site}'s digest {a[k][2]} vs {b[k][2]})"
+            for k in a if k in b and a[k][:2] == b[k][:2] and a[k][2] != b[k][2]]
     out += [f"{k} only in {mine.site}'s" for k in a if k not in b]
     out += [f"{k} only in {theirs.site}'s" for k in b if k not in a]
     if not out and list(a) != list(b):
@@ -337,18 +350,22 @@ def _init_model(reply: Message, names: dict[int, str]) -> wire.InitialModel:
 
 
 def agree_model(replies: list[Message], names: dict[int, str]) -> wire.InitialModel:
-    """`agree_models` over ``query.init`` replies."""
-    return agree_models([_init_model(reply, names) for reply in replies])
+    """`agree_models` over ``query.init`` replies: the first hospital's model by name among the
+    majority."""
+    models = {id(m): m for m in (_init_model(reply, names) for reply in replies)}
+    prints = {key: wire.ModelPrint.of(m) for key, m in models.items()}
+    chosen = agree_models(list(prints.values()))
+    return next(models[key] for key, p in prints.items() if p is chosen)
 
 
-def agree_models(models: list[wire.InitialModel]) -> wire.InitialModel:
-    """Every hospital's initial model compared before round 1: the majority's state (names,
-    shapes, dtypes, travelling tensors) is the federation's; a hospital whose model differs is
-    refused with the difference (`ConfigError`), decided by the majority, never by arrival.
-    Returns the first hospital's model by name among the majority (it gives the starting
-    weights), one of ``models``."""
+def agree_models(models: list[wire.ModelPrint]) -> wire.ModelPrint:
+    """Every hospital's model fingerprint compared before round 1: the majority's (names,
+    shapes, dtypes, starting values' digests, travelling tensors) is the federation's; a
+    hospital whose model differs is refused with the difference (`ConfigError`), decided by the
+    majority, never by arrival. Returns the first hospital's fingerprint by name among the
+    majority (it builds the starting weights), one of ``models``."""
     models = sorted(models, key=lambda m: str(m.site))
-    groups: dict[tuple[Any, ...], list[wire.InitialModel]] = {}
+    groups: dict[tuple[Any, ...], list[wire.ModelPrint]] = {}
     for model in models:
         groups.setdefault(_signature(model), []).append(model)
     if len(groups) == 1:

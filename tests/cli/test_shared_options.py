@@ -16,6 +16,8 @@ from fedsplit.cli.cox import cox
 from fedsplit.cli.km import km
 from fedsplit.cli.simulate import simulate
 from fedsplit.cli.up import up
+from fedsplit.cli.vertical import compare_fills
+from fedsplit.cli.vertical import simulate as vertical_simulate
 from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.site import load_site, site_columns
 from fedsplit.protocol.config import RunConfig
@@ -47,10 +49,13 @@ def test_up_takes_every_data_option_simulate_takes_from_the_same_definition() ->
     sim_sig, up_sig = inspect.signature(simulate).parameters, inspect.signature(up).parameters
     for name, definition in get_type_hints(options.DataOptions, include_extras=True).items():
         assert sim_sig[name].annotation is up_sig[name].annotation is definition, name
-    # the survival commands take the table options they read with from the same definitions
+    # the survival commands take the table options they read with from the same definitions,
+    # the vertical ones the run options they share
     for command, names in ((km, ("time", "event", "na_values")),
                            (cox, ("time", "event", "id_column", "ignore_column", "na_values",
-                                  "min_category_count"))):
+                                  "min_category_count")),
+                           (vertical_simulate, ("rounds", "seed", "lr")),
+                           (compare_fills, ("rounds", "seed"))):
         hints = get_type_hints(command, include_extras=True)
         for name in names:
             assert hints[name] is sim_sig[name].annotation, (command.__name__, name)

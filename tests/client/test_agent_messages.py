@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -81,14 +82,17 @@ def test_every_reply_holds_only_model_arrays_counts_and_scalars(site) -> None:
 
     # Stats: per-feature aggregates only (one value per column, never per row)
     stats = ask("query.stats", context)
-    assert set(stats.content.keys()) == {"stats", "schema", "arrays", "model", "check"}
+    assert set(stats.content.keys()) == {"stats", "schema", "fingerprint", "model", "check"}
     # its model check (issue 32): the model built with the site's own statistics, named and
     # shaped like the model's parameters, and what it was built for (no rows)
     check = stats.content.config_records["check"]
     assert set(check) == {"kind", "task", "input-shape", "num-outputs", "hidden", "norm",
                           "statistics"}
     built = build_model(str(stats.content.config_records["model"]["model-id"])).state_dict()
-    assert {k: tuple(a.shape) for k, a in stats.content.array_records["arrays"].items()} == {
+    # (issue 43: a fingerprint, no weights: each tensor's name, shape, dtype and digest)
+    assert not stats.content.array_records
+    tensors = json.loads(str(stats.content.config_records["fingerprint"]["tensors"]))
+    assert {name: tuple(shape) for name, shape, _, _ in tensors} == {
         k: tuple(t.shape) for k, t in built.items()}
     record = stats.content.metric_records["stats"]
     for key in ("count", "sum", "sumsq"):

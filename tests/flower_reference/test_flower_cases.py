@@ -78,23 +78,26 @@ def test_trimmed_mean_of_scalar_weights_keeps_them_scalar(tmp_path: Path) -> Non
 # --- multikrum_test.py ----------------------------------------------------------------------
 def test_krum_selects_the_update_closest_to_its_neighbours(tmp_path: Path) -> None:
     """Krum(f=1) over 5 replies picks [0.7]*4 bit for bit (same ArrayRecord object id as
-    Flower's expected record and as Flower's own Krum on the same replies)."""
-    replies = replies_of([([np.array([v] * 4)], 5) for v in (0.2, 0.6, 0.7, 0.8, 1.0)])
-    arrays, _ = registry(tmp_path, "krum", {"f": 1}).aggregate_train(1, replies)
+    Flower's expected record and as Flower's own Krum on the same replies; our strategy takes
+    each reply's arrays as it folds them, so Flower gets the replies built again)."""
+    cases = [([np.array([v] * 4)], 5) for v in (0.2, 0.6, 0.7, 0.8, 1.0)]
+    arrays, _ = registry(tmp_path, "krum", {"f": 1}).aggregate_train(1, replies_of(cases))
     expected = ArrayRecord([np.array([0.7, 0.7, 0.7, 0.7])])
     assert arrays.object_id == expected.object_id
-    flower, _ = Krum(num_malicious_nodes=1).aggregate_train(1, replies)
+    flower, _ = Krum(num_malicious_nodes=1).aggregate_train(1, replies_of(cases))
     assert arrays.object_id == flower.object_id
 
 
 def test_multi_krum_averages_the_selected_updates(tmp_path: Path) -> None:
     """MultiKrum(f=1, m=2): 0.2 and 0.5 are selected as in Flower's case (the far 1.0, 2.0 and
     3.0 are not) and averaged to exactly [0.35]*4."""
-    replies = replies_of([([np.array([v] * 4)], 5) for v in (0.2, 0.5, 1.0, 2.0, 3.0)])
-    arrays, _ = registry(tmp_path, "multi-krum", {"f": 1, "m": 2}).aggregate_train(1, replies)
+    cases = [([np.array([v] * 4)], 5) for v in (0.2, 0.5, 1.0, 2.0, 3.0)]
+    arrays, _ = registry(tmp_path, "multi-krum", {"f": 1, "m": 2}).aggregate_train(
+        1, replies_of(cases))
     expected = ArrayRecord([np.array([0.35, 0.35, 0.35, 0.35])])
     assert arrays.object_id == expected.object_id
-    flower, _ = MultiKrum(num_malicious_nodes=1, num_nodes_to_select=2).aggregate_train(1, replies)
+    flower, _ = MultiKrum(num_malicious_nodes=1, num_nodes_to_select=2).aggregate_train(
+        1, replies_of(cases))
     assert arrays.object_id == flower.object_id
     report = json.loads((tmp_path / "models" / "round-001.report.json").read_text())
     assert [s["selected"] for s in report["sites"]] == [True, True, False, False, False]

@@ -77,6 +77,9 @@ ALLOWED: dict[str, Allowance] = {
     "bench/round_overhead.py": Allowance(
         "the bench's own result JSON",
         {"dataset", "model_id", "rounds", "sites"}),
+    "bench/scale.py": Allowance(
+        "the bare Flower app's own status file and the bench's own result JSON",
+        {"model_id", "rounds", "rows", "status"}),
     "bench/secure_aggregation_flower.py": Allowance(
         "secure aggregation's free-form report details; the bench's rows",
         {"accuracy", "hospitals", "secure_aggregation"}),

@@ -1,9 +1,10 @@
-"""Set-up in as few exchanges as the data allows (issue 32): ``query.setup`` carries the column
-report, the statistics and the model check under each hospital's own schema; ``query.stats``
-(with its model check under the agreed schema) goes again only to hospitals whose own schema is
-not the agreed one; ``query.init`` only to hospitals without a model check for the agreed model,
-or to the reference alone when its recipe does more than place the statistics. The starting
-model is the same, to the bit, as when every hospital is asked every question.
+"""Set-up in as few exchanges as the data allows (issue 32), moving one model (issue 43):
+``query.setup`` carries the column report, the statistics and the model check (a fingerprint,
+no weights) under each hospital's own schema; ``query.stats`` (with its model check under the
+agreed schema) goes again only to hospitals whose own schema is not the agreed one;
+``query.init`` to hospitals without a model check for the agreed model, and to the reference
+alone for the starting weights. The starting model is the same, to the bit, as when every
+hospital is asked every question.
 
 The real hospital agent (`client.app`) answers in-process through a scripted Flower Grid.
 """
@@ -90,11 +91,11 @@ def assert_same(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray])
         np.testing.assert_array_equal(arrays[name], reference[name], err_msg=name)
 
 
-def test_agreeing_hospitals_set_up_in_one_exchange(tmp_path: Path, monkeypatch) -> None:
+def test_agreeing_hospitals_set_up_with_one_model_moved(tmp_path: Path, monkeypatch) -> None:
     cfg = RunConfig(target="diagnosis", min_nodes=3)
     grid = Agents(hospitals(tmp_path), cfg)
     arrays = setup_arrays(grid, cfg)
-    assert grid.exchanges == [(wire.SETUP_QUERY, [1, 2, 3])]
+    assert grid.exchanges == [(wire.SETUP_QUERY, [1, 2, 3]), (wire.INIT, [1])]
     # the pooled statistics are in the model, not any one hospital's own
     assert not np.allclose(arrays["norm.mean"], 0.0)
     # the same model, to the bit, as when every hospital is asked every question
@@ -117,12 +118,13 @@ def test_the_model_check_names_the_tensors_that_hold_the_statistics(tmp_path: Pa
     assert check.key[:2] == ("mlp", "regression") and check.key[3] == 1
 
 
-def test_a_regression_federation_sets_up_in_one_exchange(tmp_path: Path, monkeypatch) -> None:
+def test_a_regression_federation_sets_up_with_one_model_moved(tmp_path: Path,
+                                                             monkeypatch) -> None:
     """The target's pooled mean and std land in the model as query.init would put them."""
     cfg = RunConfig(target="diagnosis", task="regression", min_nodes=3)
     grid = Agents(hospitals(tmp_path, regression=True), cfg)
     arrays = setup_arrays(grid, cfg)
-    assert grid.exchanges == [(wire.SETUP_QUERY, [1, 2, 3])]
+    assert grid.exchanges == [(wire.SETUP_QUERY, [1, 2, 3]), (wire.INIT, [1])]
     asking_everything(monkeypatch)
     again = Agents(hospitals(tmp_path, regression=True), cfg)
     reference = setup_arrays(again, cfg)
@@ -134,13 +136,14 @@ def test_a_regression_federation_sets_up_in_one_exchange(tmp_path: Path, monkeyp
 def test_only_hospitals_whose_own_schema_differs_are_asked_again(tmp_path: Path,
                                                                  monkeypatch) -> None:
     """h3 has a ward the others lack: the agreed schema is h3's own, so only h1 and h2 send
-    their statistics (and model check) again, encoded with the agreed one-hot columns; nobody
-    is asked query.init."""
+    their statistics (and model check) again, encoded with the agreed one-hot columns; only the
+    reference (h1) is asked query.init."""
     cfg = RunConfig(target="diagnosis", min_nodes=3)
     wards = {1: ["a", "b"], 2: ["a", "b"], 3: ["a", "b", "c"]}
     grid = Agents(hospitals(tmp_path, wards), cfg)
     made = prepare_model(grid, grid.get_node_ids(), cfg)
-    assert grid.exchanges == [(wire.SETUP_QUERY, [1, 2, 3]), (wire.STATS, [1, 2])]
+    assert grid.exchanges == [(wire.SETUP_QUERY, [1, 2, 3]), (wire.STATS, [1, 2]),
+                              (wire.INIT, [1])]
     features = [c["name"] for c in json.loads(made.schema)["columns"]]
     assert "ward" in features
     asking_everything(monkeypatch)
@@ -155,6 +158,8 @@ def test_only_hospitals_whose_own_schema_differs_are_asked_again(tmp_path: Path,
 
 RECIPES = '''"""Table recipes for the set-up tests: a plain one, one that derives a tensor from the
 statistics, and one with another layer width under the same name, version and parameters."""
+
+from collections import OrderedDict
 
 import torch
 from fedsplit.client.recipes import Recipe, Standardize
@@ -198,6 +203,35 @@ class Wider(Plain):
         model[1] = nn.Linear(inputs.input_shape[0], 16)
         model[3] = nn.Linear(16, inputs.num_outputs)
         return model
+
+
+class Double(Plain):
+    def build_model(self, inputs):
+        model = super().build_model(inputs)
+        model[3] = model[3].double()
+        return model
+
+
+class Renamed(Plain):
+    def build_model(self, inputs):
+        model = super().build_model(inputs)
+        return nn.Sequential(OrderedDict([("0", model[0]), ("1", model[1]), ("2", model[2]),
+                                          ("head", model[3])]))
+
+
+class Reseeded(Plain):
+    def build_model(self, inputs):
+        model = super().build_model(inputs)
+        with torch.no_grad():
+            model[1].weight.mul_(0.5)
+        return model
+
+
+class Large(Plain):
+    def build_model(self, inputs):
+        (features,) = inputs.input_shape
+        return nn.Sequential(Standardize((features,)), nn.Linear(features, 4096), nn.ReLU(),
+                             nn.Linear(4096, 512), nn.ReLU(), nn.Linear(512, inputs.num_outputs))
 '''
 
 
@@ -243,6 +277,47 @@ def test_a_hospital_with_other_code_is_refused_in_the_first_exchange(
     with pytest.raises(ConfigError, match=r"no majority agrees on one \(h1; h3\)"):
         prepare_model(two, two.get_node_ids(), cfg)
     assert two.exchanges == [(wire.SETUP_QUERY, [1, 3])]
+
+
+@pytest.mark.parametrize(("variant", "difference"), [
+    ("Wider", "1.weight (16, 30) float32 vs (8, 30) float32"),
+    ("Double", "3.weight (2, 8) float64 vs (2, 8) float32"),
+    ("Renamed", "3.weight only in h1's"),
+    ("Reseeded", "1.weight has other starting values (h3's digest "),
+])
+def test_a_differing_hospital_is_refused_by_its_fingerprint(
+        tmp_path: Path, table_recipes: Path, variant: str, difference: str) -> None:
+    """Another shape, dtype, tensor name or seeded starting weights at h3: refused by name with
+    the tensor, from the fingerprints alone (no model moved)."""
+    cfg = RunConfig(target="diagnosis", min_nodes=3, recipe="setup_recipes:Plain")
+    recipes = {1: "setup_recipes:Plain", 2: "setup_recipes:Plain", 3: f"setup_recipes:{variant}"}
+    grid = Agents(hospitals(tmp_path), cfg, recipes)
+    with pytest.raises(ConfigError) as refused:
+        prepare_model(grid, grid.get_node_ids(), cfg)
+    line = str(refused.value)
+    assert line.startswith("Hospital h3 builds another model than the majority (h1, h2)"), line
+    assert difference in line and "\n" not in line, line
+    assert grid.exchanges == [(wire.SETUP_QUERY, [1, 2, 3])]
+
+
+def test_the_set_up_reply_does_not_grow_with_the_model(tmp_path: Path,
+                                                       table_recipes: Path) -> None:
+    """A 2.2M-parameter recipe's query.setup reply is as small as an 8-unit one's: the model
+    check is a fingerprint; its weights move once, from the reference's query.init."""
+    from flwr.common.serde import recorddict_to_proto
+
+    sizes, made = {}, {}
+    for variant in ("Plain", "Large"):
+        cfg = RunConfig(target="diagnosis", min_nodes=3, recipe=f"setup_recipes:{variant}")
+        grid = Agents(hospitals(tmp_path), cfg)
+        reply = app(Message(wire.build_setup_instruction(), dst_node_id=1,
+                            message_type=wire.SETUP_QUERY), grid.contexts[1])
+        assert wire.parse_setup_reply(reply).check is not None
+        sizes[variant] = recorddict_to_proto(reply.content).ByteSize()
+        made[variant] = setup_arrays(grid, cfg)
+    model_bytes = sum(a.nbytes for a in made["Large"].values())
+    assert model_bytes > 8_000_000
+    assert sizes["Large"] < 40_000 and sizes["Large"] - sizes["Plain"] < 2_000, sizes
 
 
 def test_a_model_the_hospitals_cannot_build_is_named_by_query_init(

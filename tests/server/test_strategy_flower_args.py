@@ -158,7 +158,10 @@ def test_quorum_is_counted_on_usable_updates(tmp_path: Path) -> None:
     # the same round with a second usable reply meets the quorum
     s.configure_train(2, to_array_record({"w": np.zeros(2, np.float32)}), ConfigRecord({}),
                       ConnectedNodes([1, 2, 3]))
-    replies[1] = reply(2, {"w": np.full(2, 3.0, np.float32)}, {"num-examples": 1}, site="ok")
+    # (the strategy takes each reply's arrays as it folds them: round 2's replies are new ones)
+    replies = [reply(1, {"w": np.ones(2, np.float32)}, {"num-examples": 3}, site="good"),
+               reply(2, {"w": np.full(2, 3.0, np.float32)}, {"num-examples": 1}, site="ok"),
+               reply(3, {"w": np.full(2, np.inf, np.float32)}, {"num-examples": 3}, site="inf")]
     arrays, _ = s.aggregate_train(2, replies)
     np.testing.assert_allclose(arrays["w"].numpy(), [1.5, 1.5])
 

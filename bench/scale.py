@@ -1,0 +1,193 @@
+"""`fedsplit simulate` against bare Flower as the hospitals grow: wall time and peak memory.
+
+For each number of hospitals (default 10, 100, 1000) one synthetic table per hospital (8
+features, a binary label, ``--rows`` training and a quarter as many test rows) trains the
+built-in MLP (hidden 64-32: 2,722 parameters) for ``--rounds`` rounds, three ways, alternating
+in the same run so the machine's load falls on each alike:
+
+- ``bare``: a minimal FedAvg ServerApp and ClientApp (bench/bare_flower_app.py, as
+  bench/round_overhead.py stages it): the same data loading, model and local training, no
+  fedsplit coordinator, no closing analyses;
+- ``fedsplit``: ``fedsplit simulate --site NAME=TRAIN:TEST ...`` with its default closing
+  analyses (the baselines, per-round scoring, summary, per_site.csv, plot);
+- ``fedsplit-nobase``: the same with ``--baselines none``.
+
+Wall time is each run's, start to exit; memory is the peak of the summed RSS of the whole
+process tree (sampled every 0.5 s from /proc: the SuperLink, Flower's simulation process and
+Ray's processes; for fedsplit also the ``fedsplit simulate`` process itself, which runs the
+closing analyses; for bare the bench process, which only waits, is left out).
+
+    .venv/bin/python bench/scale.py --hospitals 10,100 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+# Run as a script, bench/ comes first on sys.path and bench/aggregation.py would shadow the
+# aggregation package: put the repository root first (bench/ stays, for the helpers below).
+sys.path.insert(0, str(BENCH.parent))
+
+from admin_large_upload import proc_value, tree  # noqa: E402
+from fedsplit.client.data import Dataset  # noqa: E402
+from fedsplit.client.models import ModelSpec  # noqa: E402
+from fedsplit.orchestration.experiment import write_site  # noqa: E402
+from fedsplit.orchestration.flower_runtime import (  # noqa: E402
+    flower_env,
+    run_app,
+    simulation_superlink,
+    stage_app,
+    write_connection,
+)
+from fedsplit.protocol.config import RunConfig  # noqa: E402
+
+FEATURES = 8
+KINDS = ("bare", "fedsplit", "fedsplit-nobase")
+
+
+class PeakTree:
+    """The peak summed RSS (MiB) of ``pid``'s process tree, sampled every ``every`` s."""
+
+    def __init__(self, pid: int, *, skip_root: bool = False, every: float = 0.5) -> None:
+        self.pid, self.skip_root, self.every = pid, skip_root, every
+        self.peak_mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pids = tree(self.pid)[1:] if self.skip_root else tree(self.pid)
+            kb = sum(proc_value(p, "status", "VmRSS") for p in pids)
+            self.peak_mib = max(self.peak_mib, kb / 1024)
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> PeakTree:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def hospitals_data(root: Path, count: int, rows: int, seed: int) -> list[tuple[str, Path, Path]]:
+    """Each hospital's training file (root/sites/site-i/data.csv, where the bare app reads it)
+    and test file; one linear rule with noise, each hospital's features shifted a little."""
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(size=FEATURES)
+    names = [f"f{j}" for j in range(FEATURES)]
+    out = []
+    for i in range(count):
+        shift = rng.normal(scale=0.3, size=FEATURES)
+
+        def draw(n: int, shift: np.ndarray = shift) -> Dataset:
+            x = (rng.normal(size=(n, FEATURES)) + shift).astype(np.float32)
+            y = ((x @ weights + rng.normal(scale=0.5, size=n)) > 0).astype(np.int64)
+            return Dataset(x, y, "classification", "mlp", names)
+
+        train = write_site(draw(rows), root / "sites" / f"site-{i}", "target")
+        test = write_site(draw(max(rows // 4, 2)), root / "tests" / f"site-{i}", "target")
+        out.append((f"site-{i}", train, test))
+    return out
+
+
+def bare_run(cfg: RunConfig, hospitals: int, work: Path) -> float:
+    """The bare Flower app over the hospitals' files; its wall seconds."""
+    flwr_home = work / "flwr-home"
+    env = flower_env(flwr_home)
+    app = stage_app(work / "app", cfg, components=("bare_flower_app:server",
+                                                   "bare_flower_app:client"),
+                    extra_modules=[BENCH / "bare_flower_app.py"])
+    start = time.monotonic()
+    with simulation_superlink(work, env) as address:
+        write_connection(flwr_home, address)
+        history = run_app(app, env, work / "flower.log", Path(cfg.out_dir) / "history.json",
+                          federation_config=f"num-supernodes={hospitals} "
+                                            f"client-resources-num-cpus=1")
+    if history.get("status") != "finished":
+        raise RuntimeError(f"bare run did not finish: see {work / 'flower.log'}")
+    return time.monotonic() - start
+
+
+def fedsplit_run(files: list[tuple[str, Path, Path]], rounds: int, seed: int, work: Path,
+                 *extra: str) -> float:
+    """``fedsplit simulate`` over the hospitals' files; its wall seconds."""
+    cmd = [str(Path(sys.executable).parent / "fedsplit"), "simulate", "--rounds", str(rounds),
+           "--seed", str(seed), "--out", str(work), "--no-resume", *extra]
+    for name, train, test in files:
+        cmd += ["--site", f"{name}={train}:{test}"]
+    start = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"fedsplit simulate failed ({done.returncode}): "
+                           f"{(done.stdout + done.stderr)[-2000:]}")
+    return time.monotonic() - start
+
+
+def main() -> None:
+    """Run every size and kind, alternating; print a table and the numbers as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hospitals", default="10,100,1000")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=40, help="training rows per hospital")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.hospitals.split(",")]
+    results: dict[int, dict[str, list[tuple[float, float]]]] = {}
+    with tempfile.TemporaryDirectory(prefix="fedsplit-scale-") as tmp:
+        for hospitals in sizes:
+            root = Path(tmp) / f"n{hospitals}"
+            files = hospitals_data(root, hospitals, args.rows, args.seed)
+            model_id = ModelSpec(kind="mlp", task="classification", input_shape=(FEATURES,),
+                                 num_outputs=2, hidden=RunConfig().hidden_widths).to_id()
+            (root / "model-id.txt").write_text(model_id)
+            results[hospitals] = {kind: [] for kind in KINDS}
+            for rep in range(args.repeats):
+                for kind in KINDS:
+                    work = root / f"{kind}-{rep}"
+                    if kind == "bare":
+                        cfg = RunConfig(num_server_rounds=args.rounds, min_nodes=hospitals,
+                                        seed=args.seed, data_dir=str(root / "sites"),
+                                        out_dir=str(work / "out"),
+                                        initial_weights=str(root / "model-id.txt"))
+                        with PeakTree(os.getpid(), skip_root=True) as peak:
+                            wall = bare_run(cfg, hospitals, work)
+                    else:
+                        extra = ("--baselines", "none") if kind == "fedsplit-nobase" else ()
+                        with PeakTree(os.getpid(), skip_root=True) as peak:
+                            wall = fedsplit_run(files, args.rounds, args.seed, work, *extra)
+                    results[hospitals][kind].append((wall, peak.peak_mib))
+                    print(f"{hospitals:5d} hospitals  {kind:16s} run {rep + 1}: {wall:7.1f} s, "
+                          f"tree peak {peak.peak_mib:7.0f} MiB", flush=True)
+    print(f"\n| hospitals | {' | '.join(f'{k} s' for k in KINDS)} | "
+          f"{' | '.join(f'{k} MiB' for k in KINDS)} | fedsplit / bare | nobase / bare |")
+    print("|" + "---|" * (2 * len(KINDS) + 3))
+    summary = {}
+    for hospitals, runs in results.items():
+        wall = {k: statistics.median(w for w, _ in runs[k]) for k in KINDS}
+        mem = {k: max(m for _, m in runs[k]) for k in KINDS}
+        summary[hospitals] = {"wall_s": wall, "peak_tree_mib": mem}
+        print(f"| {hospitals} | {' | '.join(f'{wall[k]:.1f}' for k in KINDS)} | "
+              f"{' | '.join(f'{mem[k]:.0f}' for k in KINDS)} | "
+              f"{wall['fedsplit'] / wall['bare']:.2f}x | "
+              f"{wall['fedsplit-nobase'] / wall['bare']:.2f}x |")
+    print(json.dumps({"rounds": args.rounds, "rows": args.rows, "repeats": args.repeats,
+                      "model_id": model_id, "results": summary}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
