@@ -2,8 +2,9 @@
 
 For each number of hospitals (default 10, 100, 1000) one synthetic table per hospital (8
 features, a binary label, ``--rows`` training and a quarter as many test rows) trains the
-built-in MLP (hidden 64-32: 2,722 parameters) for ``--rounds`` rounds, three ways, alternating
-in the same run so the machine's load falls on each alike:
+built-in MLP (``--hidden``, default 64-32: 2,722 parameters; 5000-5000 is 25M, 10000-10000
+100M) for ``--rounds`` rounds, three ways, alternating in the same run so the machine's load
+falls on each alike:
 
 - ``bare``: a minimal FedAvg ServerApp and ClientApp (bench/bare_flower_app.py, as
   bench/round_overhead.py stages it): the same data loading, model and local training, no
@@ -18,11 +19,13 @@ Ray's processes; for fedsplit also the ``fedsplit simulate`` process itself, whi
 closing analyses; for bare the bench process, which only waits, is left out).
 
     .venv/bin/python bench/scale.py --hospitals 10,100 --repeats 1
+    .venv/bin/python bench/scale.py --hospitals 3 --hidden 10000-10000 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -57,20 +60,45 @@ FEATURES = 8
 KINDS = ("bare", "fedsplit", "fedsplit-nobase")
 
 
+#: process roles, by what their command line holds (first match wins): the coordinator is the
+#: SuperLink and the process that runs the ServerApp (Flower's simulation process, which is also
+#: Ray's driver); the hospitals are Ray's ClientApp actors; the rest of Ray is its own row
+ROLES = (("coordinator", ("flower-superlink", "flwr-simulation", "flwr-serverapp")),
+         ("hospitals", ("ClientAppActor", "ray::", "flwr-clientapp")),
+         ("ray", ("raylet", "gcs_server", "ray/", "dashboard")),
+         ("fedsplit-cli", ("fedsplit simulate", "bin/fedsplit")))
+
+
+def role_of(pid: int) -> str:
+    """The role (`ROLES`) of process ``pid`` by its command line; "other" if none matches."""
+    try:
+        line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    return next((role for role, marks in ROLES if any(m in line for m in marks)), "other")
+
+
 class PeakTree:
-    """The peak summed RSS (MiB) of ``pid``'s process tree, sampled every ``every`` s."""
+    """The peak summed RSS (MiB) of ``pid``'s process tree, sampled every ``every`` s, in all
+    and per role (`ROLES`: each role's peak of its own summed RSS)."""
 
     def __init__(self, pid: int, *, skip_root: bool = False, every: float = 0.5) -> None:
         self.pid, self.skip_root, self.every = pid, skip_root, every
         self.peak_mib = 0.0
+        self.role_peak_mib: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             pids = tree(self.pid)[1:] if self.skip_root else tree(self.pid)
-            kb = sum(proc_value(p, "status", "VmRSS") for p in pids)
-            self.peak_mib = max(self.peak_mib, kb / 1024)
+            by_role: dict[str, float] = {}
+            for p in pids:
+                role = role_of(p)  # read each time: a process's title changes after exec
+                by_role[role] = by_role.get(role, 0.0) + proc_value(p, "status", "VmRSS") / 1024
+            self.peak_mib = max(self.peak_mib, sum(by_role.values()))
+            for role, mib in by_role.items():
+                self.role_peak_mib[role] = max(self.role_peak_mib.get(role, 0.0), mib)
             self._stop.wait(self.every)
 
     def __enter__(self) -> PeakTree:
@@ -143,19 +171,27 @@ def main() -> None:
     parser.add_argument("--hospitals", default="10,100,1000")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=40, help="training rows per hospital")
+    parser.add_argument("--hidden", default="64-32", help="the MLP's hidden widths, as --hidden")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     sizes = [int(n) for n in args.hospitals.split(",")]
+    hidden = RunConfig(hidden=args.hidden).hidden_widths
+    widths = (FEATURES, *hidden, 2)
+    params = sum(a * b + b for a, b in itertools.pairwise(widths))
+    print(f"model: MLP {FEATURES}-{'-'.join(map(str, hidden))}-2, {params:,} parameters "
+          f"({params * 4 / 2**20:.0f} MiB as float32)", flush=True)
     results: dict[int, dict[str, list[tuple[float, float]]]] = {}
+    roles: dict[int, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="fedsplit-scale-") as tmp:
         for hospitals in sizes:
             root = Path(tmp) / f"n{hospitals}"
             files = hospitals_data(root, hospitals, args.rows, args.seed)
             model_id = ModelSpec(kind="mlp", task="classification", input_shape=(FEATURES,),
-                                 num_outputs=2, hidden=RunConfig().hidden_widths).to_id()
+                                 num_outputs=2, hidden=hidden).to_id()
             (root / "model-id.txt").write_text(model_id)
             results[hospitals] = {kind: [] for kind in KINDS}
+            roles[hospitals] = {kind: {} for kind in KINDS}
             for rep in range(args.repeats):
                 for kind in KINDS:
                     work = root / f"{kind}-{rep}"
@@ -169,10 +205,15 @@ def main() -> None:
                     else:
                         extra = ("--baselines", "none") if kind == "fedsplit-nobase" else ()
                         with PeakTree(os.getpid(), skip_root=True) as peak:
-                            wall = fedsplit_run(files, args.rounds, args.seed, work, *extra)
+                            wall = fedsplit_run(files, args.rounds, args.seed, work,
+                                                "--hidden", args.hidden, *extra)
                     results[hospitals][kind].append((wall, peak.peak_mib))
+                    roles[hospitals][kind] = {
+                        r: max(roles[hospitals][kind].get(r, 0.0), m)
+                        for r, m in {**roles[hospitals][kind], **peak.role_peak_mib}.items()}
+                    per_role = ", ".join(f"{r} {m:.0f}" for r, m in sorted(peak.role_peak_mib.items()))
                     print(f"{hospitals:5d} hospitals  {kind:16s} run {rep + 1}: {wall:7.1f} s, "
-                          f"tree peak {peak.peak_mib:7.0f} MiB", flush=True)
+                          f"tree peak {peak.peak_mib:7.0f} MiB ({per_role})", flush=True)
     print(f"\n| hospitals | {' | '.join(f'{k} s' for k in KINDS)} | "
           f"{' | '.join(f'{k} MiB' for k in KINDS)} | fedsplit / bare | nobase / bare |")
     print("|" + "---|" * (2 * len(KINDS) + 3))
@@ -180,13 +221,14 @@ def main() -> None:
     for hospitals, runs in results.items():
         wall = {k: statistics.median(w for w, _ in runs[k]) for k in KINDS}
         mem = {k: max(m for _, m in runs[k]) for k in KINDS}
-        summary[hospitals] = {"wall_s": wall, "peak_tree_mib": mem}
+        summary[hospitals] = {"wall_s": wall, "peak_tree_mib": mem,
+                              "peak_role_mib": roles[hospitals]}
         print(f"| {hospitals} | {' | '.join(f'{wall[k]:.1f}' for k in KINDS)} | "
               f"{' | '.join(f'{mem[k]:.0f}' for k in KINDS)} | "
               f"{wall['fedsplit'] / wall['bare']:.2f}x | "
               f"{wall['fedsplit-nobase'] / wall['bare']:.2f}x |")
     print(json.dumps({"rounds": args.rounds, "rows": args.rows, "repeats": args.repeats,
-                      "model_id": model_id, "results": summary}, indent=2))
+                      "parameters": params, "model_id": model_id, "results": summary}, indent=2))
 
 
 if __name__ == "__main__":
