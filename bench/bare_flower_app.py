@@ -16,7 +16,7 @@ import torch
 from fedsplit.client.models import build_model
 from fedsplit.client.node_config import NodeConfig
 from fedsplit.client.site import load_site
-from fedsplit.client.train import fit, score
+from fedsplit.client.train import fit_steps, local_steps_per_round, score
 from fedsplit.protocol.config import RunConfig
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -67,12 +67,15 @@ def _model(msg: Message) -> torch.nn.Module:
 
 @client.train()
 def train(msg: Message, context: Context) -> Message:
-    """Same local training as fedsplit's agent."""
+    """Same local training as fedsplit's agent: as many optimizer steps (at least
+    MIN_LOCAL_STEPS: `local_steps_per_round`) of the same batch size."""
     cfg = RunConfig.from_flower(context.run_config)
     site = load_site(NodeConfig.from_flower(context.node_config), context.node_id, cfg)
     model = _model(msg)
-    loss = fit(model, site.train.x, site.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
-               batch_size=cfg.batch_size, seed=cfg.seed)
+    steps = local_steps_per_round(len(site.train), local_steps=cfg.local_steps,
+                                  local_epochs=cfg.local_epochs, batch_size=cfg.batch_size)
+    loss = fit_steps(model, site.train.x, site.train.y, steps=steps, lr=cfg.lr,
+                     batch_size=cfg.batch_size, seed=cfg.seed)
     return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
                                "metrics": MetricRecord({"num-examples": len(site.train),
                                                         "train-loss": float(loss)})}),
