@@ -172,10 +172,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=40, help="training rows per hospital")
     parser.add_argument("--hidden", default="64-32", help="the MLP's hidden widths, as --hidden")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"which of {', '.join(KINDS)} to run (bare always first)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     sizes = [int(n) for n in args.hospitals.split(",")]
+    kinds = tuple(k for k in KINDS if k in args.kinds.split(","))
+    if "bare" not in kinds or set(args.kinds.split(",")) - set(KINDS):
+        parser.error(f"--kinds takes bare and any of {', '.join(KINDS[1:])}. "
+                     f"Received: {args.kinds}")
     hidden = RunConfig(hidden=args.hidden).hidden_widths
     widths = (FEATURES, *hidden, 2)
     params = sum(a * b + b for a, b in itertools.pairwise(widths))
@@ -190,10 +196,10 @@ def main() -> None:
             model_id = ModelSpec(kind="mlp", task="classification", input_shape=(FEATURES,),
                                  num_outputs=2, hidden=hidden).to_id()
             (root / "model-id.txt").write_text(model_id)
-            results[hospitals] = {kind: [] for kind in KINDS}
-            roles[hospitals] = {kind: {} for kind in KINDS}
+            results[hospitals] = {kind: [] for kind in kinds}
+            roles[hospitals] = {kind: {} for kind in kinds}
             for rep in range(args.repeats):
-                for kind in KINDS:
+                for kind in kinds:
                     work = root / f"{kind}-{rep}"
                     if kind == "bare":
                         cfg = RunConfig(num_server_rounds=args.rounds, min_nodes=hospitals,
@@ -214,19 +220,20 @@ def main() -> None:
                     per_role = ", ".join(f"{r} {m:.0f}" for r, m in sorted(peak.role_peak_mib.items()))
                     print(f"{hospitals:5d} hospitals  {kind:16s} run {rep + 1}: {wall:7.1f} s, "
                           f"tree peak {peak.peak_mib:7.0f} MiB ({per_role})", flush=True)
-    print(f"\n| hospitals | {' | '.join(f'{k} s' for k in KINDS)} | "
-          f"{' | '.join(f'{k} MiB' for k in KINDS)} | fedsplit / bare | nobase / bare |")
-    print("|" + "---|" * (2 * len(KINDS) + 3))
+    others = [k for k in kinds if k != "bare"]
+    print(f"\n| hospitals | {' | '.join(f'{k} s' for k in kinds)} | "
+          f"{' | '.join(f'{k} MiB' for k in kinds)} | "
+          f"{' | '.join(f'{k} / bare' for k in others)} |")
+    print("|" + "---|" * (2 * len(kinds) + len(others) + 1))
     summary = {}
     for hospitals, runs in results.items():
-        wall = {k: statistics.median(w for w, _ in runs[k]) for k in KINDS}
-        mem = {k: max(m for _, m in runs[k]) for k in KINDS}
+        wall = {k: statistics.median(w for w, _ in runs[k]) for k in kinds}
+        mem = {k: max(m for _, m in runs[k]) for k in kinds}
         summary[hospitals] = {"wall_s": wall, "peak_tree_mib": mem,
                               "peak_role_mib": roles[hospitals]}
-        print(f"| {hospitals} | {' | '.join(f'{wall[k]:.1f}' for k in KINDS)} | "
-              f"{' | '.join(f'{mem[k]:.0f}' for k in KINDS)} | "
-              f"{wall['fedsplit'] / wall['bare']:.2f}x | "
-              f"{wall['fedsplit-nobase'] / wall['bare']:.2f}x |")
+        print(f"| {hospitals} | {' | '.join(f'{wall[k]:.1f}' for k in kinds)} | "
+              f"{' | '.join(f'{mem[k]:.0f}' for k in kinds)} | "
+              f"{' | '.join(f'{ratio:.2f}x' for ratio in (wall[k] / wall['bare'] for k in others))} |")
     print(json.dumps({"rounds": args.rounds, "rows": args.rows, "repeats": args.repeats,
                       "parameters": params, "model_id": model_id, "results": summary}, indent=2))
 
