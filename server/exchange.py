@@ -13,6 +13,14 @@ simulation engine's in-memory grid keeps its own shorter interval): measured in
 docs/deployment.md. A grid without those two methods (a test double) gets its own
 ``send_and_receive``.
 
+On Flower's simulation engine (its in-memory grid) at most `SIMULATION_WINDOW_PER_CPU`
+instructions per CPU (at least 16) are in flight at once; the next go out as replies come in.
+Its engine checks every 0.1 s, for every simulated hospital, every instruction it holds (``InMemoryLinkState.get_message_ins``), so an
+exchange that pushes all N at once costs N x N checks per 0.1 s: at 1,000 hospitals that
+scanning took most of a core and slowed every round (docs/scale.md). Its Ray actors run a few
+hospitals at a time anyway (one per CPU), so a window of them loses no parallelism. Deployment
+pushes everything at once: there each hospital is its own machine.
+
 `send_and_collect` returns whatever arrived, errors included (the loop records each hospital's
 reason); `collect_all` is for the exchanges that need every answer (survival, vertical): an
 error reply or a missing one is a `FederationError` naming them.
@@ -20,6 +28,7 @@ error reply or a missing one is a `FederationError` naming them.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Sequence
 
@@ -28,25 +37,50 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 POLL_S = 0.5  # seconds between two checks for replies (Flower's HttpGrid: 3 s)
+#: instructions in flight at once on Flower's simulation engine, per CPU of this machine (its
+#: Ray actors run one hospital per CPU; the engine's checks grow with the instructions it holds:
+#: module docstring)
+SIMULATION_WINDOW_PER_CPU = 8
 
 
-def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float | None
-                     ) -> list[Message]:
+def _window(grid: Grid) -> int | None:
+    """On Flower's simulation engine (its in-memory grid) `SIMULATION_WINDOW_PER_CPU` per CPU,
+    at least 16; else None (all at once)."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    if not isinstance(grid, InMemoryGrid):
+        return None
+    return max(16, SIMULATION_WINDOW_PER_CPU * (os.cpu_count() or 1))
+
+
+def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float | None,
+                     window: int | None = None) -> list[Message]:
     """Push ``messages`` and return the replies that arrive within ``timeout`` seconds (None:
-    wait for all), checking every `POLL_S` s."""
+    wait for all), checking every `POLL_S` s. ``window``: at most that many instructions in
+    flight, the rest pushed as replies come in (default: `_window`: 8 per CPU on the simulation
+    engine, all at once elsewhere); an instruction still unsent at the deadline counts as
+    unanswered."""
     messages = list(messages)
     if not messages:
         return []
     if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
         return list(grid.send_and_receive(messages, timeout=timeout))
     poll = min(POLL_S, float(getattr(grid, "pull_interval", POLL_S)))  # simulation's: 0.1 s
-    waiting = set(grid.push_messages(messages))
+    size = window or _window(grid) or len(messages)
+    if size < 1:
+        raise ValueError(f"window is at least 1. Received: {window}")
+    unsent = messages[size:]
+    waiting = set(grid.push_messages(messages[:size]))
     end = time.monotonic() + timeout if timeout is not None else None
     replies: list[Message] = []
     while waiting:
         got = list(grid.pull_messages(waiting))
         replies.extend(got)
         waiting.difference_update(m.metadata.reply_to_message_id for m in got)
+        if unsent and len(waiting) < size:
+            room = size - len(waiting)
+            waiting.update(grid.push_messages(unsent[:room]))
+            unsent = unsent[room:]
         if not waiting or (end is not None and time.monotonic() >= end):
             break
         time.sleep(poll)

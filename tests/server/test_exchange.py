@@ -101,3 +101,58 @@ def test_collect_all_names_the_agents_that_failed_or_did_not_answer(monkeypatch)
                        else Message(RecordDict({}), reply_to=m))
     with pytest.raises(FederationError, match=r"Only 1 of 2 sites answered query\.embed within 5 s"):
         exchange.collect_all(silent, msgs, timeout=5, what="query.embed", who="site")
+
+
+class CountingGrid(SlowGrid):
+    """SlowGrid that names each pushed message uniquely and notes the most in flight."""
+
+    def __init__(self, clock: Clock, ready: dict[int, float | None]) -> None:
+        super().__init__(clock, ready)
+        self.in_flight, self.most, self.pushes = set(), 0, 0
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            self.pushes += 1
+            key = f"m{self.pushes}"
+            msg.metadata.__dict__["_message_id"] = key
+            self.pushed[key] = msg
+            ids.append(key)
+        self.in_flight.update(ids)
+        self.most = max(self.most, len(self.in_flight))
+        return ids
+
+    def pull_messages(self, ids):
+        out = super().pull_messages(ids)
+        self.in_flight.difference_update(m.metadata.reply_to_message_id for m in out)
+        return out
+
+
+def test_a_window_keeps_that_many_instructions_in_flight_and_collects_every_reply(
+        monkeypatch) -> None:
+    """Ten hospitals, a window of three: never more than three in flight, all ten answer; a
+    silent hospital's place stays taken until the deadline, and the instructions still unsent
+    then count as unanswered."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    clock = Clock()
+    monkeypatch.setattr(exchange, "time", clock)
+    ready = {n: 0.3 * n for n in range(1, 11)}
+    grid = CountingGrid(clock, ready)
+    msgs = [Message(RecordDict({}), dst_node_id=n, message_type="train") for n in ready]
+    replies = exchange.send_and_collect(grid, msgs, timeout=60, window=3)
+    assert sorted(r.metadata.src_node_id for r in replies) == list(range(1, 11))
+    assert grid.most == 3 and grid.pushes == 10
+    # silent hospitals 1-3 fill the window: nobody else is asked before the deadline
+    clock = Clock()
+    monkeypatch.setattr(exchange, "time", clock)
+    grid = CountingGrid(clock, {1: None, 2: None, 3: None, 4: 0.0, 5: 0.0})
+    msgs = [Message(RecordDict({}), dst_node_id=n, message_type="train") for n in range(1, 6)]
+    assert exchange.send_and_collect(grid, msgs, timeout=5, window=3) == []
+    assert grid.pushes == 3 and 5 <= clock.now < 5 + exchange.POLL_S
+
+
+def test_the_simulation_engine_gets_the_window_deployment_does_not() -> None:
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    assert exchange._window(object.__new__(InMemoryGrid)) >= 16
+    assert exchange._window(SlowGrid(Clock(), {})) is None
