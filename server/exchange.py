@@ -15,11 +15,11 @@ docs/deployment.md. A grid without those two methods (a test double) gets its ow
 
 On Flower's simulation engine (its in-memory grid) at most `SIMULATION_WINDOW_PER_CPU`
 instructions per CPU (at least 16) are in flight at once; the next go out as replies come in.
-Its engine checks every 0.1 s, for every simulated hospital, every instruction it holds (``InMemoryLinkState.get_message_ins``), so an
-exchange that pushes all N at once costs N x N checks per 0.1 s: at 1,000 hospitals that
-scanning took most of a core and slowed every round (docs/scale.md). Its Ray actors run a few
-hospitals at a time anyway (one per CPU), so a window of them loses no parallelism. Deployment
-pushes everything at once: there each hospital is its own machine.
+Its engine checks every 0.1 s, for every simulated hospital, every instruction it holds
+(``InMemoryLinkState.get_message_ins``), so an exchange that pushes all N at once costs N x N
+checks per 0.1 s: at 1,000 hospitals that scanning took most of a core and slowed every round
+(docs/scale.md). Its Ray actors run one hospital per CPU anyway, so a window of them loses no
+parallelism. Deployment pushes everything at once: there each hospital is its own machine.
 
 `send_and_collect` returns whatever arrived, errors included (the loop records each hospital's
 reason); `collect_all` is for the exchanges that need every answer (survival, vertical): an
