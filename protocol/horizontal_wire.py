@@ -81,7 +81,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import TYPE_CHECKING, Any
@@ -637,13 +637,21 @@ def _read_initial(content: RecordDict, site: str | None) -> InitialModel:
         raise ReplyError(f"The initial model breaks the wire contract (float arrays only; integer "
                          f"buffers travel as float64): {e}") from e
     model = content.config_records[MODEL]
-    federated = None
-    if FEDERATED in model:
-        federated = tuple(str(n) for n in model[FEDERATED])
-        if not federated or any(n not in record for n in federated):
-            raise ReplyError(f"The initial model's travelling tensors must be a non-empty subset "
-                             f"of its arrays. Received: {list(federated)[:8]}")
+    federated = _read_federated(model, record, "The initial model's", "arrays")
     return InitialModel(record, str(model[MODEL_ID]), federated, site)
+
+
+def _read_federated(model: ConfigRecord, names: Collection[str], whose: str, of: str
+                    ) -> tuple[str, ...] | None:
+    """The ``model`` record's travelling tensors (None: all), a non-empty subset of ``names``;
+    ``whose`` and ``of`` name the model and its tensors in the refusal."""
+    if FEDERATED not in model:
+        return None
+    federated = tuple(str(n) for n in model[FEDERATED])
+    if not federated or any(n not in names for n in federated):
+        raise ReplyError(f"{whose} travelling tensors must be a non-empty subset of its {of}. "
+                         f"Received: {list(federated)[:8]}")
+    return federated
 
 
 # --- the model check in query.setup / query.stats replies -----------------------------------
@@ -780,12 +788,7 @@ def _read_check(content: RecordDict, site: str, kind: str) -> ModelCheck | None:
     tensors = _read_tensors(str(content.config_records[FINGERPRINT][TENSORS]))
     names = [t[0] for t in tensors]
     model = content.config_records[MODEL]
-    federated = None
-    if FEDERATED in model:
-        federated = tuple(str(n) for n in model[FEDERATED])
-        if not federated or any(n not in names for n in federated):
-            raise ReplyError(f"A model check's travelling tensors must be a non-empty subset "
-                             f"of its tensors. Received: {list(federated)[:8]}")
+    federated = _read_federated(model, set(names), "A model check's", "tensors")
     c = content.config_records[CHECK]
     key = (str(c["kind"]), str(c["task"]),
            tuple(int(d) for d in np.atleast_1d(c["input-shape"])), int(c["num-outputs"]),

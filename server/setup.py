@@ -283,17 +283,17 @@ def _initial_model(grid: Grid, nodes: list[int], cfg: RunConfig, request: wire.M
     # tensors the statistics fill differ between hospitals' checks: compared by layout only
     varying = sorted({name for c in held.values() for name, *_, digest in c.model.tensors
                       if digest is None})
-    prints = {n: c.model for n, c in held.items()}
+    prints = {n: _comparable(c.model, varying) for n, c in held.items()}
     prints.update({n: wire.ModelPrint.of(model, varying) for n, model in built.items()})
-    reference = agree_models([_comparable(prints[n], varying) for n in nodes])
-    node = next(n for n in nodes if _comparable(prints[n], varying) == reference)
+    reference = agree_models([prints[n] for n in nodes])
+    node = next(n for n in nodes if prints[n] is reference)
     if node in built:
         return built[node]  # built by query.init with the pooled statistics
     log.info("Set-up: asking hospital %s to build the starting weights (query.init)",
              reference.site)
     start = _init_model(_ask(grid, [node], wire.INIT, instruction, cfg.round_timeout,
                              names)[0], names)
-    made = _comparable(wire.ModelPrint.of(start, varying), varying)
+    made = wire.ModelPrint.of(start, varying)
     if _signature(made) != _signature(reference):
         raise FederationError(
             f"Hospital {reference.site} built another model for query.init than in its "
@@ -352,10 +352,10 @@ def _init_model(reply: Message, names: dict[int, str]) -> wire.InitialModel:
 def agree_model(replies: list[Message], names: dict[int, str]) -> wire.InitialModel:
     """`agree_models` over ``query.init`` replies: the first hospital's model by name among the
     majority."""
-    models = {id(m): m for m in (_init_model(reply, names) for reply in replies)}
-    prints = {key: wire.ModelPrint.of(m) for key, m in models.items()}
-    chosen = agree_models(list(prints.values()))
-    return next(models[key] for key, p in prints.items() if p is chosen)
+    models = [_init_model(reply, names) for reply in replies]
+    prints = [wire.ModelPrint.of(m) for m in models]
+    chosen = agree_models(prints)
+    return next(m for m, p in zip(models, prints, strict=True) if p is chosen)
 
 
 def agree_models(models: list[wire.ModelPrint]) -> wire.ModelPrint:
