@@ -22,7 +22,6 @@ when a likelihood-ratio test on its own rows says its label mix differs.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,6 +94,7 @@ from fedsplit.protocol.record.summary import (
     ServerOptSettings,
     SummaryRound,
 )
+from fedsplit.protocol.roster import write_roster
 from fedsplit.protocol.schema import Schema, column_report, merge_reports
 from fedsplit.protocol.stats import combine_moments, moments
 from fedsplit.protocol.tasks import AUTO, BASELINES, CENTRALIZED, LOCAL, task_kind
@@ -603,16 +603,18 @@ def stage_sites(exp: Experiment, on_phase: Callable[[str], None] | None = None,
     phase(PHASES[2])
     files = {t.name: write_site(t.train, out / "sites" / f"site-{i}", cfg.target)
              for i, t in enumerate(joined)}
+    # the names and fingerprints in a roster file, not the run config every message carries
+    roster = write_roster(out / "sites", [t.name for t in joined], data_fingerprint(files))
     cfg = cfg.model_copy(update={
         "data_dir": str(out / "sites"), "out_dir": str(out / "federation"),
-        "site_names": json.dumps([t.name for t in joined]),
+        "site_names": "[]", "data_fingerprint": "{}", "site_roster": str(roster),
         # every simulated hospital is connected before round 1; a round then needs one usable
         # update (the strategy enforces its own minimum, e.g. Krum's 2f+3), so an excluded
         # hostile site does not void the round
         "min_nodes": len(joined), "quorum": exp.cfg.quorum or 1,
-        "data_fingerprint": data_fingerprint(files),
     })
-    resuming = cfg.resume and find_resume_point(Path(cfg.out_dir), cfg.to_flower()) is not None
+    resuming = (cfg.resume
+                and find_resume_point(Path(cfg.out_dir), cfg.with_roster().to_flower()) is not None)
     if not resuming:  # the hospitals' own tensors of an earlier run in this folder are not theirs
         for i in range(len(joined)):
             shutil.rmtree(out / "sites" / f"site-{i}" / "local", ignore_errors=True)
@@ -746,7 +748,7 @@ def run_experiment(
                          for name, t in trains.items()},
         step_rows={name: step_batch_size(recipe, len(t), cfg.batch_size)
                    for name, t in trains.items()},
-        config=cfg.to_flower(),
+        config=cfg.with_roster().to_flower(),
         centralized=centralized,
         local_only=local_only,
         federated=kept_round(history, fed_dir, FederatedScores(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ def fingerprint_file(path: Path) -> dict[str, Any]:
     return fingerprint_bytes(path.name, Path(path).read_bytes())
 
 
-def data_fingerprint(files: Mapping[str, Path]) -> str:
-    """The run-config value: site name -> fingerprint of its file, as a JSON object string."""
-    return json.dumps({site: fingerprint_file(path) for site, path in files.items()}, sort_keys=True)
+def data_fingerprint(files: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
+    """Site name -> fingerprint of its file: the run config's ``data-fingerprint`` (as JSON
+    text) or a simulation roster's (`protocol.roster.write_roster`)."""
+    return {site: fingerprint_file(path) for site, path in files.items()}

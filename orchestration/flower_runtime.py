@@ -310,6 +310,16 @@ def log_tail(path: Path, lines: int = 6, limit: int = 600) -> str:
     return flat if len(flat) <= limit else "..." + flat[-(limit - 3):]
 
 
+def _version(path: Path) -> tuple[int, int, int] | None:
+    """(mtime ns, size, inode) of ``path``, None while absent: a rewrite (atomic, so a new
+    inode) changes it."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size, stat.st_ino
+
+
 def run_app(
     app_dir: Path,
     env: dict[str, str],
@@ -342,11 +352,15 @@ def run_app(
     error: str | None = None
     started = time.monotonic()
     next_note = started + SILENCE_NOTE_S
+    seen: tuple[int, int, int] | None = None  # the version of the history last read
     try:
         while True:
             done = proc.poll() is not None
-            # Only this run's history: an older one left in the out-dir must not end the wait.
-            if history_path.exists() and history_path.stat().st_mtime >= submitted:
+            # Only this run's history: an older one left in the out-dir must not end the wait;
+            # read again only when rewritten (at 1,000 hospitals it is megabytes)
+            version = _version(history_path)
+            if version is not None and version != seen and version[0] >= submitted * 1e9:
+                seen = version
                 with contextlib.suppress(json.JSONDecodeError, OSError):
                     history = json.loads(history_path.read_text())
                     record = run_record_from_json(history, source=str(history_path))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.roster import read_roster
 from fedsplit.protocol.run_settings import (
     AggregationSettings,
     DataSettings,
@@ -41,9 +42,12 @@ class RunConfig(SimulationSettings, ServerOptimizerSettings, AggregationSettings
     #: The fields a resumed run (same out-dir) may change (`server.history.find_resume_point`):
     #: none of them alters a trained round. ``min_count`` acts only on the survival summary after
     #: the last round, so a run whose summary published too little ("Lower min-count") is rerun
-    #: with a lower one and only the summary is redone. `resumable_keys` gives their run-config keys.
+    #: with a lower one and only the summary is redone. ``site_roster`` is only where the names
+    #: and fingerprints are kept: the coordinator compares them inline (`with_roster`).
+    #: `resumable_keys` gives their run-config keys.
     RESUMABLE: ClassVar[tuple[str, ...]] = ("num_server_rounds", "round_timeout", "resume",
-                                            "quorum", "min_nodes", "device", "keep", "min_count")
+                                            "quorum", "min_nodes", "device", "keep", "min_count",
+                                            "site_roster")
 
     @model_validator(mode="before")
     @classmethod
@@ -126,6 +130,15 @@ class RunConfig(SimulationSettings, ServerOptimizerSettings, AggregationSettings
     def resumable_keys(cls) -> frozenset[str]:
         """The run-config keys (kebab-case) of `RESUMABLE`: what a resumed run may change."""
         return frozenset(cls.model_fields[name].alias or name for name in cls.RESUMABLE)
+
+    def with_roster(self) -> RunConfig:
+        """This config with its roster's site names and data fingerprint inline, as the
+        coordinator records and compares a run (`protocol.roster`); itself without a roster."""
+        if not self.site_roster:
+            return self
+        roster = read_roster(self.site_roster)
+        return self.model_copy(update={"site_names": roster.names_value(),
+                                       "data_fingerprint": roster.fingerprint_value()})
 
     def to_flower(self) -> dict[str, Any]:
         """Return the kebab-case dict Flower's ``--run-config`` and pyproject expect."""

@@ -19,6 +19,7 @@ import json
 from typing import Any, Literal
 
 from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.roster import read_roster
 from fedsplit.protocol.tasks import check_task
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -125,6 +126,11 @@ class TableReading(Group):
         "[]", alias="site-names",
         description="Simulation only: JSON list of hospital names by partition-id (written by the "
                     "simulation runners; node config 'site-name' takes precedence).")
+    site_roster: str = Field(
+        "", alias="site-roster",
+        description="Simulation only, written by the runners: a roster file (protocol/roster.py) "
+                    "holding site-names and data-fingerprint, so the run config, which travels "
+                    "with every message, does not grow with the hospitals.")
 
     @field_validator("ignore_columns", "na_values", mode="before")
     @classmethod
@@ -146,7 +152,9 @@ class TableReading(Group):
 
     @property
     def names(self) -> list[str]:
-        """``site_names`` parsed."""
+        """``site_names`` parsed; the roster's when the run names one instead."""
+        if self.site_roster and self.site_names == "[]":
+            return list(read_roster(self.site_roster).site_names)
         return list(json.loads(self.site_names))
 
     @property

@@ -71,7 +71,8 @@ def server_optimizer(cfg: RunConfig) -> ServerOptimizer | None:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Agree on a starting model, then run the configured rounds."""
-    cfg = RunConfig.from_flower(context.run_config)
+    # a simulation's roster inline again: the run is recorded and compared as without one
+    cfg = RunConfig.from_flower(context.run_config).with_roster()
     # the coordinator's process settings, read from its environment once, here (docs/settings.md)
     backend = BackendSettings.from_environ(os.environ)
     unmask.use_workers(unmask.workers_from(os.environ))

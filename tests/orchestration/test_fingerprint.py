@@ -60,14 +60,18 @@ def test_the_runner_records_each_site_and_reruns_match(tmp_path: Path) -> None:
     """stage_sites writes site-i/ and records their fingerprint; the same command gives the same one."""
     exp = Experiment(cfg=RunConfig(), out=tmp_path, dataset="wine", num_sites=2, partition="sizes:40,60")
     cfg, sites, _ = stage_sites(exp)
-    recorded = json.loads(cfg.data_fingerprint)
-    assert sorted(recorded) == ["site-0", "site-1"]
+    # the run config names the roster; the coordinator reads the fingerprint back inline
+    assert cfg.data_fingerprint == "{}" and cfg.site_names == "[]"
+    assert Path(cfg.site_roster) == tmp_path / "sites" / "roster.json"
+    inline = cfg.with_roster()
+    recorded = json.loads(inline.data_fingerprint)
+    assert sorted(recorded) == ["site-0", "site-1"] == cfg.names
     # sizes are each hospital's share; a fifth of it is its own test patients
     assert [recorded[f"site-{i}"]["rows"] for i in range(2)] == [len(s) for s in sites] == [32, 48]
-    assert cfg.data_fingerprint == data_fingerprint(
+    assert recorded == data_fingerprint(
         {f"site-{i}": tmp_path / "sites" / f"site-{i}" / "data.csv" for i in range(2)})
     again, _, _ = stage_sites(exp)
-    assert again.data_fingerprint == cfg.data_fingerprint
+    assert again.with_roster().data_fingerprint == inline.data_fingerprint
     other, _, _ = stage_sites(Experiment(cfg=RunConfig(seed=1), out=tmp_path / "b", dataset="wine",
                                          num_sites=2, partition="sizes:40,60"))
-    assert other.data_fingerprint != cfg.data_fingerprint
+    assert other.with_roster().data_fingerprint != inline.data_fingerprint

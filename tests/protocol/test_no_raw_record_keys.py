@@ -215,8 +215,8 @@ ALLOWED: dict[str, Allowance] = {
         "an array spec's JSON (name, dtype)",
         {"dtype", "name"}),
     "protocol/config.py": Allowance(
-        "Flower run-config keys and a task kind's recipe settings",
-        {"penalizer", "task"}),
+        "Flower run-config keys, a task kind's recipe settings and the run settings' names",
+        {"penalizer", "site_names", "task"}),
     "protocol/horizontal_wire.py": Allowance(
         "Flower record names and wire keys of horizontal training",
         {"arrays", "config", "features", "kind", "metrics", "name", "recipe", "task"}),

@@ -171,7 +171,7 @@ def test_resumable_keys_are_declared_once_on_the_run_config() -> None:
     """The resume check's keys come from RunConfig.RESUMABLE (the same keys as before)."""
     assert RESUMABLE_CHANGES == RunConfig.resumable_keys() == frozenset(
         {"num-server-rounds", "round-timeout", "resume", "quorum", "min-nodes", "device", "keep",
-         "min-count"})
+         "min-count", "site-roster"})
     assert set(RunConfig.RESUMABLE) <= set(RunConfig.model_fields)
     server = Path(__file__).parents[2] / "server"
     assert not [p for p in server.rglob("*.py") if '"min-count"' in p.read_text()]

@@ -30,7 +30,7 @@ def test_each_setting_is_defined_by_one_group_and_the_run_kinds_share_them() -> 
     # a horizontal run's config is its groups' fields, nothing of its own
     assert keys(RunConfig) == set().union(*(keys(g) for g in RunConfig.__mro__
                                              if isinstance(g, type) and g in GROUPS))
-    assert len(keys(RunConfig)) == 50
+    assert len(keys(RunConfig)) == 51
     for model, shared in ((SurvivalRun, (rs.FederationSettings, rs.TableReading,
                                          rs.SecureSettings)),
                           (VerticalConfig, (rs.FederationSettings, rs.RoundSettings))):
