@@ -69,21 +69,22 @@ ROLES = (("coordinator", ("flower-superlink", "flwr-simulation", "flwr-serverapp
          ("fedsplit-cli", ("fedsplit simulate", "bin/fedsplit")))
 
 
-def role_of(pid: int) -> str:
-    """The role (`ROLES`) of process ``pid`` by its command line; "other" if none matches."""
+def role_of(pid: int, roles: tuple[tuple[str, tuple[str, ...]], ...] = ROLES) -> str:
+    """The role (``roles``) of process ``pid`` by its command line; "other" if none matches."""
     try:
         line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "other"
-    return next((role for role, marks in ROLES if any(m in line for m in marks)), "other")
+    return next((role for role, marks in roles if any(m in line for m in marks)), "other")
 
 
 class PeakTree:
     """The peak summed RSS (MiB) of ``pid``'s process tree, sampled every ``every`` s, in all
-    and per role (`ROLES`: each role's peak of its own summed RSS)."""
+    and per role (``roles``, default `ROLES`: each role's peak of its own summed RSS)."""
 
-    def __init__(self, pid: int, *, skip_root: bool = False, every: float = 0.5) -> None:
-        self.pid, self.skip_root, self.every = pid, skip_root, every
+    def __init__(self, pid: int, *, skip_root: bool = False, every: float = 0.5,
+                 roles: tuple[tuple[str, tuple[str, ...]], ...] = ROLES) -> None:
+        self.pid, self.skip_root, self.every, self.roles = pid, skip_root, every, roles
         self.peak_mib = 0.0
         self.role_peak_mib: dict[str, float] = {}
         self._stop = threading.Event()
@@ -94,7 +95,7 @@ class PeakTree:
             pids = tree(self.pid)[1:] if self.skip_root else tree(self.pid)
             by_role: dict[str, float] = {}
             for p in pids:
-                role = role_of(p)  # read each time: a process's title changes after exec
+                role = role_of(p, self.roles)  # read each time: a process's title changes after exec
                 by_role[role] = by_role.get(role, 0.0) + proc_value(p, "status", "VmRSS") / 1024
             self.peak_mib = max(self.peak_mib, sum(by_role.values()))
             for role, mib in by_role.items():

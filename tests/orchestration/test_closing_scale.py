@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from fedsplit.orchestration.tables import (
     write_site_table,
 )
 from fedsplit.protocol.config import RunConfig
-from fedsplit.protocol.errors import ConfigError
+from fedsplit.protocol.errors import ConfigError, HospitalFailure
 from fedsplit.protocol.record.summary import RunSummary, Scores
 from rich.console import Console
 
@@ -170,3 +171,46 @@ def test_a_baseline_not_trained_has_no_column() -> None:
     summary = summary_of(3, cross=True).model_copy(update={"centralized": None, "local_only": []})
     text = rendered(summary_tables(summary))
     assert "centralized" not in text and "alone" not in text and "federated" in text
+
+
+BOTH = ("centralized", "local")
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the centralized baseline trains beside "
+                                                      "the others only on a second core")
+def test_the_centralized_baseline_trained_beside_equals_the_one_trained_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above `BESIDE_MIN_SITES` hospitals the centralized baseline trains in a spawned process
+    while the hospital-alone ones train here: the same weights, selection and scores."""
+    sites = experiment.BESIDE_MIN_SITES + 3
+    cfg = RunConfig(num_server_rounds=2, local_steps=3, seed=0)
+    splits, tests = federation(sites, tmp_path, cfg)
+    said: list[str] = []
+    beside, alone, failures = train_baselines(BOTH, splits, tests, cfg, num_outputs=2,
+                                              on_phase=said.append)
+    assert not failures and beside is not None
+    assert "on another core" in said[0] and said[-1].startswith("centralized baseline: waiting")
+    monkeypatch.setattr(experiment, "beside_locals", lambda *_: False)
+    here, alone_here, _ = train_baselines(BOTH, splits, tests, cfg, num_outputs=2)
+    assert here is not None
+    assert beside.model_dump() == here.model_dump()
+    assert [b.model_dump() for b in alone] == [b.model_dump() for b in alone_here]
+    assert not experiment.beside_locals(BOTH, experiment.BESIDE_MIN_SITES, None)  # few: here
+    assert not experiment.beside_locals(("centralized",), sites, None)  # nothing to overlap
+
+
+def test_a_centralized_baseline_failing_beside_is_named_in_one_line(tmp_path: Path) -> None:
+    """The worker's failure comes back as the same one-line `HospitalFailure` as here."""
+    sites = experiment.BESIDE_MIN_SITES + 1
+    splits, tests = federation(sites, tmp_path, CFG)
+    name = next(iter(splits))
+    train, val = splits[name]
+    splits[name] = (train, Dataset(val.x[:, :-1], val.y, val.task, val.kind,
+                                   val.feature_names[:-1]))  # a column short: scoring fails
+    centralized, alone, failures = train_baselines(BOTH, splits, tests, CFG, num_outputs=2)
+    assert centralized is None and len(alone) == sites - 1
+    assert failures[-1].startswith("the centralized baseline, training: ")
+    assert "\n" not in failures[-1]
+    parts = experiment._train_beside("the centralized baseline", train,
+                                     [val for _, val in splits.values()], 2, CFG, 1)
+    assert str(HospitalFailure(*parts)) == failures[-1]
