@@ -80,11 +80,14 @@ def role_of(pid: int, roles: tuple[tuple[str, tuple[str, ...]], ...] = ROLES) ->
 
 class PeakTree:
     """The peak summed RSS (MiB) of ``pid``'s process tree, sampled every ``every`` s, in all
-    and per role (``roles``, default `ROLES`: each role's peak of its own summed RSS)."""
+    and per role (``roles``, default `ROLES`: each role's peak of its own summed RSS); each of
+    ``combined`` (name -> roles) is the peak of those roles' summed RSS, sampled together."""
 
     def __init__(self, pid: int, *, skip_root: bool = False, every: float = 0.5,
-                 roles: tuple[tuple[str, tuple[str, ...]], ...] = ROLES) -> None:
+                 roles: tuple[tuple[str, tuple[str, ...]], ...] = ROLES,
+                 combined: dict[str, tuple[str, ...]] | None = None) -> None:
         self.pid, self.skip_root, self.every, self.roles = pid, skip_root, every, roles
+        self.combined = combined or {}
         self.peak_mib = 0.0
         self.role_peak_mib: dict[str, float] = {}
         self._stop = threading.Event()
@@ -100,6 +103,9 @@ class PeakTree:
             self.peak_mib = max(self.peak_mib, sum(by_role.values()))
             for role, mib in by_role.items():
                 self.role_peak_mib[role] = max(self.role_peak_mib.get(role, 0.0), mib)
+            for name, parts in self.combined.items():
+                mib = sum(by_role.get(part, 0.0) for part in parts)
+                self.role_peak_mib[name] = max(self.role_peak_mib.get(name, 0.0), mib)
             self._stop.wait(self.every)
 
     def __enter__(self) -> PeakTree:

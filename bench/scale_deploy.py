@@ -10,13 +10,15 @@ every round, the same data loading, model and local steps as fedsplit's agent); 
 side is ``fedsplit up --site ... --hidden ...`` (set-up, the model check, one message per
 hospital per round with its evaluation, the closing evaluation, history and models written).
 
-Memory is each role's summed RSS, sampled every 0.5 s, at its peak: *coordinator* = the
-SuperLink, the SuperExec that runs the ServerApp and the ServerApp's process; *hospitals* = the
+Memory is each role's summed RSS, sampled every 0.5 s, at its peak: *superlink*; *serverapp* =
+the SuperExec that runs the ServerApp and the ServerApp's process; *coordinator* = the two
+together (the peak of their sum, not the sum of their peaks); *hospitals* = the
 agents, SuperNodes and ClientApp processes. Each model size is run next to a tiny one (``--idle``
 hidden widths, 8 by default) on the same side, so *above idle* is what the model itself costs
 the coordinator; printed as a multiple of the model's float32 bytes.
 
     .venv/bin/python bench/scale_deploy.py --hidden 10000-10000 --rounds 3
+    .venv/bin/python bench/scale_deploy.py --hidden 10000-10000 --rounds 3 --database
 """
 
 from __future__ import annotations
@@ -58,7 +60,10 @@ from scale import FEATURES, PeakTree, hospitals_data  # noqa: E402
 #: deployment roles by command line, first match wins (a hospital's processes name "clientapp"
 #: or "site run"; the coordinator's SuperExec is `fedsplit superexec` or, bare, flower-superexec)
 ROLES = (("hospitals", ("site run", "flower-supernode", "clientapp")),
-         ("coordinator", ("flower-superlink", "superexec", "flwr-serverapp")))
+         ("superlink", ("flower-superlink",)),
+         ("serverapp", ("superexec", "flwr-serverapp")))
+#: the coordinator: the SuperLink and the ServerApp's processes, summed as sampled together
+COMBINED = {"coordinator": ("superlink", "serverapp")}
 
 
 def model_id(hidden: str) -> str:
@@ -67,7 +72,8 @@ def model_id(hidden: str) -> str:
                      hidden=widths).to_id()
 
 
-def run_bare(work: Path, files: list[tuple[str, Path, Path]], hidden: str, rounds: int) -> list[float]:
+def run_bare(work: Path, files: list[tuple[str, Path, Path]], hidden: str, rounds: int,
+             database: bool) -> list[float]:
     """The bare app on its own SuperLink, SuperExec and SuperNodes; its round seconds."""
     work.mkdir(parents=True)
     (work / "model-id.txt").write_text(model_id(hidden))
@@ -81,8 +87,9 @@ def run_bare(work: Path, files: list[tuple[str, Path, Path]], hidden: str, round
     address = f"127.0.0.1:{port}"
     procs = []
     try:
-        link = spawn(superlink_command(port, isolation="process"), flower_env(work / "link"),
-                     work / "superlink.log")
+        link = spawn(superlink_command(port, isolation="process",
+                                       database=work / "superlink.db" if database else None),
+                     flower_env(work / "link"), work / "superlink.log")
         procs.append(link)
         wait_http(health_url(address, False), 60, link)
         procs.append(spawn(superexec_command(address), flower_env(work / "exec"),
@@ -106,12 +113,14 @@ def run_bare(work: Path, files: list[tuple[str, Path, Path]], hidden: str, round
 
 
 def run_fedsplit(work: Path, files: list[tuple[str, Path, Path]], hidden: str,
-                 rounds: int) -> list[float]:
+                 rounds: int, database: bool) -> list[float]:
     """``fedsplit up`` over the same files; history.json's round seconds."""
     cmd = [str(Path(sys.executable).parent / "fedsplit"), "up", "--work", str(work), "--no-admin",
            "--rounds", str(rounds), "--hidden", hidden, "--seed", "0", "--round-timeout", "1800"]
     for name, train, _ in files:
         cmd += ["--site", f"{name}={train}"]
+    if database:
+        cmd += ["--superlink-database", str(work / "superlink.db")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"fedsplit up failed ({done.returncode}): "
@@ -121,12 +130,12 @@ def run_fedsplit(work: Path, files: list[tuple[str, Path, Path]], hidden: str,
 
 
 def measured(side: str, work: Path, files: list[tuple[str, Path, Path]], hidden: str,
-             rounds: int) -> dict:
+             rounds: int, database: bool) -> dict:
     run = run_bare if side == "bare" else run_fedsplit
     load = os.getloadavg()[0]
     start = time.monotonic()
-    with PeakTree(os.getpid(), skip_root=True, roles=ROLES) as peak:
-        seconds = run(work, files, hidden, rounds)
+    with PeakTree(os.getpid(), skip_root=True, roles=ROLES, combined=COMBINED) as peak:
+        seconds = run(work, files, hidden, rounds, database)
     return {"side": side, "hidden": hidden, "rounds": seconds, "wall": time.monotonic() - start,
             "load": load, "peak_mib": peak.role_peak_mib, "tree_mib": peak.peak_mib}
 
@@ -140,6 +149,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=40)
     parser.add_argument("--sides", default="bare,fedsplit")
+    parser.add_argument("--database", action="store_true",
+                        help="both SuperLinks keep their state and messages in a SQLite file "
+                             "(Flower's --database; fedsplit up --superlink-database)")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="scale-deploy-"))
@@ -147,11 +159,13 @@ def main() -> None:
     params = sum(t.numel() for t in build_model(model_id(args.hidden), seed=0).state_dict().values())
     model_mib = params * 4 / 2**20
     print(f"model: MLP {FEATURES}-{args.hidden}-2, {params:,} parameters ({model_mib:.0f} MiB as "
-          f"float32); {args.hospitals} hospitals, {args.rounds} rounds", flush=True)
+          f"float32); {args.hospitals} hospitals, {args.rounds} rounds; SuperLink state "
+          f"{'in SQLite' if args.database else 'in memory'}", flush=True)
     results = []
     for side in args.sides.split(","):
         for hidden in (args.idle, args.hidden):
-            out = measured(side, work / f"{side}-{hidden}", files, hidden, args.rounds)
+            out = measured(side, work / f"{side}-{hidden}", files, hidden, args.rounds,
+                           args.database)
             results.append(out)
             roles = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(out["peak_mib"].items()))
             print(f"{side:8s} hidden {hidden:12s}: rounds "

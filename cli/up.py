@@ -98,6 +98,11 @@ def up(
     superlink: Annotated[str | None, typer.Option(help="Attach to a running SuperLink HOST:PORT "
                                                        "instead (compose): only submit the run.")] = None,
     root_cert: Annotated[Path | None, typer.Option(help="With --superlink: its CA certificate.")] = None,
+    superlink_database: Annotated[Path | None, typer.Option(
+        help="Keep the SuperLink's state and message objects in this SQLite file instead of "
+             "memory (Flower's --database; made anew at start): the coordinator's memory no "
+             "longer holds the round's messages, at the cost of writing them to disk "
+             "(docs/scale.md).")] = None,
     out: Annotated[Path | None, typer.Option(help="Where the coordinator writes history and models "
                                                   "(default WORK/out; with --superlink a path the "
                                                   "coordinator and this command both see).")] = None,
@@ -129,6 +134,15 @@ def up(
         sites = len(site)
         own_sites(site)  # a missing file at any hospital: one line, before torch or a process
 
+    if superlink_database is not None:
+        if superlink is not None:
+            raise ConfigError("--superlink-database is for the SuperLink this command starts; the "
+                              "running one keeps its own (flower-superlink --database FILE). "
+                              f"Received: --superlink-database with --superlink {superlink}")
+        if superlink_database.is_dir():
+            raise ConfigError("--superlink-database is a file the SuperLink writes (SQLite), not "
+                              "a folder: name a file in it, e.g. WORK/superlink.db. Received: "
+                              f"--superlink-database {superlink_database}")
     from fedsplit.orchestration.survival_summary import up_dataset
     from fedsplit.orchestration.task_kinds import task_report
     from fedsplit.orchestration.up import UpPlan, left_out_failure, run_up
@@ -143,7 +157,8 @@ def up(
         quorum=quorum, round_timeout=round_timeout))
     plan = UpPlan(cfg=cfg, work=work, sites=sites, dataset=dataset, partition=partition, tls=tls,
                   port=port, admin_port=admin_port if admin else None, timeout=timeout,
-                  superlink=superlink, root_cert=root_cert, site_files=tuple(site or ()))
+                  superlink=superlink, root_cert=root_cert, site_files=tuple(site or ()),
+                  superlink_database=superlink_database.resolve() if superlink_database else None)
     started = time.monotonic()
     history = run_up(plan, on_progress=RoundPrinter(run.rounds),
                      on_stage=lambda msg: console.print(f"[bold]{msg}[/]"),

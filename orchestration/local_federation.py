@@ -132,6 +132,9 @@ class LocalFederation:
     certs: CertPaths | None = None
     admin_url: str | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: Flower's ``--database``: the SuperLink's state and message objects in this SQLite file
+    #: instead of its memory (docs/scale.md); made anew when the SuperLink starts
+    database: Path | None = None
 
     def __post_init__(self) -> None:
         self.work = self.work.resolve()
@@ -202,9 +205,14 @@ class LocalFederation:
             link_tls = LinkTls(self.certs.ca, self.certs.server_cert, self.certs.server_key)
             write_superexec_secret(self.superexec_secret)
         home = self.homes / SUPERLINK
+        if self.database is not None:  # an earlier federation's runs and nodes are not this one's
+            for stale in (self.database, *self.database.parent.glob(f"{self.database.name}-*")):
+                stale.unlink(missing_ok=True)
+            self.database.parent.mkdir(parents=True, exist_ok=True)
         proc = self._start(SUPERLINK, superlink_command(self.link_port, tls=link_tls,
                                                         node_auth=self.tls,
-                                                        superexec_secret=self.superexec_secret),
+                                                        superexec_secret=self.superexec_secret,
+                                                        database=self.database),
                            flower_env(home))
         wait_http(health_url(self.link_address, self.tls), 60, proc,
                   verify=tls_context(self.root_cert))

@@ -60,6 +60,8 @@ class UpPlan:
     # each hospital's own file (``--site NAME=FILE``) instead of a bundled dataset's partitions
     site_files: tuple[str | Path | SiteSource, ...] = ()
     connect_timeout: float = CONNECT_TIMEOUT_S  # with superlink: how long to wait for its port
+    # the SuperLink's state and message objects in this SQLite file, not in memory
+    superlink_database: Path | None = None
 
 
 #: What `fingerprint_file` reads itself; any other file (or a folder) is hashed byte for byte.
@@ -166,7 +168,8 @@ def run_up(plan: UpPlan, *, on_progress: Callable[[RunRecord], None] | None = No
     if cfg.resume:  # refuse an unfinished run on other data before starting any process
         find_resume_point(Path(cfg.out_dir), cfg.to_flower())
     federation = LocalFederation(plan.work, sites, tls=plan.tls, port=plan.port,
-                                 admin_port=plan.admin_port, say=say)
+                                 admin_port=plan.admin_port, say=say,
+                                 database=plan.superlink_database)
     previous = signal.signal(signal.SIGTERM, _terminate)  # `kill` stops everything, like Ctrl-C
     try:
         with federation:

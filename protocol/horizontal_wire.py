@@ -966,9 +966,11 @@ def parse_evaluate_reply(msg: Message, *, weight_key: str = NUM_EXAMPLES) -> Eva
 
 
 def carries_evaluation(msg: Message) -> bool:
-    """Whether ``msg`` is a train reply (it carries arrays, plain or masked), whose evaluation,
-    if any, is its ``evaluation`` record, rather than an evaluate reply."""
-    return msg.has_content() and (ARRAYS in msg.content.array_records
+    """Whether ``msg`` is a train reply (by its type, or the arrays it carries, plain or
+    masked: a merge step may already have taken them, `server.merge.PlainMerge.receive`),
+    whose evaluation, if any, is its ``evaluation`` record, rather than an evaluate reply."""
+    return msg.has_content() and (msg.metadata.message_type == TRAIN
+                                  or ARRAYS in msg.content.array_records
                                   or MASKED in msg.content.array_records)
 
 

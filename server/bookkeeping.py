@@ -191,6 +191,11 @@ class MergeStep(Protocol):
         """Run the stages this step needs before the training exchange: they may replace
         ``rnd.train`` (instructions with the step's own records) or set ``rnd.skipped``."""
 
+    def receive(self, rnd: Round, msg: Message) -> None:
+        """One reply of the round's exchange, as it is pulled (before `merge`): a step may
+        take what it needs from it now (`PlainMerge` folds a training reply's arrays in and
+        drops them from the message)."""
+
     def merge(self, rnd: Round, replies: RoundReplies) -> Merge:
         """The round's training replies -> what the loop records and sends on."""
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from fedsplit.protocol.errors import FederationError
 from flwr.app import Message
@@ -54,17 +54,22 @@ def _window(grid: Grid) -> int | None:
 
 
 def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float | None,
-                     window: int | None = None) -> list[Message]:
+                     window: int | None = None,
+                     on_reply: Callable[[Message], None] | None = None) -> list[Message]:
     """Push ``messages`` and return the replies that arrive within ``timeout`` seconds (None:
     wait for all), checking every `POLL_S` s. ``window``: at most that many instructions in
     flight, the rest pushed as replies come in (default: `_window`: 8 per CPU on the simulation
     engine, all at once elsewhere); an instruction still unsent at the deadline counts as
-    unanswered."""
+    unanswered. ``on_reply`` gets each reply as it is pulled, before the next check (the round
+    loop folds a training reply in there: `server.merge.PlainMerge.receive`)."""
     messages = list(messages)
     if not messages:
         return []
     if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
-        return list(grid.send_and_receive(messages, timeout=timeout))
+        replies = list(grid.send_and_receive(messages, timeout=timeout))
+        for reply in replies if on_reply is not None else ():
+            on_reply(reply)
+        return replies
     poll = min(POLL_S, float(getattr(grid, "pull_interval", POLL_S)))  # simulation's: 0.1 s
     size = window or _window(grid) or len(messages)
     if size < 1:
@@ -75,6 +80,8 @@ def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float 
     replies: list[Message] = []
     while waiting:
         got = list(grid.pull_messages(waiting))
+        for reply in got if on_reply is not None else ():
+            on_reply(reply)
         replies.extend(got)
         waiting.difference_update(m.metadata.reply_to_message_id for m in got)
         if unsent and len(waiting) < size:

@@ -6,11 +6,13 @@ merged with the registry rule, metrics averaged.
   finite float arrays, integer count >= 1); a reply that fails is excluded with its reason
   instead of ending the run, and the merge itself is `aggregation.aggregate_updates`, the same
   code the REST upload path and the CLI use, through `aggregation.Fold`: each reply's arrays
-  are folded in as it is parsed and dropped from its message (held under the memory budget,
-  else spilled to a temporary file), so the coordinator never holds every reply's model
-  twice. A round updates the global model only when at least ``quorum`` replies are usable:
-  the count is taken after the input checks (layout, count, cohort cap, finite values), so
-  excluded updates never make up a quorum.
+  are folded in as the reply is pulled (`PlainMerge.receive`, called by the exchange helper)
+  and dropped from its message (held under the memory budget, else spilled to a temporary
+  file), so the coordinator holds no round's replies whole while the others arrive; the fold
+  merges them in site order at the end, whatever order they arrived in. A round updates the
+  global model only when at least ``quorum`` replies are usable: the count is taken after
+  the input checks (layout, count, cohort cap, finite values), so excluded updates never make
+  up a quorum.
 - `Evaluation`: a global model's federated evaluation from evaluate replies and from train
   replies that carry it (``evaluate-first``: `server.rounds`): one history entry per hospital
   and the weighted mean of their metrics.
@@ -173,9 +175,24 @@ class PlainMerge:
         self.backend = backend if backend is not None else aggregation.DEFAULT_SETTINGS
         self.weighted_by_key = weighted_by_key
         self.average = MetricsAverage(weighted_by_key, metrics_aggr_fn, "train_metrics_aggr_fn")
+        self._fold: aggregation.Fold | None = None  # the round's, opened by `prepare`
+        #: node -> what `receive` made of its training reply (one per node and round):
+        #: folded, or why it was excluded
+        self._arrived: dict[int, tuple[_Folded, RecordDict] | str] = {}
 
     def prepare(self, rnd: Round, grid: Grid, timeout: float | None) -> None:
-        """Nothing to do before the training exchange."""
+        """Open the round's fold: each training reply is folded in as it is pulled
+        (`receive`), not after the whole exchange."""
+        self._drop_fold()
+        self._fold = self._new_fold(rnd)
+
+    def receive(self, rnd: Round, msg: Message) -> None:
+        """Fold a training reply in as it arrives and drop its arrays from the message (the
+        coordinator holds one model per reply only until the fold's budget, then none)."""
+        if (self._fold is None or msg.has_error()
+                or msg.metadata.message_type != wire.TRAIN):
+            return
+        self._arrived[msg.metadata.src_node_id] = self._take(self._fold, rnd, msg)
 
     def merge(self, rnd: Round, replies: RoundReplies) -> Merge:
         """Check the replies against the wire contract, exclude bad ones with their reason,
@@ -183,30 +200,29 @@ class PlainMerge:
         their training metrics; a round with fewer than ``quorum`` usable replies is short."""
         valid, failed = split_errors(replies.replies, "train")
         # in a fixed order (by site name, then node), not the order replies arrived in: the
-        # float sums, and so the run, are then the same every time
-        valid = sorted(valid, key=lambda m: (reply_site(m), m.metadata.src_node_id))
+        # fold merges in that order too (its keys), so the float sums, and so the run, are
+        # the same every time
+        valid = sorted(valid, key=_order)
         parsed: list[_Folded] = []  # each reply's arrays are the fold's once parsed
         contents: list[RecordDict] = []
         excluded: list[SiteReport] = []
         for msg in failed:
             excluded.append(SiteReport(site=replies.site(msg), num_examples=0, weight=0.0,
                                        excluded=True, reason=wire.failure_reason(msg.error.reason)))
-        with aggregation.Fold(self.aggregator, expected=rnd.layout, cohort_caps=self.cohort_caps,
-                              cap_policy=self.cap_policy, settings=self.backend) as fold:
+        fold, arrived = self._fold or self._new_fold(rnd), self._arrived
+        self._fold, self._arrived = None, {}
+        with fold:
             for msg in valid:
                 replies.site(msg)
-                try:
-                    reply = wire.parse_train_reply(msg, weight_key=self.weighted_by_key,
-                                                   server_round=rnd.number)
-                except FedsplitError as e:
+                taken = arrived.pop(msg.metadata.src_node_id, None)
+                if taken is None:  # not received during the exchange: folded now
+                    taken = self._take(fold, rnd, msg)
+                if isinstance(taken, str):
                     excluded.append(SiteReport(site=reply_site(msg), num_examples=0, weight=0.0,
-                                               excluded=True, reason=str(e)))
+                                               excluded=True, reason=taken))
                     continue
-                fold.add(reply.update, key=len(parsed))
-                parsed.append(_Folded(reply.update.num_examples, reply.metrics, reply.site,
-                                      reply.info))
-                del msg.content.array_records[wire.ARRAYS]  # the fold holds (or spilled) them
-                contents.append(_without_evaluation(msg.content))
+                parsed.append(taken[0])
+                contents.append(taken[1])
             # one entry per parsed reply first, in order (aligned with the aggregation report)
             sites = [SiteEntry(site=r.site, num_examples=r.num_examples,
                                metrics=r.metrics, info=r.info) for r in parsed]
@@ -240,6 +256,35 @@ class PlainMerge:
             [(parsed[k].num_examples, parsed[k].metrics) for k in usable],
             [contents[k] for k in usable])
         return Merge(sites, result=result, metrics=metrics)
+
+    def _new_fold(self, rnd: Round) -> aggregation.Fold:
+        return aggregation.Fold(self.aggregator, expected=rnd.layout, cohort_caps=self.cohort_caps,
+                                cap_policy=self.cap_policy, settings=self.backend)
+
+    def _drop_fold(self) -> None:
+        """Close a fold a failed exchange left open (its spilled files go with it)."""
+        if self._fold is not None:
+            self._fold.close()
+        self._fold, self._arrived = None, {}
+
+    def _take(self, fold: aggregation.Fold, rnd: Round, msg: Message
+              ) -> tuple[_Folded, RecordDict] | str:
+        """Parse one training reply and fold its arrays in (keyed by `_order`), dropping them
+        from the message; or the reason it is excluded."""
+        try:
+            reply = wire.parse_train_reply(msg, weight_key=self.weighted_by_key,
+                                           server_round=rnd.number)
+        except FedsplitError as e:
+            return str(e)
+        fold.add(reply.update, key=_order(msg))
+        del msg.content.array_records[wire.ARRAYS]  # the fold holds (or spilled) them
+        return (_Folded(reply.update.num_examples, reply.metrics, reply.site, reply.info),
+                _without_evaluation(msg.content))
+
+
+def _order(msg: Message) -> tuple[str, int]:
+    """Where a training reply goes among the round's: by site name, then node."""
+    return reply_site(msg), msg.metadata.src_node_id
 
 
 class Evaluation:

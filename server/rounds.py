@@ -49,6 +49,7 @@ adapter `server.strategy.RegistryStrategy`, which calls this loop's `open`, `eva
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -253,7 +254,8 @@ class RoundLoop:
                     rnd.evaluate = self.instructions(
                         [n for n in connected if n not in training], wire.EVALUATE, arrays,
                         evaluate_config, scored)
-                replies = send_and_collect(grid, [*rnd.train, *rnd.evaluate], timeout=timeout)
+                replies = send_and_collect(grid, [*rnd.train, *rnd.evaluate], timeout=timeout,
+                                           on_reply=functools.partial(self.merge.receive, rnd))
             if scored >= 1:
                 self.evaluated(scored, [*rnd.train, *rnd.evaluate], replies,
                                skipped=rnd.skipped if not rnd.evaluate else None)

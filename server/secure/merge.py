@@ -213,6 +213,9 @@ class SecureMerge:
         return Message(content, dst_node_id=msg.metadata.dst_node_id,
                        message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
 
+    def receive(self, rnd: Round, msg: Message) -> None:
+        """Nothing on arrival: masked vectors are unmasked together (`merge`)."""
+
     def merge(self, rnd: Round, replies: RoundReplies) -> Merge:
         """Unmask the sum of the masked replies; the aggregate is the model sent out moved by
         their weighted mean (or by the rule's iteration from it). The loop then steps the

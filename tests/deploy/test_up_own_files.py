@@ -52,7 +52,7 @@ class Recording:
     write_model: ClassVar[bool] = True
 
     def __init__(self, work: Path, sites: list[Site], **kw: Any) -> None:
-        self.work, self.sites, self.logs = work, sites, work / "logs"
+        self.work, self.sites, self.logs, self.kw = work, sites, work / "logs", kw
         self.cfg = None
         Recording.made.append(self)
 
@@ -296,7 +296,12 @@ def test_up_trains_on_the_hospitals_own_files_and_refuses_a_run_that_trained_not
 
     t0 = time.monotonic()
     work = tmp_path / "ok"
-    code = run_up_process([*common, "--work", str(work)], tmp_path / "ok.log", env, 420)
+    # the SuperLink's state in SQLite (issue 43); an earlier federation's file is made anew
+    database = work / "superlink.db"
+    database.parent.mkdir(parents=True)
+    database.write_bytes(b"not a database: an earlier federation's, or anything else")
+    code = run_up_process([*common, "--work", str(work), "--superlink-database", str(database)],
+                          tmp_path / "ok.log", env, 420)
     printed = (tmp_path / "ok.log").read_text()
     trained_s = time.monotonic() - t0
     assert code == 0, printed[-3000:]
@@ -307,6 +312,7 @@ def test_up_trains_on_the_hospitals_own_files_and_refuses_a_run_that_trained_not
     assert {s["site"] for s in entry["train"]["sites"] if not s.get("excluded")} == {"east", "west"}
     assert entry["model"] == "models/round-001.h5"
     assert json.loads(history["config"]["data-fingerprint"])["east"]["rows"] == 60
+    assert database.read_bytes().startswith(b"SQLite format 3")
     assert not _alive(work / "pids.json")
 
     t1 = time.monotonic()
@@ -351,3 +357,33 @@ def test_a_renamed_column_names_the_odd_hospital_and_the_start_line_names_the_mo
     assert code == 0, capsys.readouterr()
     assert "federation: 2 hospitals, built-in MLP (hidden 64-32), fedavg, 1 rounds" in \
         capsys.readouterr().out
+
+
+def test_the_superlink_database_reaches_the_superlink_made_anew(
+        tmp_path: Path, recording: type[Recording], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--superlink-database FILE``: Flower's --database on the SuperLink `up` starts (issue 43),
+    an earlier federation's file (and SQLite's side files) removed first; refused with
+    --superlink or a folder."""
+    database = tmp_path / "link.db"
+    assert up_cli(tmp_path, "--superlink-database", str(database), "--no-admin") == 0
+    assert recording.made[-1].kw["database"] == database.resolve()
+    assert up_cli(tmp_path, "--no-admin") == 0 and recording.made[-1].kw["database"] is None
+    code = up_cli(tmp_path, "--superlink-database", str(database), "--superlink", "127.0.0.1:9")
+    assert code == ConfigError.exit_code
+    assert "the running one keeps its own" in capsys.readouterr().err
+    assert up_cli(tmp_path, "--superlink-database", str(tmp_path)) == ConfigError.exit_code
+    assert "not a folder" in capsys.readouterr().err
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(LocalFederation, "_start", lambda self, name, cmd, env: started.append(cmd))
+    monkeypatch.setattr(local_federation, "wait_http", lambda *a, **k: None)
+    for stale in (database, tmp_path / "link.db-wal", tmp_path / "link.db-shm"):
+        stale.write_bytes(b"an earlier federation's")
+    LocalFederation(tmp_path / "work", [], admin_port=None, database=database).start_superlink()
+    (cmd,) = started
+    assert cmd[cmd.index("--database") + 1] == str(database)
+    assert not list(tmp_path.glob("link.db*"))
+    started.clear()
+    LocalFederation(tmp_path / "work2", [], admin_port=None).start_superlink()
+    assert "--database" not in started[0]

@@ -61,6 +61,9 @@ ALLOWED: dict[str, Allowance] = {
     "bench/deploy_rounds.py": Allowance(
         "the bench's own timing notes",
         {"round"}),
+    "bench/scale_deploy.py": Allowance(
+        "the bare app's own status file (bench/bare_flower_app.py) and the bench's result JSON",
+        {"hospitals", "rounds", "seconds"}),
     "bench/flamby_heart.py": Allowance(
         "the bench's own rows per seed (runs read through RunSummary); metric names",
         {"accuracy", "adopted", "config", "mean_per_site", "per_site", "prior_test", "runs",
