@@ -75,11 +75,12 @@ def test_simulate_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
 
 def _interrupted_run(out: Path, exp: Experiment) -> None:
     """What `simulate` leaves in ``out`` when interrupted after round 1: its sites, a history
-    and a global model in OUT/federation."""
+    and a global model in OUT/federation (its config as the coordinator records it: the
+    roster's names and fingerprints inline)."""
     cfg, _, _ = stage_sites(exp)
     (out / "federation").mkdir(parents=True)
     (out / "federation" / "history.json").write_text(json.dumps({
-        "status": "running", "config": cfg.to_flower(), "model_id": "mlp:x",
+        "status": "running", "config": cfg.with_roster().to_flower(), "model_id": "mlp:x",
         "rounds": [{"round": 1, "train": {}}]}))
     (out / "federation" / "global.h5").write_bytes(b"")
 
