@@ -167,7 +167,8 @@ def test_simulate_survival_task_on_three_hospitals_tables_as_they_come(tmp_path)
     schema = Schema.from_json(read_schema(fdir / "global.h5"))
     model = load_model(fdir / "global.h5")
     held = []
-    for folder in sorted((out / "sites").iterdir()):  # each hospital's rows, as it holds them:
+    # each hospital's folder (beside them, the simulation's roster.json)
+    for folder in sorted(p for p in (out / "sites").iterdir() if p.is_dir()):  # its rows, as held:
         # all of them, as the exact linear Cox fit used them (no validation rows held out)
         frame = read_table(next(folder.glob("*.csv")))
         held.append(encode_table(schema, frame, source="t"))
