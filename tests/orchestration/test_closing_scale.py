@@ -8,6 +8,7 @@ import csv
 import io
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -183,7 +184,7 @@ def test_the_centralized_baseline_trained_beside_equals_the_one_trained_here(
     """Above `BESIDE_MIN_SITES` hospitals the centralized baseline trains in a spawned process
     while the hospital-alone ones train here: the same weights, selection and scores."""
     sites = experiment.BESIDE_MIN_SITES + 3
-    cfg = RunConfig(num_server_rounds=2, local_steps=3, seed=0)
+    cfg = RunConfig(num_server_rounds=2, local_steps=1, seed=0)
     splits, tests = federation(sites, tmp_path, cfg)
     said: list[str] = []
     beside, alone, failures = train_baselines(BOTH, splits, tests, cfg, num_outputs=2,
@@ -199,8 +200,13 @@ def test_the_centralized_baseline_trained_beside_equals_the_one_trained_here(
     assert not experiment.beside_locals(("centralized",), sites, None)  # nothing to overlap
 
 
-def test_a_centralized_baseline_failing_beside_is_named_in_one_line(tmp_path: Path) -> None:
-    """The worker's failure comes back as the same one-line `HospitalFailure` as here."""
+def test_a_centralized_baseline_failing_beside_is_named_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's failure comes back as the same one-line `HospitalFailure` as here (the
+    worker in a thread: the spawned process is the test above's)."""
+    monkeypatch.setattr(experiment, "ProcessPoolExecutor",
+                        lambda workers, mp_context: ThreadPoolExecutor(workers))
+    monkeypatch.setattr(experiment, "beside_locals", lambda *_: True)
     sites = experiment.BESIDE_MIN_SITES + 1
     splits, tests = federation(sites, tmp_path, CFG)
     name = next(iter(splits))
