@@ -23,6 +23,7 @@ round over its own median round.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from fedsplit.orchestration.flower_runtime import (
@@ -82,40 +84,53 @@ def bare_env(home: Path) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def bare_federation(work: Path, nodes: Sequence[tuple[str, Path]], *,
+                    env_of: Callable[[Path], dict[str, str]] = bare_env,
+                    database: Path | None = None) -> Iterator[dict[str, str]]:
+    """Flower's deployment runtime on 127.0.0.1, stopped on leaving: a SuperLink (``--isolation
+    process``; ``database``: its ``--database``), a SuperExec for the ServerApp, a SuperNode per
+    (name, data path); yields the environment of a ``flwr`` CLI connected to it. Each process
+    gets ``env_of(its own FLWR_HOME)``."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    procs = []
+    try:
+        link = spawn(superlink_command(port, isolation="process", database=database),
+                     env_of(work / "link"), work / "superlink.log")
+        procs.append(link)
+        wait_http(health_url(address, False), 60, link)
+        procs.append(spawn(superexec_command(address), env_of(work / "exec"),
+                           work / "superexec.log"))
+        for name, path in nodes:
+            procs.append(spawn(supernode_command(address, data_path=path, site_name=name,
+                                                 port=free_port()),
+                               env_of(work / name), work / f"{name}.log"))
+        write_connection(work / "cli", address)
+        yield env_of(work / "cli")
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
 def run_bare(work: Path, sites: int, rounds: int, evaluate: bool) -> dict:
     """One run of the bare app; its round times and the command's wall time."""
     work.mkdir(parents=True)
     files = hospital_files(work, sites)
     times = work / "times.jsonl"
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    procs = []
     start = time.monotonic()
-    try:
-        link = spawn(superlink_command(port, isolation="process"), bare_env(work / "link"),
-                     work / "superlink.log")
-        procs.append(link)
-        wait_http(health_url(address, False), 60, link)
-        procs.append(spawn(superexec_command(address), bare_env(work / "exec"),
-                           work / "superexec.log"))
-        for k, path in enumerate(files, start=1):
-            procs.append(spawn(supernode_command(address, data_path=path, site_name=f"h{k}",
-                                                 port=free_port()),
-                               bare_env(work / f"node{k}"), work / f"node{k}.log"))
-        write_connection(work / "cli", address)
+    nodes = [(f"h{k}", path) for k, path in enumerate(files, start=1)]
+    with bare_federation(work, nodes) as cli_env:
         config = (f"num-server-rounds={rounds} min-nodes={sites} evaluate={int(evaluate)} "
                   f"times-file='{times}'")
         app = work / "app"
         shutil.copytree(BARE_APP, app, ignore=shutil.ignore_patterns("__pycache__"))
         done = subprocess.run([tool("flwr"), "run", str(app), CONNECTION, "--stream",
-                               "--run-config", config], env=bare_env(work / "cli"),
+                               "--run-config", config], env=cli_env,
                               capture_output=True, text=True, timeout=1800)
         wall = time.monotonic() - start
         if done.returncode != 0:
             raise RuntimeError(f"bare run failed (exit {done.returncode}): {done.stdout[-800:]}")
-    finally:
-        for proc in reversed(procs):
-            stop(proc)
     notes = [json.loads(line) for line in times.read_text().splitlines()]
     t0 = next(n["t"] for n in notes if n.get("start"))
     ends = [n["t"] for n in notes if "round" in n]

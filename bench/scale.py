@@ -117,6 +117,18 @@ class PeakTree:
         self._thread.join()
 
 
+def mlp_model_id(hidden: tuple[int, ...]) -> str:
+    """The built-in MLP over the synthetic tables (`FEATURES` in, 2 classes out)."""
+    return ModelSpec(kind="mlp", task="classification", input_shape=(FEATURES,), num_outputs=2,
+                     hidden=hidden).to_id()
+
+
+def mlp_parameters(hidden: tuple[int, ...]) -> int:
+    """`mlp_model_id`'s parameter count (weights and biases), without building it."""
+    widths = (FEATURES, *hidden, 2)
+    return sum(a * b + b for a, b in itertools.pairwise(widths))
+
+
 def hospitals_data(root: Path, count: int, rows: int, seed: int) -> list[tuple[str, Path, Path]]:
     """Each hospital's training file (root/sites/site-i/data.csv, where the bare app reads it)
     and test file; one linear rule with noise, each hospital's features shifted a little."""
@@ -190,8 +202,7 @@ def main() -> None:
         parser.error(f"--kinds takes bare and any of {', '.join(KINDS[1:])}. "
                      f"Received: {args.kinds}")
     hidden = RunConfig(hidden=args.hidden).hidden_widths
-    widths = (FEATURES, *hidden, 2)
-    params = sum(a * b + b for a, b in itertools.pairwise(widths))
+    params = mlp_parameters(hidden)
     print(f"model: MLP {FEATURES}-{'-'.join(map(str, hidden))}-2, {params:,} parameters "
           f"({params * 4 / 2**20:.0f} MiB as float32)", flush=True)
     results: dict[int, dict[str, list[tuple[float, float]]]] = {}
@@ -200,8 +211,7 @@ def main() -> None:
         for hospitals in sizes:
             root = Path(tmp) / f"n{hospitals}"
             files = hospitals_data(root, hospitals, args.rows, args.seed)
-            model_id = ModelSpec(kind="mlp", task="classification", input_shape=(FEATURES,),
-                                 num_outputs=2, hidden=hidden).to_id()
+            model_id = mlp_model_id(hidden)
             (root / "model-id.txt").write_text(model_id)
             results[hospitals] = {kind: [] for kind in kinds}
             roles[hospitals] = {kind: {} for kind in kinds}

@@ -36,26 +36,17 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
-from fedsplit.client.models import ModelSpec, build_model  # noqa: E402
+from deploy_rounds import bare_federation  # noqa: E402
 from fedsplit.orchestration.flower_runtime import (  # noqa: E402
     CONNECTION,
     flower_env,
-    free_port,
-    health_url,
     run_config_path,
-    spawn,
     stage_app,
-    stop,
-    superexec_command,
-    superlink_command,
-    supernode_command,
     tool,
-    wait_http,
-    write_connection,
 )
 from fedsplit.protocol.config import RunConfig  # noqa: E402
 from fedsplit.protocol.record.horizontal import RunRecord  # noqa: E402
-from scale import FEATURES, PeakTree, hospitals_data  # noqa: E402
+from scale import FEATURES, PeakTree, hospitals_data, mlp_model_id, mlp_parameters  # noqa: E402
 
 #: deployment roles by command line, first match wins (a hospital's processes name "clientapp"
 #: or "site run"; the coordinator's SuperExec is `fedsplit superexec` or, bare, flower-superexec)
@@ -66,48 +57,30 @@ ROLES = (("hospitals", ("site run", "flower-supernode", "clientapp")),
 COMBINED = {"coordinator": ("superlink", "serverapp")}
 
 
-def model_id(hidden: str) -> str:
-    widths = tuple(int(w) for w in hidden.split("-"))
-    return ModelSpec(kind="mlp", task="classification", input_shape=(FEATURES,), num_outputs=2,
-                     hidden=widths).to_id()
+def widths(hidden: str) -> tuple[int, ...]:
+    """``--hidden`` read as the run config reads it."""
+    return RunConfig(hidden=hidden).hidden_widths
 
 
 def run_bare(work: Path, files: list[tuple[str, Path, Path]], hidden: str, rounds: int,
              database: bool) -> list[float]:
     """The bare app on its own SuperLink, SuperExec and SuperNodes; its round seconds."""
     work.mkdir(parents=True)
-    (work / "model-id.txt").write_text(model_id(hidden))
+    (work / "model-id.txt").write_text(mlp_model_id(widths(hidden)))
     cfg = RunConfig(num_server_rounds=rounds, min_nodes=len(files), seed=0,
                     out_dir=str(work / "out"), initial_weights=str(work / "model-id.txt"),
                     round_timeout=1800)
     app = stage_app(work / "app", cfg, components=("bare_flower_app:server",
                                                    "bare_flower_app:client"),
                     extra_modules=[BENCH / "bare_flower_app.py"])
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    procs = []
-    try:
-        link = spawn(superlink_command(port, isolation="process",
-                                       database=work / "superlink.db" if database else None),
-                     flower_env(work / "link"), work / "superlink.log")
-        procs.append(link)
-        wait_http(health_url(address, False), 60, link)
-        procs.append(spawn(superexec_command(address), flower_env(work / "exec"),
-                           work / "superexec.log"))
-        for name, train, _ in files:
-            procs.append(spawn(supernode_command(address, data_path=train, site_name=name,
-                                                 port=free_port()),
-                               flower_env(work / name), work / f"{name}.log"))
-        write_connection(work / "cli", address)
+    nodes = [(name, train) for name, train, _ in files]
+    with bare_federation(work, nodes, env_of=flower_env,
+                         database=work / "superlink.db" if database else None) as cli_env:
         done = subprocess.run([tool("flwr"), "run", str(app), CONNECTION, "--stream",
                                "--run-config", str(run_config_path(app))],
-                              env=flower_env(work / "cli"), capture_output=True, text=True,
-                              timeout=3600)
+                              env=cli_env, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             raise RuntimeError(f"bare run failed ({done.returncode}): {done.stdout[-800:]}")
-    finally:
-        for proc in reversed(procs):
-            stop(proc)
     history = json.loads((work / "out" / "history.json").read_text())
     return [r["seconds"] for r in history["rounds"]]
 
@@ -156,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="scale-deploy-"))
     files = hospitals_data(work / "data", args.hospitals, args.rows, 0)
-    params = sum(t.numel() for t in build_model(model_id(args.hidden), seed=0).state_dict().values())
+    params = mlp_parameters(widths(args.hidden))
     model_mib = params * 4 / 2**20
     print(f"model: MLP {FEATURES}-{args.hidden}-2, {params:,} parameters ({model_mib:.0f} MiB as "
           f"float32); {args.hospitals} hospitals, {args.rounds} rounds; SuperLink state "

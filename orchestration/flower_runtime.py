@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 from fedsplit.orchestration import watchdog
-from fedsplit.protocol.atomic import atomic_path
+from fedsplit.protocol.atomic import atomic_path, file_version
 from fedsplit.protocol.config import RunConfig
 from fedsplit.protocol.errors import ConfigError, FlowerRunError, error_from_record
 from fedsplit.protocol.record.common import HISTORY_FILE
@@ -310,16 +310,6 @@ def log_tail(path: Path, lines: int = 6, limit: int = 600) -> str:
     return flat if len(flat) <= limit else "..." + flat[-(limit - 3):]
 
 
-def _version(path: Path) -> tuple[int, int, int] | None:
-    """(mtime ns, size, inode) of ``path``, None while absent: a rewrite (atomic, so a new
-    inode) changes it."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return stat.st_mtime_ns, stat.st_size, stat.st_ino
-
-
 def run_app(
     app_dir: Path,
     env: dict[str, str],
@@ -358,7 +348,10 @@ def run_app(
             done = proc.poll() is not None
             # Only this run's history: an older one left in the out-dir must not end the wait;
             # read again only when rewritten (at 1,000 hospitals it is megabytes)
-            version = _version(history_path)
+            try:
+                version: tuple[int, int, int] | None = file_version(history_path)
+            except OSError:  # not written yet
+                version = None
             if version is not None and version != seen and version[0] >= submitted * 1e9:
                 seen = version
                 with contextlib.suppress(json.JSONDecodeError, OSError):

@@ -46,6 +46,14 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     fsync_dir(target.parent)
 
 
+def file_version(path: str | os.PathLike[str]) -> tuple[int, int, int]:
+    """(mtime ns, size, inode) of ``path``: a file replaced through `atomic_path` is a new
+    inode, so every rewrite changes it (a reader re-reads only then). Raises `OSError` when
+    ``path`` cannot be stat'ed."""
+    stat = os.stat(path)
+    return stat.st_mtime_ns, stat.st_size, stat.st_ino
+
+
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     """Write ``data`` as indented JSON to ``path`` atomically."""
     with atomic_path(path) as tmp:

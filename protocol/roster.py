@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fedsplit.protocol.atomic import atomic_path
+from fedsplit.protocol.atomic import atomic_path, file_version
 from fedsplit.protocol.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -67,20 +67,19 @@ def write_roster(data_dir: Path, site_names: list[str], data_fingerprint: dict[s
     return path
 
 
-_READ: dict[str, tuple[tuple[int, int], Roster]] = {}
+_READ: dict[str, tuple[tuple[int, int, int], Roster]] = {}
 
 
 def read_roster(path: str | os.PathLike[str]) -> Roster:
     """The roster at ``path``, parsed once per version of the file in this process."""
     key = str(path)
     try:
-        stat = os.stat(key)
+        version = file_version(key)
     except OSError as e:
         raise ConfigError(f"The run's site roster {key} cannot be read ({e.strerror}): it is "
                           f"written by the simulation runner beside the hospitals' data; rerun "
                           f"the simulation, or drop site-roster from the run config. "
                           f"Received: site-roster={key!r}") from e
-    version = (stat.st_mtime_ns, stat.st_size)
     cached = _READ.get(key)
     if cached is not None and cached[0] == version:
         return cached[1]
