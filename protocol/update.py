@@ -30,7 +30,7 @@ from fedsplit.protocol.errors import UpdateError
 
 if TYPE_CHECKING:  # heavy optional imports, only for type checkers
     import torch
-    from flwr.app import ArrayRecord
+    from flwr.app import Array, ArrayRecord
 
 
 #: Largest integer a float64 carries exactly; integer buffers beyond it are refused.
@@ -93,6 +93,34 @@ def arrays_to_state_dict(
             tensor = tensor.to(target.dtype)
         out[name] = tensor
     return out
+
+
+def array_view(array: Array) -> np.ndarray:
+    """A Flower `Array`'s values as a read-only numpy view over its bytes (no copy).
+
+    Flower's ``Array.numpy()`` loads its ``.npy`` bytes into a new array, so a model held both
+    ways costs twice its size; the view shares the bytes (and keeps them alive). An array that
+    is not a plain ``.npy`` (another ``stype``, object dtype, Fortran order) is loaded as Flower
+    loads it."""
+    import io
+
+    from numpy.lib import format as npy
+
+    if array.stype != "numpy.ndarray":
+        return array.numpy()
+    data = array.data
+    head = io.BytesIO(data[:4096] if len(data) > 4096 else data)
+    try:
+        read_header = (npy.read_array_header_1_0 if npy.read_magic(head) == (1, 0)
+                       else npy.read_array_header_2_0)
+        shape, fortran, dtype = read_header(head)
+    except ValueError:
+        return array.numpy()
+    if fortran or dtype.hasobject:
+        return array.numpy()
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    view = np.frombuffer(data, dtype=dtype, count=count, offset=head.tell())
+    return view.reshape(shape)
 
 
 def to_array_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
@@ -214,7 +242,7 @@ class Update:
     ) -> Update:
         """Build an update from a Flower `ArrayRecord` and the site's sample count."""
         return cls(
-            arrays={name: arr.numpy() for name, arr in record.items()},
+            arrays={name: array_view(arr) for name, arr in record.items()},
             num_examples=num_examples,
             **fields,
         )

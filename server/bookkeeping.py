@@ -78,6 +78,12 @@ class Round:
         return [ArraySpec(name, tuple(int(d) for d in a.shape), np.dtype(a.dtype))
                 for name, a in self.shared.items()]
 
+    @property
+    def shared_bytes(self) -> int:
+        """The bytes of the travelling tensors sent out (a training reply's size); 0 when
+        unknown."""
+        return sum(int(a.nbytes) for a in (self.shared or {}).values())
+
     def elapsed(self) -> float:
         """Seconds since the round opened (rounded to the millisecond, as recorded)."""
         return round(time.monotonic() - self.started, 3)

@@ -21,6 +21,13 @@ checks per 0.1 s: at 1,000 hospitals that scanning took most of a core and slowe
 (docs/scale.md). Its Ray actors run one hospital per CPU anyway, so a window of them loses no
 parallelism. Deployment pushes everything at once: there each hospital is its own machine.
 
+Flower's ``pull_messages`` inflates every reply it finds before it returns: in the deployment
+runtime each one is pulled from the SuperLink, joined from its chunks and held whole. When the
+replies carry a large model, several landing between two checks would all be held at once; the
+round loop therefore passes ``pull_at_once`` (`replies_at_once`: as many replies as fit in
+`PULL_BUDGET` bytes, at least one), so at most that many are inflated before ``on_reply`` has
+folded them and dropped their arrays (docs/scale.md).
+
 `send_and_collect` returns whatever arrived, errors included (the loop records each hospital's
 reason); `collect_all` is for the exchanges that need every answer (survival, vertical): an
 error reply or a missing one is a `FederationError` naming them.
@@ -41,6 +48,14 @@ POLL_S = 0.5  # seconds between two checks for replies (Flower's HttpGrid: 3 s)
 #: Ray actors run one hospital per CPU; the engine's checks grow with the instructions it holds:
 #: module docstring)
 SIMULATION_WINDOW_PER_CPU = 8
+#: bytes of replies one pull inflates at most (`replies_at_once`)
+PULL_BUDGET = 256 * 2**20
+
+
+def replies_at_once(reply_bytes: int) -> int:
+    """How many replies of ``reply_bytes`` each one pull may inflate: as many as fit in
+    `PULL_BUDGET`, at least one."""
+    return max(1, PULL_BUDGET // max(1, int(reply_bytes)))
 
 
 def _window(grid: Grid) -> int | None:
@@ -55,13 +70,16 @@ def _window(grid: Grid) -> int | None:
 
 def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float | None,
                      window: int | None = None,
-                     on_reply: Callable[[Message], None] | None = None) -> list[Message]:
+                     on_reply: Callable[[Message], None] | None = None,
+                     pull_at_once: int | None = None) -> list[Message]:
     """Push ``messages`` and return the replies that arrive within ``timeout`` seconds (None:
     wait for all), checking every `POLL_S` s. ``window``: at most that many instructions in
     flight, the rest pushed as replies come in (default: `_window`: 8 per CPU on the simulation
     engine, all at once elsewhere); an instruction still unsent at the deadline counts as
     unanswered. ``on_reply`` gets each reply as it is pulled, before the next check (the round
-    loop folds a training reply in there: `server.merge.PlainMerge.receive`)."""
+    loop folds a training reply in there: `server.merge.PlainMerge.receive`). ``pull_at_once``:
+    at most that many replies pulled (so inflated) by one of Flower's ``pull_messages`` calls,
+    each handed to ``on_reply`` before the next call (default: all that arrived)."""
     messages = list(messages)
     if not messages:
         return []
@@ -78,12 +96,18 @@ def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float 
     waiting = set(grid.push_messages(messages[:size]))
     end = time.monotonic() + timeout if timeout is not None else None
     replies: list[Message] = []
+    if pull_at_once is not None and pull_at_once < 1:
+        raise ValueError(f"pull_at_once is at least 1. Received: {pull_at_once}")
     while waiting:
-        got = list(grid.pull_messages(waiting))
-        for reply in got if on_reply is not None else ():
-            on_reply(reply)
-        replies.extend(got)
-        waiting.difference_update(m.metadata.reply_to_message_id for m in got)
+        ids = sorted(waiting)
+        step = pull_at_once or len(ids)
+        for start in range(0, len(ids), step):
+            got = list(grid.pull_messages(ids[start:start + step]))
+            for reply in got if on_reply is not None else ():
+                on_reply(reply)
+            replies.extend(got)
+            waiting.difference_update(m.metadata.reply_to_message_id for m in got)
+            del got
         if unsent and len(waiting) < size:
             room = size - len(waiting)
             waiting.update(grid.push_messages(unsent[:room]))

@@ -57,9 +57,9 @@ from collections.abc import Sequence
 from fedsplit.aggregation.server_optimizers import ServerOptimizer
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.record.horizontal import SiteEntry
-from fedsplit.protocol.update import Update
+from fedsplit.protocol.update import Update, array_view
 from fedsplit.server.bookkeeping import MergeStep, Round, RoundBook, RoundHook, RoundReplies
-from fedsplit.server.exchange import send_and_collect
+from fedsplit.server.exchange import replies_at_once, send_and_collect
 from fedsplit.server.history import RunHistory
 from fedsplit.server.merge import Evaluation
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -126,7 +126,7 @@ class RoundLoop:
         """Open round ``number`` (as recorded) sending ``arrays``; the hooks' ``before`` runs."""
         rnd = Round(number)
         if arrays is not None:
-            rnd.model = {name: a.numpy() for name, a in arrays.items()}
+            rnd.model = {name: array_view(a) for name, a in arrays.items()}  # no second copy
             rnd.shared = (dict(rnd.model) if self.federated is None
                           else {name: rnd.model[name] for name in self.federated})
         for hook in self.hooks:
@@ -255,7 +255,8 @@ class RoundLoop:
                         [n for n in connected if n not in training], wire.EVALUATE, arrays,
                         evaluate_config, scored)
                 replies = send_and_collect(grid, [*rnd.train, *rnd.evaluate], timeout=timeout,
-                                           on_reply=functools.partial(self.merge.receive, rnd))
+                                           on_reply=functools.partial(self.merge.receive, rnd),
+                                           pull_at_once=replies_at_once(rnd.shared_bytes))
             if scored >= 1:
                 self.evaluated(scored, [*rnd.train, *rnd.evaluate], replies,
                                skipped=rnd.skipped if not rnd.evaluate else None)

@@ -113,3 +113,22 @@ def test_integer_buffer_beyond_float64_precision_is_refused() -> None:
     """An integer that float64 cannot carry exactly is refused, not silently rounded."""
     with pytest.raises(UpdateError, match="2\\*\\*53"):
         Update.from_state_dict({"n": torch.tensor(2**53 + 1)}, num_examples=1)
+
+
+@pytest.mark.parametrize("values", [
+    np.arange(12, dtype=np.float32).reshape(3, 4), np.array(3.5), np.zeros((0, 5)),
+    np.array([1, 2], dtype=">i4"), np.ones((2, 2), dtype=np.float16),
+    np.arange(6, dtype=np.float64).reshape(2, 3).T,  # Fortran order: loaded as Flower does
+])
+def test_array_view_equals_flowers_numpy_and_shares_the_bytes_when_it_can(values) -> None:
+    from fedsplit.protocol.update import array_view
+    from flwr.app import Array
+
+    array = Array(values)
+    view, loaded = array_view(array), array.numpy()
+    assert view.dtype == loaded.dtype and view.shape == loaded.shape
+    np.testing.assert_array_equal(view, loaded)
+    viewed = bool(values.flags.c_contiguous)  # np.save writes the rest in Fortran order
+    assert view.flags.writeable == (not viewed)  # a view over Flower's bytes is read-only
+    assert np.shares_memory(view, np.frombuffer(array.data, dtype=np.uint8)) == (
+        viewed and values.size > 0)

@@ -13,7 +13,7 @@ from fedsplit.protocol import read_weights
 from fedsplit.protocol.record.horizontal import RunRecord
 from fedsplit.server import exchange
 from fedsplit.server.merge import PlainMerge
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 
 from fedsplit import aggregation
 from tests.server.test_exchange import Clock
@@ -90,3 +90,48 @@ def test_the_global_model_does_not_depend_on_the_arrival_order(
     for other in models[1:]:
         np.testing.assert_array_equal(models[0], other)
 
+
+
+class Counting(Staggered):
+    """`Staggered`, noting how many training replies each pull hands out."""
+
+    def __init__(self, clock: Clock, ready: dict[int, float]) -> None:
+        super().__init__(clock, ready)
+        self.per_pull: list[int] = []
+
+    def pull_messages(self, ids):
+        out = super().pull_messages(ids)
+        self.per_pull.append(sum(1 for r in out if r.metadata.message_type == wire.TRAIN))
+        return out
+
+
+@pytest.mark.parametrize(("budget", "at_once"), [(16, 1), (40, 2), (2**30, 3)])
+def test_replies_landing_together_are_pulled_as_many_at_a_time_as_the_budget_holds(
+        budget: int, at_once: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three 16-byte replies ready at the same check: a pull inflates at most as many as fit
+    in the pull budget (at least one), and each is folded before the next pull, so none is held
+    whole then; the model is the same whatever the budget."""
+    monkeypatch.setattr(exchange, "time", Clock())
+    monkeypatch.setattr(exchange, "PULL_BUDGET", budget)
+    grid = Counting(exchange.time, {1: 0.2, 2: 0.2, 3: 0.2})
+    run(tmp_path, grid, rounds=2)
+    assert max(grid.per_pull) == at_once
+    assert sum(grid.per_pull) == 6  # every reply of both rounds pulled once
+    assert not any(grid.held_at_pull)
+    monkeypatch.setattr(exchange, "PULL_BUDGET", 2**30)
+    run(tmp_path / "all", Staggered(exchange.time, {1: 0.2, 2: 0.2, 3: 0.2}), rounds=2)
+    np.testing.assert_array_equal(read_weights(tmp_path / "global.h5").arrays["w"],
+                                  read_weights(tmp_path / "all" / "global.h5").arrays["w"])
+
+
+def test_replies_at_once_fits_the_budget_and_is_never_zero() -> None:
+    assert exchange.replies_at_once(exchange.PULL_BUDGET) == 1
+    assert exchange.replies_at_once(exchange.PULL_BUDGET * 3) == 1  # one reply over it: still 1
+    assert exchange.replies_at_once(exchange.PULL_BUDGET // 4) == 4
+    assert exchange.replies_at_once(0) == exchange.PULL_BUDGET  # unknown size: all at once
+
+
+def test_pull_at_once_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"pull_at_once is at least 1\. Received: 0"):
+        exchange.send_and_collect(Counting(Clock(), {1: 0.0}), [Message(
+            RecordDict(), dst_node_id=1, message_type=wire.TRAIN)], timeout=1, pull_at_once=0)
