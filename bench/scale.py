@@ -150,8 +150,16 @@ def hospitals_data(root: Path, count: int, rows: int, seed: int) -> list[tuple[s
     return out
 
 
-def bare_run(cfg: RunConfig, hospitals: int, work: Path) -> float:
-    """The bare Flower app over the hospitals' files; its wall seconds."""
+def round_seconds(history: Path) -> list[float]:
+    """Each round's seconds as a run's ``history.json`` records them (the bare app writes the
+    time between two of Flower's evaluate_fn calls: a round's train and evaluate phases;
+    fedsplit its ``seconds``: the round's training and model r-1's evaluation)."""
+    rounds = json.loads(history.read_text()).get("rounds", [])
+    return [float(r["seconds"]) for r in rounds if r.get("seconds") is not None]
+
+
+def bare_run(cfg: RunConfig, hospitals: int, work: Path) -> tuple[float, list[float]]:
+    """The bare Flower app over the hospitals' files; its wall seconds and round seconds."""
     flwr_home = work / "flwr-home"
     env = flower_env(flwr_home)
     app = stage_app(work / "app", cfg, components=("bare_flower_app:server",
@@ -165,12 +173,12 @@ def bare_run(cfg: RunConfig, hospitals: int, work: Path) -> float:
                                             f"client-resources-num-cpus=1")
     if history.get("status") != "finished":
         raise RuntimeError(f"bare run did not finish: see {work / 'flower.log'}")
-    return time.monotonic() - start
+    return time.monotonic() - start, round_seconds(Path(cfg.out_dir) / "history.json")
 
 
 def fedsplit_run(files: list[tuple[str, Path, Path]], rounds: int, seed: int, work: Path,
-                 *extra: str) -> float:
-    """``fedsplit simulate`` over the hospitals' files; its wall seconds."""
+                 *extra: str) -> tuple[float, list[float]]:
+    """``fedsplit simulate`` over the hospitals' files; its wall seconds and round seconds."""
     cmd = [str(Path(sys.executable).parent / "fedsplit"), "simulate", "--rounds", str(rounds),
            "--seed", str(seed), "--out", str(work), "--no-resume", *extra]
     for name, train, test in files:
@@ -180,7 +188,7 @@ def fedsplit_run(files: list[tuple[str, Path, Path]], rounds: int, seed: int, wo
     if done.returncode != 0:
         raise RuntimeError(f"fedsplit simulate failed ({done.returncode}): "
                            f"{(done.stdout + done.stderr)[-2000:]}")
-    return time.monotonic() - start
+    return time.monotonic() - start, round_seconds(work / "history.json")
 
 
 def main() -> None:
@@ -206,6 +214,7 @@ def main() -> None:
     print(f"model: MLP {FEATURES}-{'-'.join(map(str, hidden))}-2, {params:,} parameters "
           f"({params * 4 / 2**20:.0f} MiB as float32)", flush=True)
     results: dict[int, dict[str, list[tuple[float, float]]]] = {}
+    round_times: dict[int, dict[str, list[float]]] = {}
     roles: dict[int, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="fedsplit-scale-") as tmp:
         for hospitals in sizes:
@@ -214,6 +223,7 @@ def main() -> None:
             model_id = mlp_model_id(hidden)
             (root / "model-id.txt").write_text(model_id)
             results[hospitals] = {kind: [] for kind in kinds}
+            round_times[hospitals] = {kind: [] for kind in kinds}
             roles[hospitals] = {kind: {} for kind in kinds}
             for rep in range(args.repeats):
                 for kind in kinds:
@@ -224,33 +234,41 @@ def main() -> None:
                                         out_dir=str(work / "out"),
                                         initial_weights=str(root / "model-id.txt"))
                         with PeakTree(os.getpid(), skip_root=True) as peak:
-                            wall = bare_run(cfg, hospitals, work)
+                            wall, rounds = bare_run(cfg, hospitals, work)
                     else:
                         extra = ("--baselines", "none") if kind == "fedsplit-nobase" else ()
                         with PeakTree(os.getpid(), skip_root=True) as peak:
-                            wall = fedsplit_run(files, args.rounds, args.seed, work,
+                            wall, rounds = fedsplit_run(files, args.rounds, args.seed, work,
                                                 "--hidden", args.hidden, *extra)
                     results[hospitals][kind].append((wall, peak.peak_mib))
+                    round_times[hospitals][kind].extend(rounds)
                     roles[hospitals][kind] = {
                         r: max(roles[hospitals][kind].get(r, 0.0), m)
                         for r, m in {**roles[hospitals][kind], **peak.role_peak_mib}.items()}
                     per_role = ", ".join(f"{r} {m:.0f}" for r, m in sorted(peak.role_peak_mib.items()))
                     print(f"{hospitals:5d} hospitals  {kind:16s} run {rep + 1}: {wall:7.1f} s, "
+                          f"rounds {', '.join(f'{x:.1f}' for x in rounds)} s, "
                           f"tree peak {peak.peak_mib:7.0f} MiB ({per_role})", flush=True)
     others = [k for k in kinds if k != "bare"]
     print(f"\n| hospitals | {' | '.join(f'{k} s' for k in kinds)} | "
           f"{' | '.join(f'{k} MiB' for k in kinds)} | "
-          f"{' | '.join(f'{k} / bare' for k in others)} |")
-    print("|" + "---|" * (2 * len(kinds) + len(others) + 1))
+          f"{' | '.join(f'{k} / bare' for k in others)} | "
+          f"{' | '.join(f'{k} median round / bare' for k in others)} |")
+    print("|" + "---|" * (2 * len(kinds) + 2 * len(others) + 1))
     summary = {}
     for hospitals, runs in results.items():
         wall = {k: statistics.median(w for w, _ in runs[k]) for k in kinds}
         mem = {k: max(m for _, m in runs[k]) for k in kinds}
+        median_round = {k: statistics.median(round_times[hospitals][k])
+                        if round_times[hospitals][k] else float("nan") for k in kinds}
+        bare_round = median_round["bare"]
         summary[hospitals] = {"wall_s": wall, "peak_tree_mib": mem,
-                              "peak_role_mib": roles[hospitals]}
+                              "peak_role_mib": roles[hospitals],
+                              "round_s": round_times[hospitals]}
         print(f"| {hospitals} | {' | '.join(f'{wall[k]:.1f}' for k in kinds)} | "
               f"{' | '.join(f'{mem[k]:.0f}' for k in kinds)} | "
-              f"{' | '.join(f'{ratio:.2f}x' for ratio in (wall[k] / wall['bare'] for k in others))} |")
+              f"{' | '.join(f'{ratio:.2f}x' for ratio in (wall[k] / wall['bare'] for k in others))} | "
+              f"{' | '.join(f'{median_round[k] / bare_round:.2f}x' for k in others)} |")
     print(json.dumps({"rounds": args.rounds, "rows": args.rows, "repeats": args.repeats,
                       "parameters": params, "model_id": model_id, "results": summary}, indent=2))
 

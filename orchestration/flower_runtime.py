@@ -92,6 +92,27 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
+#: glibc's allocator settings for the coordinator's processes (SuperLink, SuperExec and the
+#: ServerApp it starts), unless the environment already sets them. Flower moves a model as
+#: 5 MiB chunks and their serialized copies; with glibc's defaults, blocks of that size come
+#: from its heaps once a few have been freed (its mmap threshold adapts upward to 32 MiB), and
+#: memory freed there mostly stays with the process: the ServerApp's resident size grew by a
+#: model every round and the SuperLink's stayed near its peak between rounds. Blocks of 1 MiB
+#: or more mapped on their own go back to the system when freed; two arenas bound gRPC's
+#: threads' heaps. Measured in docs/scale.md. Hospitals keep glibc's defaults (torch's training
+#: allocations are faster from its heaps).
+COORDINATOR_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**20), "MALLOC_ARENA_MAX": "2"}
+
+
+def coordinator_env(flwr_home: Path) -> dict[str, str]:
+    """`flower_env` with `COORDINATOR_MALLOC` (where the environment does not set them), for
+    the SuperLink and the SuperExec that runs the ServerApp."""
+    env = flower_env(flwr_home)
+    for name, value in COORDINATOR_MALLOC.items():
+        env.setdefault(name, value)
+    return env
+
+
 def tool(name: str) -> str:
     """Path of a console script of this installation (`script_dirs`), else of the one PATH finds,
     else ``name`` itself (`spawn` then says it is missing)."""

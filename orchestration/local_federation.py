@@ -38,6 +38,7 @@ from fedsplit.orchestration.flower_runtime import (
     CONNECTION,
     FlowerRunError,
     LinkTls,
+    coordinator_env,
     flower_env,
     free_port,
     health_url,
@@ -213,7 +214,7 @@ class LocalFederation:
                                                         node_auth=self.tls,
                                                         superexec_secret=self.superexec_secret,
                                                         database=self.database),
-                           flower_env(home))
+                           coordinator_env(home))
         wait_http(health_url(self.link_address, self.tls), 60, proc,
                   verify=tls_context(self.root_cert))
         if self.tls:
@@ -254,7 +255,7 @@ class LocalFederation:
                                    secret=self.superexec_secret)
         home = self.homes / COORDINATOR
         self._start(COORDINATOR, [*fedsplit_command(), "superexec", "--flwr-home", str(home),
-                                  *flower[1:]], flower_env(home))
+                                  *flower[1:]], coordinator_env(home))
 
     def start_site(self, site: Site) -> None:
         """Start one hospital agent (``fedsplit site run``) on its own partition and FLWR_HOME."""

@@ -387,3 +387,28 @@ def test_the_superlink_database_reaches_the_superlink_made_anew(
     started.clear()
     LocalFederation(tmp_path / "work2", [], admin_port=None).start_superlink()
     assert "--database" not in started[0]
+
+
+def test_the_coordinators_processes_get_the_allocator_settings_and_hospitals_keep_theirs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SuperLink and the coordinator's SuperExec (so its ServerApp) start with
+    `COORDINATOR_MALLOC` (issue 43: Flower's freed chunks go back to the system); an operator's
+    own setting wins; the hospitals' agents keep glibc's defaults."""
+    from fedsplit.orchestration.flower_runtime import COORDINATOR_MALLOC
+    from fedsplit.orchestration.local_federation import Site
+
+    envs: dict[str, dict[str, str]] = {}
+    monkeypatch.setattr(LocalFederation, "_start",
+                        lambda self, name, cmd, env: envs.__setitem__(name, env))
+    monkeypatch.setattr(local_federation, "wait_http", lambda *a, **k: None)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")  # the operator's own
+    fed = LocalFederation(tmp_path / "work", [Site("north", tmp_path)], admin_port=None)
+    fed.start_superlink()
+    fed.start_coordinator()
+    fed.start_site(fed.sites[0])
+    assert set(envs) == {local_federation.SUPERLINK, local_federation.COORDINATOR, "north"}
+    for role in (local_federation.SUPERLINK, local_federation.COORDINATOR):
+        assert envs[role]["MALLOC_MMAP_THRESHOLD_"] == COORDINATOR_MALLOC["MALLOC_MMAP_THRESHOLD_"]
+        assert envs[role]["MALLOC_ARENA_MAX"] == "8"
+    assert "MALLOC_MMAP_THRESHOLD_" not in envs["north"]
