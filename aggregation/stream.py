@@ -5,11 +5,15 @@ the caller once added) and gives the aggregate at the end (`Fold.result`). The u
 stay under the memory budget: once the held updates' bytes would pass ``memory_budget``, every
 held update is written to a temporary weight file (`protocol.weights.write_weights`) and
 reopened as a streaming `protocol.WeightFile`, and every later update goes to its own file as
-it arrives. The result is then `aggregate_updates` over those sources, the one entry point
-`fedsplit aggregate` and the admin API use, so every registered rule (FedAvg's count-weighted
-sums, median, trimmed mean, Krum, geometric median) reads them block by block within the same
-budget, the input checks and the per-hospital report are the all-at-once run's, and a server
-optimizer steps on that aggregate afterwards as before (fold first, step after).
+it arrives. A fold told how many updates the round expects (``expected_updates``: the
+coordinator's round loop passes the instructions it sent) holds none when that many of the
+first one's size would not all fit: each goes to its file as it arrives, instead of the first
+being held only to be written out when the second comes. The result is then
+`aggregate_updates` over those sources, the one entry point `fedsplit aggregate` and the admin
+API use, so every registered rule (FedAvg's count-weighted sums, median, trimmed mean, Krum,
+geometric median) reads them block by block within the same budget, the input checks and the
+per-hospital report are the all-at-once run's, and a server optimizer steps on that aggregate
+afterwards as before (fold first, step after).
 
 The sources are aggregated in the order of the keys given to `Fold.add` (default: arrival), so
 a run's float sums do not depend on which hospital answered first. The temporary files go
@@ -49,14 +53,22 @@ class Fold:
     spill_dir : path, optional
         Where the temporary folder of spilled updates is made. Default: the system's
         temporary directory (`tempfile.gettempdir`).
+    expected_updates : int, optional
+        How many updates the round expects; when that many of an update's size would pass
+        ``memory_budget``, updates are spilled as they arrive rather than held first.
     """
 
     def __init__(self, strategy: AggregationStrategy, *, expected: Expected | None = None,
                  cohort_caps: Mapping[str, int] | None = None, cap_policy: str = "clip",
                  memory_budget: int = DEFAULT_MEMORY_BUDGET,
                  settings: BackendSettings | None = None,
-                 spill_dir: str | Path | None = None) -> None:
+                 spill_dir: str | Path | None = None,
+                 expected_updates: int | None = None) -> None:
         check_budget(memory_budget)
+        if expected_updates is not None and expected_updates < 1:
+            raise AggregationError(f"expected_updates is at least 1 (or None: unknown). "
+                                   f"Received: {expected_updates}")
+        self.expected_updates = expected_updates
         self.strategy, self.expected = strategy, expected
         self.cohort_caps, self.cap_policy = cohort_caps, cap_policy
         self.memory_budget, self.settings, self.spill_dir = memory_budget, settings, spill_dir
@@ -83,7 +95,7 @@ class Fold:
                                    "Received: an update after close()")
         order = key if key is not None else len(self._sources)
         size = int(update.header.nbytes)
-        if self._folder is None and self._held_bytes + size <= self.memory_budget:
+        if self._folder is None and self._held_bytes + size * self._still_to_come() <= self.memory_budget:
             self._sources.append((order, update))
             self._held_bytes += size
             return
@@ -111,6 +123,12 @@ class Fold:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _still_to_come(self) -> int:
+        """This update and the ones the round still expects after it (1 when unknown)."""
+        if self.expected_updates is None:
+            return 1
+        return max(1, self.expected_updates - len(self._sources))
 
     def _spill_held(self) -> None:
         if self._folder is None:

@@ -259,7 +259,8 @@ class PlainMerge:
 
     def _new_fold(self, rnd: Round) -> aggregation.Fold:
         return aggregation.Fold(self.aggregator, expected=rnd.layout, cohort_caps=self.cohort_caps,
-                                cap_policy=self.cap_policy, settings=self.backend)
+                                cap_policy=self.cap_policy, settings=self.backend,
+                                expected_updates=len(rnd.train) or None)
 
     def _drop_fold(self) -> None:
         """Close a fold a failed exchange left open (its spilled files go with it)."""

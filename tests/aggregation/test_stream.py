@@ -71,3 +71,25 @@ def test_a_closed_fold_takes_nothing_and_a_bad_budget_is_named() -> None:
         fold.add(_updates(1, seed=0)[0])
     with pytest.raises(AggregationError, match="memory budget"):
         Fold(get_strategy("fedavg"), memory_budget=0)
+
+
+@pytest.mark.parametrize(("expected", "held_first"), [(None, True), (2, True), (3, False), (4, False)])
+def test_a_round_that_cannot_hold_all_its_updates_spills_each_as_it_arrives(
+        expected: int | None, held_first: bool, tmp_path: Path) -> None:
+    """Told the round expects more updates than fit, the fold writes the first one out at
+    once instead of holding it until the next arrives; the aggregate is the same."""
+    updates = _updates(4, seed=5)
+    budget = 2 * updates[0].header.nbytes
+    with Fold(get_strategy("median"), memory_budget=budget, spill_dir=tmp_path,
+              expected_updates=expected) as fold:
+        fold.add(updates[0])
+        assert fold.spilled == (0 if held_first else 1)
+        for update in updates[1:]:
+            fold.add(update)
+        assert fold.spilled == 4
+        result = fold.result()
+    whole = aggregate_updates(get_strategy("median"), updates)
+    for key, value in whole.arrays.items():
+        np.testing.assert_allclose(result.arrays[key], value, rtol=2e-6, atol=2e-6)
+    with pytest.raises(AggregationError, match=r"expected_updates is at least 1.*Received: 0"):
+        Fold(get_strategy("fedavg"), expected_updates=0)
