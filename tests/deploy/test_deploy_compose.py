@@ -280,3 +280,15 @@ def test_compose_config_validates(files: list[str]) -> None:
         done = subprocess.run([*cli, *args, "config", "--quiet"], capture_output=True, text=True,
                               timeout=60, env=env, cwd=DOCKER.parent)
         assert done.returncode == 0, (cli, done.stderr)
+
+
+def test_the_coordinators_containers_get_the_allocator_settings_of_fedsplit_up() -> None:
+    """The SuperLink and coordinator services carry `COORDINATOR_MALLOC`, as `fedsplit up`'s
+    processes do (issue 43); the hospitals do not."""
+    from fedsplit.orchestration.flower_runtime import COORDINATOR_MALLOC
+
+    services = load("compose.yaml")["services"]
+    for name in ("superlink", "coordinator"):
+        assert {k: str(v) for k, v in services[name]["environment"].items()
+                if k.startswith("MALLOC_")} == COORDINATOR_MALLOC, name
+    assert not any(k.startswith("MALLOC_") for k in services["hospital-1"].get("environment", {}))
