@@ -188,7 +188,7 @@ def fedsplit_run(files: list[tuple[str, Path, Path]], rounds: int, seed: int, wo
     if done.returncode != 0:
         raise RuntimeError(f"fedsplit simulate failed ({done.returncode}): "
                            f"{(done.stdout + done.stderr)[-2000:]}")
-    return time.monotonic() - start, round_seconds(work / "history.json")
+    return time.monotonic() - start, round_seconds(work / "federation" / "history.json")
 
 
 def main() -> None:

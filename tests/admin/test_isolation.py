@@ -11,6 +11,7 @@ import hashlib
 import time
 from pathlib import Path
 
+import pytest
 from fedsplit.server.admin.limits import FORM_BODY_MAX, JSON_BODY_MAX
 from fedsplit.server.admin.tables import AuditRecord, RefusedUpload
 from fedsplit.server.admin.ui.sessions import MAX_SESSIONS_PER_IDENTITY
@@ -91,6 +92,7 @@ def test_admin_json_body_is_capped_too(client):
 
 
 # 2. Anyone without a token could wipe the refused-upload log ----------------------------------
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_unauthenticated_flood_keeps_every_refusal_and_audit_record(client, site_token, tmp_path):
     """Probe: 5,000 empty POST .../uploads without a token evicted every real refusal."""
     token = site_token("hospital-a")

@@ -114,6 +114,7 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
     live.stop()
 
 
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_live_server_end_to_end(server: LiveServer, tmp_path: Path, capsys, monkeypatch):
     """CLI add-site + upload, auth, a refusal, 413, 50 concurrent uploads, SIGKILL and restart."""
     # add-site prints the token alone on its last line

@@ -58,6 +58,7 @@ def test_zero_grad_and_skipped_parameters() -> None:
         Adam([], lr=0.1)
 
 
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_no_dynamo_import() -> None:
     """The point of the class: a fresh process that trains with it never imports torch._dynamo
     (torch.optim.Adam does, 1-4 s per ClientApp process)."""
@@ -71,6 +72,7 @@ def test_no_dynamo_import() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_fit_uses_it_only_for_the_default_step() -> None:
     """`client.train.fit` on a built-in model trains exactly as before (torch.optim.Adam) without
     importing torch._dynamo; a recipe with its own train_step still gets torch.optim optimizers."""

@@ -179,6 +179,7 @@ BOTH = ("centralized", "local")
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the centralized baseline trains beside "
                                                       "the others only on a second core")
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_the_centralized_baseline_trained_beside_equals_the_one_trained_here(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Above `BESIDE_MIN_SITES` hospitals the centralized baseline trains in a spawned process

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests._helpers.leftovers import alive, left_after, tagged, tagged_processes, tree
 
 # A run: spawn() a group whose leader starts a child in a new session (as Flower's SuperLink
@@ -39,6 +41,7 @@ def _watchdogs(tag: str) -> dict[int, str]:
     return {p: c for p, c in tagged_processes(tag).items() if "orchestration.watchdog" in c}
 
 
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_a_killed_run_leaves_nothing_running(tmp_path: Path) -> None:
     env, tag = tagged(dict(os.environ))
     run = subprocess.Popen([sys.executable, "-c", RUN, str(tmp_path / "leader.log"), "wait"],

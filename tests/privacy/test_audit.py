@@ -43,6 +43,7 @@ def _inside(group: AttackScores | MembershipGroup) -> bool:
     return low <= group.auc <= high
 
 
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_overfitted_model_leaks_membership() -> None:
     rng = np.random.default_rng(0)
     sites = [AuditSite(f"h{i}", _data(rng, 60), _data(rng, 60)) for i in range(2)]

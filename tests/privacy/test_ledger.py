@@ -139,6 +139,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_the_ledger_survives_a_process_restart(tmp_path, data) -> None:
     """A new process (the agent restarted) reads what the previous one recorded."""
     plan = _plan()

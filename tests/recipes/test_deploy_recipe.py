@@ -44,6 +44,7 @@ def test_node_config_carries_the_hospitals_recipe(tmp_path: Path) -> None:
     assert "recipe" not in parse_config_args([node_config(tmp_path, "north")])
 
 
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_site_run_refuses_bad_recipe_params_before_starting(recipe_dir: Path,
                                                             png_hospitals: dict[str, Path]) -> None:
     """The hospital's recipe is imported and its params validated before any SuperNode starts."""

@@ -14,6 +14,7 @@ TITANIC = Path(__file__).resolve().parents[3] / "shared" / "data" / "titanic" / 
 
 
 @pytest.mark.skipif(not TITANIC.is_file(), reason=f"needs {TITANIC}")
+@pytest.mark.slow  # a fresh process or an end-to-end run: seconds (make test)
 def test_titanic_fusion_beats_each_branch_alone(tmp_path: Path) -> None:
     files = write_titanic(TITANIC, tmp_path)
     labels = read_label_file(str(files.labels), files.id_column, files.target, None)
