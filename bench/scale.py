@@ -55,6 +55,7 @@ from fedsplit.orchestration.flower_runtime import (  # noqa: E402
     write_connection,
 )
 from fedsplit.protocol.config import RunConfig  # noqa: E402
+from fedsplit.protocol.record.horizontal import RunRecord  # noqa: E402
 
 FEATURES = 8
 KINDS = ("bare", "fedsplit", "fedsplit-nobase")
@@ -150,12 +151,17 @@ def hospitals_data(root: Path, count: int, rows: int, seed: int) -> list[tuple[s
     return out
 
 
-def round_seconds(history: Path) -> list[float]:
-    """Each round's seconds as a run's ``history.json`` records them (the bare app writes the
-    time between two of Flower's evaluate_fn calls: a round's train and evaluate phases;
-    fedsplit its ``seconds``: the round's training and model r-1's evaluation)."""
-    rounds = json.loads(history.read_text()).get("rounds", [])
-    return [float(r["seconds"]) for r in rounds if r.get("seconds") is not None]
+def bare_round_seconds(history: Path) -> list[float]:
+    """The bare app's round seconds, from its own status file (bench/bare_flower_app.py: the
+    time between two of Flower's evaluate_fn calls, a round's train and evaluate phases)."""
+    return [float(r["seconds"]) for r in json.loads(history.read_text())["rounds"]]
+
+
+def fedsplit_round_seconds(history: Path) -> list[float]:
+    """fedsplit's round seconds, from its run record (a round's training and the scoring of
+    model r-1; the last round's include the closing evaluation)."""
+    record = RunRecord.load(history)
+    return [float(r.seconds or 0.0) for r in sorted(record.rounds, key=lambda r: r.round)]
 
 
 def bare_run(cfg: RunConfig, hospitals: int, work: Path) -> tuple[float, list[float]]:
@@ -173,7 +179,7 @@ def bare_run(cfg: RunConfig, hospitals: int, work: Path) -> tuple[float, list[fl
                                             f"client-resources-num-cpus=1")
     if history.get("status") != "finished":
         raise RuntimeError(f"bare run did not finish: see {work / 'flower.log'}")
-    return time.monotonic() - start, round_seconds(Path(cfg.out_dir) / "history.json")
+    return time.monotonic() - start, bare_round_seconds(Path(cfg.out_dir) / "history.json")
 
 
 def fedsplit_run(files: list[tuple[str, Path, Path]], rounds: int, seed: int, work: Path,
@@ -188,7 +194,7 @@ def fedsplit_run(files: list[tuple[str, Path, Path]], rounds: int, seed: int, wo
     if done.returncode != 0:
         raise RuntimeError(f"fedsplit simulate failed ({done.returncode}): "
                            f"{(done.stdout + done.stderr)[-2000:]}")
-    return time.monotonic() - start, round_seconds(work / "federation" / "history.json")
+    return time.monotonic() - start, fedsplit_round_seconds(work / "federation" / "history.json")
 
 
 def main() -> None:

@@ -45,8 +45,15 @@ from fedsplit.orchestration.flower_runtime import (  # noqa: E402
     tool,
 )
 from fedsplit.protocol.config import RunConfig  # noqa: E402
-from fedsplit.protocol.record.horizontal import RunRecord  # noqa: E402
-from scale import FEATURES, PeakTree, hospitals_data, mlp_model_id, mlp_parameters  # noqa: E402
+from scale import (  # noqa: E402
+    FEATURES,
+    PeakTree,
+    bare_round_seconds,
+    fedsplit_round_seconds,
+    hospitals_data,
+    mlp_model_id,
+    mlp_parameters,
+)
 
 #: deployment roles by command line, first match wins (a hospital's processes name "clientapp"
 #: or "site run"; the coordinator's SuperExec is `fedsplit superexec` or, bare, flower-superexec)
@@ -81,8 +88,7 @@ def run_bare(work: Path, files: list[tuple[str, Path, Path]], hidden: str, round
                               env=cli_env, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             raise RuntimeError(f"bare run failed ({done.returncode}): {done.stdout[-800:]}")
-    history = json.loads((work / "out" / "history.json").read_text())
-    return [r["seconds"] for r in history["rounds"]]
+    return bare_round_seconds(work / "out" / "history.json")
 
 
 def run_fedsplit(work: Path, files: list[tuple[str, Path, Path]], hidden: str,
@@ -98,8 +104,7 @@ def run_fedsplit(work: Path, files: list[tuple[str, Path, Path]], hidden: str,
     if done.returncode != 0:
         raise RuntimeError(f"fedsplit up failed ({done.returncode}): "
                            f"{(done.stdout + done.stderr)[-1500:]}")
-    history = RunRecord.load(work / "out" / "history.json")
-    return [float(r.seconds or 0.0) for r in sorted(history.rounds, key=lambda r: r.round)]
+    return fedsplit_round_seconds(work / "out" / "history.json")
 
 
 def measured(side: str, work: Path, files: list[tuple[str, Path, Path]], hidden: str,
