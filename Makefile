@@ -50,7 +50,7 @@ TEST_WORKERS ?= 2
 # Each group says what it runs before it starts; the fast group prints a dot per test (with the
 # share done at each line's end), the slow group each test's name as it starts (-v: they take
 # seconds to minutes each).
-FAST_LINE := "== the fast tests on $(TEST_WORKERS) workers (a dot per test; about 3 min on 2 cores)"
+FAST_LINE := "== the fast tests on $(TEST_WORKERS) workers (a dot per test; about 1.5 min on 2 cores)"
 SLOW_LINE := "== the slow tests one at a time: Flower federations, browser, containers, wheel (each test's name as it starts)"
 
 test: setup
