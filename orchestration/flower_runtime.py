@@ -96,11 +96,11 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
 #: ServerApp it starts), unless the environment already sets them. Flower moves a model as
 #: 5 MiB chunks and their serialized copies; with glibc's defaults, blocks of that size come
 #: from its heaps once a few have been freed (its mmap threshold adapts upward to 32 MiB), and
-#: memory freed there mostly stays with the process: the ServerApp's resident size grew by a
-#: model every round and the SuperLink's stayed near its peak between rounds. Blocks of 1 MiB
-#: or more mapped on their own go back to the system when freed; two arenas bound gRPC's
-#: threads' heaps. Measured in docs/scale.md. Hospitals keep glibc's defaults (torch's training
-#: allocations are faster from its heaps).
+#: memory freed there mostly stays with the process: the ServerApp's resident size grew round
+#: by round and the SuperLink's stayed near its peak between rounds. Blocks of 1 MiB or more
+#: mapped on their own go back to the system when freed; two arenas bound gRPC's threads'
+#: heaps. Measured in docs/scale.md. Hospitals keep glibc's defaults: what the settings cost
+#: torch's training was not measured within one run.
 COORDINATOR_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**20), "MALLOC_ARENA_MAX": "2"}
 
 

@@ -80,6 +80,8 @@ def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float 
     loop folds a training reply in there: `server.merge.PlainMerge.receive`). ``pull_at_once``:
     at most that many replies pulled (so inflated) by one of Flower's ``pull_messages`` calls,
     each handed to ``on_reply`` before the next call (default: all that arrived)."""
+    if pull_at_once is not None and pull_at_once < 1:  # before anything is pushed
+        raise ValueError(f"pull_at_once is at least 1. Received: {pull_at_once}")
     messages = list(messages)
     if not messages:
         return []
@@ -96,8 +98,6 @@ def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float 
     waiting = set(grid.push_messages(messages[:size]))
     end = time.monotonic() + timeout if timeout is not None else None
     replies: list[Message] = []
-    if pull_at_once is not None and pull_at_once < 1:
-        raise ValueError(f"pull_at_once is at least 1. Received: {pull_at_once}")
     while waiting:
         ids = sorted(waiting)
         step = pull_at_once or len(ids)
@@ -107,7 +107,6 @@ def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float 
                 on_reply(reply)
             replies.extend(got)
             waiting.difference_update(m.metadata.reply_to_message_id for m in got)
-            del got
         if unsent and len(waiting) < size:
             room = size - len(waiting)
             waiting.update(grid.push_messages(unsent[:room]))
