@@ -18,8 +18,13 @@ process tree (sampled every 0.5 s from /proc: the SuperLink, Flower's simulation
 Ray's processes; for fedsplit also the ``fedsplit simulate`` process itself, which runs the
 closing analyses; for bare the bench process, which only waits, is left out).
 
+With ``--idle 8`` each kind also runs once with a tiny model (hidden 8) first, and the
+coordinator's peak above that run's is printed as a multiple of the model's bytes (issue 43's
+coordinator target).
+
     .venv/bin/python bench/scale.py --hospitals 10,100 --repeats 1
     .venv/bin/python bench/scale.py --hospitals 3 --hidden 10000-10000 --rounds 3
+    .venv/bin/python bench/scale.py --hospitals 3 --hidden 10000-10000 --kinds bare,fedsplit-nobase --idle 8
 """
 
 from __future__ import annotations
@@ -91,10 +96,13 @@ class PeakTree:
         self.combined = combined or {}
         self.peak_mib = 0.0
         self.role_peak_mib: dict[str, float] = {}
+        #: every sample: (seconds since start, MiB per role), for a run's memory over time
+        self.timeline: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        start = time.monotonic()
         while not self._stop.is_set():
             pids = tree(self.pid)[1:] if self.skip_root else tree(self.pid)
             by_role: dict[str, float] = {}
@@ -102,6 +110,8 @@ class PeakTree:
                 role = role_of(p, self.roles)  # read each time: a process's title changes after exec
                 by_role[role] = by_role.get(role, 0.0) + proc_value(p, "status", "VmRSS") / 1024
             self.peak_mib = max(self.peak_mib, sum(by_role.values()))
+            self.timeline.append((round(time.monotonic() - start, 2),
+                                  {k: round(v, 1) for k, v in by_role.items()}))
             for role, mib in by_role.items():
                 self.role_peak_mib[role] = max(self.role_peak_mib.get(role, 0.0), mib)
             for name, parts in self.combined.items():
@@ -197,6 +207,27 @@ def fedsplit_run(files: list[tuple[str, Path, Path]], rounds: int, seed: int, wo
     return time.monotonic() - start, fedsplit_round_seconds(work / "federation" / "history.json")
 
 
+def run_kind(kind: str, hidden: str, hospitals: int, root: Path,
+             files: list[tuple[str, Path, Path]], work: Path, args: argparse.Namespace
+             ) -> tuple[float, list[float], PeakTree]:
+    """One run of ``kind`` with the MLP of ``hidden`` widths: wall seconds, round seconds and
+    its memory (the bench process itself left out)."""
+    if kind == "bare":
+        model_file = root / f"model-id-{hidden}.txt"
+        model_file.write_text(mlp_model_id(RunConfig(hidden=hidden).hidden_widths))
+        cfg = RunConfig(num_server_rounds=args.rounds, min_nodes=hospitals, seed=args.seed,
+                        data_dir=str(root / "sites"), out_dir=str(work / "out"),
+                        initial_weights=str(model_file))
+        with PeakTree(os.getpid(), skip_root=True) as peak:
+            wall, rounds = bare_run(cfg, hospitals, work)
+        return wall, rounds, peak
+    extra = ("--baselines", "none") if kind == "fedsplit-nobase" else ()
+    with PeakTree(os.getpid(), skip_root=True) as peak:
+        wall, rounds = fedsplit_run(files, args.rounds, args.seed, work, "--hidden", hidden,
+                                    *extra)
+    return wall, rounds, peak
+
+
 def main() -> None:
     """Run every size and kind, alternating; print a table and the numbers as JSON."""
     parser = argparse.ArgumentParser(description=__doc__,
@@ -209,6 +240,10 @@ def main() -> None:
                         help=f"which of {', '.join(KINDS)} to run (bare always first)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--idle", default=None,
+                        help="also run each kind once with this tiny model's hidden widths "
+                             "(e.g. 8) and print the coordinator's peak above it as a "
+                             "multiple of the model's bytes")
     args = parser.parse_args()
     sizes = [int(n) for n in args.hospitals.split(",")]
     kinds = tuple(k for k in KINDS if k in args.kinds.split(","))
@@ -222,30 +257,26 @@ def main() -> None:
     results: dict[int, dict[str, list[tuple[float, float]]]] = {}
     round_times: dict[int, dict[str, list[float]]] = {}
     roles: dict[int, dict[str, dict[str, float]]] = {}
+    idle: dict[int, dict[str, float]] = {}  # the coordinator's peak with the --idle model
     with tempfile.TemporaryDirectory(prefix="fedsplit-scale-") as tmp:
         for hospitals in sizes:
             root = Path(tmp) / f"n{hospitals}"
             files = hospitals_data(root, hospitals, args.rows, args.seed)
-            model_id = mlp_model_id(hidden)
-            (root / "model-id.txt").write_text(model_id)
+            idle[hospitals] = {}
             results[hospitals] = {kind: [] for kind in kinds}
             round_times[hospitals] = {kind: [] for kind in kinds}
             roles[hospitals] = {kind: {} for kind in kinds}
+            if args.idle:
+                for kind in kinds:
+                    _, _, peak = run_kind(kind, args.idle, hospitals, root, files,
+                                          root / f"{kind}-idle", args)
+                    idle[hospitals][kind] = peak.role_peak_mib.get("coordinator", 0.0)
+                    print(f"{hospitals:5d} hospitals  {kind:16s} idle ({args.idle}): "
+                          f"coordinator {idle[hospitals][kind]:.0f} MiB", flush=True)
             for rep in range(args.repeats):
                 for kind in kinds:
-                    work = root / f"{kind}-{rep}"
-                    if kind == "bare":
-                        cfg = RunConfig(num_server_rounds=args.rounds, min_nodes=hospitals,
-                                        seed=args.seed, data_dir=str(root / "sites"),
-                                        out_dir=str(work / "out"),
-                                        initial_weights=str(root / "model-id.txt"))
-                        with PeakTree(os.getpid(), skip_root=True) as peak:
-                            wall, rounds = bare_run(cfg, hospitals, work)
-                    else:
-                        extra = ("--baselines", "none") if kind == "fedsplit-nobase" else ()
-                        with PeakTree(os.getpid(), skip_root=True) as peak:
-                            wall, rounds = fedsplit_run(files, args.rounds, args.seed, work,
-                                                "--hidden", args.hidden, *extra)
+                    wall, rounds, peak = run_kind(kind, args.hidden, hospitals, root, files,
+                                                  root / f"{kind}-{rep}", args)
                     results[hospitals][kind].append((wall, peak.peak_mib))
                     round_times[hospitals][kind].extend(rounds)
                     roles[hospitals][kind] = {
@@ -275,8 +306,15 @@ def main() -> None:
               f"{' | '.join(f'{mem[k]:.0f}' for k in kinds)} | "
               f"{' | '.join(f'{ratio:.2f}x' for ratio in (wall[k] / wall['bare'] for k in others))} | "
               f"{' | '.join(f'{median_round[k] / bare_round:.2f}x' for k in others)} |")
+    model_mib = params * 4 / 2**20
+    for hospitals, by_kind in idle.items():
+        for kind, base in by_kind.items():
+            peak = roles[hospitals][kind].get("coordinator", 0.0)
+            print(f"{hospitals} hospitals, {kind}: coordinator {peak:,.0f} MiB, above idle "
+                  f"{peak - base:,.0f} MiB = {(peak - base) / model_mib:.1f}x the model")
     print(json.dumps({"rounds": args.rounds, "rows": args.rows, "repeats": args.repeats,
-                      "parameters": params, "model_id": model_id, "results": summary}, indent=2))
+                      "parameters": params, "model_id": mlp_model_id(hidden),
+                      "idle_coordinator_mib": idle, "results": summary}, indent=2))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ every round, the same data loading, model and local steps as fedsplit's agent); 
 side is ``fedsplit up --site ... --hidden ...`` (set-up, the model check, one message per
 hospital per round with its evaluation, the closing evaluation, history and models written).
 
-Memory is each role's summed RSS, sampled every 0.5 s, at its peak: *superlink*; *serverapp* =
+Memory is each role's summed RSS, sampled every 0.25 s, at its peak (every sample of a run is
+kept in its work folder as ``memory-timeline.json``): *superlink*; *serverapp* =
 the SuperExec that runs the ServerApp and the ServerApp's process; *coordinator* = the two
 together (the peak of their sum, not the sum of their peaks); *hospitals* = the
 agents, SuperNodes and ClientApp processes. Each model size is run next to a tiny one (``--idle``
@@ -112,8 +113,10 @@ def measured(side: str, work: Path, files: list[tuple[str, Path, Path]], hidden:
     run = run_bare if side == "bare" else run_fedsplit
     load = os.getloadavg()[0]
     start = time.monotonic()
-    with PeakTree(os.getpid(), skip_root=True, roles=ROLES, combined=COMBINED) as peak:
+    with PeakTree(os.getpid(), skip_root=True, roles=ROLES, combined=COMBINED,
+                  every=0.25) as peak:
         seconds = run(work, files, hidden, rounds, database)
+    (work / "memory-timeline.json").write_text(json.dumps(peak.timeline))
     return {"side": side, "hidden": hidden, "rounds": seconds, "wall": time.monotonic() - start,
             "load": load, "peak_mib": peak.role_peak_mib, "tree_mib": peak.peak_mib}
 

@@ -126,7 +126,7 @@ def main(grid: Grid, context: Context) -> None:
         if not run_phase("fit", grid, cfg, setup, history) and done < cfg.num_server_rounds:
             loop.run(  # one message per hospital per round (server/rounds.py)
                 grid,
-                initial_arrays=setup.arrays,
+                initial_arrays=setup.hand_over(),
                 num_rounds=cfg.num_server_rounds - done,
                 timeout=cfg.round_timeout,
                 train_config=wire.train_config(setup.model_id, cfg.proximal_mu, setup.schema),

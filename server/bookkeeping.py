@@ -24,10 +24,13 @@ merge steps and hooks.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,10 +39,14 @@ from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.protocol.arrays import ArraySpec
 from fedsplit.protocol.horizontal_wire import reply_site
 from fedsplit.protocol.record.horizontal import SiteEntry
-from flwr.app import Message
+from fedsplit.protocol.update import to_array_record
+from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
+
+#: tensors `Round.park` writes to a file and maps back; smaller ones are copied in memory
+PARK_MIN_BYTES = 1 << 20
 
 
 @dataclass
@@ -53,6 +60,8 @@ class Round:
     model: dict[str, np.ndarray] | None = None
     #: the tensors of ``model`` that travel back from the hospitals (``federated``)
     shared: dict[str, np.ndarray] | None = None
+    #: ``model`` as Flower's record, sent in the instructions (None once parked: `park`)
+    record: ArrayRecord | None = None
     #: the train instructions sent (the replies awaited and merged)
     train: list[Message] = field(default_factory=list)
     #: the evaluate instructions sent in the same exchange (hospitals not training score the
@@ -103,6 +112,57 @@ class Round:
         if self.model is None or self.shared is None or set(self.shared) == set(self.model):
             return arrays
         return {**self.model, **arrays}
+
+    def sent(self) -> ArrayRecord | None:
+        """The model this round sent, as Flower's record (made again from the parked files
+        when it was parked); None when the round was not configured here."""
+        if self.record is not None or self.model is None:
+            return self.record
+        return to_array_record(self.model)
+
+    def park(self, folder: str | Path | None = None) -> None:
+        """Move the model this round sent out of memory, once its instructions are pushed (on
+        Flower's deployment runtime the SuperLink then holds the copy the hospitals pull): each
+        tensor of `PARK_MIN_BYTES` or more is written to a temporary ``.npy`` file in ``folder``
+        (default: the system's temporary directory) and mapped back read-only, the file
+        unlinked at once (the mapping keeps it readable, and nothing is left behind); smaller
+        ones are copied. ``model`` and ``shared`` become those arrays, and the record and the
+        instructions' arrays are dropped, so during the exchange the coordinator holds the
+        replies it is pulling, not the model too (docs/scale.md). What reads the model later
+        (a server optimizer, the tensors that do not travel, secure aggregation's decode)
+        reads the mapped files."""
+        if self.model is None:
+            return
+        where = Path(tempfile.mkdtemp(prefix="fedsplit-global-", dir=folder))
+        parked: dict[str, np.ndarray] = {}
+        try:
+            for k, (name, array) in enumerate(self.model.items()):
+                if array.nbytes < max(PARK_MIN_BYTES, 1):  # an empty one cannot be mapped
+                    parked[name] = np.array(array)
+                    continue
+                path = where / f"{k}.npy"
+                np.save(path, array, allow_pickle=False)
+                parked[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+        self.model = parked
+        if self.shared is not None:
+            self.shared = {name: parked[name] for name in self.shared}
+        self.record = None
+        self._drop_instruction_arrays()
+
+    def let_go(self) -> None:
+        """Drop the model this round sent, once it is closed: its views (or parked files), its
+        record and the instructions' arrays (their content is shared, so each record goes
+        once). The loop then holds one global model between rounds, not the one sent and the
+        new one (docs/scale.md)."""
+        self.model = self.shared = self.record = None
+        self._drop_instruction_arrays()
+
+    def _drop_instruction_arrays(self) -> None:
+        for msg in (*self.train, *self.evaluate):
+            if msg.has_content() and wire.ARRAYS in msg.content.array_records:
+                del msg.content.array_records[wire.ARRAYS]
 
 
 class RoundBook:

@@ -26,7 +26,9 @@ runtime each one is pulled from the SuperLink, joined from its chunks and held w
 replies carry a large model, several landing between two checks would all be held at once; the
 round loop therefore passes ``pull_at_once`` (`replies_at_once`: as many replies as fit in
 `PULL_BUDGET` bytes, at least one), so at most that many are inflated before ``on_reply`` has
-folded them and dropped their arrays (docs/scale.md).
+folded them and dropped their arrays (docs/scale.md). On Flower's deployment grid each
+reply is pulled by `server.reply_pull.pull_replies`: the same exchange with the SuperLink, but
+each array built in one buffer as its chunks arrive, not three copies at once.
 
 `send_and_collect` returns whatever arrived, errors included (the loop records each hospital's
 reason); `collect_all` is for the exchanges that need every answer (survival, vertical): an
@@ -40,6 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from fedsplit.protocol.errors import FederationError
+from fedsplit.server.reply_pull import lean_pull_supported, pull_replies
 from flwr.app import Message
 from flwr.serverapp import Grid
 
@@ -71,7 +74,8 @@ def _window(grid: Grid) -> int | None:
 def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float | None,
                      window: int | None = None,
                      on_reply: Callable[[Message], None] | None = None,
-                     pull_at_once: int | None = None) -> list[Message]:
+                     pull_at_once: int | None = None,
+                     on_pushed: Callable[[], None] | None = None) -> list[Message]:
     """Push ``messages`` and return the replies that arrive within ``timeout`` seconds (None:
     wait for all), checking every `POLL_S` s. ``window``: at most that many instructions in
     flight, the rest pushed as replies come in (default: `_window`: 8 per CPU on the simulation
@@ -79,7 +83,10 @@ def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float 
     unanswered. ``on_reply`` gets each reply as it is pulled, before the next check (the round
     loop folds a training reply in there: `server.merge.PlainMerge.receive`). ``pull_at_once``:
     at most that many replies pulled (so inflated) by one of Flower's ``pull_messages`` calls,
-    each handed to ``on_reply`` before the next call (default: all that arrived)."""
+    each handed to ``on_reply`` before the next call (default: all that arrived).
+    ``on_pushed`` runs once the first instructions are pushed, before any reply is pulled (the
+    round loop moves the model it sent out of memory there: `server.bookkeeping.Round.park`).
+    On Flower's deployment grid a reply still arriving is waited for at most until ``timeout``."""
     if pull_at_once is not None and pull_at_once < 1:  # before anything is pushed
         raise ValueError(f"pull_at_once is at least 1. Received: {pull_at_once}")
     messages = list(messages)
@@ -96,13 +103,21 @@ def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float 
         raise ValueError(f"window is at least 1. Received: {window}")
     unsent = messages[size:]
     waiting = set(grid.push_messages(messages[:size]))
+    if on_pushed is not None:
+        on_pushed()
     end = time.monotonic() + timeout if timeout is not None else None
+    if lean_pull_supported(grid):
+        def pull(ids: list[str]) -> list[Message]:
+            return pull_replies(grid, ids, max_time=None if end is None else end - time.monotonic())
+    else:
+        def pull(ids: list[str]) -> list[Message]:
+            return list(grid.pull_messages(ids))
     replies: list[Message] = []
     while waiting:
         ids = sorted(waiting)
         step = pull_at_once or len(ids)
         for start in range(0, len(ids), step):
-            got = list(grid.pull_messages(ids[start:start + step]))
+            got = pull(ids[start:start + step])
             for reply in got if on_reply is not None else ():
                 on_reply(reply)
             replies.extend(got)

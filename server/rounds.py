@@ -62,6 +62,7 @@ from fedsplit.server.bookkeeping import MergeStep, Round, RoundBook, RoundHook, 
 from fedsplit.server.exchange import replies_at_once, send_and_collect
 from fedsplit.server.history import RunHistory
 from fedsplit.server.merge import Evaluation
+from fedsplit.server.reply_pull import lean_pull_supported
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
@@ -126,6 +127,7 @@ class RoundLoop:
         """Open round ``number`` (as recorded) sending ``arrays``; the hooks' ``before`` runs."""
         rnd = Round(number)
         if arrays is not None:
+            rnd.record = arrays
             rnd.model = {name: array_view(a) for name, a in arrays.items()}  # no second copy
             rnd.shared = (dict(rnd.model) if self.federated is None
                           else {name: rnd.model[name] for name in self.federated})
@@ -233,11 +235,14 @@ class RoundLoop:
         coordinator completed: the loop's round ``r`` is recorded and sent to the hospitals as
         ``r`` plus those."""
         arrays = initial_arrays
+        del initial_arrays  # the loop's only reference: each round's model goes once replaced
         round_offset = self.history.record.completed_rounds
         last = num_rounds + round_offset
         rnd = Round(last)
+        parks = lean_pull_supported(grid)  # deployment: the SuperLink holds what was sent
         for r in range(1, num_rounds + 1):
             rnd = self.open(r + round_offset, arrays)
+            del arrays  # the round holds the model it sends (`Round.record`, parked once pushed)
             log.info("[ROUND %s/%s]", rnd.number, last)
             scored = rnd.number - 1  # the model these instructions carry
             replies: list[Message] = []
@@ -247,23 +252,25 @@ class RoundLoop:
             else:
                 nodes, connected = self.sample(grid)
                 config = wire.evaluating_first(train_config) if scored >= 1 else train_config
-                rnd.train = self.instructions(nodes, wire.TRAIN, arrays, config, rnd.number)
+                rnd.train = self.instructions(nodes, wire.TRAIN, rnd.record, config, rnd.number)
                 self.merge.prepare(rnd, grid, timeout)
                 if scored >= 1:  # every hospital not training scores model r-1 as before
                     training = {m.metadata.dst_node_id for m in rnd.train}
                     rnd.evaluate = self.instructions(
-                        [n for n in connected if n not in training], wire.EVALUATE, arrays,
+                        [n for n in connected if n not in training], wire.EVALUATE, rnd.record,
                         evaluate_config, scored)
                 replies = send_and_collect(grid, [*rnd.train, *rnd.evaluate], timeout=timeout,
                                            on_reply=functools.partial(self.merge.receive, rnd),
-                                           pull_at_once=replies_at_once(rnd.shared_bytes))
+                                           pull_at_once=replies_at_once(rnd.shared_bytes),
+                                           on_pushed=rnd.park if parks else None)
             if scored >= 1:
                 self.evaluated(scored, [*rnd.train, *rnd.evaluate], replies,
                                skipped=rnd.skipped if not rnd.evaluate else None)
             new, _ = self.close(rnd, [m for m in replies
                                       if m.metadata.message_type == wire.TRAIN])
-            if new is not None:
-                arrays = new
+            arrays = new if new is not None else rnd.sent()  # a short round keeps the model
+            del new  # `arrays` is the loop's only reference to the next model
+            rnd.let_go()
         self.final_evaluation(grid, rnd, arrays, timeout, evaluate_config)
         return arrays
 
@@ -279,4 +286,5 @@ class RoundLoop:
         replies = send_and_collect(grid, sent, timeout=timeout) if sent else []
         self.evaluated(rnd.number, sent, replies, skipped=skipped,
                        seconds=round((rnd.seconds or 0.0) + time.monotonic() - started, 3))
+
 

@@ -89,6 +89,12 @@ class ModelSetup:
     federated: tuple[str, ...] | None = None
     site_names: dict[int, str] = field(default_factory=dict)
 
+    def hand_over(self) -> ArrayRecord:
+        """The starting model, given to the round loop to own: this setup keeps an empty
+        record, so the model's bytes go once the loop has replaced it (not held all run)."""
+        arrays, self.arrays = self.arrays, ArrayRecord()
+        return arrays
+
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
     """Return connected node ids once at least ``minimum`` are connected (bounded wait)."""

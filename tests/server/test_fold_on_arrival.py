@@ -45,7 +45,8 @@ class Staggered(Hospitals):
     def pull_messages(self, ids):
         self.held_at_pull.append(sum(
             1 for r in self.handed
-            if r.metadata.message_type == wire.TRAIN and wire.ARRAYS in r.content.array_records))
+            if r.metadata.message_type == wire.TRAIN and r.has_content()
+            and wire.ARRAYS in r.content.array_records))
         out = []
         for mid in ids:
             msg, at = self.pushed[mid]
