@@ -120,7 +120,7 @@ def check_array(name: str, array: Any, *, where: str = "update") -> np.ndarray:
             f"to float or leave them out. Received: dtype={arr.dtype}",
             reason="dtype",
         )
-    if not np.all(np.isfinite(arr)):
+    if not _all_finite(arr):
         bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
         raise UpdateError(
             f"Parameter {name!r} in the {where} holds {bad} NaN/Inf value(s); a diverged or "
@@ -129,6 +129,14 @@ def check_array(name: str, array: Any, *, where: str = "update") -> np.ndarray:
             reason="non_finite",
         )
     return arr
+
+
+def _all_finite(arr: np.ndarray) -> bool:
+    """No NaN or infinity in ``arr``, without a boolean array of its size: NaN makes the
+    minimum NaN, +/-inf shows as the maximum or minimum."""
+    if arr.size == 0:
+        return True
+    return bool(np.isfinite(arr.min()) and np.isfinite(arr.max()))
 
 
 def check_arrays(arrays: Mapping[str, Any], *, where: str = "update") -> dict[str, np.ndarray]:

@@ -92,7 +92,7 @@ from fedsplit.protocol.errors import ConfigError, FedsplitError, ReplyError, one
 from fedsplit.protocol.privacy import MASKED
 from fedsplit.protocol.schema import SiteColumns
 from fedsplit.protocol.survival import CONCORDANT_RATE, PAIRS_RATE
-from fedsplit.protocol.update import Update, to_array_record
+from fedsplit.protocol.update import Update, array_view, to_array_record
 
 if TYPE_CHECKING:
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -674,9 +674,10 @@ TensorPrint = tuple[str, tuple[int, ...], str, str | None]
 def tensor_digest(array: np.ndarray) -> str:
     """The digest of one tensor's values as they travel (`check_arrays`' wire form): the first
     16 hex digits of the SHA-256 of its C-ordered bytes, dtype and shape."""
-    value = np.ascontiguousarray(array)
-    text = f"{value.dtype.str}{value.shape}".encode()
-    return hashlib.sha256(text + value.tobytes()).hexdigest()[:16]
+    value = np.ascontiguousarray(array)  # a view when it already is (no copy of a model)
+    digest = hashlib.sha256(f"{value.dtype.str}{value.shape}".encode())
+    digest.update(value.reshape(-1).view(np.uint8) if value.size else b"")
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -695,7 +696,7 @@ class ModelPrint:
     def of(cls, model: InitialModel, varying: Sequence[str] = ()) -> ModelPrint:
         """The fingerprint of a whole model (a ``query.init`` reply): every tensor digested but
         the ``varying`` ones (those the statistics fill)."""
-        return cls(fingerprint({k: a.numpy() for k, a in model.arrays.items()}, varying),
+        return cls(fingerprint({k: array_view(a) for k, a in model.arrays.items()}, varying),
                    model.model_id, model.federated, model.site)
 
 

@@ -95,11 +95,17 @@ def place_statistics(model: InitialModel, statistics: Mapping[str, str],
     """``model`` (a model check) with the request's pooled statistics in the tensors
     ``statistics`` names: the model ``query.init`` would have built for ``request``. None: a
     statistic does not fit its tensor (ask ``query.init`` instead)."""
-    arrays = {k: a.numpy() for k, a in model.arrays.items()}
+    from flwr.app import ArrayRecord
+
+    placed = {}
     for name, source in statistics.items():
-        value = statistic_value(source, arrays[name].shape, arrays[name].dtype, request.mean,
+        array = model.arrays[name]
+        value = statistic_value(source, tuple(array.shape), np.dtype(array.dtype), request.mean,
                                 request.std, request.y_mean, request.y_std)
         if value is None:
             return None
-        arrays[name] = value
-    return InitialModel(to_array_record(arrays), model.model_id, model.federated, model.site)
+        placed[name] = to_array_record({name: value})[name]
+    record = ArrayRecord()  # the other tensors are the model's own Arrays, not copies
+    for name, array in model.arrays.items():
+        record[name] = placed.get(name, array)
+    return InitialModel(record, model.model_id, model.federated, model.site)

@@ -68,6 +68,7 @@ from fedsplit.protocol.recipe import (
     keeps_short_id,
 )
 from fedsplit.protocol.schema import Schema, SiteColumns, merge_reports, moment_warnings
+from fedsplit.protocol.update import array_view
 from fedsplit.protocol.weights import read_schema, read_weights
 from fedsplit.server.exchange import send_and_collect
 from flwr.app import ArrayRecord, Message, RecordDict
@@ -309,7 +310,8 @@ def _initial_model(grid: Grid, nodes: list[int], cfg: RunConfig, request: wire.M
               if statistics is not None else None)
     if placed is not None and (wrong := [
             name for name in statistics
-            if not np.array_equal(placed.arrays[name].numpy(), start.arrays[name].numpy())]):
+            if not np.array_equal(array_view(placed.arrays[name]),
+                                  array_view(start.arrays[name]))]):
         raise FederationError(
             f"Hospital {reference.site} built starting weights whose {', '.join(wrong[:4])} do "
             f"not hold the pooled statistics its set-up reply said they hold. Install the same "

@@ -83,6 +83,9 @@ ALLOWED: dict[str, Allowance] = {
     "bench/scale.py": Allowance(
         "the bare Flower app's own status file and the bench's own result JSON",
         {"model_id", "rounds", "rows", "seconds", "status"}),
+    "server/reply_pull.py": Allowance(
+        "the header Flower 1.42 writes for each Array it sends (its dtype, shape, stype)",
+        {"dtype"}),
     "bench/secure_aggregation_flower.py": Allowance(
         "secure aggregation's free-form report details; the bench's rows",
         {"accuracy", "hospitals", "secure_aggregation"}),
