@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -105,19 +106,19 @@ def inflate_message(msg_id: str, tree: ObjectTree, pull: PullObject, *,
     (an object not there yet tried again after `RETRY_S`, then at most every `RETRY_CAP_S`,
     for at most ``max_time`` s): the chunks of each ``Array`` `CHUNKS_AT_ONCE` at a time into
     its buffer, the rest inflated by Flower."""
-    pulls = functools.partial(_pull, pull=pull, max_time=max_time)
+    deadline = time.monotonic() + (PULL_MAX_TIME if max_time is None else max(0.0, max_time))
+    pulls = functools.partial(_pull, pull=pull, deadline=deadline)
     contents: dict[str, bytes] = {}
     arrays: dict[str, InflatableObject] = {}
     level = [tree]
     while level:
-        wanted = [node.object_id for node in level
-                  if node.object_id not in contents and node.object_id not in arrays]
-        pulled = pulls(list(dict.fromkeys(wanted)))
+        # each object once (the same record or array may sit twice in a message)
+        unique = [node for oid, node in {n.object_id: n for n in level}.items()
+                  if oid not in contents and oid not in arrays]
+        pulled = pulls([node.object_id for node in unique])
         below: list[ObjectTree] = []
-        for node in level:
-            content = pulled.get(node.object_id)
-            if content is None:  # seen already on this level or above
-                continue
+        for node in unique:
+            content = pulled[node.object_id]
             if get_object_head_values_from_object_content(content)[0] == Array.__qualname__:
                 arrays[node.object_id] = _array(content, pulls)
             else:
@@ -132,12 +133,12 @@ def inflate_message(msg_id: str, tree: ObjectTree, pull: PullObject, *,
     return message
 
 
-def _pull(ids: list[str], *, pull: PullObject, max_time: float | None) -> dict[str, bytes]:
+def _pull(ids: list[str], *, pull: PullObject, deadline: float) -> dict[str, bytes]:
     if not ids:
         return {}
-    limit = PULL_MAX_TIME if max_time is None else max(0.0, max_time)
     return pull_objects(ids, pull, initial_backoff=RETRY_S, backoff_cap=RETRY_CAP_S,
-                        max_time=limit, max_tries_per_object=None)
+                        max_time=max(0.0, deadline - time.monotonic()),
+                        max_tries_per_object=None)
 
 
 def _array(content: bytes, pulls: Callable[[list[str]], dict[str, bytes]]) -> Array:

@@ -13,6 +13,7 @@ from flwr.app.message.arraychunk import ArrayChunk
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 from flwr.supercore.inflatable.inflatable_utils import (
     ObjectPullError,
+    ObjectUnavailableError,
     inflate_object_from_contents,
 )
 
@@ -141,3 +142,33 @@ def test_other_grids_keep_their_own_pull() -> None:
     msgs = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in (1, 2)]
     assert len(send_and_collect(grid, msgs, timeout=5)) == 2
     assert grid.pulled == [["id0", "id1"]]
+
+
+def test_an_object_still_arriving_is_tried_again_until_it_lands() -> None:
+    """A SuperNode registers its reply before pushing its objects (the message's own last):
+    the pull tries again shortly, not after Flower's 1-10 s waits."""
+    msg = _message({"w": Array(np.ones(3, np.float32))})
+    store, log = _served(msg)
+    misses = {msg.object_id: 3}
+
+    def pull(object_id: str) -> bytes:
+        log.append(object_id)
+        if misses.get(object_id, 0) > 0:
+            misses[object_id] -= 1
+            raise ObjectUnavailableError(object_id)
+        return store[object_id]
+
+    got = reply_pull.inflate_message(msg.object_id, get_object_tree(msg), pull, max_time=30)
+    _same(got, inflate_object_from_contents(msg.object_id, dict(store)))
+    assert log.count(msg.object_id) == 4
+    assert reply_pull.RETRY_CAP_S <= 0.25
+
+
+def test_an_object_that_never_lands_ends_the_pull_at_its_deadline() -> None:
+    msg = _message({"w": Array(np.ones(3, np.float32))})
+
+    def pull(object_id: str) -> bytes:
+        raise ObjectUnavailableError(object_id)
+
+    with pytest.raises(ObjectPullError, match="timeout or retry limit"):
+        reply_pull.inflate_message(msg.object_id, get_object_tree(msg), pull, max_time=0.3)
