@@ -133,8 +133,14 @@ class Round:
         reads the mapped files."""
         if self.model is None:
             return
-        where = Path(tempfile.mkdtemp(prefix="fedsplit-global-", dir=folder))
         parked: dict[str, np.ndarray] = {}
+        try:
+            where = Path(tempfile.mkdtemp(prefix="fedsplit-global-", dir=folder))
+        except OSError as e:
+            log.warning("Round %s: the model sent stays in memory: no temporary folder to park "
+                        "it in (%s). Set TMPDIR to a folder with room for one model.",
+                        self.number, e)
+            return
         try:
             for k, (name, array) in enumerate(self.model.items()):
                 if array.nbytes < max(PARK_MIN_BYTES, 1):  # an empty one cannot be mapped
@@ -143,6 +149,10 @@ class Round:
                 path = where / f"{k}.npy"
                 np.save(path, array, allow_pickle=False)
                 parked[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+        except OSError as e:  # a full disk: the round goes on with the model in memory
+            log.warning("Round %s: the model sent stays in memory: parking it in %s failed "
+                        "(%s). Free room there or set TMPDIR.", self.number, where, e)
+            return
         finally:
             shutil.rmtree(where, ignore_errors=True)
         self.model = parked

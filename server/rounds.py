@@ -286,5 +286,3 @@ class RoundLoop:
         replies = send_and_collect(grid, sent, timeout=timeout) if sent else []
         self.evaluated(rnd.number, sent, replies, skipped=skipped,
                        seconds=round((rnd.seconds or 0.0) + time.monotonic() - started, 3))
-
-

@@ -143,3 +143,19 @@ def test_while_replies_are_pulled_the_coordinator_holds_no_model_it_sent(
     grid = Watching(exchange.time, {1: 0.2, 2: 0.7, 3: 1.1})
     run(tmp_path, grid, rounds=3)
     assert len(grid.alive_at_pull) >= 3 and not any(grid.alive_at_pull)
+
+
+def test_a_model_that_cannot_be_parked_stays_in_memory(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No room to park (here: the folder is a file): the round keeps the model as it was and
+    says so; nothing is lost."""
+    arrays = {"big": np.ones((600, 600), np.float32)}
+    rnd = _round(arrays, shared=["big"])
+    record = rnd.record
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    rnd.park(blocker)
+    assert rnd.record is record and not isinstance(rnd.model["big"], np.memmap)
+    assert all(wire.ARRAYS in m.content.array_records for m in rnd.train)
+    assert "stays in memory" in caplog.text
+    np.testing.assert_array_equal(rnd.sent()["big"].numpy(), arrays["big"])
