@@ -82,14 +82,14 @@ def pull_replies(grid: Any, message_ids: Iterable[str], *, max_time: float | Non
         try:
             message = inflate_message(msg_id, tree, pull, max_time=max_time)
         except ObjectPullError as e:
-            replies.append(_unavailable(grid.node.node_id, run_id,
+            replies.append(_unavailable(msg_proto.metadata.src_node_id, grid.node.node_id, run_id,
                                         msg_proto.metadata.reply_to_message_id,
                                         "Reply message objects are unavailable. The sender "
                                         "may not have completed the upload before the "
                                         f"object-push session expired. {e}"))
             continue
         except ValueError as e:  # objects that do not make the message their tree says
-            replies.append(_unavailable(grid.node.node_id, run_id,
+            replies.append(_unavailable(msg_proto.metadata.src_node_id, grid.node.node_id, run_id,
                                         msg_proto.metadata.reply_to_message_id,
                                         f"Reply message objects are malformed: {e}"))
             continue
@@ -126,7 +126,8 @@ def inflate_message(msg_id: str, tree: ObjectTree, pull: PullObject, *,
                 below.extend(node.children)
         level = below
     message = cast(Message, inflate_object_from_contents(msg_id, contents, objects=arrays))
-    for record in message.content.array_records.values():
+    records = message.content.array_records.values() if message.has_content() else ()
+    for record in records:  # an error reply has no content
         for array in record.values():  # Flower's records re-make each Array from its fields
             if isinstance(array.data, _Filled):
                 array.data = array.data.buffer
@@ -234,11 +235,13 @@ def _npy_size(first: memoryview) -> int | None:
     return head.tell() + count * dtype.itemsize
 
 
-def _unavailable(node_id: int, run_id: int, reply_to: str, reason: str) -> Message:
+def _unavailable(sender: int, node_id: int, run_id: int, reply_to: str, reason: str
+                 ) -> Message:
     """The error reply Flower's pull makes for a reply whose objects cannot be pulled (here
-    also for objects that do not inflate), with ``reason``."""
+    also for objects that do not inflate), with ``reason``; from the hospital that sent it
+    (Flower's names the SuperLink), so the round names that hospital with the reason."""
     return make_message(
-        metadata=Metadata(run_id=run_id, message_id="", src_node_id=node_id,
+        metadata=Metadata(run_id=run_id, message_id="", src_node_id=sender,
                           dst_node_id=node_id, message_type=SYSTEM_MESSAGE_TYPE, group_id="",
                           ttl=0, reply_to_message_id=reply_to, created_at=now().timestamp()),
         error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=reason))

@@ -9,6 +9,7 @@ from fedsplit.protocol.update import array_view
 from fedsplit.server import reply_pull
 from fedsplit.server.exchange import send_and_collect
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app.error import Error
 from flwr.app.message.arraychunk import ArrayChunk
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 from flwr.supercore.inflatable.inflatable_utils import (
@@ -172,3 +173,17 @@ def test_an_object_that_never_lands_ends_the_pull_at_its_deadline() -> None:
 
     with pytest.raises(ObjectPullError, match="timeout or retry limit"):
         reply_pull.inflate_message(msg.object_id, get_object_tree(msg), pull, max_time=0.3)
+
+
+def test_an_error_reply_is_the_error_flower_would_inflate() -> None:
+    """A hospital whose training failed answers with an error and no content."""
+    sent = Message(RecordDict(), dst_node_id=3, message_type="train")
+    sent.metadata.__dict__["_message_id"] = sent.object_id
+    error = Message(Error(code=0, reason="hospital h3, training: ValueError: bad rows"),
+                    reply_to=sent)
+    store, log = _served(error)
+    got = reply_pull.inflate_message(error.object_id, get_object_tree(error), _puller(store, log))
+    want = inflate_object_from_contents(error.object_id, dict(store))
+    assert got.has_error() and not got.has_content()
+    assert got.error.reason == want.error.reason
+    assert got.metadata.reply_to_message_id == sent.object_id
