@@ -95,6 +95,23 @@ def arrays_to_state_dict(
     return out
 
 
+def npy_header(data: Any) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+    """The shape, Fortran order, dtype and data offset of the ``.npy`` bytes ``data`` begins
+    with (the header alone will do); None when they do not begin with a header numpy reads."""
+    import io
+
+    from numpy.lib import format as npy
+
+    head = io.BytesIO(bytes(data[:65536]))
+    try:
+        read_header = (npy.read_array_header_1_0 if npy.read_magic(head) == (1, 0)
+                       else npy.read_array_header_2_0)
+        shape, fortran, dtype = read_header(head)
+    except (ValueError, EOFError):
+        return None
+    return tuple(int(n) for n in shape), bool(fortran), dtype, head.tell()
+
+
 def array_view(array: Array) -> np.ndarray:
     """A Flower `Array`'s values as a read-only numpy view over its bytes (no copy).
 
@@ -102,24 +119,16 @@ def array_view(array: Array) -> np.ndarray:
     ways costs twice its size; the view shares the bytes (and keeps them alive). An array that
     is not a plain ``.npy`` (another ``stype``, object dtype, Fortran order) is loaded as Flower
     loads it."""
-    import io
-
-    from numpy.lib import format as npy
-
     if array.stype != "numpy.ndarray":
         return array.numpy()
-    data = array.data
-    head = io.BytesIO(data[:4096] if len(data) > 4096 else data)
-    try:
-        read_header = (npy.read_array_header_1_0 if npy.read_magic(head) == (1, 0)
-                       else npy.read_array_header_2_0)
-        shape, fortran, dtype = read_header(head)
-    except ValueError:
+    header = npy_header(array.data)
+    if header is None:
         return array.numpy()
+    shape, fortran, dtype, offset = header
     if fortran or dtype.hasobject:
         return array.numpy()
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    view = np.frombuffer(data, dtype=dtype, count=count, offset=head.tell())
+    view = np.frombuffer(array.data, dtype=dtype, count=count, offset=offset)
     return view.reshape(shape)
 
 

@@ -19,12 +19,13 @@ their ``pull_messages``, which copies nothing to begin with there.
 from __future__ import annotations
 
 import functools
-import io
 import json
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+import numpy as np
+from fedsplit.protocol.update import npy_header
 from flwr.app import Array, Message, Metadata
 from flwr.app.error import Error
 from flwr.app.message import make_message
@@ -218,21 +219,11 @@ class _Parts:
 def _npy_size(first: memoryview) -> int | None:
     """The whole ``.npy`` file's bytes (header and data), read from its first chunk; None when
     the header does not parse (the chunks are then joined as they come)."""
-    from numpy.lib import format as npy
-
-    head = io.BytesIO(bytes(first[:65536]))
-    try:
-        version = npy.read_magic(head)
-        read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
-        shape, _, dtype = read(head)
-    except (ValueError, EOFError):
+    header = npy_header(first)
+    if header is None or header[2].hasobject:
         return None
-    if dtype.hasobject:
-        return None
-    count = 1
-    for n in shape:
-        count *= int(n)
-    return head.tell() + count * dtype.itemsize
+    shape, _, dtype, offset = header
+    return offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
 def _unavailable(sender: int, node_id: int, run_id: int, reply_to: str, reason: str
