@@ -32,7 +32,7 @@ from fedsplit.aggregation._filereads import reads_of
 from fedsplit.aggregation._threads import map_threads, threads_for
 from fedsplit.aggregation.errors import AggregationError
 from fedsplit.protocol.arrays import ArraySpec
-from fedsplit.protocol.update import Update, UpdateHeader, UpdateSource
+from fedsplit.protocol.update import Update, UpdateHeader, UpdateSource, npy_empty
 from fedsplit.protocol.weights import WeightFile
 
 #: Default working-memory budget of a robust aggregation (bytes): 512 MiB.
@@ -575,8 +575,10 @@ class Scratch:
 
 
 def empty_like_specs(specs: Sequence[ArraySpec]) -> dict[str, np.ndarray]:
-    """Allocate one output array per parameter (shape and dtype of the spec)."""
-    return {s.name: np.empty(s.shape, dtype=s.dtype) for s in specs}
+    """Allocate one output array per parameter (shape and dtype of the spec), each the data
+    of its own ``.npy`` image (`protocol.update.npy_empty`): the coordinator then sends the
+    aggregate on as its next global model without copying it into Flower's record."""
+    return {s.name: npy_empty(s.shape, s.dtype) for s in specs}
 
 
 def flat_view(arrays: dict[str, np.ndarray], block: Block) -> np.ndarray:

@@ -112,6 +112,54 @@ def npy_header(data: Any) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
     return tuple(int(n) for n in shape), bool(fortran), dtype, head.tell()
 
 
+def npy_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-ordered array whose memory is the data part of a whole ``.npy``
+    image, its header (the one ``np.save`` writes) already in place before it.
+
+    Filled in place (an aggregate's output), it becomes a Flower `Array` without a copy:
+    `to_array_record` finds the image (`npy_image`) and hands it over as the Array's bytes,
+    where ``Array(ndarray)`` would write a second copy of the values."""
+    import io
+
+    from numpy.lib import format as npy
+
+    dtype = np.dtype(dtype)
+    shape = tuple(int(n) for n in shape)
+    head = io.BytesIO()
+    header = {"descr": npy.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    try:
+        npy.write_array_header_1_0(head, header)
+    except ValueError:  # a header over 64 KiB, as np.save falls back
+        head = io.BytesIO()
+        npy.write_array_header_2_0(head, header)
+    offset = head.tell()
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    image = bytearray(offset + count * dtype.itemsize)
+    image[:offset] = head.getvalue()
+    return np.frombuffer(image, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def npy_image(array: np.ndarray) -> bytearray | None:
+    """The whole ``.npy`` image ``array`` is the data of (from `npy_empty`), or None when it
+    is not exactly that (another array, a slice, a view of another shape or dtype)."""
+    owner: Any = array
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    if isinstance(owner, memoryview):
+        owner = owner.obj
+    if not isinstance(owner, bytearray) or not array.flags.c_contiguous:
+        return None
+    header = npy_header(owner)
+    if header is None:
+        return None
+    shape, fortran, dtype, offset = header
+    if (fortran or shape != tuple(array.shape) or dtype != array.dtype
+            or len(owner) != offset + array.nbytes):
+        return None
+    start = np.frombuffer(owner, dtype=np.uint8, count=0).__array_interface__["data"][0]
+    return owner if array.__array_interface__["data"][0] == start + offset else None
+
+
 def array_view(array: Array) -> np.ndarray:
     """A Flower `Array`'s values as a read-only numpy view over its bytes (no copy).
 
@@ -134,9 +182,27 @@ def array_view(array: Array) -> np.ndarray:
 
 def to_array_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """Named numpy arrays as a Flower `ArrayRecord` (same names, order, shapes, dtypes)."""
-    from flwr.app import Array, ArrayRecord
+    from flwr.app import ArrayRecord
 
-    return ArrayRecord({name: Array(c_contiguous(a)) for name, a in arrays.items()})
+    record = ArrayRecord()  # filled item by item: ArrayRecord(dict) would rebuild each Array
+    for name, a in arrays.items():
+        record[name] = _flower_array(a)
+    return record
+
+
+def _flower_array(values: Any) -> Array:
+    """``values`` as a Flower `Array`: over its own ``.npy`` image when it has one
+    (`npy_empty`: no copy), else as ``Array(ndarray)`` writes it."""
+    from flwr.app import Array
+
+    arr = c_contiguous(values)
+    image = npy_image(arr)
+    if image is None:
+        return Array(arr)
+    array = Array(dtype=str(arr.dtype), shape=tuple(int(n) for n in arr.shape),
+                  stype="numpy.ndarray", data=b"")
+    array.data = image  # the same bytes Array(arr) would hold, without writing them again
+    return array
 
 
 @dataclass(frozen=True)

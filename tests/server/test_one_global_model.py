@@ -9,11 +9,14 @@ import weakref
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fedsplit.protocol import horizontal_wire as wire
 from fedsplit.server.bookkeeping import Round
+from fedsplit.server.merge import PlainMerge
 from fedsplit.server.setup import ModelSetup
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
+from fedsplit import aggregation
 from tests.server.test_one_message_rounds import Hospitals, run
 
 
@@ -67,3 +70,27 @@ def test_the_setup_hands_its_model_over() -> None:
     setup = ModelSetup(record, "mlp")
     assert setup.hand_over() is record
     assert len(setup.arrays) == 0
+
+
+class Images(Hospitals):
+    """The scripted hospitals, noting whether each exchange's model is held in Flower's record
+    as the aggregate's own ``.npy`` image (`protocol.update.npy_empty`) rather than a copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.own_image: list[bool] = []
+
+    def send_and_receive(self, messages, *, timeout=None) -> list[Message]:
+        record = messages[0].content.array_records[wire.ARRAYS]
+        self.own_image.append(all(isinstance(a.data, bytearray) for a in record.values()))
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+@pytest.mark.parametrize("rule", ["fedavg", "median"])
+def test_each_new_global_model_is_the_aggregate_itself_not_a_copy(tmp_path: Path, rule) -> None:
+    grid = Images()
+    history = run(tmp_path, grid, rounds=3, merge=PlainMerge(aggregation.get_strategy(rule)))
+    # the starting model is the set-up's (Flower's bytes); every later model is the aggregate
+    # written once, into the memory Flower's record then carries
+    assert grid.own_image == [False, True, True, True]
+    assert history.record.completed_rounds == 3
