@@ -632,7 +632,7 @@ def parse_init_reply(msg: Message) -> InitialModel:
 def _read_initial(content: RecordDict, site: str | None) -> InitialModel:
     record = content.array_records[ARRAYS]
     try:
-        check_arrays({k: a.numpy() for k, a in record.items()}, where="initial model")
+        check_arrays({k: array_view(a) for k, a in record.items()}, where="initial model")
     except FedsplitError as e:
         raise ReplyError(f"The initial model breaks the wire contract (float arrays only; integer "
                          f"buffers travel as float64): {e}") from e
@@ -844,7 +844,7 @@ def parse_model_instruction(msg: Message, kind: str) -> ModelInstruction:
     c = msg.content.config_records[CONFIG]
     record = msg.content.array_records[ARRAYS]
     return ModelInstruction(
-        arrays={k: a.numpy() for k, a in record.items()},
+        arrays={k: array_view(a) for k, a in record.items()},  # no second copy
         model_id=str(c[MODEL_ID]),
         server_round=int(c.get(SERVER_ROUND, 0)),
         proximal_mu=float(c[PROXIMAL_MU]) if PROXIMAL_MU in c else None,
