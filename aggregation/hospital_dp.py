@@ -108,12 +108,14 @@ class HospitalDPFedAvg(AggregationStrategy):
 
     def __init__(self, params: StrategyParams | None = None, *, seed: int | None = None) -> None:
         super().__init__(params)
-        self.reference: dict[str, np.ndarray] | None = None
+        self.reference: Mapping[str, np.ndarray] | None = None
         self._rng = np.random.default_rng(seed)
 
-    def set_reference(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """The global model the round's hospitals started from."""
-        self.reference = {k: np.asarray(v) for k, v in arrays.items()}
+    def set_reference(self, arrays: Mapping[str, np.ndarray] | None) -> None:
+        """The global model the round's hospitals started from (None: none now). The mapping
+        is kept as given and read when the round aggregates, so one that looks the tensors up
+        where the coordinator holds them then (parked on disk once sent) holds no copy."""
+        self.reference = arrays
 
     def aggregate(self, updates: Sequence[UpdateSource], *,
                   memory_budget: int = DEFAULT_MEMORY_BUDGET,

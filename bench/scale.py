@@ -48,7 +48,7 @@ BENCH = Path(__file__).resolve().parent
 # aggregation package: put the repository root first (bench/ stays, for the helpers below).
 sys.path.insert(0, str(BENCH.parent))
 
-from admin_large_upload import proc_value, tree  # noqa: E402
+from admin_large_upload import tree  # noqa: E402
 from fedsplit.client.data import Dataset  # noqa: E402
 from fedsplit.client.models import ModelSpec  # noqa: E402
 from fedsplit.orchestration.experiment import write_site  # noqa: E402
@@ -84,6 +84,17 @@ def role_of(pid: int, roles: tuple[tuple[str, tuple[str, ...]], ...] = ROLES) ->
     return next((role for role, marks in roles if any(m in line for m in marks)), "other")
 
 
+def status_kib(pid: int, *keys: str) -> tuple[int, ...]:
+    """The ``keys`` of /proc/PID/status in kB, read at once (0 for each if the process is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return tuple(0 for _ in keys)
+    found = {k: int(rest.split()[0]) for k, _, rest in (ln.partition(":") for ln in lines)
+             if k in keys and rest.split()}
+    return tuple(found.get(k, 0) for k in keys)
+
+
 class PeakTree:
     """The peak summed RSS (MiB) of ``pid``'s process tree, sampled every ``every`` s, in all
     and per role (``roles``, default `ROLES`: each role's peak of its own summed RSS); each of
@@ -96,6 +107,11 @@ class PeakTree:
         self.combined = combined or {}
         self.peak_mib = 0.0
         self.role_peak_mib: dict[str, float] = {}
+        #: each role's peak of its processes' RSS less their shared memory (RssShmem: Ray's
+        #: object store, mapped into the processes that write or read objects in it)
+        self.private_peak_mib: dict[str, float] = {}
+        #: each role's peak of its processes' shared memory (RssShmem)
+        self.shared_peak_mib: dict[str, float] = {}
         #: every sample: (seconds since start, MiB per role), for a run's memory over time
         self.timeline: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
@@ -106,9 +122,16 @@ class PeakTree:
         while not self._stop.is_set():
             pids = tree(self.pid)[1:] if self.skip_root else tree(self.pid)
             by_role: dict[str, float] = {}
+            shared: dict[str, float] = {}
             for p in pids:
                 role = role_of(p, self.roles)  # read each time: a process's title changes after exec
-                by_role[role] = by_role.get(role, 0.0) + proc_value(p, "status", "VmRSS") / 1024
+                rss, shmem = status_kib(p, "VmRSS", "RssShmem")
+                by_role[role] = by_role.get(role, 0.0) + rss / 1024
+                shared[role] = shared.get(role, 0.0) + shmem / 1024
+            for role, mib in shared.items():
+                self.shared_peak_mib[role] = max(self.shared_peak_mib.get(role, 0.0), mib)
+                self.private_peak_mib[role] = max(self.private_peak_mib.get(role, 0.0),
+                                                  by_role[role] - mib)
             self.peak_mib = max(self.peak_mib, sum(by_role.values()))
             self.timeline.append((round(time.monotonic() - start, 2),
                                   {k: round(v, 1) for k, v in by_role.items()}))
@@ -258,11 +281,15 @@ def main() -> None:
     round_times: dict[int, dict[str, list[float]]] = {}
     roles: dict[int, dict[str, dict[str, float]]] = {}
     idle: dict[int, dict[str, float]] = {}  # the coordinator's peak with the --idle model
+    idle_private: dict[int, dict[str, float]] = {}  # the same less its shared memory
+    private: dict[int, dict[str, float]] = {}  # the coordinator's peak less its shared memory
+    shared: dict[int, dict[str, float]] = {}  # the coordinator's peak shared memory
     with tempfile.TemporaryDirectory(prefix="fedsplit-scale-") as tmp:
         for hospitals in sizes:
             root = Path(tmp) / f"n{hospitals}"
             files = hospitals_data(root, hospitals, args.rows, args.seed)
-            idle[hospitals] = {}
+            idle[hospitals], idle_private[hospitals] = {}, {}
+            private[hospitals], shared[hospitals] = {}, {}
             results[hospitals] = {kind: [] for kind in kinds}
             round_times[hospitals] = {kind: [] for kind in kinds}
             roles[hospitals] = {kind: {} for kind in kinds}
@@ -271,6 +298,7 @@ def main() -> None:
                     _, _, peak = run_kind(kind, args.idle, hospitals, root, files,
                                           root / f"{kind}-idle", args)
                     idle[hospitals][kind] = peak.role_peak_mib.get("coordinator", 0.0)
+                    idle_private[hospitals][kind] = peak.private_peak_mib.get("coordinator", 0.0)
                     print(f"{hospitals:5d} hospitals  {kind:16s} idle ({args.idle}): "
                           f"coordinator {idle[hospitals][kind]:.0f} MiB", flush=True)
             for rep in range(args.repeats):
@@ -278,6 +306,10 @@ def main() -> None:
                     wall, rounds, peak = run_kind(kind, args.hidden, hospitals, root, files,
                                                   root / f"{kind}-{rep}", args)
                     results[hospitals][kind].append((wall, peak.peak_mib))
+                    for into, got in ((private, peak.private_peak_mib),
+                                      (shared, peak.shared_peak_mib)):
+                        into[hospitals][kind] = max(into[hospitals].get(kind, 0.0),
+                                                    got.get("coordinator", 0.0))
                     round_times[hospitals][kind].extend(rounds)
                     roles[hospitals][kind] = {
                         r: max(roles[hospitals][kind].get(r, 0.0), m)
@@ -310,11 +342,17 @@ def main() -> None:
     for hospitals, by_kind in idle.items():
         for kind, base in by_kind.items():
             peak = roles[hospitals][kind].get("coordinator", 0.0)
+            own = private[hospitals][kind] - idle_private[hospitals][kind]
             print(f"{hospitals} hospitals, {kind}: coordinator {peak:,.0f} MiB, above idle "
-                  f"{peak - base:,.0f} MiB = {(peak - base) / model_mib:.1f}x the model")
+                  f"{peak - base:,.0f} MiB = {(peak - base) / model_mib:.1f}x the model; "
+                  f"less shared memory (Ray's object store) {own:,.0f} MiB = "
+                  f"{own / model_mib:.1f}x, shared {shared[hospitals][kind]:,.0f} MiB")
     print(json.dumps({"rounds": args.rounds, "rows": args.rows, "repeats": args.repeats,
                       "parameters": params, "model_id": mlp_model_id(hidden),
-                      "idle_coordinator_mib": idle, "results": summary}, indent=2))
+                      "idle_coordinator_mib": idle,
+                      "idle_coordinator_private_mib": idle_private,
+                      "coordinator_private_mib": private, "coordinator_shared_mib": shared,
+                      "results": summary}, indent=2))
 
 
 if __name__ == "__main__":

@@ -159,3 +159,60 @@ def test_a_model_that_cannot_be_parked_stays_in_memory(
     assert all(wire.ARRAYS in m.content.array_records for m in rnd.train)
     assert "stays in memory" in caplog.text
     np.testing.assert_array_equal(rnd.sent()["big"].numpy(), arrays["big"])
+
+
+def _hospital_dp(tmp_path: Path, seed: int = 3) -> dict:
+    """`run`'s keywords for hospital-level DP: the rule (noise seeded) and the privacy hook
+    that hands it each round's model, over a history in ``tmp_path``."""
+    from fedsplit.aggregation.hospital_dp import HospitalDPFedAvg, HospitalDPParams
+    from fedsplit.protocol.privacy import DPSpec
+    from fedsplit.server.history import RunHistory
+    from fedsplit.server.merge import PlainMerge
+    from fedsplit.server.privacy import PrivacyHook
+
+    from tests.server.test_one_message_rounds import MODEL_ID
+
+    history = RunHistory(tmp_path, {})
+    history.set_model(MODEL_ID)
+    rule = HospitalDPFedAvg(HospitalDPParams(clip=0.5, sigma=0.8), seed=seed)
+    hook = PrivacyHook(rule, history, dp=DPSpec(level="hospital", epsilon=5.0, delta=1e-3))
+    return {"merge": PlainMerge(rule), "history": history, "hooks": [hook]}
+
+
+def test_under_hospital_dp_the_rule_reads_the_parked_model_and_holds_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hospital-level DP clips each change against the model sent: the rule reads it where
+    the round holds it when merging (parked once pushed), so while replies are pulled the sent
+    record is not alive, and the models are the run's with the model held (same noise seed)."""
+    from fedsplit.aggregation import hospital_dp
+
+    monkeypatch.setattr(bookkeeping, "PARK_MIN_BYTES", 1)
+    # the scripted hospitals' one tensor "w" counts as trained (clipped, noised), not a buffer
+    monkeypatch.setattr(hospital_dp, "TRAINED", ("w",))
+    models = {}
+    for parks in (False, True):
+        monkeypatch.setattr(rounds, "lean_pull_supported", lambda grid, parks=parks: parks)
+        monkeypatch.setattr(exchange, "time", Clock())
+        grid = Watching(exchange.time, {1: 0.2, 2: 0.7, 3: 1.1})
+        out = tmp_path / str(parks)
+        dp = _hospital_dp(out)
+        rule = dp["merge"].aggregator
+        on_disk: list[bool] = []  # at each pull: the rule's reference reads the parked files
+        pull = grid.pull_messages
+
+        def watched(ids, pull=pull, rule=rule, on_disk=on_disk, grid=grid):
+            if rule.reference is not None and grid.sent is not None:
+                on_disk.append(all(isinstance(v, np.memmap) for v in rule.reference.values()))
+            return pull(ids)
+
+        grid.pull_messages = watched
+        run(out, grid, rounds=3, **dp)
+        assert rule.reference is None  # let go with the round
+        if parks:
+            assert len(grid.alive_at_pull) >= 3 and not any(grid.alive_at_pull)
+            assert len(on_disk) >= 3 and all(on_disk)
+        models[parks] = [read_weights(out / "models" / f"round-{r:03d}.h5").arrays["w"]
+                         for r in (1, 2, 3)]
+    for held, parked in zip(models[False], models[True], strict=True):
+        np.testing.assert_array_equal(held, parked)
+    assert not np.array_equal(models[True][0], models[True][1])  # the rounds moved the model
