@@ -177,6 +177,7 @@ def array_view(array: Array) -> np.ndarray:
         return array.numpy()
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     view = np.frombuffer(array.data, dtype=dtype, count=count, offset=offset)
+    view.flags.writeable = False  # read-only over a bytearray too (an `npy_empty` image)
     return view.reshape(shape)
 
 
@@ -202,6 +203,7 @@ def _flower_array(values: Any) -> Array:
     array = Array(dtype=str(arr.dtype), shape=tuple(int(n) for n in arr.shape),
                   stype="numpy.ndarray", data=b"")
     array.data = image  # the same bytes Array(arr) would hold, without writing them again
+    arr.flags.writeable = False  # now the record's bytes: a later write would change them
     return array
 
 

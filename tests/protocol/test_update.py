@@ -178,3 +178,16 @@ def test_a_record_over_npy_images_pickles_as_flowers_own() -> None:
     values[...] = 2.5
     again = pickle.loads(pickle.dumps(to_array_record({"w": values})))  # Ray's simulation
     assert again["w"].object_id == Array(np.full((5, 3), 2.5, np.float32)).object_id
+
+
+def test_an_image_handed_to_flower_is_read_only_on_both_sides() -> None:
+    from fedsplit.protocol.update import array_view, npy_empty, to_array_record
+
+    values = npy_empty((3,), np.float32)
+    values[...] = 1.0
+    record = to_array_record({"w": values})
+    with pytest.raises(ValueError, match="read-only"):
+        values[0] = 2.0  # the record's bytes: the aggregate is not changed behind it
+    with pytest.raises(ValueError, match="read-only"):
+        array_view(record["w"])[0] = 2.0
+    assert bytes(record["w"].data)[-12:] == np.ones(3, np.float32).tobytes()
