@@ -28,7 +28,9 @@ round loop therefore passes ``pull_at_once`` (`replies_at_once`: as many replies
 `PULL_BUDGET` bytes, at least one), so at most that many are inflated before ``on_reply`` has
 folded them and dropped their arrays (docs/scale.md). On Flower's deployment grid each
 reply is pulled by `server.reply_pull.pull_replies`: the same exchange with the SuperLink, but
-each array built in one buffer as its chunks arrive, not three copies at once.
+each array built in one buffer as its chunks arrive, not three copies at once; and the
+instructions are pushed by `server.message_push.push_messages`: Flower's requests, a few
+objects at a time, not every chunk of the model serialized before the first is sent.
 
 `send_and_collect` returns whatever arrived, errors included (the loop records each hospital's
 reason); `collect_all` is for the exchanges that need every answer (survival, vertical): an
@@ -37,11 +39,13 @@ error reply or a missing one is a `FederationError` naming them.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 from fedsplit.protocol.errors import FederationError
+from fedsplit.server.message_push import push_messages
 from fedsplit.server.reply_pull import lean_pull_supported, pull_replies
 from flwr.app import Message
 from flwr.serverapp import Grid
@@ -101,12 +105,14 @@ def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float 
     size = window or _window(grid) or len(messages)
     if size < 1:
         raise ValueError(f"window is at least 1. Received: {window}")
+    lean = lean_pull_supported(grid)  # Flower's deployment grid: push and pull lean
+    push = functools.partial(push_messages, grid) if lean else grid.push_messages
     unsent = messages[size:]
-    waiting = set(grid.push_messages(messages[:size]))
+    waiting = {mid for mid in push(messages[:size]) if mid}  # none for a message not taken
     if on_pushed is not None:
         on_pushed()
     end = time.monotonic() + timeout if timeout is not None else None
-    if lean_pull_supported(grid):
+    if lean:
         def pull(ids: list[str]) -> list[Message]:
             return pull_replies(grid, ids, max_time=None if end is None else end - time.monotonic())
     else:
@@ -124,7 +130,7 @@ def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float 
             waiting.difference_update(m.metadata.reply_to_message_id for m in got)
         if unsent and len(waiting) < size:
             room = size - len(waiting)
-            waiting.update(grid.push_messages(unsent[:room]))
+            waiting.update(mid for mid in push(unsent[:room]) if mid)
             unsent = unsent[room:]
         if not waiting or (end is not None and time.monotonic() >= end):
             break
