@@ -101,7 +101,7 @@ def up(
     superlink_database: Annotated[Path | None, typer.Option(
         help="Keep the SuperLink's state and message objects in this SQLite file instead of "
              "memory (Flower's --database; made anew at start): replies that land together "
-             "wait on disk, not in the coordinator's memory (3.8x a 100M model above idle "
+             "wait on disk, not in the coordinator's memory (3.7-3.8x a 100M model above idle "
              "against 5.3x), at the cost of writing them there (rounds about 1.1-1.4x longer; "
              "docs/scale.md).")] = None,
     out: Annotated[Path | None, typer.Option(help="Where the coordinator writes history and models "
