@@ -48,7 +48,7 @@ BENCH = Path(__file__).resolve().parent
 # aggregation package: put the repository root first (bench/ stays, for the helpers below).
 sys.path.insert(0, str(BENCH.parent))
 
-from admin_large_upload import tree  # noqa: E402
+from admin_large_upload import proc_value, tree  # noqa: E402
 from fedsplit.client.data import Dataset  # noqa: E402
 from fedsplit.client.models import ModelSpec  # noqa: E402
 from fedsplit.orchestration.experiment import write_site  # noqa: E402
@@ -84,17 +84,6 @@ def role_of(pid: int, roles: tuple[tuple[str, tuple[str, ...]], ...] = ROLES) ->
     return next((role for role, marks in roles if any(m in line for m in marks)), "other")
 
 
-def status_kib(pid: int, *keys: str) -> tuple[int, ...]:
-    """The ``keys`` of /proc/PID/status in kB, read at once (0 for each if the process is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return tuple(0 for _ in keys)
-    found = {k: int(rest.split()[0]) for k, _, rest in (ln.partition(":") for ln in lines)
-             if k in keys and rest.split()}
-    return tuple(found.get(k, 0) for k in keys)
-
-
 class PeakTree:
     """The peak summed RSS (MiB) of ``pid``'s process tree, sampled every ``every`` s, in all
     and per role (``roles``, default `ROLES`: each role's peak of its own summed RSS); each of
@@ -125,7 +114,7 @@ class PeakTree:
             shared: dict[str, float] = {}
             for p in pids:
                 role = role_of(p, self.roles)  # read each time: a process's title changes after exec
-                rss, shmem = status_kib(p, "VmRSS", "RssShmem")
+                rss, shmem = (proc_value(p, "status", key) for key in ("VmRSS", "RssShmem"))
                 by_role[role] = by_role.get(role, 0.0) + rss / 1024
                 shared[role] = shared.get(role, 0.0) + shmem / 1024
             for role, mib in shared.items():

@@ -133,7 +133,7 @@ def npy_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         head = io.BytesIO()
         npy.write_array_header_2_0(head, header)
     offset = head.tell()
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = int(np.prod(shape, dtype=np.int64))  # 1 for a 0-d array
     image = bytearray(offset + count * dtype.itemsize)
     image[:offset] = head.getvalue()
     return np.frombuffer(image, dtype=dtype, count=count, offset=offset).reshape(shape)
